@@ -1,0 +1,202 @@
+"""Entries and schedules: what a node runs, validated when it is built."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from beatless.durations import DurationLike, as_timedelta, describe, to_ms
+from beatless.errors import ConfigError, ScheduleError
+from beatless.triggers import Cron, Trigger, zone
+
+DEFAULT_MAX_LATE = timedelta(seconds=60)
+STORE_TOLERANCE = timedelta(seconds=10)
+"""The store refuses a new claim more than ``max_late`` + this behind its own clock."""
+
+Tenants = Sequence[str] | Callable[[], Iterable[str]] | None
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Entry:
+    """One named periodic task: task, args, trigger, options, jitter and lateness budget.
+
+    ``tenants`` fans the entry out: each tenant gets its own address, firing id and
+    offset. A callable is called at each occurrence, so the list may change; every node
+    must return the same list.
+    """
+
+    name: str
+    task: str
+    trigger: Trigger
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    jitter: timedelta = timedelta(0)
+    max_late: timedelta = DEFAULT_MAX_LATE
+    tenants: Tenants = None
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        task: str,
+        trigger: Trigger,
+        args: Iterable[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None,
+        jitter: DurationLike = 0,
+        max_late: DurationLike = DEFAULT_MAX_LATE,
+        tenants: Tenants = None,
+    ) -> None:
+        setter = object.__setattr__
+        setter(self, "name", _name(name, "entry name"))
+        if not isinstance(task, str) or not task:
+            raise ConfigError(f"entry {name!r}: task must be a non-empty string, got {task!r}")
+        setter(self, "task", task)
+        if not isinstance(trigger, Trigger):
+            raise ConfigError(
+                f"entry {name!r}: trigger must be a Cron or an Every, got {trigger!r}"
+            )
+        setter(self, "trigger", trigger)
+        setter(self, "args", tuple(args))
+        setter(self, "kwargs", dict(kwargs or {}))
+        setter(self, "options", dict(options or {}))
+        setter(self, "jitter", as_timedelta(jitter, name=f"entry {name!r}: jitter"))
+        setter(self, "max_late", as_timedelta(max_late, name=f"entry {name!r}: max_late"))
+        if tenants is not None and not callable(tenants):
+            if isinstance(tenants, str):
+                raise ConfigError(f"entry {name!r}: tenants must be a list, not a string")
+            tenants = tuple(str(t) for t in tenants)
+            if len(set(tenants)) != len(tenants):
+                raise ConfigError(f"entry {name!r}: tenants must not repeat")
+        setter(self, "tenants", tenants)
+        self._check_durations()
+
+    def _check_durations(self) -> None:
+        if self.jitter < timedelta(0):
+            raise ScheduleError(
+                f"entry {self.name!r}: jitter must not be negative, got {describe(self.jitter)}"
+            )
+        if self.max_late <= timedelta(0):
+            raise ScheduleError(
+                f"entry {self.name!r}: max_late must be positive, got {describe(self.max_late)}"
+            )
+        if self.max_late <= self.jitter:
+            raise ScheduleError(
+                f"entry {self.name!r}: max_late {describe(self.max_late)} must be longer than "
+                f"jitter {describe(self.jitter)}, or a node waiting its full offset is already "
+                f"late; raise max_late above {describe(self.jitter)} or lower the jitter"
+            )
+
+    @property
+    def jitter_ms(self) -> int:
+        return to_ms(self.jitter)
+
+    @property
+    def max_late_ms(self) -> int:
+        return to_ms(self.max_late)
+
+    @property
+    def memory_needed(self) -> timedelta:
+        """How long a store must remember a claim of this entry (rule 5)."""
+        return self.jitter + self.max_late + STORE_TOLERANCE
+
+    def tenant_list(self) -> tuple[str, ...] | None:
+        """The tenants now: the fixed list, or what the callable returns."""
+        if self.tenants is None:
+            return None
+        if callable(self.tenants):
+            return tuple(str(t) for t in self.tenants())
+        return tuple(self.tenants)
+
+    def replace(self, **changes: Any) -> Entry:
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        values.update(changes)
+        return Entry(**values)
+
+
+def _name(value: str, what: str) -> str:
+    if not isinstance(value, str) or not value or "/" in value or value != value.strip():
+        raise ConfigError(f"{what} {value!r}: use a non-empty name without '/' or edge spaces")
+    return value
+
+
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    """The set of entries a node runs; identical on every node.
+
+    Building one binds each cron without a zone to ``timezone`` and checks the timing
+    rules; every problem found is reported at once in a :class:`ScheduleError`.
+    """
+
+    entries: tuple[Entry, ...]
+    namespace: str = "default"
+    timezone: str = "UTC"
+
+    def __init__(
+        self, entries: Iterable[Entry], *, namespace: str = "default", timezone: str = "UTC"
+    ) -> None:
+        object.__setattr__(self, "namespace", _name(namespace, "namespace"))
+        zone(timezone)
+        object.__setattr__(self, "timezone", timezone)
+        bound = tuple(_bind(entry, timezone) for entry in entries)
+        object.__setattr__(self, "entries", bound)
+        errors = check_timing(bound)
+        if errors:
+            raise ScheduleError("; ".join(errors), errors)
+
+    def address(self, entry: Entry, tenant: str | None = None) -> str:
+        base = f"{self.namespace}/{entry.name}"
+        return base if tenant is None else f"{base}/{tenant}"
+
+    def entry(self, name: str) -> Entry:
+        for entry in self.entries:
+            if entry.name == name:
+                return entry
+        raise ConfigError(f"no entry named {name!r} in namespace {self.namespace!r}")
+
+    def check_store(self, remembers: timedelta | None, store: str) -> list[str]:
+        """Rule 5: every entry's ``jitter + max_late + 10s`` fits the store's memory."""
+        if remembers is None:
+            return []
+        return [
+            f"entry {e.name!r}: jitter {describe(e.jitter)} + max_late {describe(e.max_late)}"
+            f" + tolerance {describe(STORE_TOLERANCE)} = {describe(e.memory_needed)} must be "
+            f"under what {store} remembers ({describe(remembers)}); lower max_late or "
+            f"jitter, or lengthen the store's memory"
+            for e in self.entries
+            if e.memory_needed >= remembers
+        ]
+
+
+def _bind(entry: Entry, timezone: str) -> Entry:
+    if isinstance(entry.trigger, Cron) and entry.trigger.tz is None:
+        return entry.replace(trigger=entry.trigger.bind(timezone))
+    return entry
+
+
+def check_timing(entries: Sequence[Entry]) -> list[str]:
+    """Rules 6 that need the trigger: unique names and jitter under half the shortest gap."""
+    errors = []
+    seen: set[str] = set()
+    gaps: dict[Trigger, int] = {}
+    for entry in entries:
+        if entry.name in seen:
+            errors.append(f"entry {entry.name!r}: the name is used twice")
+        seen.add(entry.name)
+        if not entry.jitter:
+            continue
+        gap = gaps.get(entry.trigger)
+        if gap is None:
+            gap = gaps[entry.trigger] = entry.trigger.min_gap_ms()
+        if 2 * entry.jitter_ms >= gap:
+            half = timedelta(milliseconds=(gap - 1) // 2)
+            errors.append(
+                f"entry {entry.name!r}: jitter {describe(entry.jitter)} must be under half the "
+                f"shortest gap between occurrences of {entry.trigger.describe()} "
+                f"({describe(timedelta(milliseconds=gap))} → at most {describe(half)})"
+            )
+    return errors

@@ -1,0 +1,101 @@
+"""Firing ids, offsets and releases: the arithmetic every node must agree on.
+
+For an address ``A`` and an occurrence at ``T`` integer Unix epoch milliseconds::
+
+    d         = sha256(f"{A}@{T}".encode("utf-8")).digest()
+    id        = str(uuid.UUID(bytes=d[:16]))
+    lead53    = int.from_bytes(d[:8], "big") >> 11
+    offset_ms = (window_ms * lead53) >> 53
+    release   = T + offset_ms
+
+The id, the claim key and the occurrence handed to the task never depend on the jitter
+window; only the release does. Changing a jitter therefore never re-fires anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from beatless.entry import Entry
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def digest(address: str, occurrence_ms: int) -> bytes:
+    """SHA-256 of ``"{address}@{occurrence_ms}"``: the material of the id and the offset."""
+    return hashlib.sha256(f"{address}@{occurrence_ms}".encode()).digest()
+
+
+def firing_id(address: str, occurrence_ms: int) -> str:
+    """The firing id: the first 16 bytes of the digest, written as a UUID."""
+    return str(uuid.UUID(bytes=digest(address, occurrence_ms)[:16]))
+
+
+def offset_from_digest(d: bytes, window_ms: int) -> int:
+    """``window_ms × (leading 53 bits of the digest / 2**53)``, in exact integer arithmetic."""
+    lead53 = int.from_bytes(d[:8], "big") >> 11
+    return (window_ms * lead53) >> 53
+
+
+def offset_ms(address: str, occurrence_ms: int, window_ms: int) -> int:
+    """The release offset of one firing inside a jitter window of ``window_ms``."""
+    return offset_from_digest(digest(address, occurrence_ms), window_ms)
+
+
+def to_datetime(ms: int) -> datetime:
+    """An aware UTC datetime for integer epoch milliseconds."""
+    return EPOCH + timedelta(milliseconds=ms)
+
+
+def from_datetime(instant: datetime) -> int:
+    """Integer epoch milliseconds for an aware datetime; naive datetimes are refused."""
+    if instant.tzinfo is None or instant.utcoffset() is None:
+        raise ValueError(f"naive datetime {instant.isoformat()}: give an aware instant")
+    delta = instant - EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000 + delta.microseconds // 1_000
+
+
+def iso(ms: int) -> str:
+    """UTC ISO 8601 with milliseconds and a ``Z``: ``2026-11-29T02:00:00.000Z``."""
+    return to_datetime(ms).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1_000:03d}Z"
+
+
+@dataclass(frozen=True, slots=True)
+class Firing:
+    """One occurrence of one address: what a node claims and enqueues."""
+
+    entry: Entry
+    tenant: str | None
+    address: str
+    occurrence_ms: int
+    id: str
+    offset_ms: int
+
+    @classmethod
+    def of(cls, entry: Entry, tenant: str | None, address: str, occurrence_ms: int) -> Firing:
+        d = digest(address, occurrence_ms)
+        return cls(
+            entry=entry,
+            tenant=tenant,
+            address=address,
+            occurrence_ms=occurrence_ms,
+            id=str(uuid.UUID(bytes=d[:16])),
+            offset_ms=offset_from_digest(d, entry.jitter_ms),
+        )
+
+    @property
+    def release_ms(self) -> int:
+        return self.occurrence_ms + self.offset_ms
+
+    @property
+    def occurrence(self) -> datetime:
+        return to_datetime(self.occurrence_ms)
+
+    @property
+    def release(self) -> datetime:
+        return to_datetime(self.release_ms)

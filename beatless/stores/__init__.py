@@ -1,0 +1,26 @@
+"""Claim stores, one module each; drivers are imported only when their store is opened."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from beatless.errors import ConfigError
+from beatless.stores.base import AtomicStore, ClaimRequest, ClaimStore, Outcome
+from beatless.stores.memory import MemoryStore
+
+__all__ = ["AtomicStore", "ClaimRequest", "ClaimStore", "MemoryStore", "Outcome", "open_store"]
+
+
+def open_store(url: str, **options: Any) -> ClaimStore:
+    """Open a claim store from a URL: ``memory://`` or ``sqlite:///path/to/file.db``."""
+    scheme = urlsplit(url).scheme.lower()
+    if scheme == "memory":
+        return MemoryStore(**options)
+    if scheme == "sqlite":
+        from beatless.stores.sqlite import SQLiteStore
+
+        return SQLiteStore.from_url(url, **options)
+    raise ConfigError(
+        f"unknown store URL scheme {scheme!r} in {url!r}: use memory:// or sqlite:///path"
+    )

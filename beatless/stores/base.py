@@ -1,0 +1,139 @@
+"""The claim-store contract. Every store inherits these docstrings and passes one suite.
+
+A claim is keyed by the firing id. For every firing id, across every node using the
+same store, while the store remembers the claim:
+
+* exactly one ``claim`` call returns :attr:`Outcome.WON` (or :attr:`Outcome.TAKEOVER`,
+  below); every other returns :attr:`Outcome.LOST`;
+* a new claim whose occurrence is more than ``max_late + 10 s`` behind the **store's**
+  clock is refused with :attr:`Outcome.LATE` and writes nothing (stores with no clock
+  of their own use the local clock, which all their users share);
+* a claim is *pending* from ``claim`` until ``commit``: it lives for ``lease_ms`` on the
+  store's clock. ``commit`` makes it *committed* and remembered for ``memory_ms`` from
+  then. ``release`` forgets a pending claim so the firing can be claimed again;
+* when a pending claim's lease runs out uncommitted (the winner died between claim and
+  enqueue), the next claim that is not late wins it as :attr:`Outcome.TAKEOVER`;
+* a node that claims a firing it already holds pending gets ``WON`` again, so a claim
+  whose answer was lost in transit can be retried safely.
+
+Leases and memory are measured on the store's clock only, so skew between nodes cannot
+make a live lease look expired.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from beatless.entry import STORE_TOLERANCE
+from beatless.durations import to_ms
+
+if TYPE_CHECKING:
+    from beatless.firing import Firing
+
+TOLERANCE_MS = to_ms(STORE_TOLERANCE)
+
+
+class Outcome(enum.Enum):
+    """What a claim decided for one firing."""
+
+    WON = "won"
+    TAKEOVER = "takeover"
+    """Won, after the previous winner's pending lease ran out uncommitted."""
+    LOST = "lost"
+    LATE = "late"
+
+    @property
+    def is_won(self) -> bool:
+        return self in (Outcome.WON, Outcome.TAKEOVER)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """One firing to claim, with the numbers the store needs to judge it."""
+
+    id: str
+    address: str
+    occurrence_ms: int
+    max_late_ms: int
+    memory_ms: int
+    """How long to remember the claim once committed (at least jitter + max_late + 10 s)."""
+
+    @classmethod
+    def of(cls, firing: Firing) -> ClaimRequest:
+        entry = firing.entry
+        return cls(
+            id=firing.id,
+            address=firing.address,
+            occurrence_ms=firing.occurrence_ms,
+            max_late_ms=entry.max_late_ms,
+            memory_ms=to_ms(entry.memory_needed),
+        )
+
+    def is_late(self, store_now_ms: int) -> bool:
+        """The store-side lateness rule: more than ``max_late + 10 s`` behind."""
+        return store_now_ms - self.occurrence_ms > self.max_late_ms + TOLERANCE_MS
+
+
+class ClaimStore(ABC):
+    """Where nodes race for firings. See the module docstring for the contract."""
+
+    name: str = "store"
+    """A short name for messages: ``memory``, ``sqlite``, ``redis``."""
+
+    @property
+    def remembers(self) -> timedelta | None:
+        """How long the store remembers a committed claim, or ``None`` when it keeps each
+        claim for the ``memory_ms`` the claim asks for (lease stores). A store that forgets
+        on a fixed window returns that window, and start-up refuses entries it cannot
+        cover (rule 5)."""
+        return None
+
+    @abstractmethod
+    def claim(
+        self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int
+    ) -> list[Outcome]:
+        """Claim each firing as pending for ``lease_ms``; one outcome per request, in order.
+
+        The whole batch is one round trip where the store allows it. Raises
+        :class:`~beatless.errors.StoreUnavailable` when the store cannot be reached; then
+        no claim of the batch may be assumed won.
+        """
+
+    @abstractmethod
+    def commit(self, ids: Sequence[str], *, node: str) -> list[bool]:
+        """Make this node's pending claims committed, remembered for their ``memory_ms``.
+
+        Returns, per id, whether the claim was still this node's: ``False`` means its
+        lease ran out and another node took it over.
+        """
+
+    @abstractmethod
+    def release(self, ids: Sequence[str], *, node: str) -> None:
+        """Forget this node's pending claims (the enqueue failed), so they can be retried."""
+
+    def close(self) -> None:  # noqa: B027 - most stores have nothing to close
+        """Close what the store opened itself; a client passed in is left open."""
+
+    def __enter__(self) -> ClaimStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@runtime_checkable
+class AtomicStore(Protocol):
+    """A store that claims and enqueues in one step (e.g. the broker's own Redis).
+
+    The scheduler loop hands it the won-or-not decision and the enqueue together; a
+    firing is in the queue if and only if its outcome is won. No commit, no release.
+    """
+
+    def claim_and_enqueue(self, firings: Sequence[Firing], *, node: str) -> list[Outcome]:
+        """Claim each firing and, for those won, enqueue its message in the same step."""
+        ...

@@ -1,0 +1,88 @@
+"""A complete in-memory claim store for one process: tests, single-node use, examples."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from beatless.stores.base import ClaimRequest, ClaimStore, Outcome
+
+
+@dataclass(slots=True)
+class _Claim:
+    node: str
+    committed: bool
+    until_ms: int
+    memory_ms: int
+
+
+class MemoryStore(ClaimStore):
+    """Claims in a dict guarded by a lock; the store's clock is ``clock`` (``time.time``).
+
+    Expired claims are swept as the store is used, so memory stays bounded by the
+    firings of the last ``memory_ms``.
+    """
+
+    name = "memory"
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._claims: dict[str, _Claim] = {}
+        self._lock = threading.Lock()
+        self._next_sweep_ms = 0
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1_000)
+
+    def claim(
+        self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int
+    ) -> list[Outcome]:
+        with self._lock:
+            now = self._now_ms()
+            self._sweep(now)
+            return [self._claim_one(r, node, lease_ms, now) for r in requests]
+
+    def _claim_one(self, request: ClaimRequest, node: str, lease_ms: int, now: int) -> Outcome:
+        held = self._claims.get(request.id)
+        if held is not None and held.until_ms > now:
+            if held.node == node and not held.committed:
+                held.until_ms = now + lease_ms
+                return Outcome.WON
+            return Outcome.LOST
+        if request.is_late(now):
+            return Outcome.LATE
+        self._claims[request.id] = _Claim(node, False, now + lease_ms, request.memory_ms)
+        return Outcome.WON if held is None or held.committed else Outcome.TAKEOVER
+
+    def commit(self, ids: Sequence[str], *, node: str) -> list[bool]:
+        with self._lock:
+            now = self._now_ms()
+            done = []
+            for id_ in ids:
+                held = self._claims.get(id_)
+                mine = held is not None and held.node == node and held.until_ms > now
+                if held is not None and mine:
+                    held.committed = True
+                    held.until_ms = now + held.memory_ms
+                done.append(mine)
+            return done
+
+    def release(self, ids: Sequence[str], *, node: str) -> None:
+        with self._lock:
+            for id_ in ids:
+                held = self._claims.get(id_)
+                if held is not None and held.node == node and not held.committed:
+                    del self._claims[id_]
+
+    def _sweep(self, now: int) -> None:
+        if now < self._next_sweep_ms:
+            return
+        self._next_sweep_ms = now + 1_000
+        expired = [k for k, c in self._claims.items() if c.until_ms <= now]
+        for key in expired:
+            del self._claims[key]
+
+    def __len__(self) -> int:
+        return len(self._claims)
