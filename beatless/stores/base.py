@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from beatless.entry import STORE_TOLERANCE
 from beatless.durations import to_ms
+from beatless.entry import STORE_TOLERANCE
 
 if TYPE_CHECKING:
     from beatless.firing import Firing
@@ -45,6 +45,10 @@ class Outcome(enum.Enum):
     TAKEOVER = "takeover"
     """Won, after the previous winner's pending lease ran out uncommitted."""
     LOST = "lost"
+    """Another node won and committed (or, on an atomic store, enqueued) the firing."""
+    HELD = "held"
+    """Lost for now: another node holds the firing pending. If its lease runs out
+    uncommitted, a later claim that is not late takes the firing over."""
     LATE = "late"
 
     @property
@@ -94,9 +98,7 @@ class ClaimStore(ABC):
         return None
 
     @abstractmethod
-    def claim(
-        self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int
-    ) -> list[Outcome]:
+    def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
         """Claim each firing as pending for ``lease_ms``; one outcome per request, in order.
 
         The whole batch is one round trip where the store allows it. Raises

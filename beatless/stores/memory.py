@@ -21,8 +21,9 @@ class _Claim:
 class MemoryStore(ClaimStore):
     """Claims in a dict guarded by a lock; the store's clock is ``clock`` (``time.time``).
 
-    Expired claims are swept as the store is used, so memory stays bounded by the
-    firings of the last ``memory_ms``.
+    Expired claims are swept as the store is used, at most once a second, so memory
+    stays bounded by the firings of the last ``memory_ms`` (twice that for a pending
+    claim whose winner never committed).
     """
 
     name = "memory"
@@ -36,9 +37,7 @@ class MemoryStore(ClaimStore):
     def _now_ms(self) -> int:
         return int(self._clock() * 1_000)
 
-    def claim(
-        self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int
-    ) -> list[Outcome]:
+    def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
         with self._lock:
             now = self._now_ms()
             self._sweep(now)
@@ -46,11 +45,13 @@ class MemoryStore(ClaimStore):
 
     def _claim_one(self, request: ClaimRequest, node: str, lease_ms: int, now: int) -> Outcome:
         held = self._claims.get(request.id)
-        if held is not None and held.until_ms > now:
-            if held.node == node and not held.committed:
+        if held is not None and held.until_ms >= now:
+            if held.committed:
+                return Outcome.LOST
+            if held.node == node:
                 held.until_ms = now + lease_ms
                 return Outcome.WON
-            return Outcome.LOST
+            return Outcome.HELD
         if request.is_late(now):
             return Outcome.LATE
         self._claims[request.id] = _Claim(node, False, now + lease_ms, request.memory_ms)
@@ -62,7 +63,7 @@ class MemoryStore(ClaimStore):
             done = []
             for id_ in ids:
                 held = self._claims.get(id_)
-                mine = held is not None and held.node == node and held.until_ms > now
+                mine = held is not None and held.node == node and held.until_ms >= now
                 if held is not None and mine:
                     held.committed = True
                     held.until_ms = now + held.memory_ms
@@ -80,7 +81,12 @@ class MemoryStore(ClaimStore):
         if now < self._next_sweep_ms:
             return
         self._next_sweep_ms = now + 1_000
-        expired = [k for k, c in self._claims.items() if c.until_ms <= now]
+        # A pending claim is kept past its lease so that a takeover is reported as one.
+        expired = [
+            k
+            for k, c in self._claims.items()
+            if c.until_ms + (0 if c.committed else c.memory_ms) < now
+        ]
         for key in expired:
             del self._claims[key]
 

@@ -1,0 +1,446 @@
+"""The scheduler loop, driven by a fake clock: no sleeping, every decision checked."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from beatless import Cron, Entry, Every, Firing, Schedule, ScheduleError, StoreUnavailable
+from beatless.firing import from_datetime
+from beatless.scheduler import MAX_SLEEP_MS, Decision, Scheduler
+from beatless.stores.base import ClaimRequest, Outcome
+from beatless.stores.memory import MemoryStore
+
+T0 = from_datetime(datetime(2026, 11, 29, 2, 0, tzinfo=UTC)) / 1_000
+
+
+class Clock:
+    """A wall clock that moves only when told to, in whole milliseconds.
+
+    It starts five seconds before 02:00, so that hourly and daily entries have nothing
+    to catch up at start unless a test says so.
+    """
+
+    def __init__(self, start: float = T0 - 5) -> None:
+        self.ms = round(start * 1_000)
+
+    @property
+    def now(self) -> float:
+        return self.ms / 1_000
+
+    @now.setter
+    def now(self, seconds: float) -> None:
+        self.ms = round(seconds * 1_000)
+
+    def __call__(self) -> float:
+        return self.ms / 1_000
+
+
+def run_nodes(nodes: Sequence[Scheduler], clock: Clock, seconds: float, step: float = 0.1) -> None:
+    for _ in range(round(seconds / step)):
+        clock.ms += round(step * 1_000)
+        for node in nodes:
+            node.tick()
+
+
+def entry(name: str = "e", **kw: object) -> Entry:
+    kw.setdefault("trigger", Every(1))
+    return Entry(name=name, task="tasks.t", **kw)  # type: ignore[arg-type]
+
+
+def test_one_node_enqueues_each_occurrence_once_at_its_release() -> None:
+    clock = Clock()
+    sent: list[tuple[float, Firing]] = []
+    node = Scheduler(
+        Schedule([entry(trigger=Every(2))]),
+        store=MemoryStore(clock=clock),
+        clock=clock,
+        enqueue=lambda f: sent.append((clock.now, f)),
+    )
+    node.tick()
+    sent.clear()  # the catch-up of the last minute is tested on its own
+    run_nodes([node], clock, 10)
+    occurrences = [f.occurrence_ms for _, f in sent]
+    assert occurrences == [round(T0 * 1_000) + k * 2_000 for k in range(-2, 3)]
+    assert all(0 <= at * 1_000 - f.release_ms < 100 for at, f in sent)
+
+
+def test_three_nodes_on_one_store_enqueue_every_firing_exactly_once() -> None:
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+    schedule = Schedule(
+        [
+            entry("one", trigger=Every(1)),
+            entry("fan", trigger=Every(5), jitter="2s", tenants=[f"t{i}" for i in range(30)]),
+        ]
+    )
+    sent: list[Firing] = []
+    nodes = [
+        Scheduler(schedule, store=store, clock=clock, node=f"n{i}", enqueue=sent.append)
+        for i in range(3)
+    ]
+    run_nodes(nodes, clock, 30)
+    counts = Counter(f.id for f in sent)
+    assert counts
+    assert max(counts.values()) == 1
+    expected_fan = {o for o in range(int(T0) - 60, int(T0) + 23) if o % 5 == 0}
+    fan = {f.occurrence_ms // 1_000 for f in sent if f.entry.name == "fan"}
+    assert fan >= expected_fan
+    won = sum(n.stats["fan"].won for n in nodes)
+    lost = sum(n.stats["fan"].lost for n in nodes)
+    assert won == len([f for f in sent if f.entry.name == "fan"])
+    assert lost == 2 * won
+
+
+def test_jittered_firing_waits_for_its_release_and_keeps_the_unjittered_id() -> None:
+    clock = Clock()
+    sent: list[tuple[float, Firing]] = []
+    jittered = Schedule([entry(trigger=Every(60), jitter="20s", max_late="90s")])
+    node = Scheduler(
+        jittered,
+        store=MemoryStore(clock=clock),
+        clock=clock,
+        enqueue=lambda f: sent.append((clock.now, f)),
+    )
+    run_nodes([node], clock, 30)
+    at, firing = next((at, f) for at, f in sent if f.occurrence_ms == T0 * 1_000)
+    assert firing.offset_ms > 0
+    assert firing.release_ms <= at * 1_000 < firing.release_ms + 100
+    plain = Schedule([entry(trigger=Every(60))])
+    assert Firing.of(plain.entries[0], None, "default/e", firing.occurrence_ms).id == firing.id
+
+
+def test_node_that_wakes_after_max_late_skips_and_counts_the_firing() -> None:
+    clock = Clock()
+    sent: list[Firing] = []
+    node = Scheduler(
+        Schedule([entry(trigger=Every(600), max_late="30s")]),
+        store=MemoryStore(clock=clock),
+        clock=clock,
+        enqueue=sent.append,
+    )
+    node.tick()
+    clock.now = T0 + 31  # frozen through the whole lateness budget
+    decisions = node.tick()
+    assert [d.outcome for d in decisions] == ["late"]
+    assert sent == []
+    assert node.stats["e"].late_node == 1
+
+
+def test_node_starting_within_max_late_still_fires_the_occurrence_it_missed() -> None:
+    clock = Clock(T0 + 30)
+    sent: list[Firing] = []
+    node = Scheduler(
+        Schedule([entry(trigger=Cron("0 2 * * *"))]),
+        store=MemoryStore(clock=clock),
+        clock=clock,
+        enqueue=sent.append,
+    )
+    node.tick()
+    assert [f.occurrence_ms for f in sent] == [int(T0 * 1_000)]
+
+
+def test_node_starting_after_max_late_does_not_fire_the_old_occurrence() -> None:
+    clock = Clock(T0 + 61)
+    sent: list[Firing] = []
+    node = Scheduler(
+        Schedule([entry(trigger=Cron("0 2 * * *"))]),
+        store=MemoryStore(clock=clock),
+        clock=clock,
+        enqueue=sent.append,
+    )
+    decisions = node.tick()
+    assert sent == []
+    assert decisions == []
+
+
+def test_failed_enqueue_releases_the_claim_and_is_retried_until_it_succeeds() -> None:
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+    attempts: list[Firing] = []
+
+    def flaky(firing: Firing) -> None:
+        attempts.append(firing)
+        if len(attempts) < 3:
+            raise ConnectionError("broker down")
+
+    node = Scheduler(
+        Schedule([entry(trigger=Every(3600))]), store=store, clock=clock, enqueue=flaky
+    )
+    clock.now = T0
+    outcomes = []
+    for _ in range(20):
+        clock.now += 0.25
+        outcomes += [d.outcome for d in node.tick()]
+    assert outcomes == ["enqueue_failed", "enqueue_failed", "won"]
+    assert len({f.id for f in attempts}) == 1
+    assert node.stats["e"].enqueue_failures == 2
+    other = store.claim([ClaimRequest.of(attempts[0])], node="other", lease_ms=1_000)
+    assert other == [Outcome.LOST]
+
+
+class FlakyStore(MemoryStore):
+    """A real memory store that can be switched off, as a store behind a dead network."""
+
+    down = False
+
+    def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
+        if self.down:
+            raise StoreUnavailable("connection refused")
+        return super().claim(requests, node=node, lease_ms=lease_ms)
+
+
+def test_unreachable_store_means_no_enqueue_and_retries_until_the_firing_is_late() -> None:
+    clock = Clock()
+    store = FlakyStore(clock=clock)
+    sent: list[Firing] = []
+    node = Scheduler(
+        Schedule([entry(trigger=Every(3600), max_late="10s")]),
+        store=store,
+        clock=clock,
+        enqueue=sent.append,
+    )
+    store.down = True
+    clock.now = T0
+    decisions: list[Decision] = []
+    for _ in range(30):
+        clock.now += 0.5
+        decisions += node.tick()
+    assert sent == []
+    assert [d.outcome for d in decisions] == ["late"]
+
+
+def test_store_that_comes_back_in_time_gets_the_firing_claimed_and_enqueued() -> None:
+    clock = Clock()
+    store = FlakyStore(clock=clock)
+    sent: list[Firing] = []
+    node = Scheduler(
+        Schedule([entry(trigger=Every(3600))]), store=store, clock=clock, enqueue=sent.append
+    )
+    store.down = True
+    clock.now = T0
+    for _ in range(10):
+        clock.now += 0.5
+        node.tick()
+    store.down = False
+    clock.now += 0.5
+    node.tick()
+    assert len(sent) == 1
+
+
+def test_losing_node_takes_over_a_firing_whose_winner_died_before_commit() -> None:
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+    sent: list[Firing] = []
+    schedule = Schedule([entry(trigger=Every(3600), max_late="60s")])
+    node = Scheduler(
+        schedule, store=store, clock=clock, enqueue=sent.append, lease="5s", node="survivor"
+    )
+    clock.now = T0
+    firing = Firing.of(schedule.entries[0], None, "default/e", int(clock.now * 1_000))
+    assert store.claim([ClaimRequest.of(firing)], node="dead", lease_ms=5_000) == [Outcome.WON]
+    outcomes = []
+    for _ in range(80):
+        clock.now += 0.25
+        outcomes += [d.outcome for d in node.tick()]
+    assert outcomes == ["held", "takeover"]
+    assert [f.id for f in sent] == [firing.id]
+    assert node.stats["e"].takeovers == 1
+    assert node.stats["e"].lost == 1
+
+
+def test_claims_due_at_one_wake_go_to_the_store_in_one_batch() -> None:
+    clock = Clock()
+
+    class CountingStore(MemoryStore):
+        def __init__(self, **kw: Any) -> None:
+            super().__init__(**kw)
+            self.calls: list[int] = []
+
+        def claim(
+            self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int
+        ) -> list[Outcome]:
+            self.calls.append(len(requests))
+            return super().claim(requests, node=node, lease_ms=lease_ms)
+
+    store = CountingStore(clock=clock)
+    tenants = [f"t{i}" for i in range(500)]
+    node = Scheduler(
+        Schedule([entry(trigger=Every(3600), tenants=tenants)]), store=store, clock=clock
+    )
+    clock.now = T0
+    node.tick()
+    assert store.calls == [500]
+
+
+@dataclass(frozen=True)
+class CountingTrigger:
+    inner: Every
+    log: list[int]
+
+    def after(self, instant_ms: int) -> Iterator[int]:
+        for occurrence in self.inner.after(instant_ms):
+            self.log.append(occurrence)
+            yield occurrence
+
+    def min_gap_ms(self) -> int:
+        return self.inner.min_gap_ms()
+
+    def describe(self) -> str:
+        return "counting"
+
+    def __hash__(self) -> int:
+        return hash(self.inner)
+
+
+def test_occurrences_are_computed_once_per_trigger_shared_by_its_entries() -> None:
+    clock = Clock()
+    log: list[int] = []
+    trigger = CountingTrigger(Every(10), log)
+    schedule = Schedule([entry(f"e{i}", trigger=trigger) for i in range(50)])
+    node = Scheduler(schedule, store=MemoryStore(clock=clock), clock=clock)
+    run_nodes([node], clock, 60, step=1)
+    assert len(log) == len(set(log))
+    assert sum(s.won for s in node.stats.values()) == 50 * 12
+
+
+def test_atomic_store_claims_and_enqueues_in_one_step_without_the_enqueue_callable() -> None:
+    clock = Clock()
+
+    class AtomicMemory:
+        def __init__(self) -> None:
+            self.queue: list[str] = []
+            self.store = MemoryStore(clock=clock)
+
+        def claim_and_enqueue(self, firings: Sequence[Firing], *, node: str) -> list[Outcome]:
+            requests = [ClaimRequest.of(f) for f in firings]
+            outcomes = self.store.claim(requests, node=node, lease_ms=1)
+            self.store.commit(
+                [f.id for f, o in zip(firings, outcomes, strict=False) if o.is_won], node=node
+            )
+            self.queue += [f.id for f, o in zip(firings, outcomes, strict=False) if o.is_won]
+            return [Outcome.LOST if o is Outcome.HELD else o for o in outcomes]
+
+    atomic = AtomicMemory()
+
+    def refuse(firing: Firing) -> None:
+        raise AssertionError("the atomic path must not call enqueue")
+
+    nodes = [
+        Scheduler(Schedule([entry()]), store=atomic, clock=clock, node=f"n{i}", enqueue=refuse)
+        for i in range(3)
+    ]
+    run_nodes(nodes, clock, 5)
+    assert atomic.queue
+    assert len(atomic.queue) == len(set(atomic.queue))
+
+
+def test_a_failing_tenants_callable_keeps_the_last_list_and_the_loop_going() -> None:
+    clock = Clock()
+    calls = {"n": 0}
+
+    def tenants() -> list[str]:
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise RuntimeError("tenant database down")
+        return ["a", "b"]
+
+    sent: list[Firing] = []
+    node = Scheduler(
+        Schedule([entry(trigger=Every(10), tenants=tenants)]),
+        store=MemoryStore(clock=clock),
+        clock=clock,
+        enqueue=sent.append,
+    )
+    run_nodes([node], clock, 35, step=1)
+    assert calls["n"] > 2
+    assert {f.tenant for f in sent} == {"a", "b"}
+    assert len(sent) == 2 * len({f.occurrence_ms for f in sent})
+
+
+def test_a_failing_decision_hook_is_isolated() -> None:
+    clock = Clock()
+    sent: list[Firing] = []
+
+    def hook(decision: Decision) -> None:
+        raise RuntimeError("metrics exporter down")
+
+    node = Scheduler(
+        Schedule([entry()]),
+        store=MemoryStore(clock=clock),
+        clock=clock,
+        enqueue=sent.append,
+        on_decision=hook,
+    )
+    run_nodes([node], clock, 3)
+    assert len(sent) > 3
+
+
+def test_store_that_forgets_too_soon_is_refused_at_start_naming_the_entry() -> None:
+    class ShortMemory(MemoryStore):
+        name = "nats"
+
+        @property
+        def remembers(self) -> timedelta:
+            return timedelta(seconds=30)
+
+    with pytest.raises(ScheduleError, match=r"entry 'e'.*1m10s.*nats remembers \(30s\)"):
+        Scheduler(Schedule([entry()]), store=ShortMemory())
+
+
+def test_the_loop_never_sleeps_past_the_next_release_nor_longer_than_a_second() -> None:
+    clock = Clock()
+    node = Scheduler(
+        Schedule([entry(trigger=Every(3600), jitter="0s")]),
+        store=MemoryStore(clock=clock),
+        clock=clock,
+    )
+    node.tick()
+    assert node._sleep_s() == MAX_SLEEP_MS / 1_000
+    wake = node.next_wake_ms()
+    assert wake is not None
+    clock.now = wake / 1_000 - 0.25
+    assert node._sleep_s() == pytest.approx(0.25, abs=0.002)
+
+
+def test_the_loop_rereads_the_wall_clock_and_notices_a_jump() -> None:
+    clock = Clock()
+    sent: list[Firing] = []
+    node = Scheduler(
+        Schedule([entry(trigger=Every(60))]),
+        store=MemoryStore(clock=clock),
+        clock=clock,
+        enqueue=sent.append,
+    )
+    node.tick()
+    sent.clear()
+    clock.now += 3 * 3600  # a suspended VM resumes hours later
+    decisions = node.tick()
+    assert [f.occurrence_ms for f in sent] == [round(T0 * 1_000) + 3 * 3_600_000 - 60_000]
+    assert node.stats["e"].late_node == 3 * 60 - 1  # the last minute is still on time
+    assert [d.outcome for d in decisions] == ["late", "won"]
+
+
+def test_run_in_a_thread_fires_on_the_real_clock_and_stops_promptly() -> None:
+    sent: list[Firing] = []
+    node = Scheduler(
+        Schedule([entry(trigger=Every(0.2))]), store=MemoryStore(), enqueue=sent.append
+    )
+    thread = node.start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    node.stop(timeout=5)
+    assert not thread.is_alive()
+    assert time.monotonic() - started < 1.5
+    recent = [f for f in sent if f.occurrence_ms > (time.time() - 1.5) * 1_000]
+    assert len(recent) >= 3
+    lateness = [node.stats["e"].lateness.max_ms]
+    assert lateness[0] < 60_000
+    assert isinstance(threading.active_count(), int)
