@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from datetime import timedelta
 from typing import Any
 
@@ -91,11 +92,11 @@ class Entry:
                 f"late; raise max_late above {describe(self.jitter)} or lower the jitter"
             )
 
-    @property
+    @cached_property
     def jitter_ms(self) -> int:
         return to_ms(self.jitter)
 
-    @property
+    @cached_property
     def max_late_ms(self) -> int:
         return to_ms(self.max_late)
 
@@ -103,6 +104,10 @@ class Entry:
     def memory_needed(self) -> timedelta:
         """How long a store must remember a claim of this entry (rule 5)."""
         return self.jitter + self.max_late + STORE_TOLERANCE
+
+    @cached_property
+    def memory_ms(self) -> int:
+        return to_ms(self.memory_needed)
 
     def tenant_list(self) -> tuple[str, ...] | None:
         """The tenants now: the fixed list, or what the callable returns."""

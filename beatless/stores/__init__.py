@@ -13,7 +13,8 @@ __all__ = ["AtomicStore", "ClaimRequest", "ClaimStore", "MemoryStore", "Outcome"
 
 
 def open_store(url: str, **options: Any) -> ClaimStore:
-    """Open a claim store from a URL: ``memory://`` or ``sqlite:///path/to/file.db``."""
+    """Open a claim store from a URL: ``memory://``, ``sqlite:///path/to/file.db``,
+    ``redis://host:port/db`` (also ``rediss://`` and ``unix:///path/to/redis.sock``)."""
     scheme = urlsplit(url).scheme.lower()
     if scheme == "memory":
         return MemoryStore(**options)
@@ -21,6 +22,11 @@ def open_store(url: str, **options: Any) -> ClaimStore:
         from beatless.stores.sqlite import SQLiteStore
 
         return SQLiteStore.from_url(url, **options)
+    if scheme in ("redis", "rediss", "unix"):
+        from beatless.stores.redis import RedisStore
+
+        return RedisStore(url, **options)
     raise ConfigError(
-        f"unknown store URL scheme {scheme!r} in {url!r}: use memory:// or sqlite:///path"
+        f"unknown store URL scheme {scheme!r} in {url!r}: use memory://, sqlite:///path "
+        f"or redis://host:port/db"
     )

@@ -4,7 +4,8 @@ A claim is keyed by the firing id. For every firing id, across every node using 
 same store, while the store remembers the claim:
 
 * exactly one ``claim`` call returns :attr:`Outcome.WON` (or :attr:`Outcome.TAKEOVER`,
-  below); every other returns :attr:`Outcome.LOST`;
+  below); every other returns :attr:`Outcome.HELD` while the winner's claim is pending
+  and :attr:`Outcome.LOST` once it is committed;
 * a new claim whose occurrence is more than ``max_late + 10 s`` behind the **store's**
   clock is refused with :attr:`Outcome.LATE` and writes nothing (stores with no clock
   of their own use the local clock, which all their users share);
@@ -17,7 +18,10 @@ same store, while the store remembers the claim:
   whose answer was lost in transit can be retried safely.
 
 Leases and memory are measured on the store's clock only, so skew between nodes cannot
-make a live lease look expired.
+make a live lease look expired. Both include their last millisecond: a claim granted at
+``t`` for ``lease_ms`` is held through ``t + lease_ms`` and can be taken over from the
+millisecond after, so a claim committed at the occurrence with ``memory_ms`` of exactly
+``max_late + 10 s`` is still remembered at the last instant it could be claimed on time.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
 from beatless.durations import to_ms
 from beatless.entry import STORE_TOLERANCE
@@ -75,7 +79,7 @@ class ClaimRequest:
             address=firing.address,
             occurrence_ms=firing.occurrence_ms,
             max_late_ms=entry.max_late_ms,
-            memory_ms=to_ms(entry.memory_needed),
+            memory_ms=entry.memory_ms,
         )
 
     def is_late(self, store_now_ms: int) -> bool:
@@ -121,7 +125,7 @@ class ClaimStore(ABC):
     def close(self) -> None:  # noqa: B027 - most stores have nothing to close
         """Close what the store opened itself; a client passed in is left open."""
 
-    def __enter__(self) -> ClaimStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

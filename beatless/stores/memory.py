@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,12 +19,18 @@ class _Claim:
     memory_ms: int
 
 
+def _forget_at(claim: _Claim) -> int:
+    """A pending claim is kept past its lease so that a takeover is reported as one."""
+    return claim.until_ms + (0 if claim.committed else claim.memory_ms)
+
+
 class MemoryStore(ClaimStore):
     """Claims in a dict guarded by a lock; the store's clock is ``clock`` (``time.time``).
 
-    Expired claims are swept as the store is used, at most once a second, so memory
-    stays bounded by the firings of the last ``memory_ms`` (twice that for a pending
-    claim whose winner never committed).
+    Expired claims are swept as the store is used, oldest first from a heap of expiry
+    instants, so memory stays bounded by the firings of the last ``memory_ms`` (twice
+    that for a pending claim whose winner never committed) and a sweep costs only what
+    it removes.
     """
 
     name = "memory"
@@ -32,7 +39,7 @@ class MemoryStore(ClaimStore):
         self._clock = clock
         self._claims: dict[str, _Claim] = {}
         self._lock = threading.Lock()
-        self._next_sweep_ms = 0
+        self._expiry: list[tuple[int, str]] = []
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1_000)
@@ -50,11 +57,13 @@ class MemoryStore(ClaimStore):
                 return Outcome.LOST
             if held.node == node:
                 held.until_ms = now + lease_ms
+                self._expire_at(held, request.id)
                 return Outcome.WON
             return Outcome.HELD
         if request.is_late(now):
             return Outcome.LATE
-        self._claims[request.id] = _Claim(node, False, now + lease_ms, request.memory_ms)
+        claim = self._claims[request.id] = _Claim(node, False, now + lease_ms, request.memory_ms)
+        self._expire_at(claim, request.id)
         return Outcome.WON if held is None or held.committed else Outcome.TAKEOVER
 
     def commit(self, ids: Sequence[str], *, node: str) -> list[bool]:
@@ -67,6 +76,7 @@ class MemoryStore(ClaimStore):
                 if held is not None and mine:
                     held.committed = True
                     held.until_ms = now + held.memory_ms
+                    self._expire_at(held, id_)
                 done.append(mine)
             return done
 
@@ -77,18 +87,15 @@ class MemoryStore(ClaimStore):
                 if held is not None and held.node == node and not held.committed:
                     del self._claims[id_]
 
+    def _expire_at(self, claim: _Claim, id_: str) -> None:
+        heapq.heappush(self._expiry, (_forget_at(claim), id_))
+
     def _sweep(self, now: int) -> None:
-        if now < self._next_sweep_ms:
-            return
-        self._next_sweep_ms = now + 1_000
-        # A pending claim is kept past its lease so that a takeover is reported as one.
-        expired = [
-            k
-            for k, c in self._claims.items()
-            if c.until_ms + (0 if c.committed else c.memory_ms) < now
-        ]
-        for key in expired:
-            del self._claims[key]
+        while self._expiry and self._expiry[0][0] < now:
+            _, id_ = heapq.heappop(self._expiry)
+            claim = self._claims.get(id_)
+            if claim is not None and _forget_at(claim) < now:
+                del self._claims[id_]
 
     def __len__(self) -> int:
         return len(self._claims)

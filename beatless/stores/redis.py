@@ -1,0 +1,408 @@
+"""The Redis claim store: leases judged on the Redis server's clock, one script per batch.
+
+Every ``claim``, ``commit`` and ``release`` is one Lua script, sent with ``EVALSHA``
+(loaded once, loaded again when the server answers ``NOSCRIPT``), so a batch is one
+round trip and is atomic: two nodes cannot both win a firing. Inside the script the
+store's clock is ``TIME``: it decides whether a new claim is late and whether a lease
+is alive, so skew between nodes changes nothing.
+
+Keys live under one prefix, ``beatless:{namespace}:`` unless ``prefix`` says otherwise,
+so two apps on one Redis never collide:
+
+``{prefix}claim:{firing id}``
+    A string ``v=1|{state}|{acquired_until}|{memory_ms}|{node}``: the format version,
+    ``pending`` or ``committed``, the end of the lease or of the memory in epoch
+    milliseconds on the server's clock, the memory the claim asked for, and the node
+    that holds it (last, so that a node name may contain ``|``). A pending claim expires
+    ``lease_ms + memory_ms`` after it was written, so a takeover can still be reported
+    after its lease ran out; a committed claim expires ``memory_ms`` after the commit
+    (rule 5 holds by construction). Redis forgets both on its own.
+``{prefix}last``
+    A hash, one field per address: ``v=1|{firing id}|{occurrence_ms}|{claimed_ms}|{node}``,
+    the last firing of that address a node won (or took over), for ``beatless status``.
+    It holds one field per address ever claimed; delete a field when an address is gone
+    for good.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from beatless.durations import DurationLike, as_timedelta
+from beatless.errors import ConfigError, StoreError, StoreUnavailable
+from beatless.stores.base import TOLERANCE_MS, ClaimRequest, ClaimStore, Outcome
+
+if TYPE_CHECKING:
+    import redis as redis_module
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+"""The layout of a claim record; a record written by a newer beatless is refused."""
+
+DEFAULT_SOCKET_TIMEOUT = 5.0
+"""Seconds a client created from a URL waits to connect, and for each reply."""
+
+SCHEMES = ("redis", "rediss", "unix")
+
+# Shared by the three scripts: the server's clock, reading claim records into tables
+# (false when absent) and writing one. Every script reads all its records before it
+# writes, so a record in a format this version does not know stops the script before it
+# has changed anything.
+_PRELUDE = """
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function read(key)
+  local record = redis.call('GET', key)
+  if not record then return false end
+  local v, state, until_ms, memory, node =
+    string.match(record, '^v=(%d+)|(%a+)|(%d+)|(%d+)|(.*)$')
+  if v ~= '1' then
+    error({err = 'BEATLESS unknown claim record format at ' .. key .. ': ' .. record
+      .. ' (written by a newer beatless? upgrade every node)'})
+  end
+  return {state = state, until_ms = tonumber(until_ms), memory = tonumber(memory), node = node}
+end
+local function write(key, state, until_ms, memory, node, ttl)
+  redis.call('SET', key, string.format('v=1|%s|%d|%d|%s', state, until_ms, memory, node),
+    'PX', string.format('%d', ttl))
+  return {state = state, until_ms = until_ms, memory = memory, node = node}
+end
+local function read_all(first)
+  local held = {}
+  for i = first, #KEYS do
+    if held[KEYS[i]] == nil then held[KEYS[i]] = read(KEYS[i]) end
+  end
+  return held
+end
+"""
+
+# KEYS[1] = the last-winner hash, KEYS[1 + i] = the claim key of request i.
+# ARGV: node, lease_ms, tolerance_ms, then per request: id, address, occurrence_ms,
+# max_late_ms, memory_ms. Returns one letter per request: W T L H X (late).
+_CLAIM = (
+    _PRELUDE
+    + """
+local node, lease, tolerance = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local held, out = read_all(2), {}
+for i = 2, #KEYS do
+  local key, a = KEYS[i], 4 + (i - 2) * 5
+  local occurrence, max_late, memory = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
+    tonumber(ARGV[a + 4])
+  local h = held[key]
+  if h and h.until_ms >= now then
+    if h.state == 'committed' then out[i - 1] = 'L'
+    elseif h.node == node then
+      held[key] = write(key, 'pending', now + lease, memory, node, lease + memory)
+      out[i - 1] = 'W'
+    else out[i - 1] = 'H' end
+  elseif now - occurrence > max_late + tolerance then out[i - 1] = 'X'
+  else
+    held[key] = write(key, 'pending', now + lease, memory, node, lease + memory)
+    out[i - 1] = (h and h.state == 'pending') and 'T' or 'W'
+    redis.call('HSET', KEYS[1], ARGV[a + 1],
+      string.format('v=1|%s|%d|%d|%s', ARGV[a], occurrence, now, node))
+  end
+end
+return table.concat(out)
+"""
+)
+
+# KEYS = claim keys; ARGV[1] = node. Returns one '1' or '0' per key.
+_COMMIT = (
+    _PRELUDE
+    + """
+local held, out = read_all(1), {}
+for i = 1, #KEYS do
+  local h = held[KEYS[i]]
+  if h and h.node == ARGV[1] and h.until_ms >= now then
+    held[KEYS[i]] = write(KEYS[i], 'committed', now + h.memory, h.memory, h.node, h.memory)
+    out[i] = '1'
+  else out[i] = '0' end
+end
+return table.concat(out)
+"""
+)
+
+# KEYS = claim keys; ARGV[1] = node. Deletes this node's pending claims.
+_RELEASE = (
+    _PRELUDE
+    + """
+local held = read_all(1)
+for i = 1, #KEYS do
+  local h = held[KEYS[i]]
+  if h and h.state == 'pending' and h.node == ARGV[1] then
+    redis.call('DEL', KEYS[i])
+    held[KEYS[i]] = false
+  end
+end
+return 0
+"""
+)
+
+_OUTCOMES = {
+    "W": Outcome.WON,
+    "T": Outcome.TAKEOVER,
+    "L": Outcome.LOST,
+    "H": Outcome.HELD,
+    "X": Outcome.LATE,
+}
+
+
+class RedisStore(ClaimStore):
+    """Claims in Redis, shared by every node that points at the same server and prefix.
+
+    ``client_or_url`` is a ``redis.Redis`` client, left open by :meth:`close`, or a
+    ``redis://``, ``rediss://`` or ``unix://`` URL, whose client the store creates and
+    closes. A created client waits ``socket_timeout`` (seconds, ``"2s"``, ``timedelta``;
+    a ``socket_timeout`` in the URL wins) to connect and for each reply, and retries a
+    broken connection once with no pause: the scheduler loop retries on its own until
+    the firing is late. A client passed in keeps its own timeouts and retry policy.
+
+    Nothing is sent to Redis until the first call. A connection that fails raises
+    :class:`~beatless.errors.StoreUnavailable`; any other Redis error raises
+    :class:`~beatless.errors.StoreError`. The password never appears in ``repr``, logs
+    or error messages.
+    """
+
+    name = "redis"
+
+    def __init__(
+        self,
+        client_or_url: redis_module.Redis | str,
+        *,
+        namespace: str = "default",
+        prefix: str | None = None,
+        socket_timeout: DurationLike = DEFAULT_SOCKET_TIMEOUT,
+    ) -> None:
+        driver = _driver()
+        if not isinstance(namespace, str) or not namespace:
+            raise ConfigError(f"redis store: namespace must be a non-empty string, got {namespace!r}")
+        if prefix is not None and (not isinstance(prefix, str) or not prefix):
+            raise ConfigError(f"redis store: prefix must be a non-empty string, got {prefix!r}")
+        self.prefix = prefix if prefix is not None else f"beatless:{namespace}:"
+        self._last_key = f"{self.prefix}last"
+        self._closed = False
+        if isinstance(client_or_url, str):
+            self._where = mask_url(client_or_url)
+            self._secrets = _secrets_of(client_or_url)
+            self._client = _client_from_url(driver, client_or_url, socket_timeout, self._where)
+            self._owns_client = True
+        elif isinstance(client_or_url, driver.Redis):
+            self._client = client_or_url
+            self._where = _describe_client(client_or_url)
+            self._secrets = _secrets_of_client(client_or_url)
+            self._owns_client = False
+        else:
+            raise ConfigError(
+                f"redis store: expected a redis.Redis client or a redis:// URL, got "
+                f"{type(client_or_url).__name__}"
+            )
+        exc = driver.exceptions
+        self._config_errors = (exc.AuthenticationError, exc.AuthorizationError)
+        self._unavailable = (exc.ConnectionError, exc.TimeoutError, exc.ReadOnlyError)
+        self._redis_error = exc.RedisError
+        self._claim = self._client.register_script(_CLAIM)
+        self._commit = self._client.register_script(_COMMIT)
+        self._release = self._client.register_script(_RELEASE)
+        logger.debug("redis store %s opened with prefix %r", self._where, self.prefix)
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self._where!r}, prefix={self.prefix!r})"
+
+    # -- the contract ---------------------------------------------------------------
+
+    def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
+        if not requests:
+            return []
+        if lease_ms <= 0:
+            raise ConfigError(f"redis store: lease_ms must be positive, got {lease_ms}")
+        keys = [self._last_key]
+        args: list[str | int] = [node, lease_ms, TOLERANCE_MS]
+        for request in requests:
+            if request.memory_ms <= 0:
+                raise ConfigError(
+                    f"redis store: firing {request.id} ({request.address}): memory_ms must be "
+                    f"positive, got {request.memory_ms}"
+                )
+            keys.append(self._claim_key(request.id))
+            args += [
+                request.id,
+                request.address,
+                request.occurrence_ms,
+                request.max_late_ms,
+                request.memory_ms,
+            ]
+        with self._errors("claim"):
+            reply = _text(self._claim(keys, args))
+        return [_OUTCOMES[letter] for letter in reply]
+
+    def commit(self, ids: Sequence[str], *, node: str) -> list[bool]:
+        if not ids:
+            return []
+        with self._errors("commit"):
+            reply = _text(self._commit([self._claim_key(i) for i in ids], [node]))
+        return [flag == "1" for flag in reply]
+
+    def release(self, ids: Sequence[str], *, node: str) -> None:
+        if not ids:
+            return
+        with self._errors("release"):
+            self._release([self._claim_key(i) for i in ids], [node])
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_client:
+            self._client.close()
+
+    # -- reading, for ``beatless status`` ------------------------------------------------
+
+    def recent(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The last firing won for each address, newest first, at most ``limit`` of them.
+
+        Each is a dict of ``id``, ``address``, ``occurrence_ms``, ``node`` (the winner),
+        ``claimed_ms`` (when the store granted it, on its clock), and ``committed`` and
+        ``until_ms`` from the claim record, both ``None`` once Redis forgot the claim.
+        """
+        with self._errors("read the last winners"):
+            fields = self._client.hgetall(self._last_key)
+            rows = sorted(
+                (_last_row(_text(k), _text(v)) for k, v in fields.items()),
+                key=lambda row: (-row["claimed_ms"], row["id"]),
+            )[: max(0, limit)]
+            records = self._client.mget([self._claim_key(r["id"]) for r in rows]) if rows else []
+        for row, record in zip(rows, records, strict=True):
+            state, until_ms = _state_of(record)
+            row["committed"] = None if state is None else state == "committed"
+            row["until_ms"] = until_ms
+        return rows
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _claim_key(self, id_: str) -> str:
+        return f"{self.prefix}claim:{id_}"
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        if self._closed:
+            raise StoreError(f"redis store {self._where}: cannot {what}: the store is closed")
+        try:
+            yield
+        except self._config_errors as exc:
+            raise StoreError(
+                f"redis store {self._where}: cannot {what}: {self._mask(exc)}; "
+                f"check the user name and password"
+            ) from None
+        except self._unavailable as exc:
+            raise StoreUnavailable(
+                f"redis store {self._where}: cannot {what}: {self._mask(exc)}"
+            ) from None
+        except self._redis_error as exc:
+            raise StoreError(f"redis store {self._where}: cannot {what}: {self._mask(exc)}") from None
+
+    def _mask(self, exc: BaseException) -> str:
+        text = str(exc) or type(exc).__name__
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+
+def _driver() -> ModuleType:
+    try:
+        import redis
+    except ImportError:
+        raise ConfigError(
+            "the redis store needs the redis package: pip install 'beatless[redis]'"
+        ) from None
+    return redis
+
+
+def _client_from_url(
+    driver: ModuleType, url: str, socket_timeout: DurationLike, where: str
+) -> redis_module.Redis:
+    scheme = urlsplit(url).scheme.lower()
+    if scheme not in SCHEMES:
+        raise ConfigError(
+            f"redis store: unknown URL scheme {scheme!r} in {where}: use redis://host:port/db, "
+            f"rediss://host:port/db or unix:///path/to/redis.sock"
+        )
+    timeout = as_timedelta(socket_timeout, name="redis store: socket_timeout").total_seconds()
+    if timeout <= 0:
+        raise ConfigError(f"redis store: socket_timeout must be positive, got {socket_timeout!r}")
+    retry = driver.retry.Retry(driver.backoff.NoBackoff(), 1)
+    try:
+        client: redis_module.Redis = driver.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=retry
+        )
+    except ValueError as exc:
+        raise ConfigError(f"redis store: bad URL {where}: {exc}") from None
+    return client
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password, in the user part or the query, replaced by ``***``."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            userinfo = userinfo.split(":", 1)[0] + ":***"
+        netloc = f"{userinfo}@{host}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode(
+            [(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="*/:"
+        )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _secrets_of(url: str) -> list[str]:
+    parts = urlsplit(url)
+    found = [parts.password] if parts.password else []
+    found += [v for k, v in parse_qsl(parts.query) if k.lower() == "password" and v]
+    return found
+
+
+def _secrets_of_client(client: redis_module.Redis) -> list[str]:
+    password = client.connection_pool.connection_kwargs.get("password")
+    return [str(password)] if password else []
+
+
+def _describe_client(client: redis_module.Redis) -> str:
+    kwargs = client.connection_pool.connection_kwargs
+    db = kwargs.get("db", 0)
+    if kwargs.get("path"):
+        return f"unix://{kwargs['path']}?db={db}"
+    host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
+    return f"redis://{host}:{port}/{db}"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _last_row(address: str, value: str) -> dict[str, Any]:
+    _version, id_, occurrence_ms, claimed_ms, node = value.split("|", 4)
+    return {
+        "id": id_,
+        "address": address,
+        "occurrence_ms": int(occurrence_ms),
+        "node": node,
+        "claimed_ms": int(claimed_ms),
+    }
+
+
+def _state_of(record: Any) -> tuple[str | None, int | None]:
+    if record is None:
+        return None, None
+    _version, state, until_ms, _rest = _text(record).split("|", 3)
+    return state, int(until_ms)

@@ -1,0 +1,52 @@
+"""A real scheduler node for multi-process tests: runs a fixed schedule for a while.
+
+Usage: python tests/node_process.py STORE_URL OUT_FILE SECONDS NODE_NAME
+
+Each won firing is appended to OUT_FILE as one JSON line (flushed at once), so a
+parent process can count the firings of every node, even one it kills.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from beatless import Entry, Every, Firing, Schedule
+from beatless.scheduler import Scheduler
+from beatless.stores import open_store
+
+SCHEDULE = Schedule(
+    [
+        Entry(name="every-1s", task="tests.one", trigger=Every(1)),
+        Entry(name="every-2s", task="tests.two", trigger=Every(2)),
+    ],
+    namespace="multiprocess",
+)
+
+
+def main() -> None:
+    url, out_path, seconds, node = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+    with open(out_path, "a", encoding="utf-8") as out:
+
+        def enqueue(firing: Firing) -> None:
+            record = {
+                "id": firing.id,
+                "entry": firing.entry.name,
+                "node": node,
+                "occurrence_ms": firing.occurrence_ms,
+                "at": time.time(),
+            }
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+
+        store = open_store(url)
+        scheduler = Scheduler(SCHEDULE, store=store, enqueue=enqueue, node=node)
+        scheduler.start()
+        time.sleep(seconds)
+        scheduler.stop(timeout=5)
+        store.close()
+
+
+if __name__ == "__main__":
+    main()

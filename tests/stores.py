@@ -1,0 +1,120 @@
+"""The claim stores the contract suite runs against, and the clock that drives them.
+
+To add a store: write a function that prepares its backing (a file, a key prefix, a
+database of its own) and returns an opener, then add a :class:`Backend` to
+``BACKENDS``. A store with a server clock sets ``server_clock=True`` and names the
+service it needs; the suite then sleeps where it would have advanced the clock, and
+skips the cases that need an exact clock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from beatless.stores import ClaimStore, MemoryStore
+from beatless.stores.sqlite import SQLiteStore
+
+START = 1_800_000_000.0
+"""The manual clock's first reading: 2027-01-15T08:00:00Z."""
+
+
+class ManualClock:
+    """A clock the test moves by hand, in whole milliseconds; safe to share by threads.
+
+    It reads half a millisecond past the current one, so that a store's
+    ``int(clock() * 1000)`` lands on that millisecond despite float rounding.
+    """
+
+    def __init__(self, start: float = START) -> None:
+        self._ms = round(start * 1_000)
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return (self._ms + 0.5) / 1_000
+
+    def now_ms(self) -> int:
+        with self._lock:
+            return self._ms
+
+    def advance(self, ms: int) -> None:
+        with self._lock:
+            self._ms += ms
+
+
+Opener = Callable[[], ClaimStore]
+"""Opens one more client of the same backing store, as another node would."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """How to prepare one kind of claim store for a test.
+
+    ``prepare(tmp_path, clock)`` creates a backing of the test's own and returns an
+    opener; every store it opens must see the same claims. ``clock`` is the store's
+    clock where the store has none of its own; a server-clock store ignores it.
+    """
+
+    name: str
+    prepare: Callable[[Path, ManualClock], Opener]
+    server_clock: bool = False
+    service: tuple[str, str, int] | None = None
+    """``(name, host, port)`` of the server the store needs, checked before preparing."""
+
+
+def _memory(_tmp: Path, clock: ManualClock) -> Opener:
+    store = MemoryStore(clock=clock)
+    return lambda: store
+
+
+def _sqlite(tmp: Path, clock: ManualClock) -> Opener:
+    path = tmp / f"claims-{uuid.uuid4().hex[:8]}.db"
+    return lambda: SQLiteStore(path, clock=clock)
+
+
+BACKENDS: list[Backend] = [
+    Backend("memory", _memory),
+    Backend("sqlite", _sqlite),
+]
+
+
+class StoreFactory:
+    """Opens stores of one backend, all sharing its claims and its clock.
+
+    ``advance(ms)`` moves the store's clock: the manual clock where the store uses it,
+    a real sleep where the store has a server clock. ``now_ms()`` is the store's time
+    as well as the test can know it.
+    """
+
+    def __init__(self, backend: Backend, opener: Opener, clock: ManualClock) -> None:
+        self.backend = backend
+        self.clock = clock
+        self._opener = opener
+        self._opened: list[ClaimStore] = []
+
+    @property
+    def exact_clock(self) -> bool:
+        return not self.backend.server_clock
+
+    def __call__(self) -> ClaimStore:
+        store = self._opener()
+        self._opened.append(store)
+        return store
+
+    def now_ms(self) -> int:
+        return self.clock.now_ms() if self.exact_clock else int(time.time() * 1_000)
+
+    def advance(self, ms: int) -> None:
+        if self.exact_clock:
+            self.clock.advance(ms)
+        else:
+            time.sleep(ms / 1_000)
+
+    def close(self) -> None:
+        for store in reversed(self._opened):
+            store.close()

@@ -1,0 +1,367 @@
+"""What the SQLite store adds to the contract: processes, the file, its schema and sweep."""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil  # type: ignore[import-untyped]
+import pytest
+from stores import ManualClock
+
+import beatless.stores.sqlite as sqlite_module
+from beatless.errors import ConfigError, StoreError, StoreUnavailable
+from beatless.stores import ClaimRequest, Outcome, open_store
+from beatless.stores.sqlite import SCHEMA_VERSION, SQLiteStore
+
+MEMORY_MS = 80_000
+
+
+def request(id_: str, occurrence_ms: int, memory_ms: int = MEMORY_MS) -> ClaimRequest:
+    return ClaimRequest(id_, f"sqlite/{id_}", occurrence_ms, 60_000, memory_ms)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "claims.db"
+
+
+# -- many processes on one file -------------------------------------------------------------
+
+WORKER = """
+import json, random, sys, time
+from beatless.stores import ClaimRequest
+from beatless.stores.sqlite import SQLiteStore
+
+path, node, count, start_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+now_ms = int(time.time() * 1000)
+requests = [ClaimRequest(f"id-{i}", f"mp/{i}", now_ms, 60_000, 80_000) for i in range(count)]
+rng = random.Random(node)
+rng.shuffle(requests)
+won = []
+with SQLiteStore(path, busy_timeout=10) as store:
+    time.sleep(max(0.0, start_at - time.time()))
+    while requests:
+        size = rng.choice((1, 1, 3, 17, 60))
+        batch, requests = requests[:size], requests[size:]
+        outcomes = store.claim(batch, node=node, lease_ms=60_000)
+        mine = [r.id for r, o in zip(batch, outcomes) if o.is_won]
+        if mine and rng.random() < 0.5:
+            assert all(store.commit(mine, node=node))
+        won += mine
+print(json.dumps(won))
+"""
+
+
+@pytest.mark.slow
+def test_each_firing_is_won_exactly_once_by_processes_hammering_one_file(path: Path) -> None:
+    SQLiteStore(path).close()  # create the file and its schema before the race
+    count, nodes = 400, [f"proc-{i}" for i in range(3)]
+    start_at = time.time() + 1.0
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(path), node, str(count), str(start_at)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for node in nodes
+    ]
+    won: dict[str, list[str]] = {}
+    try:
+        for node, proc in zip(nodes, procs, strict=True):
+            out, err = proc.communicate(timeout=30)
+            assert proc.returncode == 0, err
+            won[node] = json.loads(out)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=5)
+    assert not any(psutil.pid_exists(p.pid) and _is_running(p.pid) for p in procs)
+
+    every = [id_ for ids in won.values() for id_ in ids]
+    assert sorted(every) == sorted(f"id-{i}" for i in range(count))
+    with SQLiteStore(path) as store:
+        winners = {row["id"]: row["node"] for row in store.recent(count)}
+    assert winners == {id_: node for node, ids in won.items() for id_ in ids}
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_one_store_shared_by_threads_lets_each_firing_be_won_once(
+    path: Path, clock: ManualClock
+) -> None:
+    store = SQLiteStore(path, clock=clock)
+    requests = [request(f"id-{i}", clock.now_ms()) for i in range(100)]
+    won: list[str] = []
+
+    def run(node: str) -> None:
+        order = random.Random(node).sample(requests, len(requests))
+        for r in order:
+            if store.claim([r], node=node, lease_ms=60_000)[0].is_won:
+                won.append(r.id)
+
+    threads = [threading.Thread(target=run, args=(f"t{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=20)
+    store.close()
+
+    assert sorted(won) == sorted(r.id for r in requests)
+
+
+# -- the file and its schema ----------------------------------------------------------------
+
+
+def test_the_file_is_in_wal_mode_and_records_its_schema_version(path: Path) -> None:
+    SQLiteStore(path).close()
+
+    with sqlite3.connect(path) as raw:
+        (mode,) = raw.execute("PRAGMA journal_mode").fetchone()
+        (version,) = raw.execute("SELECT value FROM meta WHERE key = 'version'").fetchone()
+    raw.close()
+    assert mode == "wal"
+    assert int(version) == SCHEMA_VERSION == 1
+
+
+def test_a_file_with_a_newer_schema_version_is_refused_with_both_versions_named(
+    path: Path,
+) -> None:
+    SQLiteStore(path).close()
+    with sqlite3.connect(path) as raw:
+        raw.execute("UPDATE meta SET value = ? WHERE key = 'version'", (str(SCHEMA_VERSION + 1),))
+    raw.close()
+
+    with pytest.raises(StoreError, match=r"schema version 2.*newer beatless.*version 1"):
+        SQLiteStore(path)
+
+
+def test_reopening_a_file_keeps_its_claims(path: Path, clock: ManualClock) -> None:
+    with SQLiteStore(path, clock=clock) as store:
+        assert store.claim([request("x", clock.now_ms())], node="a", lease_ms=1_000) == [
+            Outcome.WON
+        ]
+    with SQLiteStore(path, clock=clock) as store:
+        assert store.claim([request("x", clock.now_ms())], node="b", lease_ms=1_000) == [
+            Outcome.HELD
+        ]
+
+
+# -- sweeping -------------------------------------------------------------------------------
+
+
+def test_sweep_removes_committed_claims_once_their_memory_ran_out(
+    path: Path, clock: ManualClock
+) -> None:
+    store = SQLiteStore(path, clock=clock)
+    store.claim([request("old", clock.now_ms(), memory_ms=5_000)], node="a", lease_ms=500)
+    assert store.commit(["old"], node="a") == [True]
+
+    clock.advance(5_001)
+    store.claim([request("new", clock.now_ms())], node="a", lease_ms=500)
+
+    assert [row["id"] for row in store.recent(10)] == ["new"]
+    store.close()
+
+
+def test_sweep_keeps_an_abandoned_pending_claim_so_it_is_reported_as_a_takeover(
+    path: Path, clock: ManualClock
+) -> None:
+    store = SQLiteStore(path, clock=clock)
+    abandoned = request("abandoned", clock.now_ms(), memory_ms=MEMORY_MS)
+    store.claim([abandoned], node="a", lease_ms=500)
+
+    clock.advance(2_000)
+    store.claim([request("other", clock.now_ms())], node="a", lease_ms=500)  # sweeps
+    assert len(store) == 2
+    assert store.claim([abandoned], node="b", lease_ms=500) == [Outcome.TAKEOVER]
+
+    clock.advance(500 + MEMORY_MS + 1)
+    store.claim([request("last", clock.now_ms())], node="a", lease_ms=500)
+    assert [row["id"] for row in store.recent(10)] == ["last"]
+    store.close()
+
+
+def test_sweep_runs_at_most_once_a_second_and_deletes_a_bounded_number_of_rows(
+    path: Path, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_module, "SWEEP_LIMIT", 3)
+    store = SQLiteStore(path, clock=clock)
+    old = [request(f"old-{i}", clock.now_ms(), memory_ms=1_000) for i in range(8)]
+    store.claim(old, node="a", lease_ms=100)
+    store.commit([r.id for r in old], node="a")
+    clock.advance(500)
+    store.claim([request("young", clock.now_ms())], node="a", lease_ms=100)
+    clock.advance(600)  # the old claims ran out, but a sweep ran 600 ms ago
+    assert len(store) == 9
+
+    counts = []
+    for i in range(4):
+        store.claim([request(f"new-{i}", clock.now_ms())], node="a", lease_ms=60_000)
+        counts.append(len(store))
+    clock.advance(400)
+    store.claim([request("later", clock.now_ms())], node="a", lease_ms=60_000)
+
+    # Full sweeps (3 rows) run again at once; the one that finds less waits a second.
+    assert counts == [10 - 3, 8 - 3, 6 - 2, 5]
+    assert len(store) == 6
+    store.close()
+
+
+# -- reading who won ------------------------------------------------------------------------
+
+
+def test_recent_lists_who_won_and_when_newest_first(path: Path, clock: ManualClock) -> None:
+    store = SQLiteStore(path, clock=clock)
+    start = clock.now_ms()
+    store.claim([request("first", start)], node="a", lease_ms=1_000)
+    store.commit(["first"], node="a")
+    clock.advance(10)
+    store.claim([request("second", start)], node="b", lease_ms=1_000)
+    store.claim([request("second", start)], node="a", lease_ms=1_000)  # held: not recorded
+
+    rows = store.recent(5)
+
+    assert [(r["id"], r["node"], r["claimed_ms"], r["committed"]) for r in rows] == [
+        ("second", "b", start + 10, False),
+        ("first", "a", start, True),
+    ]
+    assert rows[1]["until_ms"] == start + MEMORY_MS
+    assert rows[0]["address"] == "sqlite/second"
+    assert store.recent(1) == rows[:1]
+    store.close()
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+def test_a_database_locked_by_another_connection_raises_store_unavailable(
+    path: Path, clock: ManualClock
+) -> None:
+    store = SQLiteStore(path, clock=clock, busy_timeout=0.05)
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(StoreUnavailable, match="locked"):
+            store.claim([request("x", clock.now_ms())], node="a", lease_ms=1_000)
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+
+    assert store.claim([request("x", clock.now_ms())], node="a", lease_ms=1_000) == [Outcome.WON]
+    store.close()
+
+
+def test_a_file_that_cannot_be_opened_raises_store_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(StoreUnavailable, match="unable to open"):
+        SQLiteStore(tmp_path / "no-such-dir" / "claims.db")
+
+
+def test_a_file_that_is_not_a_database_raises_store_error_not_unavailable(path: Path) -> None:
+    path.write_bytes(b"this is not a database" * 100)
+
+    with pytest.raises(StoreError) as caught:
+        SQLiteStore(path)
+    assert not isinstance(caught.value, StoreUnavailable)
+
+
+def test_a_closed_store_refuses_claims_and_closing_twice_is_harmless(path: Path) -> None:
+    with SQLiteStore(path) as store:
+        pass
+    store.close()
+
+    with pytest.raises(StoreError, match="closed"):
+        store.claim([request("x", 0)], node="a", lease_ms=1_000)
+
+
+# -- URLs -----------------------------------------------------------------------------------
+
+
+def test_a_url_with_three_slashes_names_a_file_relative_to_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+
+    with SQLiteStore.from_url("sqlite:///relative.db") as store:
+        assert store.path == "relative.db"
+    assert (tmp_path / "relative.db").exists()
+
+
+def test_a_url_with_four_slashes_names_an_absolute_path(tmp_path: Path) -> None:
+    with SQLiteStore.from_url(f"sqlite:///{tmp_path}/abs%20path.db?busy_timeout=2s") as store:
+        assert store.path == f"{tmp_path}/abs path.db"
+        assert store._busy_timeout == 2.0
+    assert (tmp_path / "abs path.db").exists()
+
+
+def test_open_store_opens_a_sqlite_url(tmp_path: Path) -> None:
+    with open_store(f"sqlite:///{tmp_path}/claims.db", busy_timeout=1) as store:
+        assert isinstance(store, SQLiteStore)
+        assert repr(store) == f"SQLiteStore('{tmp_path}/claims.db')"
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("sqlite://", "no file path"),
+        ("sqlite:///", "no file path"),
+        ("sqlite://somehost/claims.db", "names a host"),
+        ("sqlite:///claims.db?timeout=3", "unknown option timeout"),
+        ("redis://localhost/0", "not a sqlite URL"),
+    ],
+)
+def test_a_sqlite_url_without_a_usable_path_is_a_config_error(url: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        SQLiteStore.from_url(url)
+
+
+def test_a_negative_busy_timeout_is_a_config_error(path: Path) -> None:
+    with pytest.raises(ConfigError, match="busy_timeout"):
+        SQLiteStore(path, busy_timeout=-1)
+
+
+def _claim_in_child(store: SQLiteStore, now_ms: int) -> None:
+    outcome = store.claim([request("forked", now_ms)], node="child", lease_ms=60_000)
+    sys.exit(0 if outcome == [Outcome.WON] else 1)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="fork is POSIX only")
+def test_a_child_process_that_inherits_the_store_opens_a_connection_of_its_own(
+    path: Path, clock: ManualClock
+) -> None:
+    import multiprocessing
+
+    store = SQLiteStore(path, clock=clock)
+    store.claim([request("before", clock.now_ms())], node="parent", lease_ms=60_000)
+    child = multiprocessing.get_context("fork").Process(
+        target=_claim_in_child, args=(store, clock.now_ms())
+    )
+    child.start()
+    child.join(timeout=10)
+    if child.is_alive():
+        child.kill()
+        child.join(timeout=5)
+
+    assert child.exitcode == 0
+    assert store.claim([request("forked", clock.now_ms())], node="parent", lease_ms=1) == [
+        Outcome.HELD
+    ]
+    store.close()

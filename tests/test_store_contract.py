@@ -1,0 +1,418 @@
+"""The claim-store contract (``beatless.stores.base``), run once for every store.
+
+Each test opens its stores through ``store_factory`` (see ``tests/stores.py``): every
+store it opens is another node's client of the same claims. Leases are short so that
+a store with a server clock can run the suite by sleeping; the cases that need to
+jump minutes, or to land on an exact millisecond, ask for a clock the test controls.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from stores import StoreFactory
+
+from beatless.stores import ClaimRequest, ClaimStore, Outcome
+from beatless.stores.base import TOLERANCE_MS
+
+WON, TAKEOVER, LOST, HELD, LATE = (
+    Outcome.WON,
+    Outcome.TAKEOVER,
+    Outcome.LOST,
+    Outcome.HELD,
+    Outcome.LATE,
+)
+LEASE_MS = 600
+LONG_LEASE_MS = 60_000
+MAX_LATE_MS = 60_000
+MEMORY_MS = 80_000
+"""jitter 10 s + max_late 60 s + tolerance 10 s: what rule 5 asks of a store."""
+
+
+def firing(
+    occurrence_ms: int, *, max_late_ms: int = MAX_LATE_MS, memory_ms: int = MEMORY_MS
+) -> ClaimRequest:
+    """A claim request for a firing no other test uses."""
+    id_ = str(uuid.uuid4())
+    return ClaimRequest(id_, f"contract/{id_[:8]}", occurrence_ms, max_late_ms, memory_ms)
+
+
+def claim_one(
+    store: ClaimStore, request: ClaimRequest, node: str, lease_ms: int = LEASE_MS
+) -> Outcome:
+    (outcome,) = store.claim([request], node=node, lease_ms=lease_ms)
+    return outcome
+
+
+def require_exact_clock(store_factory: StoreFactory) -> None:
+    if not store_factory.exact_clock:
+        pytest.skip(f"{store_factory.backend.name} keeps its own clock; this case moves it")
+
+
+# -- exactly one winner --------------------------------------------------------------------
+
+
+def test_exactly_one_of_many_nodes_wins_a_firing_and_the_others_are_held_off(
+    store_factory: StoreFactory,
+) -> None:
+    stores = [store_factory() for _ in range(5)]
+    request = firing(store_factory.now_ms())
+
+    outcomes = [claim_one(s, request, f"node-{i}") for i, s in enumerate(stores)]
+
+    assert outcomes == [WON, HELD, HELD, HELD, HELD]
+
+
+def test_every_other_node_loses_a_firing_once_the_winner_committed(
+    store_factory: StoreFactory,
+) -> None:
+    winner, *others = [store_factory() for _ in range(4)]
+    request = firing(store_factory.now_ms())
+    assert claim_one(winner, request, "node-0") is WON
+    assert winner.commit([request.id], node="node-0") == [True]
+
+    assert [claim_one(s, request, f"node-{i}") for i, s in enumerate(others, 1)] == [LOST] * 3
+
+
+def test_exactly_one_node_wins_each_firing_when_threads_claim_concurrently(
+    store_factory: StoreFactory,
+) -> None:
+    nodes = 6
+    now = store_factory.now_ms()
+    requests = [firing(now) for _ in range(150)]
+    stores = [store_factory() for _ in range(nodes)]
+    barrier = threading.Barrier(nodes)
+    results: dict[str, list[tuple[str, Outcome]]] = {}
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        node, rng = f"node-{index}", random.Random(index)
+        mine = rng.sample(requests, len(requests))
+        got: list[tuple[str, Outcome]] = []
+        try:
+            barrier.wait(timeout=10)
+            while mine:
+                size = rng.randint(1, 20)
+                batch, mine = mine[:size], mine[size:]
+                outcomes = stores[index].claim(batch, node=node, lease_ms=LONG_LEASE_MS)
+                got += [(r.id, o) for r, o in zip(batch, outcomes, strict=True)]
+        except BaseException as exc:
+            errors.append(exc)
+        results[node] = got
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(nodes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not errors
+    won = [id_ for got in results.values() for id_, outcome in got if outcome is WON]
+    assert sorted(won) == sorted(r.id for r in requests)
+    others = {o for got in results.values() for _, o in got if o is not WON}
+    assert others <= {HELD}
+
+
+def test_claims_of_different_firings_are_independent(store_factory: StoreFactory) -> None:
+    a, b = store_factory(), store_factory()
+    now = store_factory.now_ms()
+    first, second = firing(now), firing(now)
+
+    assert claim_one(a, first, "a") is WON
+    assert claim_one(b, second, "b") is WON
+    assert a.commit([first.id], node="a") == [True]
+    b.release([second.id], node="b")
+
+    assert claim_one(b, first, "b") is LOST
+    assert claim_one(a, second, "a") is WON
+
+
+# -- lateness, on the store's clock ------------------------------------------------------
+
+
+def test_claim_older_than_max_late_plus_tolerance_on_the_store_clock_is_late_and_writes_nothing(
+    store_factory: StoreFactory,
+) -> None:
+    store = store_factory()
+    occurrence = store_factory.now_ms() - MAX_LATE_MS - TOLERANCE_MS - 2_000
+    late = firing(occurrence)
+
+    assert claim_one(store, late, "a") is LATE
+    # Nothing was written: for a node allowed more lateness, the firing is still free.
+    lenient = ClaimRequest(late.id, late.address, occurrence, MAX_LATE_MS + 10_000, MEMORY_MS)
+    assert claim_one(store_factory(), lenient, "b") is WON
+
+
+def test_claim_at_exactly_max_late_plus_tolerance_is_not_late(
+    store_factory: StoreFactory,
+) -> None:
+    require_exact_clock(store_factory)
+    store = store_factory()
+    occurrence = store_factory.now_ms() - MAX_LATE_MS - TOLERANCE_MS
+
+    assert claim_one(store, firing(occurrence), "a") is WON
+    store_factory.advance(1)
+    assert claim_one(store, firing(occurrence), "a") is LATE
+
+
+def test_lateness_is_judged_by_the_store_clock_at_the_time_of_the_claim(
+    store_factory: StoreFactory,
+) -> None:
+    require_exact_clock(store_factory)
+    store = store_factory()
+    request = firing(store_factory.now_ms())
+
+    store_factory.advance(MAX_LATE_MS + TOLERANCE_MS + 1)
+
+    assert claim_one(store, request, "a") is LATE
+
+
+# -- leases and takeovers ------------------------------------------------------------------
+
+
+def test_pending_claim_whose_lease_ran_out_is_taken_over_by_another_node(
+    store_factory: StoreFactory,
+) -> None:
+    a, b = store_factory(), store_factory()
+    request = firing(store_factory.now_ms())
+    assert claim_one(a, request, "a") is WON
+
+    store_factory.advance(LEASE_MS + 100)
+
+    assert claim_one(b, request, "b") is TAKEOVER
+    assert claim_one(a, request, "a") is HELD
+
+
+def test_live_pending_claim_holds_off_another_node(store_factory: StoreFactory) -> None:
+    a, b = store_factory(), store_factory()
+    request = firing(store_factory.now_ms())
+    assert claim_one(a, request, "a") is WON
+
+    store_factory.advance(LEASE_MS // 3)
+
+    assert claim_one(b, request, "b") is HELD
+
+
+def test_pending_claim_is_live_through_the_last_millisecond_of_its_lease(
+    store_factory: StoreFactory,
+) -> None:
+    require_exact_clock(store_factory)
+    a, b = store_factory(), store_factory()
+    request = firing(store_factory.now_ms())
+    assert claim_one(a, request, "a") is WON
+
+    store_factory.advance(LEASE_MS)
+    assert claim_one(b, request, "b") is HELD
+    store_factory.advance(1)
+    assert claim_one(b, request, "b") is TAKEOVER
+
+
+def test_lease_that_ran_out_after_the_firing_became_late_gives_late_not_takeover(
+    store_factory: StoreFactory,
+) -> None:
+    require_exact_clock(store_factory)
+    a, b = store_factory(), store_factory()
+    request = firing(store_factory.now_ms())
+    assert claim_one(a, request, "a") is WON
+
+    store_factory.advance(MAX_LATE_MS + TOLERANCE_MS + 1)
+
+    assert claim_one(b, request, "b") is LATE
+
+
+def test_reclaim_by_the_owner_of_a_pending_claim_is_won_again_and_renews_the_lease(
+    store_factory: StoreFactory,
+) -> None:
+    a, b = store_factory(), store_factory()
+    request = firing(store_factory.now_ms())
+    assert claim_one(a, request, "a") is WON
+
+    store_factory.advance(LEASE_MS * 2 // 3)
+    assert claim_one(a, request, "a") is WON
+    store_factory.advance(LEASE_MS * 2 // 3)
+
+    assert claim_one(b, request, "b") is HELD
+    assert a.commit([request.id], node="a") == [True]
+
+
+# -- commit ---------------------------------------------------------------------------------
+
+
+def test_commit_keeps_the_claim_for_memory_ms_after_the_lease_would_have_run_out(
+    store_factory: StoreFactory,
+) -> None:
+    a, b = store_factory(), store_factory()
+    request = firing(store_factory.now_ms())
+    assert claim_one(a, request, "a") is WON
+    assert a.commit([request.id], node="a") == [True]
+
+    store_factory.advance(LEASE_MS + 100)
+
+    assert claim_one(b, request, "b") is LOST
+
+
+def test_commit_by_a_node_that_does_not_hold_the_claim_returns_false(
+    store_factory: StoreFactory,
+) -> None:
+    a, b = store_factory(), store_factory()
+    request, unknown = firing(store_factory.now_ms()), firing(store_factory.now_ms())
+    assert claim_one(a, request, "a") is WON
+
+    assert b.commit([request.id, unknown.id], node="b") == [False, False]
+    assert a.commit([request.id], node="a") == [True]
+
+
+def test_commit_after_a_takeover_returns_false_for_the_old_owner(
+    store_factory: StoreFactory,
+) -> None:
+    a, b = store_factory(), store_factory()
+    request = firing(store_factory.now_ms())
+    assert claim_one(a, request, "a") is WON
+    store_factory.advance(LEASE_MS + 100)
+    assert claim_one(b, request, "b") is TAKEOVER
+
+    assert a.commit([request.id], node="a") == [False]
+    assert b.commit([request.id], node="b") == [True]
+
+
+def test_commit_returns_ownership_per_id_in_request_order(store_factory: StoreFactory) -> None:
+    a, b = store_factory(), store_factory()
+    now = store_factory.now_ms()
+    mine, theirs, nobodys = firing(now), firing(now), firing(now)
+    assert claim_one(a, mine, "a") is WON
+    assert claim_one(b, theirs, "b") is WON
+
+    assert a.commit([theirs.id, mine.id, nobodys.id], node="a") == [False, True, False]
+
+
+# -- release --------------------------------------------------------------------------------
+
+
+def test_release_lets_another_node_win(store_factory: StoreFactory) -> None:
+    a, b = store_factory(), store_factory()
+    request = firing(store_factory.now_ms())
+    assert claim_one(a, request, "a") is WON
+
+    a.release([request.id], node="a")
+
+    assert claim_one(b, request, "b") is WON
+
+
+def test_release_by_a_node_that_does_not_hold_the_claim_does_nothing(
+    store_factory: StoreFactory,
+) -> None:
+    a, b = store_factory(), store_factory()
+    request = firing(store_factory.now_ms())
+    assert claim_one(a, request, "a") is WON
+
+    b.release([request.id], node="b")
+
+    assert claim_one(b, request, "b") is HELD
+    assert a.commit([request.id], node="a") == [True]
+
+
+def test_release_of_a_committed_claim_does_nothing(store_factory: StoreFactory) -> None:
+    a, b = store_factory(), store_factory()
+    request = firing(store_factory.now_ms())
+    assert claim_one(a, request, "a") is WON
+    assert a.commit([request.id], node="a") == [True]
+
+    a.release([request.id], node="a")
+
+    assert claim_one(b, request, "b") is LOST
+
+
+# -- batches --------------------------------------------------------------------------------
+
+
+def test_batch_outcomes_follow_request_order_and_mix_every_outcome(
+    store_factory: StoreFactory,
+) -> None:
+    a, b = store_factory(), store_factory()
+    now = store_factory.now_ms()
+    abandoned, committed = firing(now), firing(now)
+    assert claim_one(b, abandoned, "b") is WON
+    assert claim_one(a, committed, "a") is WON
+    assert a.commit([committed.id], node="a") == [True]
+    store_factory.advance(LEASE_MS + 100)
+    now = store_factory.now_ms()
+    held_by_b, own_pending = firing(now), firing(now)
+    assert claim_one(b, held_by_b, "b") is WON
+    assert claim_one(a, own_pending, "a") is WON
+    late = firing(now - MAX_LATE_MS - TOLERANCE_MS - 2_000)
+    fresh = [firing(now), firing(now)]
+
+    batch = [fresh[0], committed, late, held_by_b, abandoned, own_pending, fresh[1]]
+    outcomes = a.claim(batch, node="a", lease_ms=LEASE_MS)
+
+    assert outcomes == [WON, LOST, LATE, HELD, TAKEOVER, WON, WON]
+
+
+def test_the_same_firing_twice_in_one_batch_is_won_once_by_its_node(
+    store_factory: StoreFactory,
+) -> None:
+    a, b = store_factory(), store_factory()
+    request = firing(store_factory.now_ms())
+
+    assert a.claim([request, request], node="a", lease_ms=LEASE_MS) == [WON, WON]
+    assert claim_one(b, request, "b") is HELD
+
+
+def test_empty_batches_do_nothing(store_factory: StoreFactory) -> None:
+    store = store_factory()
+
+    assert store.claim([], node="a", lease_ms=LEASE_MS) == []
+    assert store.commit([], node="a") == []
+    store.release([], node="a")
+
+
+# -- memory (rule 5) ------------------------------------------------------------------------
+
+
+def test_committed_claim_is_forgotten_after_memory_ms(store_factory: StoreFactory) -> None:
+    require_exact_clock(store_factory)
+    a, b = store_factory(), store_factory()
+    # A memory shorter than max_late + tolerance breaks rule 5; it shows the forgetting.
+    request = firing(store_factory.now_ms(), memory_ms=5_000)
+    assert claim_one(a, request, "a") is WON
+    assert a.commit([request.id], node="a") == [True]
+
+    store_factory.advance(5_000)
+    assert claim_one(b, request, "b") is LOST
+    store_factory.advance(1)
+    assert claim_one(b, request, "b") is WON
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    max_late_ms=st.integers(1, 3_600_000),
+    extra_memory_ms=st.integers(0, 600_000),
+    claimed_after_ms=st.integers(0, 3_600_000),
+    forgotten_after_ms=st.integers(1, 600_000),
+)
+def test_a_claim_forgotten_after_a_memory_covering_max_late_and_tolerance_comes_back_late(
+    store_factory: StoreFactory,
+    max_late_ms: int,
+    extra_memory_ms: int,
+    claimed_after_ms: int,
+    forgotten_after_ms: int,
+) -> None:
+    require_exact_clock(store_factory)
+    store = store_factory()
+    memory_ms = max_late_ms + TOLERANCE_MS + extra_memory_ms
+    occurrence = store_factory.now_ms() - min(claimed_after_ms, max_late_ms + TOLERANCE_MS)
+    request = firing(occurrence, max_late_ms=max_late_ms, memory_ms=memory_ms)
+    assert claim_one(store, request, "a") is WON
+    assert store.commit([request.id], node="a") == [True]
+
+    store_factory.advance(memory_ms + forgotten_after_ms)
+
+    assert claim_one(store, request, "b") is LATE
