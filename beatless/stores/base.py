@@ -87,6 +87,29 @@ class ClaimRequest:
         return store_now_ms - self.occurrence_ms > self.max_late_ms + TOLERANCE_MS
 
 
+class Held(Protocol):
+    """What a store knows of a claim it holds: enough to judge the next claim."""
+
+    node: str
+    committed: bool
+    until_ms: int
+
+
+def judge(request: ClaimRequest, held: Held | None, node: str, now_ms: int) -> Outcome:
+    """The contract's outcome for one claim, for stores that decide outside the server.
+
+    A won outcome means the store must now write the claim as pending for the lease
+    (for ``node``'s own pending claim: extend it).
+    """
+    if held is not None and held.until_ms >= now_ms:
+        if held.committed:
+            return Outcome.LOST
+        return Outcome.WON if held.node == node else Outcome.HELD
+    if request.is_late(now_ms):
+        return Outcome.LATE
+    return Outcome.WON if held is None or held.committed else Outcome.TAKEOVER
+
+
 class ClaimStore(ABC):
     """Where nodes race for firings. See the module docstring for the contract."""
 

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from beatless.stores.base import ClaimRequest, ClaimStore, Outcome
+from beatless.stores.base import ClaimRequest, ClaimStore, Outcome, judge
 
 
 @dataclass(slots=True)
@@ -52,19 +52,12 @@ class MemoryStore(ClaimStore):
 
     def _claim_one(self, request: ClaimRequest, node: str, lease_ms: int, now: int) -> Outcome:
         held = self._claims.get(request.id)
-        if held is not None and held.until_ms >= now:
-            if held.committed:
-                return Outcome.LOST
-            if held.node == node:
-                held.until_ms = now + lease_ms
-                self._expire_at(held, request.id)
-                return Outcome.WON
-            return Outcome.HELD
-        if request.is_late(now):
-            return Outcome.LATE
-        claim = self._claims[request.id] = _Claim(node, False, now + lease_ms, request.memory_ms)
-        self._expire_at(claim, request.id)
-        return Outcome.WON if held is None or held.committed else Outcome.TAKEOVER
+        outcome = judge(request, held, node, now)
+        if outcome.is_won:
+            claim = _Claim(node, False, now + lease_ms, request.memory_ms)
+            self._claims[request.id] = claim
+            self._expire_at(claim, request.id)
+        return outcome
 
     def commit(self, ids: Sequence[str], *, node: str) -> list[bool]:
         with self._lock:

@@ -25,7 +25,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from beatless.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
-from beatless.stores.base import ClaimRequest, ClaimStore, Outcome
+from beatless.stores.base import ClaimRequest, ClaimStore, Outcome, judge
 
 SCHEMA_VERSION = 1
 """The layout of the file; a file written by a newer beatless is refused."""
@@ -312,16 +312,12 @@ def _decide(
     request: ClaimRequest, held: _Held | None, node: str, lease_ms: int, now: int
 ) -> tuple[Outcome, tuple[Any, ...] | None]:
     """The outcome of one claim, and the row to write for it (``None``: write nothing)."""
-    if held is not None and held.until_ms >= now:
-        if held.committed:
-            return Outcome.LOST, None
-        if held.node == node:
-            return Outcome.WON, _row(request, node, now + lease_ms, held.claimed_ms)
-        return Outcome.HELD, None
-    if request.is_late(now):
-        return Outcome.LATE, None
-    row = _row(request, node, now + lease_ms, now)
-    return (Outcome.WON if held is None or held.committed else Outcome.TAKEOVER), row
+    outcome = judge(request, held, node, now)
+    if not outcome.is_won:
+        return outcome, None
+    mine = held is not None and held.node == node and not held.committed and held.until_ms >= now
+    claimed_ms = held.claimed_ms if held is not None and mine else now
+    return outcome, _row(request, node, now + lease_ms, claimed_ms)
 
 
 def _row(request: ClaimRequest, node: str, until_ms: int, claimed_ms: int) -> tuple[Any, ...]:
