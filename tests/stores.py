@@ -16,7 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from beatless.stores import ClaimStore, MemoryStore
+from beatless.stores.redis import RedisStore
 from beatless.stores.sqlite import SQLiteStore
 
 START = 1_800_000_000.0
@@ -77,9 +80,32 @@ def _sqlite(tmp: Path, clock: ManualClock) -> Opener:
     return lambda: SQLiteStore(path, clock=clock)
 
 
+REDIS = ("Redis", "127.0.0.1", 6379)
+
+
+class _RedisTestStore(RedisStore):
+    """A Redis store that deletes the keys under its own prefix, and no others, on close."""
+
+    def close(self) -> None:
+        import redis
+
+        with redis.Redis(host=REDIS[1], port=REDIS[2]) as client:
+            keys = list(client.scan_iter(match=f"{self.prefix}*", count=1_000))
+            if keys:
+                client.delete(*keys)
+        super().close()
+
+
+def _redis(_tmp: Path, _clock: ManualClock) -> Opener:
+    pytest.importorskip("redis", reason="the redis store needs: pip install 'beatless[redis]'")
+    prefix = f"beatless-test:{uuid.uuid4().hex}:"
+    return lambda: _RedisTestStore(f"redis://{REDIS[1]}:{REDIS[2]}/0", prefix=prefix)
+
+
 BACKENDS: list[Backend] = [
     Backend("memory", _memory),
     Backend("sqlite", _sqlite),
+    Backend("redis", _redis, server_clock=True, service=REDIS),
 ]
 
 

@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 from beatless.errors import ConfigError
 from beatless.stores.base import AtomicStore, ClaimRequest, ClaimStore, Outcome
 from beatless.stores.memory import MemoryStore
+from beatless.urls import mask_url
 
 __all__ = ["AtomicStore", "ClaimRequest", "ClaimStore", "MemoryStore", "Outcome", "open_store"]
 
@@ -27,6 +28,6 @@ def open_store(url: str, **options: Any) -> ClaimStore:
 
         return RedisStore(url, **options)
     raise ConfigError(
-        f"unknown store URL scheme {scheme!r} in {url!r}: use memory://, sqlite:///path "
+        f"unknown store URL scheme {scheme!r} in {mask_url(url)!r}: use memory://, sqlite:///path "
         f"or redis://host:port/db"
     )

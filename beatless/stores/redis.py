@@ -2,9 +2,11 @@
 
 Every ``claim``, ``commit`` and ``release`` is one Lua script, sent with ``EVALSHA``
 (loaded once, loaded again when the server answers ``NOSCRIPT``), so a batch is one
-round trip and is atomic: two nodes cannot both win a firing. Inside the script the
-store's clock is ``TIME``: it decides whether a new claim is late and whether a lease
-is alive, so skew between nodes changes nothing.
+round trip, and a script is atomic: two nodes cannot both win a firing. A batch of more
+than ``CHUNK`` firings is sent as several scripts pipelined in the same round trip, so
+that a burst does not hold Redis in one long script. Inside a script the store's clock
+is ``TIME``: it decides whether a new claim is late and whether a lease is alive, so
+skew between nodes changes nothing.
 
 Keys live under one prefix, ``beatless:{namespace}:`` unless ``prefix`` says otherwise,
 so two apps on one Redis never collide:
@@ -15,13 +17,14 @@ so two apps on one Redis never collide:
     milliseconds on the server's clock, the memory the claim asked for, and the node
     that holds it (last, so that a node name may contain ``|``). A pending claim expires
     ``lease_ms + memory_ms`` after it was written, so a takeover can still be reported
-    after its lease ran out; a committed claim expires ``memory_ms`` after the commit
-    (rule 5 holds by construction). Redis forgets both on its own.
+    after its lease ran out; a committed claim is alive ``memory_ms`` after the commit
+    (rule 5 holds by construction) and expires ``EXPIRY_SLACK_MS`` later. Redis forgets
+    both on its own.
 ``{prefix}last``
     A hash, one field per address: ``v=1|{firing id}|{occurrence_ms}|{claimed_ms}|{node}``,
     the last firing of that address a node won (or took over), for ``beatless status``.
-    It holds one field per address ever claimed; delete a field when an address is gone
-    for good.
+    It holds one field per address claimed, and is forgotten ``LAST_RETENTION_MS``
+    (30 days) after the namespace last won a firing.
 """
 
 from __future__ import annotations
@@ -31,14 +34,16 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from beatless.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.stores.base import TOLERANCE_MS, ClaimRequest, ClaimStore, Outcome
+from beatless.urls import mask_url, secrets_of
 
 if TYPE_CHECKING:
     import redis as redis_module
+    from redis.commands.core import Script
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +52,19 @@ FORMAT_VERSION = 1
 
 DEFAULT_SOCKET_TIMEOUT = 5.0
 """Seconds a client created from a URL waits to connect, and for each reply."""
+
+LAST_RETENTION_MS = 30 * 86_400_000
+"""How long the last-winner hash outlives the last firing won in its namespace."""
+
+EXPIRY_SLACK_MS = 1_000
+"""How long Redis keeps a committed record past its ``acquired_until``. Whether a claim is
+alive is decided by comparing ``acquired_until`` with ``TIME``; the slack keeps Redis's own
+expiry, on a clock read at a slightly different instant, from dropping the record before
+its last millisecond."""
+
+CHUNK = 1_000
+"""Firings per script. A larger batch is sent as several scripts pipelined in one round
+trip, so that no single script holds Redis (often the broker as well) for long."""
 
 SCHEMES = ("redis", "rediss", "unix")
 
@@ -63,14 +81,14 @@ local function read(key)
   if not record then return false end
   local v, state, until_ms, memory, node =
     string.match(record, '^v=(%d+)|(%a+)|(%d+)|(%d+)|(.*)$')
-  if v ~= '1' then
+  if v ~= 'VERSION' then
     error({err = 'BEATLESS unknown claim record format at ' .. key .. ': ' .. record
       .. ' (written by a newer beatless? upgrade every node)'})
   end
   return {state = state, until_ms = tonumber(until_ms), memory = tonumber(memory), node = node}
 end
 local function write(key, state, until_ms, memory, node, ttl)
-  redis.call('SET', key, string.format('v=1|%s|%d|%d|%s', state, until_ms, memory, node),
+  redis.call('SET', key, string.format('v=VERSION|%s|%d|%d|%s', state, until_ms, memory, node),
     'PX', string.format('%d', ttl))
   return {state = state, until_ms = until_ms, memory = memory, node = node}
 end
@@ -83,18 +101,27 @@ local function read_all(first)
 end
 """
 
-# KEYS[1] = the last-winner hash, KEYS[1 + i] = the claim key of request i.
-# ARGV: node, lease_ms, tolerance_ms, then per request: id, address, occurrence_ms,
-# max_late_ms, memory_ms. Returns one letter per request: W T L H X (late).
+# KEYS[1] = the last-winner hash, KEYS[1 + i] = the claim key of request i, which ends
+# with the firing id from position ARGV[5]. ARGV: node, lease_ms, tolerance_ms, retention
+# of the hash in ms, that position, then per request one argument
+# "{occurrence_ms}|{max_late_ms}|{memory_ms}|{address}" (one argument rather than four
+# halves the cost of sending a large batch). Returns one letter per request: W T L H X.
 _CLAIM = (
     _PRELUDE
     + """
 local node, lease, tolerance = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local held, out = read_all(2), {}
+local id_from = tonumber(ARGV[5])
+local held, out, last = read_all(2), {}, {}
+local function record_last()
+  redis.call('HSET', KEYS[1], unpack(last))
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  last = {}
+end
 for i = 2, #KEYS do
-  local key, a = KEYS[i], 4 + (i - 2) * 5
-  local occurrence, max_late, memory = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
-    tonumber(ARGV[a + 4])
+  local key = KEYS[i]
+  local occurrence, max_late, memory, address =
+    string.match(ARGV[i + 4], '^(%-?%d+)|(%d+)|(%d+)|(.*)$')
+  occurrence, max_late, memory = tonumber(occurrence), tonumber(max_late), tonumber(memory)
   local h = held[key]
   if h and h.until_ms >= now then
     if h.state == 'committed' then out[i - 1] = 'L'
@@ -106,10 +133,13 @@ for i = 2, #KEYS do
   else
     held[key] = write(key, 'pending', now + lease, memory, node, lease + memory)
     out[i - 1] = (h and h.state == 'pending') and 'T' or 'W'
-    redis.call('HSET', KEYS[1], ARGV[a + 1],
-      string.format('v=1|%s|%d|%d|%s', ARGV[a], occurrence, now, node))
+    last[#last + 1] = address
+    last[#last + 1] = string.format('v=VERSION|%s|%d|%d|%s', string.sub(key, id_from), occurrence,
+      now, node)
+    if #last >= 1000 then record_last() end
   end
 end
+if #last > 0 then record_last() end
 return table.concat(out)
 """
 )
@@ -122,7 +152,8 @@ local held, out = read_all(1), {}
 for i = 1, #KEYS do
   local h = held[KEYS[i]]
   if h and h.node == ARGV[1] and h.until_ms >= now then
-    held[KEYS[i]] = write(KEYS[i], 'committed', now + h.memory, h.memory, h.node, h.memory)
+    held[KEYS[i]] = write(KEYS[i], 'committed', now + h.memory, h.memory, h.node,
+      h.memory + SLACK)
     out[i] = '1'
   else out[i] = '0' end
 end
@@ -144,6 +175,12 @@ for i = 1, #KEYS do
 end
 return 0
 """
+)
+
+# The scripts write, and read only, records of this version.
+_CLAIM, _COMMIT, _RELEASE = (
+    script.replace("VERSION", str(FORMAT_VERSION)).replace("SLACK", str(EXPIRY_SLACK_MS))
+    for script in (_CLAIM, _COMMIT, _RELEASE)
 )
 
 _OUTCOMES = {
@@ -183,7 +220,9 @@ class RedisStore(ClaimStore):
     ) -> None:
         driver = _driver()
         if not isinstance(namespace, str) or not namespace:
-            raise ConfigError(f"redis store: namespace must be a non-empty string, got {namespace!r}")
+            raise ConfigError(
+                f"redis store: namespace must be a non-empty string, got {namespace!r}"
+            )
         if prefix is not None and (not isinstance(prefix, str) or not prefix):
             raise ConfigError(f"redis store: prefix must be a non-empty string, got {prefix!r}")
         self.prefix = prefix if prefix is not None else f"beatless:{namespace}:"
@@ -191,7 +230,7 @@ class RedisStore(ClaimStore):
         self._closed = False
         if isinstance(client_or_url, str):
             self._where = mask_url(client_or_url)
-            self._secrets = _secrets_of(client_or_url)
+            self._secrets = secrets_of(client_or_url)
             self._client = _client_from_url(driver, client_or_url, socket_timeout, self._where)
             self._owns_client = True
         elif isinstance(client_or_url, driver.Redis):
@@ -208,6 +247,7 @@ class RedisStore(ClaimStore):
         self._config_errors = (exc.AuthenticationError, exc.AuthorizationError)
         self._unavailable = (exc.ConnectionError, exc.TimeoutError, exc.ReadOnlyError)
         self._redis_error = exc.RedisError
+        self._noscript = exc.NoScriptError
         self._claim = self._client.register_script(_CLAIM)
         self._commit = self._client.register_script(_COMMIT)
         self._release = self._client.register_script(_RELEASE)
@@ -219,42 +259,27 @@ class RedisStore(ClaimStore):
     # -- the contract ---------------------------------------------------------------
 
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
-        if not requests:
-            return []
         if lease_ms <= 0:
             raise ConfigError(f"redis store: lease_ms must be positive, got {lease_ms}")
-        keys = [self._last_key]
-        args: list[str | int] = [node, lease_ms, TOLERANCE_MS]
-        for request in requests:
-            if request.memory_ms <= 0:
-                raise ConfigError(
-                    f"redis store: firing {request.id} ({request.address}): memory_ms must be "
-                    f"positive, got {request.memory_ms}"
-                )
-            keys.append(self._claim_key(request.id))
-            args += [
-                request.id,
-                request.address,
-                request.occurrence_ms,
-                request.max_late_ms,
-                request.memory_ms,
-            ]
+        id_from = len(self._claim_key("")) + 1
+        head: list[str | int] = [node, lease_ms, TOLERANCE_MS, LAST_RETENTION_MS, id_from]
+        calls = []
+        for start in range(0, len(requests), CHUNK):
+            chunk = requests[start : start + CHUNK]
+            keys = [self._last_key, *(self._claim_key(r.id) for r in chunk)]
+            calls.append((keys, head + [_claim_arg(r) for r in chunk]))
         with self._errors("claim"):
-            reply = _text(self._claim(keys, args))
+            reply = "".join(_text(r) for r in self._run(self._claim, calls))
         return [_OUTCOMES[letter] for letter in reply]
 
     def commit(self, ids: Sequence[str], *, node: str) -> list[bool]:
-        if not ids:
-            return []
         with self._errors("commit"):
-            reply = _text(self._commit([self._claim_key(i) for i in ids], [node]))
-        return [flag == "1" for flag in reply]
+            replies = self._run(self._commit, self._per_key(ids, node))
+        return [flag == "1" for flag in "".join(_text(r) for r in replies)]
 
     def release(self, ids: Sequence[str], *, node: str) -> None:
-        if not ids:
-            return
         with self._errors("release"):
-            self._release([self._claim_key(i) for i in ids], [node])
+            self._run(self._release, self._per_key(ids, node))
 
     def close(self) -> None:
         if self._closed:
@@ -274,8 +299,9 @@ class RedisStore(ClaimStore):
         """
         with self._errors("read the last winners"):
             fields = self._client.hgetall(self._last_key)
+            known = (_last_row(_text(k), _text(v)) for k, v in fields.items())
             rows = sorted(
-                (_last_row(_text(k), _text(v)) for k, v in fields.items()),
+                (row for row in known if row is not None),
                 key=lambda row: (-row["claimed_ms"], row["id"]),
             )[: max(0, limit)]
             records = self._client.mget([self._claim_key(r["id"]) for r in rows]) if rows else []
@@ -289,6 +315,29 @@ class RedisStore(ClaimStore):
 
     def _claim_key(self, id_: str) -> str:
         return f"{self.prefix}claim:{id_}"
+
+    def _per_key(self, ids: Sequence[str], node: str) -> list[tuple[list[str], list[str | int]]]:
+        keys = [self._claim_key(i) for i in ids]
+        return [(keys[start : start + CHUNK], [node]) for start in range(0, len(keys), CHUNK)]
+
+    def _run(self, script: Script, calls: list[tuple[list[str], list[str | int]]]) -> list[Any]:
+        """Run ``script`` once per call: one EVALSHA, or several pipelined in one round trip.
+
+        A script the server does not know (``NOSCRIPT``, after a restart or ``SCRIPT
+        FLUSH``) is loaded and run again; redis-py's ``Script`` does it for a single call.
+        """
+        if len(calls) <= 1:
+            return [script(keys, args) for keys, args in calls]
+        pipe = self._client.pipeline(transaction=False)
+        for keys, args in calls:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        replies = pipe.execute(raise_on_error=False)
+        for index, reply in enumerate(replies):
+            if isinstance(reply, self._noscript):
+                replies[index] = script(*calls[index])
+            elif isinstance(reply, Exception):
+                raise reply
+        return replies
 
     @contextmanager
     def _errors(self, what: str) -> Iterator[None]:
@@ -306,7 +355,9 @@ class RedisStore(ClaimStore):
                 f"redis store {self._where}: cannot {what}: {self._mask(exc)}"
             ) from None
         except self._redis_error as exc:
-            raise StoreError(f"redis store {self._where}: cannot {what}: {self._mask(exc)}") from None
+            raise StoreError(
+                f"redis store {self._where}: cannot {what}: {self._mask(exc)}"
+            ) from None
 
     def _mask(self, exc: BaseException) -> str:
         text = str(exc) or type(exc).__name__
@@ -347,31 +398,6 @@ def _client_from_url(
     return client
 
 
-def mask_url(url: str) -> str:
-    """``url`` with its password, in the user part or the query, replaced by ``***``."""
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        if ":" in userinfo:
-            userinfo = userinfo.split(":", 1)[0] + ":***"
-        netloc = f"{userinfo}@{host}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode(
-            [(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="*/:"
-        )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def _secrets_of(url: str) -> list[str]:
-    parts = urlsplit(url)
-    found = [parts.password] if parts.password else []
-    found += [v for k, v in parse_qsl(parts.query) if k.lower() == "password" and v]
-    return found
-
-
 def _secrets_of_client(client: redis_module.Redis) -> list[str]:
     password = client.connection_pool.connection_kwargs.get("password")
     return [str(password)] if password else []
@@ -386,12 +412,25 @@ def _describe_client(client: redis_module.Redis) -> str:
     return f"redis://{host}:{port}/{db}"
 
 
+def _claim_arg(request: ClaimRequest) -> str:
+    r = request
+    if r.memory_ms <= 0 or r.max_late_ms < 0:
+        raise ConfigError(
+            f"redis store: firing {r.id} ({r.address}): memory_ms must be positive and "
+            f"max_late_ms not negative, got {r.memory_ms} and {r.max_late_ms}"
+        )
+    return f"{r.occurrence_ms}|{r.max_late_ms}|{r.memory_ms}|{r.address}"
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _last_row(address: str, value: str) -> dict[str, Any]:
-    _version, id_, occurrence_ms, claimed_ms, node = value.split("|", 4)
+def _last_row(address: str, value: str) -> dict[str, Any] | None:
+    parts = value.split("|", 4)
+    if len(parts) != 5 or parts[0] != f"v={FORMAT_VERSION}":
+        return None
+    _version, id_, occurrence_ms, claimed_ms, node = parts
     return {
         "id": id_,
         "address": address,
@@ -404,5 +443,7 @@ def _last_row(address: str, value: str) -> dict[str, Any]:
 def _state_of(record: Any) -> tuple[str | None, int | None]:
     if record is None:
         return None, None
-    _version, state, until_ms, _rest = _text(record).split("|", 3)
-    return state, int(until_ms)
+    parts = _text(record).split("|", 3)
+    if len(parts) != 4 or parts[0] != f"v={FORMAT_VERSION}":
+        return None, None
+    return parts[1], int(parts[2])

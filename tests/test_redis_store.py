@@ -1,0 +1,550 @@
+"""The Redis claim store against a real Redis: what the contract suite cannot see.
+
+The shared server at 127.0.0.1:6379 is used with a random key prefix per test, and only
+the keys under that prefix are deleted afterwards. Cases that flush scripts, need a
+password or a unix socket start a private ``redis-server`` of their own.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+pytest.importorskip("redis", reason="the redis store needs: pip install 'beatless[redis]'")
+
+import redis
+from conftest import require_service
+
+from beatless.errors import ConfigError, StoreError, StoreUnavailable
+from beatless.stores import ClaimRequest, Outcome, open_store
+from beatless.stores.base import TOLERANCE_MS
+from beatless.stores.redis import CHUNK, EXPIRY_SLACK_MS, RedisStore
+from beatless.urls import mask_url
+
+HOST, PORT = "127.0.0.1", 6379
+URL = f"redis://{HOST}:{PORT}/0"
+MAX_LATE_MS = 60_000
+MEMORY_MS = 80_000
+LEASE_MS = 5_000
+
+
+@pytest.fixture
+def client() -> Iterator[redis.Redis]:
+    """A client of the shared Redis, for looking at keys behind the store's back."""
+    require_service("Redis", HOST, PORT)
+    conn = redis.Redis(host=HOST, port=PORT, db=0, decode_responses=True)
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def prefix(client: redis.Redis) -> Iterator[str]:
+    """A key prefix of the test's own; its keys, and only those, are deleted afterwards."""
+    value = f"beatless-test:{uuid.uuid4().hex}:"
+    yield value
+    delete_prefix(client, value)
+
+
+def delete_prefix(client: redis.Redis, prefix: str) -> None:
+    keys = list(client.scan_iter(match=f"{prefix}*", count=1_000))
+    if keys:
+        client.delete(*keys)
+
+
+def server_now_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1_000 + int(micros) // 1_000
+
+
+def firing(occurrence_ms: int, *, address: str | None = None) -> ClaimRequest:
+    id_ = uuid.uuid4().hex
+    return ClaimRequest(id_, address or f"test/{id_[:8]}", occurrence_ms, MAX_LATE_MS, MEMORY_MS)
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+class CountingConnection(redis.Connection):
+    """A real connection that keeps what it writes: one entry per round trip."""
+
+    sends: ClassVar[list[list[str]]] = []
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        data = command if isinstance(command, bytes) else b"".join(command)
+        # The name of each command: the first element of each RESP array.
+        self.sends.append([m.decode().upper() for m in COMMAND_NAME.findall(data)])
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+
+
+COMMAND_NAME = re.compile(rb"(?:^|\r\n)\*\d+\r\n\$\d+\r\n([A-Za-z]+)\r\n")
+
+
+@pytest.fixture
+def counting(client: redis.Redis) -> Iterator[redis.Redis]:
+    """A client of the shared Redis whose writes are noted in ``CountingConnection.sends``,
+    connected already, so that the handshake is not counted."""
+    pool = redis.ConnectionPool(host=HOST, port=PORT, connection_class=CountingConnection)
+    conn = redis.Redis(connection_pool=pool)
+    conn.ping()
+    CountingConnection.sends = []
+    yield conn
+    conn.close()
+
+
+# -- a private server, for what must not touch the shared one -------------------------------
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[Path]:
+    """A ``redis-server`` on a unix socket only, password ``s3cret-pass``; yields the socket."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed; this case starts a private server")
+    sock = tmp_path / "redis.sock"
+    args = [binary, "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]
+    args += ["--requirepass", "s3cret-pass", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(
+        [*args, "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"private redis-server did not start (exit code {proc.poll()})")
+            time.sleep(0.02)
+        yield sock
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+# -- lateness, on the store's clock -----------------------------------------------------
+
+
+def test_late_claim_is_refused_by_store_clock(client: redis.Redis, prefix: str) -> None:
+    store = RedisStore(URL, prefix=prefix)
+    request = firing(server_now_ms(client) - MAX_LATE_MS - TOLERANCE_MS - 2_000)
+
+    assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.LATE]
+    assert list(client.scan_iter(match=f"{prefix}*")) == []
+    store.close()
+
+
+def test_claim_within_max_late_plus_tolerance_of_the_store_clock_is_won(
+    client: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(URL, prefix=prefix)
+    request = firing(server_now_ms(client) - MAX_LATE_MS - TOLERANCE_MS + 3_000)
+
+    assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    store.close()
+
+
+# -- the record, its expiry and its version ------------------------------------------------
+
+
+def test_pending_claim_is_a_versioned_record_kept_past_its_lease_for_memory_ms(
+    client: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(URL, prefix=prefix)
+    before = server_now_ms(client)
+    request = firing(before)
+    assert store.claim([request], node="node|1", lease_ms=LEASE_MS) == [Outcome.WON]
+    after = server_now_ms(client)
+
+    key = f"{prefix}claim:{request.id}"
+    record = client.get(key)
+    assert isinstance(record, str)
+    version, state, until_ms, memory_ms, node = record.split("|", 4)
+    assert (version, state, memory_ms, node) == ("v=1", "pending", str(MEMORY_MS), "node|1")
+    assert before + LEASE_MS <= int(until_ms) <= after + LEASE_MS
+    assert LEASE_MS + MEMORY_MS - 1_000 < client.pttl(key) <= LEASE_MS + MEMORY_MS
+    store.close()
+
+
+def test_commit_keeps_the_claim_for_memory_ms_on_the_store_clock(
+    client: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(URL, prefix=prefix)
+    request = firing(server_now_ms(client))
+    store.claim([request], node="a", lease_ms=LEASE_MS)
+
+    before = server_now_ms(client)
+    assert store.commit([request.id], node="a") == [True]
+
+    key = f"{prefix}claim:{request.id}"
+    record = client.get(key)
+    assert isinstance(record, str)
+    assert record.startswith("v=1|committed|")
+    _version, _state, until_ms, _memory, _node = record.split("|", 4)
+    assert before + MEMORY_MS <= int(until_ms) <= server_now_ms(client) + MEMORY_MS
+    assert MEMORY_MS < client.pttl(key) <= MEMORY_MS + EXPIRY_SLACK_MS
+    store.close()
+
+
+def test_record_in_an_unknown_format_is_refused_before_anything_is_written(
+    client: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(URL, prefix=prefix)
+    now = server_now_ms(client)
+    fresh, newer = firing(now), firing(now)
+    client.set(f"{prefix}claim:{newer.id}", "v=2|pending|1|1|elsewhere", px=60_000)
+
+    with pytest.raises(StoreError, match="unknown claim record format") as caught:
+        store.claim([fresh, newer], node="a", lease_ms=LEASE_MS)
+
+    assert not isinstance(caught.value, StoreUnavailable)
+    assert client.exists(f"{prefix}claim:{fresh.id}", f"{prefix}last") == 0
+    store.close()
+
+
+def test_last_winner_of_each_address_is_recorded_for_status(
+    client: redis.Redis, prefix: str
+) -> None:
+    a, b = RedisStore(URL, prefix=prefix), RedisStore(URL, prefix=prefix)
+    now = server_now_ms(client)
+    first, second = firing(now - 1_000, address="app/report"), firing(now, address="app/report")
+    other = firing(now, address="app/cleanup")
+    a.claim([first], node="a", lease_ms=LEASE_MS)
+    a.commit([first.id], node="a")
+    b.claim([second, other], node="b", lease_ms=LEASE_MS)
+
+    rows = {row["address"]: row for row in a.recent()}
+
+    assert set(rows) == {"app/report", "app/cleanup"}
+    report = rows["app/report"]
+    assert (report["id"], report["node"], report["occurrence_ms"]) == (second.id, "b", now)
+    assert report["committed"] is False
+    assert report["claimed_ms"] >= now
+    assert client.pttl(f"{prefix}last") > 0
+    assert a.recent(limit=1)[0]["address"] in rows
+    a.close()
+    b.close()
+
+
+# -- keys and namespaces ---------------------------------------------------------------------
+
+
+def test_two_namespaces_on_one_redis_never_see_each_other_s_claims(client: redis.Redis) -> None:
+    first, second = f"test-{uuid.uuid4().hex}", f"test-{uuid.uuid4().hex}"
+    a, b = RedisStore(URL, namespace=first), RedisStore(URL, namespace=second)
+    try:
+        request = firing(server_now_ms(client))
+        assert a.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+        assert b.claim([request], node="b", lease_ms=LEASE_MS) == [Outcome.WON]
+        assert client.exists(f"beatless:{first}:claim:{request.id}") == 1
+        assert client.exists(f"beatless:{second}:claim:{request.id}") == 1
+    finally:
+        a.close()
+        b.close()
+        delete_prefix(client, f"beatless:{first}:")
+        delete_prefix(client, f"beatless:{second}:")
+
+
+def test_default_prefix_is_beatless_and_the_namespace() -> None:
+    store = RedisStore(URL)
+    assert store.prefix == "beatless:default:"
+    assert RedisStore(URL, namespace="billing").prefix == "beatless:billing:"
+    assert RedisStore(URL, namespace="billing", prefix="mine:").prefix == "mine:"
+    store.close()
+
+
+# -- round trips and scripts ----------------------------------------------------------------
+
+
+def test_a_batch_of_claims_is_one_evalsha_round_trip(counting: redis.Redis, prefix: str) -> None:
+    store = RedisStore(counting, prefix=prefix)
+    store.claim([firing(int(time.time() * 1_000))], node="a", lease_ms=LEASE_MS)  # warm up
+    store.commit(["warm-up"], node="a")
+    store.release(["warm-up"], node="a")
+    now = int(time.time() * 1_000)
+    batch = [firing(now) for _ in range(1_000)]
+
+    CountingConnection.sends.clear()
+    outcomes = store.claim(batch, node="a", lease_ms=LEASE_MS)
+    assert CountingConnection.sends == [["EVALSHA"]]
+    assert outcomes == [Outcome.WON] * 1_000
+
+    CountingConnection.sends.clear()
+    assert store.commit([r.id for r in batch[:500]], node="a") == [True] * 500
+    store.release([r.id for r in batch[500:]], node="a")
+    assert CountingConnection.sends == [["EVALSHA"], ["EVALSHA"]]
+    store.close()
+
+
+def test_a_batch_larger_than_a_chunk_is_several_scripts_in_one_round_trip(
+    counting: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(counting, prefix=prefix)
+    store.claim([firing(int(time.time() * 1_000))], node="a", lease_ms=LEASE_MS)  # warm up
+    now = int(time.time() * 1_000)
+    batch = [firing(now) for _ in range(2 * CHUNK + 10)]
+    batch[-1] = batch[0]  # the same firing in the first and the last script: won again
+
+    CountingConnection.sends.clear()
+    outcomes = store.claim(batch, node="a", lease_ms=LEASE_MS)
+    assert CountingConnection.sends == [["EVALSHA"] * 3]
+    assert outcomes == [Outcome.WON] * len(batch)
+
+    CountingConnection.sends.clear()
+    assert store.commit([r.id for r in batch], node="a") == [True] * len(batch)
+    assert CountingConnection.sends == [["EVALSHA"] * 3]
+    assert RedisStore(counting, prefix=prefix).claim(batch, node="b", lease_ms=LEASE_MS) == (
+        [Outcome.LOST] * len(batch)
+    )
+    store.close()
+
+
+def test_script_unknown_to_the_server_is_loaded_again_on_noscript(
+    client: redis.Redis, counting: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(counting, prefix=prefix)
+    # A digest the server has never seen: its answer is NOSCRIPT, as after SCRIPT FLUSH.
+    store._claim.sha = "0" * 40
+
+    request = firing(server_now_ms(client))
+    assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+
+    assert CountingConnection.sends == [["EVALSHA"], ["SCRIPT"], ["EVALSHA"]]
+    assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    assert CountingConnection.sends[3:] == [["EVALSHA"]]
+
+
+def test_pipelined_scripts_unknown_to_the_server_are_loaded_again(
+    client: redis.Redis, counting: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(counting, prefix=prefix)
+    store._claim.sha = "0" * 40
+    batch = [firing(server_now_ms(client)) for _ in range(CHUNK + 1)]
+
+    assert store.claim(batch, node="a", lease_ms=LEASE_MS) == [Outcome.WON] * len(batch)
+
+    first, *then = CountingConnection.sends
+    assert first == ["EVALSHA", "EVALSHA"]
+    assert ["SCRIPT"] in then
+    assert store.commit([r.id for r in batch], node="a") == [True] * len(batch)
+
+
+def test_scripts_are_loaded_again_after_script_flush(private_redis: Path) -> None:
+    url = f"unix://:s3cret-pass@{private_redis}?db=0"
+    store = open_store(url, prefix="beatless-test:")
+    now = int(time.time() * 1_000)
+    first, second = firing(now), firing(now)
+    assert store.claim([first], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+
+    with redis.Redis.from_url(url) as admin:
+        admin.script_flush()
+    assert store.claim([second, first], node="a", lease_ms=LEASE_MS) == [Outcome.WON] * 2
+    assert store.commit([first.id], node="a") == [True]
+    store.close()
+
+
+# -- client or URL, and closing only what was opened -----------------------------------------
+
+
+def test_url_and_client_forms_share_the_same_claims(client: redis.Redis, prefix: str) -> None:
+    from_url = open_store(URL, prefix=prefix)
+    from_client = RedisStore(client, prefix=prefix)
+    text_client = redis.Redis(host=HOST, port=PORT, decode_responses=True)
+    decoding = RedisStore(text_client, prefix=prefix)
+    request = firing(server_now_ms(client))
+
+    assert from_url.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    assert from_client.claim([request], node="b", lease_ms=LEASE_MS) == [Outcome.HELD]
+    assert decoding.commit([request.id], node="b") == [False]
+    assert from_url.commit([request.id], node="a") == [True]
+    assert decoding.claim([request], node="c", lease_ms=LEASE_MS) == [Outcome.LOST]
+    assert decoding.recent()[0]["id"] == request.id
+    for store in (from_url, from_client, decoding):
+        store.close()
+    text_client.close()
+
+
+def test_close_leaves_a_client_passed_in_open(client: redis.Redis, prefix: str) -> None:
+    store = RedisStore(client, prefix=prefix)
+    store.claim([firing(server_now_ms(client))], node="a", lease_ms=LEASE_MS)
+
+    store.close()
+
+    assert client.ping() is True
+    with pytest.raises(StoreError, match="closed"):
+        store.claim([firing(server_now_ms(client))], node="a", lease_ms=LEASE_MS)
+
+
+def test_close_disconnects_the_client_the_store_opened(client: redis.Redis, prefix: str) -> None:
+    name = f"beatless-test-{uuid.uuid4().hex[:12]}"
+    store = RedisStore(f"{URL}?client_name={name}", prefix=prefix)
+    store.claim([firing(server_now_ms(client))], node="a", lease_ms=LEASE_MS)
+    assert [c for c in client.client_list() if c["name"] == name]
+
+    store.close()
+
+    deadline = time.monotonic() + 5
+    while [c for c in client.client_list() if c["name"] == name]:
+        assert time.monotonic() < deadline, "the store's connection is still open"
+        time.sleep(0.05)
+
+
+# -- failures --------------------------------------------------------------------------------
+
+
+def test_store_at_a_closed_port_raises_store_unavailable_quickly() -> None:
+    store = RedisStore(f"redis://{HOST}:{closed_port()}/0")
+    started = time.monotonic()
+
+    with pytest.raises(StoreUnavailable):
+        store.claim([firing(int(time.time() * 1_000))], node="a", lease_ms=LEASE_MS)
+
+    assert time.monotonic() - started < 2.0
+    store.close()
+
+
+def test_password_is_masked_in_repr_logs_and_errors(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="beatless")
+    port = closed_port()
+    url = f"redis://app:hunter2-secret@{HOST}:{port}/0?password=hunter2-secret"
+    store = RedisStore(url)
+
+    with pytest.raises(StoreUnavailable) as caught:
+        store.claim([firing(int(time.time() * 1_000))], node="a", lease_ms=LEASE_MS)
+
+    assert repr(store) == (
+        f"RedisStore('redis://app:***@{HOST}:{port}/0?password=***', prefix='beatless:default:')"
+    )
+    texts = [repr(store), str(caught.value), caplog.text]
+    assert caplog.text
+    assert all("hunter2" not in text for text in texts)
+    passed_in = redis.Redis(host=HOST, port=PORT, password="hunter2-secret")  # noqa: S106
+    assert "hunter2" not in repr(RedisStore(passed_in))
+    passed_in.close()
+    store.close()
+
+
+def test_wrong_password_is_a_store_error_that_does_not_show_it(private_redis: Path) -> None:
+    store = open_store(f"unix://:not-the-pass-123@{private_redis}?db=0")
+
+    with pytest.raises(StoreError) as caught:
+        store.claim([firing(int(time.time() * 1_000))], node="a", lease_ms=LEASE_MS)
+
+    assert not isinstance(caught.value, StoreUnavailable)
+    assert "not-the-pass-123" not in str(caught.value)
+    assert "***" in str(caught.value)
+    store.close()
+
+
+def test_mask_url_hides_the_password_wherever_the_url_carries_it() -> None:
+    assert mask_url("redis://:pw@host:6379/0") == "redis://:***@host:6379/0"
+    assert mask_url("rediss://user:pw@host/1") == "rediss://user:***@host/1"
+    assert mask_url("unix://:pw@/run/redis.sock?db=2") == "unix://:***@/run/redis.sock?db=2"
+    assert mask_url("unix:///run/r.sock?password=pw&db=1") == (
+        "unix:///run/r.sock?password=***&db=1"
+    )
+    assert mask_url("redis://host:6379/0") == "redis://host:6379/0"
+
+
+def test_a_mistyped_store_url_is_refused_without_showing_its_password() -> None:
+    with pytest.raises(ConfigError, match="unknown store URL scheme") as caught:
+        open_store("redsi://user:hunter2@host:6379/0")
+    assert "hunter2" not in str(caught.value)
+
+
+def test_open_store_routes_redis_rediss_and_unix_urls_without_connecting() -> None:
+    stores = [
+        open_store(f"redis://127.0.0.1:{closed_port()}/2", namespace="app"),
+        open_store("rediss://:pw@redis.example.invalid:6380/0"),
+        open_store("unix:///run/redis/redis.sock?db=1"),
+    ]
+
+    assert [type(s) for s in stores] == [RedisStore] * 3
+    assert [s.name for s in stores] == ["redis"] * 3
+    assert repr(stores[1]) == (
+        "RedisStore('rediss://:***@redis.example.invalid:6380/0', prefix='beatless:default:')"
+    )
+    assert isinstance(stores[0], RedisStore)
+    assert stores[0].prefix == "beatless:app:"
+    assert stores[0].remembers is None
+    for store in stores:
+        store.close()
+
+
+def test_missing_driver_raises_config_error_with_install_hint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "redis", None)
+
+    with pytest.raises(ConfigError, match=r"pip install 'beatless\[redis\]'"):
+        RedisStore(URL)
+
+
+def test_bad_arguments_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="namespace"):
+        RedisStore(URL, namespace="")
+    with pytest.raises(ConfigError, match=r"redis\.Redis client or a redis:// URL"):
+        RedisStore(42)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="scheme"):
+        RedisStore("http://example.com/")
+    with pytest.raises(ConfigError, match="socket_timeout"):
+        RedisStore(URL, socket_timeout=0)
+
+
+# -- racing -----------------------------------------------------------------------------------
+
+
+def test_threads_racing_on_the_same_ids_get_exactly_one_won(
+    client: redis.Redis, prefix: str
+) -> None:
+    nodes = 8
+    requests = [firing(server_now_ms(client)) for _ in range(300)]
+    stores = [RedisStore(URL, prefix=prefix) for _ in range(nodes)]
+    barrier = threading.Barrier(nodes)
+    results: list[tuple[str, Outcome]] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def race(index: int) -> None:
+        rng = random.Random(index)
+        mine = rng.sample(requests, len(requests))
+        try:
+            barrier.wait(timeout=10)
+            while mine:
+                size = rng.randint(1, 40)
+                batch, mine = mine[:size], mine[size:]
+                outcomes = stores[index].claim(batch, node=f"n{index}", lease_ms=60_000)
+                with lock:
+                    results.extend((r.id, o) for r, o in zip(batch, outcomes, strict=True))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(nodes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert not errors
+    won = sorted(id_ for id_, outcome in results if outcome is Outcome.WON)
+    assert won == sorted(r.id for r in requests)
+    assert {o for _, o in results if o is not Outcome.WON} == {Outcome.HELD}
+    assert len(results) == nodes * len(requests)
+    for store in stores:
+        store.close()
