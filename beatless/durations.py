@@ -32,6 +32,13 @@ def as_timedelta(value: DurationLike, *, name: str = "duration") -> timedelta:
     """
     if isinstance(value, timedelta):
         return value
+    try:
+        return _convert(value, name)
+    except OverflowError:
+        raise ConfigError(f"{name}: duration {value!r} is too long") from None
+
+
+def _convert(value: DurationLike, name: str) -> timedelta:
     if isinstance(value, bool):
         raise ConfigError(f"{name}: expected a duration, got {value!r}")
     if isinstance(value, int | float):

@@ -148,8 +148,12 @@ class Cron:
 
     def after(self, instant_ms: int) -> Iterator[int]:
         start = to_datetime(instant_ms).astimezone(self.zone)
+        last = instant_ms
         for moment in self._sim(start):
-            yield from_datetime(moment)
+            occurrence = from_datetime(moment)
+            if occurrence > last:  # a guard: never repeat or step back across a DST change
+                last = occurrence
+                yield occurrence
 
     def _sim(self, start: datetime) -> _CronSim:
         try:
@@ -174,7 +178,7 @@ def _debian_wording(exc: CronSimError) -> str:
     return text.lower().replace("bad ", "bad ", 1)
 
 
-class _CronSim(CronSim):  # type: ignore[misc]
+class _CronSim(CronSim):
     """cronsim plus aliases, ``nW`` in day-of-month and an explicit day_and."""
 
     def __init__(self, expr: str, start: datetime, day_and: bool | None) -> None:
@@ -184,17 +188,19 @@ class _CronSim(CronSim):  # type: ignore[misc]
         fields = expr.split()
         self.nearest: set[int] = set()
         dom_index = 3 if len(fields) == 6 else 2
+        only_nearest = False
         if len(fields) in (5, 6) and "W" in fields[dom_index].upper().replace("LW", ""):
-            fields[dom_index] = self._take_nearest(fields[dom_index])
+            fields[dom_index], only_nearest = self._take_nearest(fields[dom_index])
         super().__init__(" ".join(fields), start)
-        if self.nearest and fields[dom_index] == "L":
+        if only_nearest:  # "L" only stood in for an empty day-of-month list
             self.days = set()
         if day_and is not None:
             self.day_and = day_and
         elif self.nearest:
             self.day_and = fields[dom_index + 2].startswith("*")
 
-    def _take_nearest(self, dom: str) -> str:
+    def _take_nearest(self, dom: str) -> tuple[str, bool]:
+        """Move the ``nW`` terms into ``self.nearest``: the rest, and whether none is left."""
         rest = []
         for term in dom.upper().split(","):
             match = _NEAREST_WEEKDAY.match(term)
@@ -205,7 +211,29 @@ class _CronSim(CronSim):  # type: ignore[misc]
             if not 1 <= day <= 31:
                 raise CronSimError("Bad day-of-month")
             self.nearest.add(day)
-        return ",".join(rest) if rest else "L"
+        return (",".join(rest), False) if rest else ("L", True)
+
+    def tick(self, seconds: int = 1) -> None:
+        """cronsim's step, shortened to end at a UTC-offset change that it would cross.
+
+        cronsim steps an hour (or a jump of whole minutes) in real time and reads the wall
+        clock after; across a 30-minute shift (Australia/Lord_Howe) that lands half an hour
+        off and skips real wall times. Stopping at the change lets the fields be re-read.
+        """
+        if seconds > 60 and self.tick_direction == 1 and self.dt.tzinfo not in (None, UTC):
+            seconds = _until_offset_change(self.dt, seconds)
+        super().tick(seconds)
+
+    def advance_hour(self) -> bool:
+        """cronsim's, except that each step ends at the next wall-clock hour."""
+        if self.dt.hour in self.hours:
+            return False
+        self.dt = self.dt.replace(minute=0, second=0)
+        while self.dt.hour not in self.hours:
+            self.tick(seconds=3600 - self.dt.minute * 60 - self.dt.second)
+            if self.dt.hour == 0:
+                break
+        return True
 
     def match_dom(self, d: date) -> bool:
         if super().match_dom(d):
@@ -213,17 +241,33 @@ class _CronSim(CronSim):  # type: ignore[misc]
         return bool(self.nearest) and d.day in _nearest_weekdays(d.year, d.month, self.nearest)
 
 
+def _until_offset_change(moment: datetime, seconds: int) -> int:
+    """``seconds``, or fewer: the whole seconds from ``moment`` to its zone's next offset change."""
+    start, offset = moment.astimezone(UTC), moment.utcoffset()
+
+    def same(step: int) -> bool:
+        return (start + timedelta(seconds=step)).astimezone(moment.tzinfo).utcoffset() == offset
+
+    if same(seconds):
+        return seconds
+    lo, hi = 0, seconds
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if same(mid) else (lo, mid)
+    return hi
+
+
 def _nearest_weekdays(year: int, month: int, days: set[int]) -> set[int]:
     """Quartz's ``nW``: the weekday nearest to day n, never leaving the month."""
     last = calendar.monthrange(year, month)[1]
     out = set()
-    for day in days:
-        if day > last:
+    for wanted in days:
+        if wanted > last:
             continue
-        weekday = calendar.weekday(year, month, day)
+        day, weekday = wanted, calendar.weekday(year, month, wanted)
         if weekday == 5:  # Saturday: Friday before, or Monday after on the 1st
-            day = day - 1 if day > 1 else day + 2
+            day = wanted - 1 if wanted > 1 else wanted + 2
         elif weekday == 6:  # Sunday: Monday after, or Friday before on the last day
-            day = day + 1 if day < last else day - 2
+            day = wanted + 1 if wanted < last else wanted - 2
         out.add(day)
     return out
