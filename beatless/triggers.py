@@ -175,7 +175,7 @@ def _debian_wording(exc: CronSimError) -> str:
     text = str(exc)
     if text == "Wrong number of fields":
         return "bad expression: expected 5 fields (6 with seconds first) or an @alias"
-    return text.lower().replace("bad ", "bad ", 1)
+    return text.lower()
 
 
 class _CronSim(CronSim):

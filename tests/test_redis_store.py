@@ -548,3 +548,62 @@ def test_threads_racing_on_the_same_ids_get_exactly_one_won(
     assert len(results) == nodes * len(requests)
     for store in stores:
         store.close()
+
+
+# -- claim and enqueue in one script ----------------------------------------------------------
+
+
+def test_claim_and_push_runs_the_commands_of_won_firings_only(
+    client: redis.Redis, prefix: str
+) -> None:
+    queue = f"{prefix}queue"
+    store = RedisStore(URL, prefix=prefix)
+    now = server_now_ms(client)
+    on_time, late = firing(now), firing(now - MAX_LATE_MS - 11_000)
+    pushes = [[["LPUSH", queue, f"message {r.id}"]] for r in (on_time, late)]
+    assert store.claim_and_push([on_time, late], pushes, node="a") == [Outcome.WON, Outcome.LATE]
+    assert client.lrange(queue, 0, -1) == [f"message {on_time.id}"]
+    # The firing is committed at once: another node loses it and pushes nothing.
+    again = store.claim_and_push([on_time], pushes[:1], node="b")
+    assert again == [Outcome.LOST]
+    assert client.llen(queue) == 1
+    store.close()
+
+
+def test_racing_nodes_push_each_firing_exactly_once(client: redis.Redis, prefix: str) -> None:
+    queue = f"{prefix}queue"
+    now = server_now_ms(client)
+    requests = [firing(now) for _ in range(200)]
+    pushes = [[["RPUSH", queue, r.id]] for r in requests]
+    stores = [RedisStore(URL, prefix=prefix) for _ in range(4)]
+    results: dict[int, list[Outcome]] = {}
+
+    def race(index: int) -> None:
+        results[index] = stores[index].claim_and_push(requests, pushes, node=f"n{index}")
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    queued = client.lrange(queue, 0, -1)
+    assert sorted(queued) == sorted(r.id for r in requests)
+    won = [o for outcomes in results.values() for o in outcomes if o.is_won]
+    assert len(won) == len(requests)
+    for store in stores:
+        store.close()
+
+
+def test_claim_and_push_takes_over_a_pending_claim_whose_lease_ran_out(
+    client: redis.Redis, prefix: str
+) -> None:
+    queue = f"{prefix}queue"
+    store = RedisStore(URL, prefix=prefix)
+    request = firing(server_now_ms(client))
+    assert store.claim([request], node="two-phase", lease_ms=50) == [Outcome.WON]
+    push = [[["LPUSH", queue, "m"]]]
+    assert store.claim_and_push([request], push, node="atomic") == [Outcome.HELD]
+    time.sleep(0.1)
+    assert store.claim_and_push([request], push, node="atomic") == [Outcome.TAKEOVER]
+    assert client.llen(queue) == 1
+    store.close()

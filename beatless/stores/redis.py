@@ -29,6 +29,7 @@ so two apps on one Redis never collide:
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -103,36 +104,49 @@ end
 
 # KEYS[1] = the last-winner hash, KEYS[1 + i] = the claim key of request i, which ends
 # with the firing id from position ARGV[5]. ARGV: node, lease_ms, tolerance_ms, retention
-# of the hash in ms, that position, then per request one argument
-# "{occurrence_ms}|{max_late_ms}|{memory_ms}|{address}" (one argument rather than four
-# halves the cost of sending a large batch). Returns one letter per request: W T L H X.
+# of the hash in ms, that position, then '1' for claim-and-enqueue ('0' for a pending
+# claim), then per request one argument "{occurrence_ms}|{max_late_ms}|{memory_ms}|{address}"
+# (one argument rather than four halves the cost of sending a large batch), then, for
+# claim-and-enqueue, per request a JSON list of the commands that enqueue its message.
+# A firing won that way is written committed at once and its commands run in the same
+# script: it is in the queue if and only if it was won. Returns one letter per request:
+# W T L H X.
 _CLAIM = (
     _PRELUDE
     + """
 local node, lease, tolerance = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local id_from = tonumber(ARGV[5])
+local id_from, atomic, n = tonumber(ARGV[5]), ARGV[6] == '1', #KEYS - 1
 local held, out, last = read_all(2), {}, {}
 local function record_last()
   redis.call('HSET', KEYS[1], unpack(last))
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   last = {}
 end
-for i = 2, #KEYS do
-  local key = KEYS[i]
+local function win(i, key, memory)
+  if not atomic then
+    return write(key, 'pending', now + lease, memory, node, lease + memory)
+  end
+  for _, command in ipairs(cjson.decode(ARGV[6 + n + i])) do
+    redis.call(unpack(command))
+  end
+  return write(key, 'committed', now + memory, memory, node, memory + SLACK)
+end
+for i = 1, n do
+  local key = KEYS[i + 1]
   local occurrence, max_late, memory, address =
-    string.match(ARGV[i + 4], '^(%-?%d+)|(%d+)|(%d+)|(.*)$')
+    string.match(ARGV[6 + i], '^(%-?%d+)|(%d+)|(%d+)|(.*)$')
   occurrence, max_late, memory = tonumber(occurrence), tonumber(max_late), tonumber(memory)
   local h = held[key]
   if h and h.until_ms >= now then
-    if h.state == 'committed' then out[i - 1] = 'L'
-    elseif h.node == node then
+    if h.state == 'committed' then out[i] = 'L'
+    elseif h.node == node and not atomic then
       held[key] = write(key, 'pending', now + lease, memory, node, lease + memory)
-      out[i - 1] = 'W'
-    else out[i - 1] = 'H' end
-  elseif now - occurrence > max_late + tolerance then out[i - 1] = 'X'
+      out[i] = 'W'
+    else out[i] = 'H' end
+  elseif now - occurrence > max_late + tolerance then out[i] = 'X'
   else
-    held[key] = write(key, 'pending', now + lease, memory, node, lease + memory)
-    out[i - 1] = (h and h.state == 'pending') and 'T' or 'W'
+    held[key] = win(i, key, memory)
+    out[i] = (h and h.state == 'pending') and 'T' or 'W'
     last[#last + 1] = address
     last[#last + 1] = string.format('v=VERSION|%s|%d|%d|%s', string.sub(key, id_from), occurrence,
       now, node)
@@ -261,13 +275,45 @@ class RedisStore(ClaimStore):
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
         if lease_ms <= 0:
             raise ConfigError(f"redis store: lease_ms must be positive, got {lease_ms}")
+        return self._claim_batch(requests, node, lease_ms, None)
+
+    def claim_and_push(
+        self,
+        requests: Sequence[ClaimRequest],
+        commands: Sequence[Sequence[Sequence[str]]],
+        *,
+        node: str,
+    ) -> list[Outcome]:
+        """Claim each firing and, for each one won, run its Redis commands in the same
+        script: the building block of claim-and-enqueue on a broker's own Redis.
+
+        ``commands[i]`` is the list of commands (``["LPUSH", key, payload]``, ...) that
+        enqueue the message of ``requests[i]`` exactly as the broker's client would. A
+        firing won this way is committed at once; there is nothing to commit or release.
+        A live pending claim of a two-phase node (a fleet mid-rollout) gives ``HELD``.
+        """
+        if len(commands) != len(requests):
+            raise ValueError("claim_and_push: one list of commands per request")
+        return self._claim_batch(requests, node, 1, commands)
+
+    def _claim_batch(
+        self,
+        requests: Sequence[ClaimRequest],
+        node: str,
+        lease_ms: int,
+        commands: Sequence[Sequence[Sequence[str]]] | None,
+    ) -> list[Outcome]:
         id_from = len(self._claim_key("")) + 1
-        head: list[str | int] = [node, lease_ms, TOLERANCE_MS, LAST_RETENTION_MS, id_from]
+        atomic = "0" if commands is None else "1"
+        head: list[str | int] = [node, lease_ms, TOLERANCE_MS, LAST_RETENTION_MS, id_from, atomic]
         calls = []
         for start in range(0, len(requests), CHUNK):
             chunk = requests[start : start + CHUNK]
             keys = [self._last_key, *(self._claim_key(r.id) for r in chunk)]
-            calls.append((keys, head + [_claim_arg(r) for r in chunk]))
+            args = head + [_claim_arg(r) for r in chunk]
+            if commands is not None:
+                args += [json.dumps(c) for c in commands[start : start + CHUNK]]
+            calls.append((keys, args))
         with self._errors("claim"):
             reply = "".join(_text(r) for r in self._run(self._claim, calls))
         return [_OUTCOMES[letter] for letter in reply]
