@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from datetime import timedelta
+from functools import cached_property
 from typing import Any
 
 from beatless.durations import DurationLike, as_timedelta, describe, to_ms

@@ -14,6 +14,7 @@ at each firing's release asks the claim store to decide. Only a won firing is en
 from __future__ import annotations
 
 import heapq
+import math
 import itertools
 import logging
 import os
@@ -139,7 +140,7 @@ class Scheduler:
                 raise ScheduleError("; ".join(errors), errors)
 
     def _now_ms(self) -> int:
-        return round(self.clock() * 1_000)
+        return math.floor(self.clock() * 1_000)
 
     # -- planning -------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ To add a store: write a function that prepares its backing (a file, a key prefix
 database of its own) and returns an opener, then add a :class:`Backend` to
 ``BACKENDS``. A store with a server clock sets ``server_clock=True`` and names the
 service it needs; the suite then sleeps where it would have advanced the clock, and
-skips the cases that need an exact clock.
+runs the cases that need an exact clock only on the stores whose clock it controls.
 """
 
 from __future__ import annotations

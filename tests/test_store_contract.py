@@ -12,7 +12,6 @@ import random
 import threading
 import uuid
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from stores import StoreFactory
@@ -47,11 +46,6 @@ def claim_one(
 ) -> Outcome:
     (outcome,) = store.claim([request], node=node, lease_ms=lease_ms)
     return outcome
-
-
-def require_exact_clock(store_factory: StoreFactory) -> None:
-    if not store_factory.exact_clock:
-        pytest.skip(f"{store_factory.backend.name} keeps its own clock; this case moves it")
 
 
 # -- exactly one winner --------------------------------------------------------------------
@@ -148,25 +142,23 @@ def test_claim_older_than_max_late_plus_tolerance_on_the_store_clock_is_late_and
 
 
 def test_claim_at_exactly_max_late_plus_tolerance_is_not_late(
-    store_factory: StoreFactory,
+    clocked_store_factory: StoreFactory,
 ) -> None:
-    require_exact_clock(store_factory)
-    store = store_factory()
-    occurrence = store_factory.now_ms() - MAX_LATE_MS - TOLERANCE_MS
+    store = clocked_store_factory()
+    occurrence = clocked_store_factory.now_ms() - MAX_LATE_MS - TOLERANCE_MS
 
     assert claim_one(store, firing(occurrence), "a") is WON
-    store_factory.advance(1)
+    clocked_store_factory.advance(1)
     assert claim_one(store, firing(occurrence), "a") is LATE
 
 
 def test_lateness_is_judged_by_the_store_clock_at_the_time_of_the_claim(
-    store_factory: StoreFactory,
+    clocked_store_factory: StoreFactory,
 ) -> None:
-    require_exact_clock(store_factory)
-    store = store_factory()
-    request = firing(store_factory.now_ms())
+    store = clocked_store_factory()
+    request = firing(clocked_store_factory.now_ms())
 
-    store_factory.advance(MAX_LATE_MS + TOLERANCE_MS + 1)
+    clocked_store_factory.advance(MAX_LATE_MS + TOLERANCE_MS + 1)
 
     assert claim_one(store, request, "a") is LATE
 
@@ -198,28 +190,26 @@ def test_live_pending_claim_holds_off_another_node(store_factory: StoreFactory) 
 
 
 def test_pending_claim_is_live_through_the_last_millisecond_of_its_lease(
-    store_factory: StoreFactory,
+    clocked_store_factory: StoreFactory,
 ) -> None:
-    require_exact_clock(store_factory)
-    a, b = store_factory(), store_factory()
-    request = firing(store_factory.now_ms())
+    a, b = clocked_store_factory(), clocked_store_factory()
+    request = firing(clocked_store_factory.now_ms())
     assert claim_one(a, request, "a") is WON
 
-    store_factory.advance(LEASE_MS)
+    clocked_store_factory.advance(LEASE_MS)
     assert claim_one(b, request, "b") is HELD
-    store_factory.advance(1)
+    clocked_store_factory.advance(1)
     assert claim_one(b, request, "b") is TAKEOVER
 
 
 def test_lease_that_ran_out_after_the_firing_became_late_gives_late_not_takeover(
-    store_factory: StoreFactory,
+    clocked_store_factory: StoreFactory,
 ) -> None:
-    require_exact_clock(store_factory)
-    a, b = store_factory(), store_factory()
-    request = firing(store_factory.now_ms())
+    a, b = clocked_store_factory(), clocked_store_factory()
+    request = firing(clocked_store_factory.now_ms())
     assert claim_one(a, request, "a") is WON
 
-    store_factory.advance(MAX_LATE_MS + TOLERANCE_MS + 1)
+    clocked_store_factory.advance(MAX_LATE_MS + TOLERANCE_MS + 1)
 
     assert claim_one(b, request, "b") is LATE
 
@@ -373,17 +363,16 @@ def test_empty_batches_do_nothing(store_factory: StoreFactory) -> None:
 # -- memory (rule 5) ------------------------------------------------------------------------
 
 
-def test_committed_claim_is_forgotten_after_memory_ms(store_factory: StoreFactory) -> None:
-    require_exact_clock(store_factory)
-    a, b = store_factory(), store_factory()
+def test_committed_claim_is_forgotten_after_memory_ms(clocked_store_factory: StoreFactory) -> None:
+    a, b = clocked_store_factory(), clocked_store_factory()
     # A memory shorter than max_late + tolerance breaks rule 5; it shows the forgetting.
-    request = firing(store_factory.now_ms(), memory_ms=5_000)
+    request = firing(clocked_store_factory.now_ms(), memory_ms=5_000)
     assert claim_one(a, request, "a") is WON
     assert a.commit([request.id], node="a") == [True]
 
-    store_factory.advance(5_000)
+    clocked_store_factory.advance(5_000)
     assert claim_one(b, request, "b") is LOST
-    store_factory.advance(1)
+    clocked_store_factory.advance(1)
     assert claim_one(b, request, "b") is WON
 
 
@@ -399,20 +388,19 @@ def test_committed_claim_is_forgotten_after_memory_ms(store_factory: StoreFactor
     forgotten_after_ms=st.integers(1, 600_000),
 )
 def test_a_claim_forgotten_after_a_memory_covering_max_late_and_tolerance_comes_back_late(
-    store_factory: StoreFactory,
+    clocked_store_factory: StoreFactory,
     max_late_ms: int,
     extra_memory_ms: int,
     claimed_after_ms: int,
     forgotten_after_ms: int,
 ) -> None:
-    require_exact_clock(store_factory)
-    store = store_factory()
+    store = clocked_store_factory()
     memory_ms = max_late_ms + TOLERANCE_MS + extra_memory_ms
-    occurrence = store_factory.now_ms() - min(claimed_after_ms, max_late_ms + TOLERANCE_MS)
+    occurrence = clocked_store_factory.now_ms() - min(claimed_after_ms, max_late_ms + TOLERANCE_MS)
     request = firing(occurrence, max_late_ms=max_late_ms, memory_ms=memory_ms)
     assert claim_one(store, request, "a") is WON
     assert store.commit([request.id], node="a") == [True]
 
-    store_factory.advance(memory_ms + forgotten_after_ms)
+    clocked_store_factory.advance(memory_ms + forgotten_after_ms)
 
     assert claim_one(store, request, "b") is LATE

@@ -1,0 +1,341 @@
+"""The ``beatless`` command: next, check, explain, run and demo.
+
+Exit codes: 0 success; 1 when ``check`` finds problems or ``explain`` is asked about an
+instant that is not an occurrence; 2 for input beatless cannot use (an unreadable file,
+an unknown key, a bad expression, a bad time), always as one line on stderr.
+Environment variables (``BEATLESS_STORE``, ``BEATLESS_NODE``) are read here only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from itertools import islice
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from beatless import __version__
+from beatless.durations import describe
+from beatless.entry import Entry, Schedule
+from beatless.errors import BeatlessError, ConfigError, ScheduleError
+from beatless.firing import Firing, digest, from_datetime, iso
+from beatless.loader import load_schedule, parse_instant
+
+if TYPE_CHECKING:
+    from beatless.triggers import Trigger
+
+EXIT_PROBLEMS = 1
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors on one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="beatless",
+        description="Periodic tasks with no beat process and no leader.",
+    )
+    parser.add_argument("--version", action="version", version=f"beatless {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    target_help = "a TOML schedule file, or module:attribute naming a Schedule or list of Entry"
+
+    nxt = commands.add_parser("next", help="list the coming firings, sorted by release")
+    nxt.add_argument("target", metavar="TARGET", help=target_help)
+    nxt.add_argument("--entry", metavar="NAME", help="only this entry")
+    nxt.add_argument("--count", type=int, default=5, metavar="N", help="per address (5)")
+    nxt.add_argument("--after", metavar="ISO", help="an ISO 8601 instant (default: now)")
+    nxt.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    check = commands.add_parser("check", help="validate entries and timing rules")
+    check.add_argument("target", metavar="TARGET", help=target_help)
+    check.add_argument("--store", metavar="URL", help="also check rule 5 against this store")
+
+    explain = commands.add_parser("explain", help="derive a firing's id, offset and release")
+    explain.add_argument("target", metavar="TARGET", help=target_help)
+    explain.add_argument("entry", metavar="ENTRY", help="the entry's name")
+    explain.add_argument("--at", required=True, metavar="ISO", help="the occurrence")
+    explain.add_argument("--tenant", metavar="T", help="the tenant, for a fan-out entry")
+
+    run = commands.add_parser("run", help="run a standalone node with a logging enqueue")
+    run.add_argument("target", metavar="TARGET", help=target_help)
+    run.add_argument("--store", metavar="URL", help="claim store URL (env BEATLESS_STORE)")
+    run.add_argument("--node", metavar="NAME", help="node name (env BEATLESS_NODE)")
+
+    demo = commands.add_parser("demo", help="race local nodes on a temporary SQLite store")
+    demo.add_argument("--nodes", type=int, default=3, help="node processes (3)")
+    demo.add_argument("--seconds", type=float, default=30.0, help="how long to run (30)")
+    demo.add_argument("--json", action="store_true", help="JSON lines; summary last")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (the console script exits with it)."""
+    args = build_parser().parse_args(argv)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # so module:attribute targets resolve like python -m
+    handlers = {"next": cmd_next, "check": cmd_check, "explain": cmd_explain}
+    handlers.update(run=cmd_run, demo=cmd_demo)
+    try:
+        return handlers[args.command](args)
+    except BeatlessError as exc:
+        print(f"beatless {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # the reader went away, as with `beatless next ... | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _one_line(exc: BeatlessError) -> str:
+    return " ".join(str(exc).split())
+
+
+# -- next -------------------------------------------------------------------------------
+
+
+def cmd_next(args: argparse.Namespace) -> int:
+    schedule = load_schedule(args.target)
+    if args.count < 1:
+        raise ConfigError(f"--count must be at least 1, got {args.count}")
+    after_ms = _instant_ms(args.after, "--after") if args.after else _now_ms()
+    entries = [schedule.entry(args.entry)] if args.entry else list(schedule.entries)
+    firings = sorted(
+        upcoming(schedule, entries, after_ms, args.count),
+        key=lambda f: (f.release_ms, f.address),
+    )
+    if args.json:
+        for firing in firings:
+            print(json.dumps(firing_json(firing)))
+    else:
+        _print_table(
+            ["release", "occurrence", "offset", "address", "id"],
+            [
+                [iso(f.release_ms), iso(f.occurrence_ms), f"{f.offset_ms} ms", f.address, f.id]
+                for f in firings
+            ],
+        )
+    return 0
+
+
+def upcoming(
+    schedule: Schedule, entries: Sequence[Entry], after_ms: int, count: int
+) -> Iterator[Firing]:
+    """The next ``count`` firings of each address after ``after_ms`` (by occurrence)."""
+    cache: dict[Trigger, list[int]] = {}
+    for entry in entries:
+        occurrences = cache.get(entry.trigger)
+        if occurrences is None:
+            occurrences = cache[entry.trigger] = list(islice(entry.trigger.after(after_ms), count))
+        for tenant in entry.tenant_list() or (None,):
+            address = schedule.address(entry, tenant)
+            for occurrence in occurrences:
+                yield Firing.of(entry, tenant, address, occurrence)
+
+
+def firing_json(firing: Firing) -> dict[str, Any]:
+    return {
+        "entry": firing.entry.name,
+        "tenant": firing.tenant,
+        "address": firing.address,
+        "occurrence": iso(firing.occurrence_ms),
+        "id": firing.id,
+        "offset_ms": firing.offset_ms,
+        "release": iso(firing.release_ms),
+    }
+
+
+def _print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
+    for row in [header, *rows]:
+        print("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+# -- check ------------------------------------------------------------------------------
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:
+        schedule = load_schedule(args.target)
+        errors: list[str] = []
+        store_note = ""
+        if args.store:
+            from beatless.stores import open_store
+
+            with open_store(args.store) as store:
+                remembers = store.remembers
+                errors = schedule.check_store(remembers, store.name)
+            store_note = (
+                f", {store.name} store keeps each claim as long as it asks"
+                if remembers is None
+                else f", {store.name} store remembers {describe(remembers)}"
+            )
+    except ScheduleError as exc:
+        errors = exc.errors
+    if errors:
+        print(f"{args.target}: {len(errors)} problem(s)", file=sys.stderr)
+        for error in errors:
+            print(f"  {error}", file=sys.stderr)
+        return EXIT_PROBLEMS
+    addresses = sum(len(e.tenant_list() or (None,)) for e in schedule.entries)
+    print(
+        f"{args.target}: sound — {len(schedule.entries)} entries, {addresses} addresses, "
+        f"namespace {schedule.namespace!r}, timezone {schedule.timezone}{store_note}"
+    )
+    _print_table(
+        ["entry", "trigger", "jitter", "max_late", "tenants"],
+        [
+            [
+                e.name,
+                e.trigger.describe(),
+                describe(e.jitter),
+                describe(e.max_late),
+                str(len(e.tenant_list() or ())),
+            ]
+            for e in schedule.entries
+        ],
+    )
+    return 0
+
+
+# -- explain ----------------------------------------------------------------------------
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    schedule = load_schedule(args.target)
+    entry = schedule.entry(args.entry)
+    at_ms = _instant_ms(args.at, "--at")
+    tenant = _tenant(entry, args.tenant)
+    if next(entry.trigger.after(at_ms - 1)) != at_ms:
+        before, after = previous_occurrence(entry.trigger, at_ms), next(entry.trigger.after(at_ms))
+        print(
+            f"{iso(at_ms)} is not an occurrence of entry {entry.name!r} "
+            f"({entry.trigger.describe()}); nearest before: "
+            f"{iso(before) if before is not None else 'none within 50 years'}, "
+            f"nearest after: {iso(after)}"
+        )
+        return EXIT_PROBLEMS
+    for line in explanation(schedule, entry, tenant, at_ms):
+        print(line)
+    return 0
+
+
+def explanation(schedule: Schedule, entry: Entry, tenant: str | None, at_ms: int) -> list[str]:
+    """Each step from the entry to the release, with the numbers to recompute it by hand."""
+    address = schedule.address(entry, tenant)
+    text = f"{address}@{at_ms}"
+    d = digest(address, at_ms)
+    firing = Firing.of(entry, tenant, address, at_ms)
+    lead53 = int.from_bytes(d[:8], "big") >> 11
+    window = entry.jitter_ms
+    parts = "namespace/entry" + ("/tenant" if tenant is not None else "")
+    steps = [
+        ("entry", f"{entry.name!r}: {entry.trigger.describe()}, task {entry.task!r}"),
+        ("1 address", f"{address}    ({parts})"),
+        ("2 occurrence", f"{iso(at_ms)} = {at_ms} ms since the Unix epoch"),
+        ("3 input", f'"{text}"    (address "@" occurrence_ms, encoded as UTF-8)'),
+        ("4 digest", f"sha256(input) = {d.hex()}"),
+        ("5 id", f"first 16 bytes of the digest as a UUID = {firing.id}"),
+        ("6 lead53", f"first 8 bytes 0x{d[:8].hex()} as a big-endian integer >> 11 = {lead53}"),
+        (
+            "7 offset_ms",
+            f"(window_ms × lead53) >> 53 = ({window} × {lead53}) >> 53 = {firing.offset_ms}"
+            f"    (jitter {describe(entry.jitter)})",
+        ),
+        (
+            "8 release",
+            f"occurrence_ms + offset_ms = {at_ms} + {firing.offset_ms} = {firing.release_ms}"
+            f" = {iso(firing.release_ms)}",
+        ),
+        (
+            "  late after",
+            f"occurrence + max_late {describe(entry.max_late)} = "
+            f"{iso(at_ms + entry.max_late_ms)}: no node enqueues it past that",
+        ),
+    ]
+    return [f"{label:<13} {value}" for label, value in steps]
+
+
+def previous_occurrence(trigger: Trigger, at_ms: int) -> int | None:
+    """The last occurrence before ``at_ms``, searched in windows growing 8× up to 50 years."""
+    window = 1_000
+    while window <= 50 * 366 * 86_400_000:
+        last = None
+        for occurrence in trigger.after(at_ms - window - 1):
+            if occurrence >= at_ms:
+                break
+            last = occurrence
+        if last is not None:
+            return last
+        window *= 8
+    return None
+
+
+def _tenant(entry: Entry, tenant: str | None) -> str | None:
+    tenants = entry.tenant_list()
+    if tenants is None:
+        if tenant is not None:
+            raise ConfigError(f"entry {entry.name!r} has no tenants; drop --tenant")
+        return None
+    if tenant is None or tenant not in tenants:
+        shown = ", ".join(tenants[:5]) + (", …" if len(tenants) > 5 else "")
+        what = "pass --tenant" if tenant is None else f"{tenant!r} is not one of them"
+        raise ConfigError(
+            f"entry {entry.name!r} fans out to {len(tenants)} tenants ({shown}); {what}"
+        )
+    return tenant
+
+
+# -- run and demo -----------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    store = args.store or os.environ.get("BEATLESS_STORE")
+    if not store:
+        raise ConfigError("give --store URL or set BEATLESS_STORE (e.g. sqlite:///beatless.db)")
+    node = args.node or os.environ.get("BEATLESS_NODE") or None
+    schedule = load_schedule(args.target)
+    return run_node(schedule, store_url=store, node=node)
+
+
+def run_node(schedule: Schedule, *, store_url: str, node: str | None) -> int:
+    """Run one node until SIGINT or SIGTERM, logging each firing it wins."""
+    from beatless.scheduler import Scheduler
+    from beatless.stores import open_store
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    with open_store(store_url) as store:
+        scheduler = Scheduler(schedule, store=store, node=node)  # checks rule 5 on the store
+        stopping = threading.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: stopping.set())
+        thread = scheduler.start()
+        while thread.is_alive() and not stopping.wait(0.5):
+            pass
+        scheduler.stop(timeout=10)
+    return 0 if stopping.is_set() else EXIT_PROBLEMS
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from beatless.demo import run_demo
+
+    return run_demo(nodes=args.nodes, seconds=args.seconds, as_json=args.json)
+
+
+def _instant_ms(text: str, what: str) -> int:
+    return from_datetime(parse_instant(text, what=what))
+
+
+def _now_ms() -> int:
+    return from_datetime(datetime.now(UTC))

@@ -1,0 +1,381 @@
+"""The ``beatless`` command line: next, check, explain, run and bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from beatless import __version__, stores
+from beatless.cli import main
+from beatless.stores import MemoryStore
+
+SCHEDULE = """
+namespace = "shop"
+max_late = "5m"
+
+[[entry]]
+name = "heartbeat"
+task = "ops.heartbeat"
+every = "30s"
+
+[[entry]]
+name = "nightly"
+task = "reports.nightly"
+cron = "0 2 * * *"
+jitter = "2m"
+tenants = ["acme", "globex", "initech"]
+"""
+
+
+@pytest.fixture
+def schedule_file(tmp_path: Path) -> str:
+    path = tmp_path / "schedule.toml"
+    path.write_text(SCHEDULE)
+    return str(path)
+
+
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "beatless", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        check=False,
+    )
+
+
+def ms(iso_z: str) -> int:
+    return int(datetime.fromisoformat(iso_z).timestamp() * 1000)
+
+
+# -- next -------------------------------------------------------------------------------
+
+
+def test_next_json_has_one_object_per_firing_with_the_documented_fields(
+    schedule_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        ["next", schedule_file, "--count", "2", "--after", "2026-11-29T01:59:00Z", "--json"]
+    )
+    lines = capsys.readouterr().out.splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert code == 0
+    assert len(rows) == 2 + 3 * 2  # two heartbeats, two nights of three tenants
+    assert all(
+        set(r) == {"entry", "tenant", "address", "occurrence", "id", "offset_ms", "release"}
+        for r in rows
+    )
+    heartbeat = rows[0]
+    assert heartbeat == {
+        "entry": "heartbeat",
+        "tenant": None,
+        "address": "shop/heartbeat",
+        "occurrence": "2026-11-29T01:59:30.000Z",
+        "id": str(uuid.UUID(bytes=hashlib.sha256(b"shop/heartbeat@1795917570000").digest()[:16])),
+        "offset_ms": 0,
+        "release": "2026-11-29T01:59:30.000Z",
+    }
+    nightly = [r for r in rows if r["entry"] == "nightly"]
+    assert {r["tenant"] for r in nightly} == {"acme", "globex", "initech"}
+    assert {r["occurrence"] for r in nightly} == {
+        "2026-11-29T02:00:00.000Z",
+        "2026-11-30T02:00:00.000Z",
+    }
+    for row in nightly:
+        assert row["address"] == f"shop/nightly/{row['tenant']}"
+        assert ms(row["release"]) == ms(row["occurrence"]) + row["offset_ms"]
+        assert 0 <= row["offset_ms"] < 120_000
+
+
+def test_next_is_sorted_by_release_not_by_occurrence(
+    schedule_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main(
+        [
+            "next",
+            schedule_file,
+            "--entry",
+            "nightly",
+            "--count",
+            "3",
+            "--json",
+            "--after",
+            "2026-11-29T00:00:00Z",
+        ]
+    )
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    releases = [ms(r["release"]) for r in rows]
+    assert releases == sorted(releases)
+    # within one night the jitter reorders the tenants, so occurrence order alone is not it
+    assert len(rows) == 9
+    assert all(r["entry"] == "nightly" for r in rows)
+
+
+def test_next_after_an_instant_lists_only_occurrences_strictly_after_it(
+    schedule_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main(
+        [
+            "next",
+            schedule_file,
+            "--entry",
+            "heartbeat",
+            "--count",
+            "1",
+            "--json",
+            "--after",
+            "2026-11-29T02:00:00Z",
+        ]
+    )
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert row["occurrence"] == "2026-11-29T02:00:30.000Z"
+
+
+def test_next_without_json_prints_an_aligned_table(
+    schedule_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main(["next", schedule_file, "--count", "1", "--after", "2026-11-29T01:59:00Z"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["release", "occurrence", "offset", "address", "id"]
+    column = lines[0].index("address")
+    assert all(line[column:].startswith("shop/") for line in lines[1:])
+
+
+# -- check ------------------------------------------------------------------------------
+
+
+def test_check_exits_0_with_a_summary_for_a_sound_schedule(
+    schedule_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["check", schedule_file]) == 0
+    out = capsys.readouterr().out
+    assert "sound" in out
+    assert "2 entries, 4 addresses" in out
+
+
+def test_check_exits_1_and_prints_each_problem_on_its_own_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(
+        textwrap.dedent(
+            """
+            [[entry]]
+            name = "a"
+            task = "t"
+            every = "2s"
+            jitter = "1s"
+            max_late = "10s"
+            [[entry]]
+            name = "b"
+            task = "t"
+            cron = "0 25 * * *"
+            """
+        )
+    )
+    assert main(["check", str(path)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].endswith("2 problem(s)")
+    assert "entry 'b'" in err[1]
+    assert "bad hour" in err[1]
+    assert "entry 'a'" in err[2]
+    assert "half the shortest gap" in err[2]
+
+
+def test_check_with_a_store_passes_a_store_that_keeps_each_claim_as_long_as_asked(
+    schedule_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["check", schedule_file, "--store", "memory://"]) == 0
+    assert "sound" in capsys.readouterr().out
+
+
+class ForgetfulStore(MemoryStore):
+    """A store that forgets every claim after a fixed 90 s window."""
+
+    name = "forgetful"
+
+    @property
+    def remembers(self) -> timedelta:
+        return timedelta(seconds=90)
+
+
+def test_check_with_a_store_refuses_entries_the_store_forgets_too_soon(
+    schedule_file: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stores, "open_store", lambda url: ForgetfulStore())
+    assert main(["check", schedule_file, "--store", "forgetful://"]) == 1
+    err = capsys.readouterr().err
+    # heartbeat: 0 + 5m + 10s, nightly: 2m + 5m + 10s, both over 90 s
+    assert "entry 'heartbeat'" in err
+    assert "entry 'nightly'" in err
+    assert "forgetful remembers (1m30s)" in err
+
+
+def test_check_of_an_unreadable_target_exits_2(tmp_path: Path) -> None:
+    assert main(["check", str(tmp_path / "absent.toml")]) == 2
+
+
+# -- explain ----------------------------------------------------------------------------
+
+
+def test_explain_shows_numbers_an_operator_can_recompute_with_hashlib(
+    schedule_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        ["explain", schedule_file, "nightly", "--at", "2026-11-29T02:00:00Z", "--tenant", "globex"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    occurrence_ms = 1795917600000
+    text = f"shop/nightly/globex@{occurrence_ms}"
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    lead53 = int.from_bytes(digest[:8], "big") >> 11
+    offset = (120_000 * lead53) >> 53
+    release_ms = occurrence_ms + offset
+    release = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=release_ms)
+    release_iso = release.isoformat(timespec="milliseconds")
+    assert f'"{text}"' in out
+    assert digest.hex() in out
+    assert str(uuid.UUID(bytes=digest[:16])) in out
+    assert f"= {lead53}" in out
+    assert f"(120000 × {lead53}) >> 53 = {offset}" in out
+    assert f"= {release_ms}" in out
+    assert release_iso.replace("+00:00", "Z") in out
+
+
+def test_explain_of_an_instant_that_is_no_occurrence_names_the_nearest_ones(
+    schedule_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["explain", schedule_file, "heartbeat", "--at", "2026-11-29T02:00:10Z"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "is not an occurrence of entry 'heartbeat'" in out
+    assert "nearest before: 2026-11-29T02:00:00.000Z" in out
+    assert "nearest after: 2026-11-29T02:00:30.000Z" in out
+
+
+def test_explain_finds_the_previous_occurrence_of_a_rare_cron(
+    schedule_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main(["explain", schedule_file, "nightly", "--at", "2026-11-29T13:00:00Z", "--tenant", "acme"])
+    out = capsys.readouterr().out
+    assert "nearest before: 2026-11-29T02:00:00.000Z" in out
+    assert "nearest after: 2026-11-30T02:00:00.000Z" in out
+
+
+def test_explain_of_a_fan_out_entry_without_a_tenant_is_bad_input(
+    schedule_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["explain", schedule_file, "nightly", "--at", "2026-11-29T02:00:00Z"]) == 2
+    assert "pass --tenant" in capsys.readouterr().err
+
+
+# -- bad input --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["next", "{dir}/absent.toml"], "cannot read"),
+        (["next", "{dir}/broken.toml"], "not valid TOML"),
+        (["next", "{dir}/unknown.toml"], "unknown key(s) 'colour'"),
+        (["next", "{dir}/badcron.toml"], "bad minute"),
+        (["next", "{file}", "--after", "tomorrow"], "cannot read 'tomorrow'"),
+        (["next", "{file}", "--after", "2026-11-29T02:00:00"], "has no UTC offset"),
+        (["next", "{file}", "--entry", "nope"], "no entry named 'nope'"),
+        (["next", "no_such_module_xyz:schedule"], "cannot import module"),
+        (["explain", "{file}", "heartbeat", "--at", "someday"], "cannot read 'someday'"),
+        (["run", "{file}"], "give --store URL or set BEATLESS_STORE"),
+        (["run", "{file}", "--store", "carrier-pigeon://x"], "unknown store URL scheme"),
+        (["next"], "required: TARGET"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_on_stderr_and_no_traceback(
+    tmp_path: Path, schedule_file: str, args: list[str], message: str
+) -> None:
+    (tmp_path / "broken.toml").write_text("x = [\n")
+    (tmp_path / "unknown.toml").write_text(
+        'colour = 1\n[[entry]]\nname = "a"\ntask = "t"\nevery = 5\n'
+    )
+    (tmp_path / "badcron.toml").write_text(
+        '[[entry]]\nname = "a"\ntask = "t"\ncron = "61 * * * *"\n'
+    )
+    args = [a.format(dir=tmp_path, file=schedule_file) for a in args]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BEATLESS_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "beatless", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["--version"])
+    assert caught.value.code == 0
+    assert capsys.readouterr().out.strip() == f"beatless {__version__}"
+
+
+def test_module_targets_resolve_from_the_current_directory(tmp_path: Path) -> None:
+    (tmp_path / "myschedule.py").write_text(
+        "from beatless import Entry, Every\n"
+        "entries = [Entry(name='a', task='t', trigger=Every(5))]\n"
+    )
+    result = run_cli("check", "myschedule:entries", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "sound" in result.stdout
+
+
+# -- run --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_run_enqueues_through_the_log_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    (tmp_path / "s.toml").write_text('[[entry]]\nname = "tick"\ntask = "demo.tick"\nevery = 1\n')
+    env = {
+        **os.environ,
+        "BEATLESS_STORE": f"sqlite:///{tmp_path.as_posix()}/claims.db",
+        "BEATLESS_NODE": "node-from-env",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "beatless", "run", str(tmp_path / "s.toml")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        time.sleep(3.5)
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=15)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, err
+    assert "node-from-env" in err
+    assert "task=demo.tick" in err
+    assert "outcome=won" in err
+    assert "Traceback" not in err

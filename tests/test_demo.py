@@ -1,0 +1,61 @@
+"""``beatless demo``: real node processes on one SQLite file, checked independently."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from beatless.demo import MARGIN_MS, WARMUP_MS, demo_schedule, expected_firings
+from beatless.firing import firing_id
+
+
+@pytest.mark.slow
+def test_three_node_demo_wins_every_expected_firing_exactly_once() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "beatless", "demo", "--nodes", "3", "--seconds", "8", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    lines = result.stdout.strip().splitlines()
+    summary = json.loads(lines[-1])
+    firings = [json.loads(line) for line in lines[:-1]]
+    assert result.returncode == 0, result.stdout[-2_000:] + result.stderr[-2_000:]
+    assert summary["event"] == "summary"
+    assert summary["firings"] > 0
+    assert summary["duplicates"] == 0
+    assert summary["missed"] == 0
+    assert summary["expected"] > 0
+    assert summary["node_failures"] == {}
+    assert summary["firings"] == len(firings)
+    assert sum(summary["wins_per_node"].values()) == summary["firings"]
+    ids = [f["id"] for f in firings]
+    assert len(ids) == len(set(ids))
+    for firing in firings:
+        address = "demo/" + firing["entry"] + (f"/{firing['tenant']}" if firing["tenant"] else "")
+        assert firing["id"] == firing_id(address, firing["occurrence_ms"])
+
+
+def test_expected_firings_cover_each_address_inside_the_window_only() -> None:
+    schedule = demo_schedule()
+    start = 1_800_000_000_000  # a whole minute, so every trigger has an occurrence here
+    end = start + 30_000
+    expected = expected_firings(schedule, start, end).values()
+    by_entry: dict[str, list[int]] = {}
+    for firing in expected:
+        by_entry.setdefault(firing.entry.name, []).append(firing.occurrence_ms)
+        last = end - firing.entry.jitter_ms - MARGIN_MS
+        assert start + WARMUP_MS <= firing.occurrence_ms <= last
+    # window [start + 2 s, end - jitter - 2 s]: tick-1s 2..28 s; tick-2s 2..28 s even;
+    # spread-5s (jitter 2s) 5..25 s; minutely: none after the warm-up;
+    # fanout (jitter 4s) 10 and 20 s, 20 tenants each
+    assert len(by_entry["tick-1s"]) == 27
+    assert len(by_entry["tick-2s"]) == 14
+    assert len(by_entry["spread-5s"]) == 5
+    assert "minutely" not in by_entry
+    assert sorted(set(by_entry["fanout"])) == [start + 10_000, start + 20_000]
+    assert len(by_entry["fanout"]) == 40

@@ -1,0 +1,345 @@
+"""Loading schedules from TOML files and from module:attribute targets."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from beatless import ConfigError, Cron, Every, Schedule, ScheduleError
+from beatless.loader import ENTRY_KEYS, load_schedule
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def write(tmp_path: Path, text: str, name: str = "schedule.toml") -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def errors_of(target: str) -> list[str]:
+    with pytest.raises(ScheduleError) as caught:
+        load_schedule(target)
+    return caught.value.errors
+
+
+@pytest.fixture
+def module_dir(tmp_path: Path) -> Iterator[Path]:
+    sys.path.insert(0, str(tmp_path))
+    yield tmp_path
+    sys.path.remove(str(tmp_path))
+    for name in [m for m in sys.modules if m.startswith("sched_mod_")]:
+        del sys.modules[name]
+
+
+def test_toml_entries_get_their_triggers_and_values(tmp_path: Path) -> None:
+    target = write(
+        tmp_path,
+        """
+        namespace = "billing"
+        timezone = "Europe/Berlin"
+
+        [[entry]]
+        name = "nightly"
+        task = "reports.nightly"
+        cron = "0 2 * * *"
+        jitter = "2m"
+        max_late = "PT300S"
+        tenants = ["acme", "globex"]
+        args = [1, "two"]
+        kwargs = { format = "pdf" }
+        options = { queue = "reports" }
+
+        [[entry]]
+        name = "heartbeat"
+        task = "ops.heartbeat"
+        every = 30
+        anchor = "2026-01-01T00:00:10Z"
+        """,
+    )
+    schedule = load_schedule(target)
+    nightly, heartbeat = schedule.entries
+    assert schedule.namespace == "billing"
+    assert nightly.trigger == Cron("0 2 * * *", "Europe/Berlin")
+    assert nightly.jitter == timedelta(minutes=2)
+    assert nightly.max_late == timedelta(minutes=5)
+    assert nightly.tenants == ("acme", "globex")
+    assert nightly.args == (1, "two")
+    assert nightly.kwargs == {"format": "pdf"}
+    assert nightly.options == {"queue": "reports"}
+    assert heartbeat.trigger == Every(30, anchor=datetime(2026, 1, 1, 0, 0, 10, tzinfo=UTC))
+
+
+def test_top_level_max_late_and_jitter_apply_only_to_entries_that_do_not_set_them(
+    tmp_path: Path,
+) -> None:
+    target = write(
+        tmp_path,
+        """
+        max_late = "5m"
+        jitter = "10s"
+
+        [[entry]]
+        name = "inherits"
+        task = "t.a"
+        every = "1m"
+
+        [[entry]]
+        name = "overrides"
+        task = "t.b"
+        every = "1m"
+        jitter = 0
+        max_late = "90s"
+        """,
+    )
+    inherits, overrides = load_schedule(target).entries
+    assert (inherits.jitter, inherits.max_late) == (timedelta(seconds=10), timedelta(minutes=5))
+    assert (overrides.jitter, overrides.max_late) == (timedelta(0), timedelta(seconds=90))
+
+
+def test_defaults_are_namespace_default_utc_no_jitter_and_a_minute_of_max_late(
+    tmp_path: Path,
+) -> None:
+    target = write(tmp_path, '[[entry]]\nname = "a"\ntask = "t"\ncron = "0 * * * *"\n')
+    schedule = load_schedule(target)
+    (entry,) = schedule.entries
+    assert (schedule.namespace, schedule.timezone) == ("default", "UTC")
+    assert entry.trigger == Cron("0 * * * *", "UTC")
+    assert (entry.jitter, entry.max_late) == (timedelta(0), timedelta(seconds=60))
+
+
+def test_a_cron_takes_its_own_zone_and_day_and_over_the_schedule_zone(tmp_path: Path) -> None:
+    target = write(
+        tmp_path,
+        """
+        timezone = "Europe/Berlin"
+        [[entry]]
+        name = "first-monday"
+        task = "t"
+        cron = "0 6 1-7 * mon"
+        timezone = "America/New_York"
+        day_and = true
+        """,
+    )
+    (entry,) = load_schedule(target).entries
+    assert entry.trigger == Cron("0 6 1-7 * mon", "America/New_York", day_and=True)
+
+
+@pytest.mark.parametrize("every", ["90s", "PT90S", 90, 90.0])
+def test_every_accepts_seconds_compact_and_iso_durations(tmp_path: Path, every: object) -> None:
+    value = f'"{every}"' if isinstance(every, str) else str(every)
+    target = write(tmp_path, f'[[entry]]\nname = "a"\ntask = "t"\nevery = {value}\n')
+    (entry,) = load_schedule(target).entries
+    assert entry.trigger == Every(timedelta(seconds=90))
+
+
+def test_unknown_entry_key_is_named_with_its_entry_and_the_allowed_keys(tmp_path: Path) -> None:
+    target = write(tmp_path, '[[entry]]\nname = "a"\ntask = "t"\nevery = 5\ntenant = ["x"]\n')
+    (error,) = errors_of(target)
+    assert "entry 'a'" in error
+    assert "'tenant'" in error
+    assert "did you mean 'tenants'" in error
+    assert all(key in error for key in ENTRY_KEYS)
+
+
+def test_unknown_top_level_key_is_an_error(tmp_path: Path) -> None:
+    target = write(tmp_path, 'colour = "red"\n[[entry]]\nname = "a"\ntask = "t"\nevery = 5\n')
+    (error,) = errors_of(target)
+    assert "top level" in error
+    assert "'colour'" in error
+
+
+def test_every_problem_in_the_file_is_reported_at_once(tmp_path: Path) -> None:
+    target = write(
+        tmp_path,
+        """
+        [[entry]]
+        name = "bad-minute"
+        task = "t"
+        cron = "61 * * * *"
+
+        [[entry]]
+        task = "no-name"
+        every = 5
+
+        [[entry]]
+        name = "both"
+        task = "t"
+        every = 5
+        cron = "* * * * *"
+
+        [[entry]]
+        name = "too-much-jitter"
+        task = "t"
+        every = "2s"
+        jitter = "3s"
+        max_late = "10s"
+
+        [[entry]]
+        name = "late-before-jitter"
+        task = "t"
+        every = "1h"
+        jitter = "2m"
+        max_late = "1m"
+        """,
+    )
+    errors = errors_of(target)
+    assert len(errors) == 5
+    assert "entry 'bad-minute'" in errors[0]
+    assert "bad minute" in errors[0]
+    assert "entry #2" in errors[1]
+    assert "'name'" in errors[1]
+    assert "entry 'both'" in errors[2]
+    assert "exactly one of 'cron'" in errors[2]
+    assert "entry 'late-before-jitter'" in errors[3]
+    assert "max_late" in errors[3]
+    assert "entry 'too-much-jitter'" in errors[4]
+    assert "half the shortest gap" in errors[4]
+
+
+def test_wrong_value_types_are_named(tmp_path: Path) -> None:
+    target = write(
+        tmp_path,
+        """
+        [[entry]]
+        name = "a"
+        task = "t"
+        every = 5
+        tenants = "acme"
+        [[entry]]
+        name = "b"
+        task = "t"
+        every = 5
+        kwargs = [1]
+        [[entry]]
+        name = "c"
+        task = "t"
+        every = "soon"
+        [[entry]]
+        name = "d"
+        task = "t"
+        cron = "0 * * * *"
+        timezone = "Mars/Olympus"
+        [[entry]]
+        name = "e"
+        task = "t"
+        every = 5
+        anchor = "2026-01-01T00:00:00"
+        """,
+    )
+    errors = errors_of(target)
+    assert [e.split(":")[0] for e in errors] == [f"entry '{n}'" for n in "abcde"]
+    assert "'tenants' must be a list" in errors[0]
+    assert "'kwargs' must be a table" in errors[1]
+    assert "cannot read duration 'soon'" in errors[2]
+    assert "unknown time zone 'Mars/Olympus'" in errors[3]
+    assert "no UTC offset" in errors[4]
+
+
+def test_duplicate_entry_names_are_refused(tmp_path: Path) -> None:
+    target = write(
+        tmp_path,
+        '[[entry]]\nname = "a"\ntask = "t"\nevery = 5\n'
+        '[[entry]]\nname = "a"\ntask = "u"\nevery = 6\n',
+    )
+    (error,) = errors_of(target)
+    assert "entry 'a': the name is used twice" in error
+
+
+def test_a_file_with_no_entries_is_refused(tmp_path: Path) -> None:
+    (error,) = errors_of(write(tmp_path, 'namespace = "x"\n'))
+    assert "no entries" in error
+
+
+def test_a_missing_file_is_a_config_error_not_a_schedule_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read") as caught:
+        load_schedule(str(tmp_path / "absent.toml"))
+    assert not isinstance(caught.value, ScheduleError)
+
+
+def test_invalid_toml_is_a_config_error_with_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid TOML") as caught:
+        load_schedule(write(tmp_path, "x = [\n"))
+    assert "\n" not in str(caught.value)
+
+
+def test_module_target_may_name_a_schedule(module_dir: Path) -> None:
+    (module_dir / "sched_mod_a.py").write_text(
+        "from beatless import Entry, Every, Schedule\n"
+        "schedule = Schedule([Entry(name='a', task='t', trigger=Every(5))], namespace='m')\n"
+    )
+    schedule = load_schedule("sched_mod_a:schedule")
+    assert isinstance(schedule, Schedule)
+    assert schedule.namespace == "m"
+
+
+def test_module_target_may_name_a_list_of_entries(module_dir: Path) -> None:
+    (module_dir / "sched_mod_b.py").write_text(
+        "from beatless import Cron, Entry, Every\n"
+        "entries = [Entry(name='a', task='t', trigger=Every(5)),\n"
+        "           Entry(name='b', task='t', trigger=Cron('0 * * * *'))]\n"
+    )
+    schedule = load_schedule("sched_mod_b:entries")
+    assert [e.name for e in schedule.entries] == ["a", "b"]
+    assert schedule.entries[1].trigger == Cron("0 * * * *", "UTC")
+
+
+def test_module_target_that_is_not_a_schedule_is_refused(module_dir: Path) -> None:
+    (module_dir / "sched_mod_c.py").write_text("value = 42\n")
+    with pytest.raises(ConfigError, match="is a int, not a beatless Schedule"):
+        load_schedule("sched_mod_c:value")
+    with pytest.raises(ConfigError, match="has no attribute 'missing'"):
+        load_schedule("sched_mod_c:missing")
+
+
+def test_module_that_fails_to_import_is_a_one_line_config_error(module_dir: Path) -> None:
+    (module_dir / "sched_mod_d.py").write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(ConfigError, match="cannot import module 'sched_mod_d': RuntimeError"):
+        load_schedule("sched_mod_d:x")
+    with pytest.raises(ConfigError, match="No module named"):
+        load_schedule("sched_mod_absent:x")
+
+
+def test_module_whose_schedule_breaks_a_rule_raises_the_schedule_error(module_dir: Path) -> None:
+    (module_dir / "sched_mod_e.py").write_text(
+        "from beatless import Entry, Every, Schedule\n"
+        "s = Schedule([Entry(name='a', task='t', trigger=Every(2), jitter=1.5)])\n"
+    )
+    with pytest.raises(ScheduleError, match="half the shortest gap"):
+        load_schedule("sched_mod_e:s")
+
+
+def test_a_target_that_is_neither_file_nor_module_is_refused() -> None:
+    with pytest.raises(ConfigError, match="give a TOML file path or module:attribute"):
+        load_schedule("no-such-thing")
+
+
+def test_the_toml_and_python_examples_describe_the_same_schedule() -> None:
+    from_toml = load_schedule(str(EXAMPLES / "schedule.toml"))
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        from_python = load_schedule("schedule:schedule")
+    finally:
+        sys.path.remove(str(EXAMPLES))
+        sys.modules.pop("schedule", None)
+    assert from_toml.namespace == from_python.namespace
+    assert from_toml.timezone == from_python.timezone
+    for a, b in zip(from_toml.entries, from_python.entries, strict=True):
+        assert (a.name, a.task, a.trigger, a.args) == (b.name, b.task, b.trigger, b.args)
+        assert (a.jitter, a.max_late, a.tenants) == (b.jitter, b.max_late, b.tenants)
+        assert (a.kwargs, a.options) == (b.kwargs, b.options)
+
+
+def test_anchor_may_be_a_toml_offset_date_time_but_not_a_local_one(tmp_path: Path) -> None:
+    base = '[[entry]]\nname = "a"\ntask = "t"\nevery = "1h"\n'
+    target = write(tmp_path, base + "anchor = 2026-01-01T00:30:00+01:00\n")
+    (entry,) = load_schedule(target).entries
+    assert entry.trigger == Every("1h", anchor=datetime(2025, 12, 31, 23, 30, tzinfo=UTC))
+    (error,) = errors_of(write(tmp_path, base + "anchor = 2026-01-01T00:30:00\n", "local.toml"))
+    assert "entry 'a'" in error
+    assert "timezone-aware" in error
