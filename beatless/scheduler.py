@@ -14,9 +14,9 @@ at each firing's release asks the claim store to decide. Only a won firing is en
 from __future__ import annotations
 
 import heapq
-import math
 import itertools
 import logging
+import math
 import os
 import socket
 import threading

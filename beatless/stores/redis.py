@@ -270,6 +270,11 @@ class RedisStore(ClaimStore):
     def __repr__(self) -> str:
         return f"RedisStore({self._where!r}, prefix={self.prefix!r})"
 
+    @property
+    def client(self) -> redis_module.Redis:
+        """The Redis client the store talks through (passed in, or opened from the URL)."""
+        return self._client
+
     # -- the contract ---------------------------------------------------------------
 
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
