@@ -1,0 +1,1 @@
+"""A small Dramatiq project with periodic actors and no scheduler process."""

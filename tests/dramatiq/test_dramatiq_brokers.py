@@ -1,0 +1,181 @@
+"""The claim-and-enqueue paths against a real Redis broker and a real RabbitMQ broker."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import dramatiq
+import pytest
+import redis
+from conftest import require_service
+from dramatiq import Worker
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.brokers.redis import RedisBroker
+from stores import ManualClock
+
+import beatless.dramatiq as bd
+from beatless import Entry, Every
+from beatless.dramatiq.atomic import RedisBrokerStore
+from beatless.firing import Firing
+from beatless.stores import MemoryStore
+from beatless.stores.base import Outcome
+from beatless.stores.redis import RedisStore
+
+REDIS_URL = "redis://127.0.0.1:6379/12"
+AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+
+
+@pytest.fixture
+def namespace() -> Iterator[str]:
+    """A namespace of this test's own in Redis db 12; its keys are deleted afterwards."""
+    require_service("Redis", "127.0.0.1", 6379)
+    name = f"bl-test-{uuid.uuid4().hex[:10]}"
+    yield name
+    client = redis.Redis.from_url(REDIS_URL)
+    for pattern in (f"{name}*", f"beatless:{name}*"):
+        keys = list(client.scan_iter(match=pattern))
+        if keys:
+            client.delete(*keys)
+    client.close()
+
+
+def redis_broker(namespace: str, store: Any) -> RedisBroker:
+    broker = RedisBroker(url=REDIS_URL, namespace=namespace)
+    broker.add_middleware(bd.Beatless(store=store, namespace=namespace))
+    return broker
+
+
+def beatless_of(broker: dramatiq.Broker) -> bd.Beatless:
+    (found,) = [m for m in broker.middleware if isinstance(m, bd.Beatless)]
+    return found
+
+
+def test_a_store_on_the_brokers_own_redis_claims_and_enqueues_in_one_script(
+    namespace: str,
+) -> None:
+    broker = redis_broker(namespace, REDIS_URL)
+    scheduler = beatless_of(broker).scheduler(broker)
+    assert isinstance(scheduler.store, RedisBrokerStore)
+    other_db = redis_broker(namespace, "redis://127.0.0.1:6379/11")
+    assert isinstance(beatless_of(other_db).scheduler(other_db).store, RedisStore)
+    given = RedisStore(redis.Redis.from_url(REDIS_URL), namespace=namespace)
+    with_store = redis_broker(namespace, given)
+    atomic = beatless_of(with_store).scheduler(with_store).store
+    assert isinstance(atomic, RedisBrokerStore)
+    assert atomic.store is given
+    beatless_of(with_store).close()  # a store passed in stays open
+
+
+def test_the_atomic_path_writes_what_redis_broker_enqueue_writes(namespace: str) -> None:
+    ours, theirs = f"{namespace}-a", f"{namespace}-b"
+    client = redis.Redis.from_url(REDIS_URL)
+    entry = Entry(name="greet", task="greet", trigger=Every(60), args=["é ☃ 🎉", 1])
+    firing = Firing.of(entry, None, f"{namespace}/greet", 1_800_000_000_000)
+    written = {}
+    for name in (ours, theirs):
+        broker = redis_broker(name, REDIS_URL)
+        actor = dramatiq.actor(lambda *a: None, actor_name="greet", broker=broker, queue_name="q")
+        message = bd.message_for(firing, actor, tenant_kwarg=None)
+        if name == ours:
+            store = RedisBrokerStore(
+                broker,
+                RedisStore(client, namespace=namespace),
+                lambda _, actor=actor: actor,
+                tenant_kwarg=None,
+            )
+            store.claim_and_enqueue([firing], node="n1")
+        else:
+            broker.enqueue(message)
+        keys = sorted(k.decode().removeprefix(name) for k in client.scan_iter(match=f"{name}:*"))
+        (redis_id,) = client.lrange(f"{name}:q", 0, -1)
+        data = client.hget(f"{name}:q.msgs", redis_id)
+        assert data is not None
+        written[name] = (keys, data.replace(redis_id, b"ID"))
+    assert written[ours] == written[theirs]
+    assert written[ours][0] == [":__heartbeats__", ":q", ":q.msgs"]
+    decoded = json.loads(written[ours][1])
+    assert decoded["message_id"] == firing.id
+    assert decoded["message_timestamp"] == firing.occurrence_ms
+    client.close()
+
+
+def test_a_firing_enqueued_atomically_is_lost_to_every_other_node_and_runs_once(
+    namespace: str,
+) -> None:
+    broker = redis_broker(namespace, REDIS_URL)
+    ran: list[str] = []
+
+    def greet() -> None:
+        ran.append("x")
+
+    actor = dramatiq.actor(greet, broker=broker, queue_name="q")
+    entry = Entry(name="greet", task="greet", trigger=Every(60))
+    stale = Firing.of(entry, None, f"{namespace}/greet", 60_000)
+    client = redis.Redis.from_url(REDIS_URL)
+    store = RedisBrokerStore(
+        broker, RedisStore(client, namespace=namespace), lambda _: actor, tenant_kwarg=None
+    )
+    assert store.claim_and_enqueue([stale], node="a") == [Outcome.LATE]
+    assert client.llen(f"{namespace}:q") == 0
+    now = Firing.of(entry, None, f"{namespace}/greet", int(client.time()[0]) * 1000)
+    outcomes = [store.claim_and_enqueue([now], node=node)[0] for node in ("a", "b", "a")]
+    assert outcomes == [Outcome.WON, Outcome.LOST, Outcome.LOST]
+    assert client.llen(f"{namespace}:q") == 1
+    worker = Worker(broker, worker_timeout=100)
+    worker.start()
+    try:
+        broker.join("q", timeout=10_000)
+        worker.join()
+    finally:
+        worker.stop()
+    assert ran == ["x"]
+    client.close()
+
+
+@pytest.fixture
+def rabbitmq_queue() -> Iterator[str]:
+    require_service("RabbitMQ", "127.0.0.1", 5672)
+    name = f"beatless_test_{uuid.uuid4().hex[:10]}"
+    yield name
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    channel = connection.channel()
+    for queue in (name, f"{name}.DQ", f"{name}.XQ"):
+        channel.queue_delete(queue=queue)
+    connection.close()
+
+
+def test_rabbitmq_with_confirms_takes_the_two_phase_path_through_broker_enqueue(
+    rabbitmq_queue: str,
+) -> None:
+    clock = ManualClock()
+    broker = RabbitmqBroker(url=AMQP_URL, confirm_delivery=True)
+    store = MemoryStore(clock=clock)
+    broker.add_middleware(bd.Beatless(store=store, namespace="rmq", clock=clock))
+    dramatiq.actor(
+        lambda: None,
+        actor_name="nightly",
+        broker=broker,
+        queue_name=rabbitmq_queue,
+        periodic=bd.every("1m"),
+    )
+    try:
+        scheduler = beatless_of(broker).scheduler(broker)
+        assert scheduler.store is store
+        clock.advance(1_000)
+        (decision,) = scheduler.tick()
+        assert decision.outcome == "won"
+        consumer = broker.consume(rabbitmq_queue, timeout=3_000)
+        message = next(consumer)
+        assert message is not None
+        consumer.ack(message)
+        consumer.close()
+        assert message.message_id == decision.firing.id
+        assert message.message_timestamp == decision.firing.occurrence_ms
+        assert bd.occurrence(message) == decision.firing.occurrence
+    finally:
+        broker.close()
