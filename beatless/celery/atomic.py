@@ -1,0 +1,333 @@
+"""Claim and enqueue in one step, for Celery on the Redis transport.
+
+When the claim store is the broker's own Redis, a won firing's task message is pushed by
+the claim script itself: the firing is in the queue if and only if it was won, whatever
+instant a node dies at. The message is the one ``app.send_task`` would send. It is built
+by Celery and kombu themselves: Celery's router and ``create_task_message``, then kombu's
+``Producer.publish`` (serializer, compression, declaration of the queue) on a Redis
+channel of the app's own broker connection whose last step, the ``LPUSH`` to the queue's
+key, is recorded rather than sent. The recorded command runs inside the claim script.
+
+What ``app.send_task`` does around that build is repeated here step by step, because it
+cannot be called without publishing and sending its signals: the task's execution
+options, ``time_limit`` / ``soft_time_limit`` / ``expires`` / ``ignore_result``, the
+router, ``expiration`` from ``expires``, and the destination rules of
+``send_task_message`` (anonymous exchange for direct routing, declare the queue).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from beatless.durations import DurationLike, as_timedelta, to_ms
+from beatless.entry import Entry
+from beatless.errors import ConfigError, StoreError
+from beatless.firing import Firing
+from beatless.stores.base import ClaimRequest, Outcome
+from beatless.stores.redis import RedisStore
+
+from .kombu_message import Builder, Message
+from .messages import send_task_options
+
+logger = logging.getLogger(__name__)
+
+ATOMIC = "atomic"
+TWO_PHASE = "two-phase"
+
+DEFAULT_LEASE = 30.0
+"""Seconds a two-phase claim stays pending while its message is sent."""
+
+# Arguments of ``app.send_task`` that choose how to publish rather than what: a firing
+# that carries one is sent by ``app.send_task`` itself.
+_OWN_PUBLISH = ("producer", "connection", "publisher", "router", "result_cls", "task_type")
+
+Enqueue = Callable[[Firing], object]
+
+
+class CeleryRedisAtomic:
+    """Claims firings in the broker's own Redis and pushes each won task message in the
+    same script, as kombu's Redis transport would push it; a stock worker consumes it.
+
+    One object serves a whole schedule. A firing goes through the **atomic** path when
+    its route is direct (the default queue, a queue of ``task_queues`` on a direct
+    exchange, ``queue=`` / ``routing_key=`` options): its message is built with Celery's
+    and kombu's own code and pushed by :meth:`RedisStore.claim_and_push
+    <beatless.stores.redis.RedisStore.claim_and_push>`. Any other firing goes through the
+    **two-phase** path on the same store: ``claim`` pending for ``lease``, then
+    ``fallback_enqueue(firing)`` (by default ``app.send_task`` with
+    :func:`~beatless.celery.messages.send_task_options`), then ``commit``; a failed send
+    releases the claim and reports :attr:`~beatless.stores.base.Outcome.HELD`, so the
+    firing is claimed again while it is not late. That path serves topic, fanout and
+    headers exchanges, a broker other than the store's Redis, Redis Sentinel, and options
+    that choose their own producer, connection or router. :meth:`route_kind` says which
+    path an entry takes and why.
+
+    The atomic path sends no ``before_task_publish`` / ``after_task_publish`` (nor the
+    deprecated ``task_sent``) signal: the message is built before the claim decides
+    whether it is sent at all. Users who rely on those signals set
+    ``force_two_phase=True``, which sends every firing through ``app.send_task``. The
+    atomic path publishes the ``task-sent`` event for a won firing when
+    ``task_send_sent_event`` is on, as ``send_task`` does, after the push; it does not
+    subscribe the result backend to the task (``backend.on_task_call``), which only
+    serves a caller waiting for the result.
+
+    Every node builds the message of every due firing before the claim decides (about
+    0.2 ms of CPU each); a node that loses simply drops it. The ``global_keyprefix``,
+    ``sep``, ``priority_steps`` and a queue's ``x-expires`` of the broker's transport
+    options are honoured because kombu's own channel computes the key. The bindings of a
+    named direct exchange are read from Redis as kombu reads them and reused for
+    ``BINDINGS_TTL_S``. Redis Sentinel (``sentinel://``) goes two-phase; kombu has no
+    Redis Cluster transport. The store and the broker must be one Redis database: it is
+    checked once (server ``run_id`` and db number), and everything goes two-phase if not.
+
+    Nothing is sent to Redis until the first call; the broker connection it opens is
+    closed by :meth:`close`, the store is not.
+    """
+
+    def __init__(
+        self,
+        app: Any,
+        store: RedisStore,
+        *,
+        expires_from_lateness: bool = False,
+        fallback_enqueue: Enqueue | None = None,
+        force_two_phase: bool = False,
+        lease: DurationLike = DEFAULT_LEASE,
+    ) -> None:
+        if not isinstance(store, RedisStore):
+            raise ConfigError(
+                f"celery atomic enqueue needs a RedisStore, got {type(store).__name__}"
+            )
+        self.app = app
+        self.store = store
+        self.expires_from_lateness = expires_from_lateness
+        self.fallback_enqueue = fallback_enqueue or self._send_task
+        self.force_two_phase = force_two_phase
+        self.lease_ms = to_ms(as_timedelta(lease, name="celery atomic enqueue: lease"))
+        if self.lease_ms <= 0:
+            raise ConfigError(f"celery atomic enqueue: lease must be positive, got {lease!r}")
+        self._lock = threading.RLock()
+        self._builder: Builder | None = None
+        self._unusable: str | None = None
+        """Why no firing can take the atomic path, once that is known."""
+
+    def __repr__(self) -> str:
+        return f"CeleryRedisAtomic({self.store!r}, force_two_phase={self.force_two_phase})"
+
+    # -- the AtomicStore protocol ----------------------------------------------------
+
+    def claim_and_enqueue(self, firings: Sequence[Firing], *, node: str) -> list[Outcome]:
+        """Claim each firing and enqueue the won ones; one outcome per firing, in order.
+
+        Two-phase firings are claimed pending first, then the atomic ones are claimed and
+        pushed in one call, then the two-phase ones are sent and committed. Raises
+        :class:`~beatless.errors.StoreUnavailable` (nothing enqueued, pending claims
+        released) when Redis cannot be reached.
+        """
+        outcomes: list[Outcome | None] = [None] * len(firings)
+        atomic: list[tuple[int, Message]] = []
+        fallback: list[int] = []
+        for index, firing in enumerate(firings):
+            message = self._message_or_none(firing)
+            if message is None:
+                fallback.append(index)
+            else:
+                atomic.append((index, message))
+        pending = self._claim_pending([firings[i] for i in fallback], node)
+        try:
+            won = self._push(firings, atomic, node, outcomes)
+        except BaseException:
+            self._release_quietly([f.id for f, o in pending if o.is_won], node)
+            raise
+        self._publish_sent_events(won)
+        for index, (_, outcome) in zip(fallback, pending, strict=True):
+            outcomes[index] = outcome
+        self._send_pending(pending, fallback, outcomes, node)
+        return [o if o is not None else Outcome.HELD for o in outcomes]
+
+    def route_kind(self, entry: Entry) -> tuple[str, str]:
+        """``("atomic" | "two-phase", reason)`` for ``entry``, for the start-up log line.
+
+        It builds the message of one made-up firing of the entry, which declares its
+        queue on the broker the way Celery's producer does before its first publish.
+        Raises :class:`~beatless.errors.StoreUnavailable` when Redis cannot be reached.
+        """
+        firing = Firing.of(entry, None, entry.name, round(time.time() * 1_000))
+        with self._lock:
+            reason = self._why_two_phase(firing)
+            if reason is not None:
+                return TWO_PHASE, reason
+            message = self._builder_now().build(*self._call(firing))
+        if isinstance(message, str):
+            return TWO_PHASE, message
+        return ATOMIC, message.describe()
+
+    def close(self) -> None:
+        """Close the broker connection opened for building messages."""
+        with self._lock:
+            if self._builder is not None:
+                self._builder.close()
+                self._builder = None
+
+    # -- the atomic path -----------------------------------------------------------
+
+    def _message_or_none(self, firing: Firing) -> Message | None:
+        """The firing's message for the atomic path, or ``None`` for the two-phase path.
+
+        A message that cannot be built (an unknown queue, arguments the serializer
+        refuses) goes two-phase too, where ``app.send_task`` fails in its own words and
+        the claim is released; only an unreachable Redis stops the whole batch.
+        """
+        with self._lock:
+            if self._why_two_phase(firing) is not None:
+                return None
+            try:
+                message = self._builder_now().build(*self._call(firing))
+            except StoreError:
+                raise
+            except Exception:
+                logger.exception(
+                    "firing %s of entry %r: its message cannot be built for the atomic path; "
+                    "sending it through app.send_task",
+                    firing.id,
+                    firing.entry.name,
+                )
+                return None
+        if isinstance(message, str):
+            logger.debug("firing %s goes two-phase: %s", firing.id, message)
+            return None
+        return message
+
+    def _push(
+        self,
+        firings: Sequence[Firing],
+        atomic: list[tuple[int, Message]],
+        node: str,
+        outcomes: list[Outcome | None],
+    ) -> list[Message]:
+        if not atomic:
+            return []
+        requests = [ClaimRequest.of(firings[i]) for i, _ in atomic]
+        commands = [m.commands for _, m in atomic]
+        results = self.store.claim_and_push(requests, commands, node=node)
+        won = []
+        for (index, message), outcome in zip(atomic, results, strict=True):
+            outcomes[index] = outcome
+            if outcome.is_won:
+                won.append(message)
+        return won
+
+    def _publish_sent_events(self, won: list[Message]) -> None:
+        events = [m for m in won if m.sent_event is not None]
+        if not events:
+            return
+        dispatcher = self.app.amqp._event_dispatcher
+        try:
+            with self.app.producer_or_acquire() as producer:
+                for m in events:
+                    dispatcher.publish(
+                        "task-sent", m.sent_event, producer, retry=m.retry, retry_policy=m.policy
+                    )
+        except Exception:
+            logger.exception("could not publish task-sent events for %d firing(s)", len(events))
+
+    # -- the two-phase path ----------------------------------------------------------
+
+    def _claim_pending(self, firings: list[Firing], node: str) -> list[tuple[Firing, Outcome]]:
+        if not firings:
+            return []
+        requests = [ClaimRequest.of(f) for f in firings]
+        outcomes = self.store.claim(requests, node=node, lease_ms=self.lease_ms)
+        return list(zip(firings, outcomes, strict=True))
+
+    def _send_pending(
+        self,
+        pending: list[tuple[Firing, Outcome]],
+        indexes: list[int],
+        outcomes: list[Outcome | None],
+        node: str,
+    ) -> None:
+        sent: list[Firing] = []
+        for index, (firing, outcome) in zip(indexes, pending, strict=True):
+            if not outcome.is_won:
+                continue
+            try:
+                self.fallback_enqueue(firing)
+            except Exception:
+                logger.exception(
+                    "firing %s of entry %r: enqueue failed; the claim is released and the "
+                    "firing is claimed again while it is not late",
+                    firing.id,
+                    firing.entry.name,
+                )
+                self._release_quietly([firing.id], node)
+                outcomes[index] = Outcome.HELD
+                continue
+            sent.append(firing)
+        if sent:
+            self._commit(sent, node)
+
+    def _commit(self, firings: list[Firing], node: str) -> None:
+        try:
+            kept = self.store.commit([f.id for f in firings], node=node)
+        except StoreError as exc:
+            logger.warning(
+                "commit of %d enqueued firing(s) failed (%s): if their leases run out another "
+                "node may enqueue them again under the same task id",
+                len(firings),
+                exc,
+            )
+            return
+        for firing, ok in zip(firings, kept, strict=True):
+            if not ok:
+                logger.warning(
+                    "firing %s of entry %r: the lease ran out before commit and another node "
+                    "took it over; a worker may see this task id twice",
+                    firing.id,
+                    firing.entry.name,
+                )
+
+    def _release_quietly(self, ids: list[str], node: str) -> None:
+        if not ids:
+            return
+        try:
+            self.store.release(ids, node=node)
+        except StoreError as exc:
+            logger.warning("could not release %d claim(s) (%s); leases run out", len(ids), exc)
+
+    def _send_task(self, firing: Firing) -> object:
+        name, args, kwargs, options = self._call(firing)
+        return self.app.send_task(name, args, kwargs, **options)
+
+    # -- choosing the path -------------------------------------------------------------
+
+    def _call(self, firing: Firing) -> tuple[str, tuple[Any, ...], dict[str, Any], dict[str, Any]]:
+        """The arguments of ``app.send_task`` for ``firing``."""
+        entry = firing.entry
+        options = send_task_options(firing, expires_from_lateness=self.expires_from_lateness)
+        return entry.task, entry.args, dict(entry.kwargs), options
+
+    def _why_two_phase(self, firing: Firing) -> str | None:
+        if self.force_two_phase:
+            return "force_two_phase is set"
+        if self._unusable is None:
+            self._unusable = self._check_broker()
+        if self._unusable:
+            return self._unusable
+        own = [name for name in _OWN_PUBLISH if name in firing.entry.options]
+        if own:
+            return f"option {own[0]!r} chooses its own way to publish"
+        return None
+
+    def _check_broker(self) -> str:
+        """An empty string when the store is the broker's own Redis, else why not."""
+        return self._builder_now().differs_from(self.store)
+
+    def _builder_now(self) -> Builder:
+        if self._builder is None:
+            self._builder = Builder(self.app)
+        return self._builder

@@ -1,0 +1,345 @@
+"""Reading ``app.conf.beat_schedule`` as it is, into a beatless :class:`~beatless.Schedule`.
+
+Each entry's ``task``, ``schedule``, ``args``, ``kwargs`` and ``options`` are read as
+Celery beat reads them. The trigger:
+
+* ``crontab(...)`` is a :class:`~beatless.triggers.Cron` built from the crontab's
+  expanded fields, with Celery's AND rule for day of month and day of week
+  (``crontab(0, 0, day_of_month='13', day_of_week='fri')`` is Friday the 13th only), in
+  the app's time zone (``timezone``; UTC with ``enable_utc``), or in the zone of the
+  crontab's own ``nowfun`` when it returns aware datetimes.
+* ``schedule(run_every)``, a ``timedelta`` and a plain number of seconds are an
+  :class:`~beatless.triggers.Every` anchored to the Unix epoch. Stock beat anchors an
+  interval to the entry's last run instead, which differs from process to process;
+  the epoch is the same instant on every node, so every node agrees on every slot.
+* ``solar`` is not supported, and any other schedule is refused, naming the entry.
+
+beatless settings of one entry live in ``options["beatless"]``: ``jitter``,
+``max_late`` and ``tenants`` (a list; a callable every node answers alike; or the import
+path of such a callable, ``"proj.tenants:active"``). Stock beat passes that key along as
+a harmless message property, so rolling back to it is one line of configuration; on the
+Redis transport the property must be serialisable, so give a list or an import path,
+not a function object, where you may roll back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from numbers import Real
+from typing import Any
+from urllib.parse import urlsplit
+
+from celery.schedules import crontab, solar
+from celery.schedules import schedule as interval_schedule
+from celery.utils.imports import symbol_by_name
+
+from beatless.celery.messages import SETTINGS_OPTION, send_task_options
+from beatless.celery.settings import REDIS_SCHEMES, CelerySettings
+from beatless.entry import Entry, Schedule
+from beatless.errors import ConfigError, ScheduleError, StoreError
+from beatless.firing import Firing
+from beatless.scheduler import Decision, Enqueue, Scheduler
+from beatless.stores import open_store
+from beatless.stores.base import ClaimStore
+from beatless.triggers import Cron, Every, Trigger
+
+logger = logging.getLogger(__name__)
+
+ENTRY_SETTINGS = ("jitter", "max_late", "tenants")
+"""The keys allowed in an entry's ``options["beatless"]``."""
+
+_CRON_FIELDS = (  # attribute, the full range as Celery expands it
+    ("minute", range(60)),
+    ("hour", range(24)),
+    ("day_of_month", range(1, 32)),
+    ("month_of_year", range(1, 13)),
+    ("day_of_week", range(7)),
+)
+
+
+def read_schedule(app: Any, settings: CelerySettings | None = None) -> Schedule:
+    """The beatless schedule of ``app.conf.beat_schedule``; an error names the entry.
+
+    ``settings`` default to :meth:`CelerySettings.from_app`; they give the namespace,
+    the time zone and the default jitter and ``max_late``.
+    """
+    settings = settings or CelerySettings.from_app(app)
+    beat_schedule = app.conf.beat_schedule or {}
+    if not isinstance(beat_schedule, Mapping):
+        raise ConfigError(f"beat_schedule must be a dict of entries, got {beat_schedule!r}")
+    entries = [read_entry(name, spec, settings) for name, spec in beat_schedule.items()]
+    return Schedule(entries, namespace=settings.namespace, timezone=settings.timezone)
+
+
+def read_entry(name: str, spec: Any, settings: CelerySettings) -> Entry:
+    """One ``beat_schedule`` entry as a beatless :class:`~beatless.Entry`."""
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"entry {name!r}: expected a dict with 'task' and 'schedule'")
+    options = dict(spec.get("options") or {})
+    beatless = entry_settings(name, options.pop(SETTINGS_OPTION, None))
+    if "schedule" not in spec:
+        raise ConfigError(f"entry {name!r}: 'schedule' is missing")
+    task: Any = spec.get("task")
+    return Entry(
+        name=name,
+        task=task,
+        trigger=trigger_of(name, spec["schedule"], settings.timezone),
+        args=spec.get("args") or (),
+        kwargs=spec.get("kwargs") or {},
+        options=options,
+        jitter=beatless.get("jitter", settings.jitter),
+        max_late=beatless.get("max_late", settings.max_late),
+        tenants=_tenants(name, beatless.get("tenants")),
+    )
+
+
+def _tenants(name: str, value: Any) -> Any:
+    """A list or a callable as given; an import path ``"module:function"`` resolved."""
+    if not isinstance(value, str):
+        return value
+    try:
+        found = symbol_by_name(value)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(
+            f"entry {name!r}: tenants {value!r} is neither a list nor an importable "
+            f"callable ({exc})"
+        ) from None
+    if not callable(found):
+        raise ConfigError(f"entry {name!r}: tenants {value!r} names {found!r}, not a callable")
+    return found
+
+
+def entry_settings(name: str, value: Any) -> dict[str, Any]:
+    """The beatless settings of one entry, with unknown keys refused."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"entry {name!r}: options[{SETTINGS_OPTION!r}] must be a dict with keys "
+            f"{', '.join(ENTRY_SETTINGS)}; got {value!r}"
+        )
+    unknown = sorted(set(value) - set(ENTRY_SETTINGS))
+    if unknown:
+        hint = (
+            " (the namespace is app-wide: set app.conf.beatless_namespace)"
+            if "namespace" in unknown
+            else ""
+        )
+        raise ConfigError(
+            f"entry {name!r}: unknown beatless setting(s) {', '.join(map(repr, unknown))} in "
+            f"options[{SETTINGS_OPTION!r}]; allowed: {', '.join(ENTRY_SETTINGS)}{hint}"
+        )
+    return dict(value)
+
+
+def trigger_of(name: str, value: Any, timezone: str) -> Trigger:
+    """The beatless trigger of a Celery schedule value."""
+    if isinstance(value, crontab):
+        return cron_of(value, timezone)
+    if isinstance(value, solar):
+        raise ScheduleError(
+            f"entry {name!r}: solar schedules are not supported by beatless: use a crontab "
+            f"at the times you need, or keep this entry on stock celery beat"
+        )
+    if isinstance(value, interval_schedule):
+        return _every(name, value.run_every)
+    if isinstance(value, timedelta):
+        return _every(name, value)
+    if isinstance(value, bool):
+        raise ScheduleError(f"entry {name!r}: schedule {value!r} is not a number of seconds")
+    if isinstance(value, Real):
+        return _every(name, timedelta(seconds=float(value)))
+    raise ScheduleError(
+        f"entry {name!r}: unsupported schedule {value!r} ({type(value).__name__}): use "
+        f"crontab(...), schedule(timedelta), a timedelta or a number of seconds"
+    )
+
+
+def _every(name: str, interval: timedelta) -> Every:
+    try:
+        return Every(interval)
+    except ConfigError as exc:
+        raise ScheduleError(f"entry {name!r}: {exc}") from None
+
+
+def cron_of(value: Any, timezone: str) -> Cron:
+    """A crontab's expanded fields as a 5-field expression, with Celery's AND semantics."""
+    fields = [_field(getattr(value, attr), full) for attr, full in _CRON_FIELDS]
+    return Cron(" ".join(fields), _own_zone(value) or timezone, day_and=True)
+
+
+def _field(values: set[int], full: range) -> str:
+    if set(values) >= set(full):
+        return "*"
+    return ",".join(str(v) for v in sorted(values))
+
+
+def _own_zone(value: Any) -> str | None:
+    """The IANA zone of a crontab's ``nowfun``, when it returns an aware datetime."""
+    if value.nowfun is None:
+        return None
+    tzinfo = value.nowfun().tzinfo
+    key = getattr(tzinfo, "key", None)
+    if key is None and tzinfo is not None and tzinfo.utcoffset(None) == timedelta(0):
+        return "UTC"
+    return key if isinstance(key, str) else None
+
+
+# -- the node's scheduler ----------------------------------------------------------------
+
+
+class CeleryScheduler(Scheduler):
+    """The beatless loop of one Celery node, as :func:`build_scheduler` wires it.
+
+    ``store`` is what the loop claims in: the claim store itself (two-phase: claim
+    pending, ``send_task``, commit), or, on the broker's own Redis, the atomic wrapper
+    around it, which claims and pushes the message in one script and sends the firings
+    of entries it cannot route that way through the two-phase path on the same store.
+    """
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        *,
+        claim_store: ClaimStore,
+        atomic: Any = None,
+        paths: Mapping[str, tuple[bool, str]],
+        **options: Any,
+    ) -> None:
+        super().__init__(schedule, store=atomic or claim_store, **options)
+        self.claim_store = claim_store
+        self.atomic = atomic
+        self.paths = dict(paths)
+        """Per entry name: ``(atomic, why)``, as decided at start."""
+
+    def describe(self) -> str:
+        """One line: the store, and which path each entry takes and why."""
+        parts = [f"store {self.claim_store!r}, namespace {self.schedule.namespace!r}"]
+        for is_atomic, label in ((True, "atomic claim-and-enqueue"), (False, "two-phase")):
+            names = [
+                f"{name} ({why})" for name, (kind, why) in self.paths.items() if kind is is_atomic
+            ]
+            if names:
+                parts.append(f"{label}: {', '.join(names)}")
+        return "; ".join(parts)
+
+    def close(self, timeout: float | None = 5.0) -> None:
+        """Stop the loop, then close what this node opened: the broker connection of the
+        atomic path and the claim store."""
+        self.stop(timeout)
+        if self.atomic is not None:
+            self.atomic.close()
+        self.claim_store.close()
+
+
+def build_scheduler(
+    app: Any,
+    *,
+    node: str | None = None,
+    clock: Callable[[], float] = time.time,
+    on_decision: Callable[[Decision], None] | None = None,
+    settings: CelerySettings | None = None,
+) -> CeleryScheduler:
+    """The scheduler of one node of ``app``, shared by the worker bootstep, the beat
+    scheduler and tests. Reads the settings and ``beat_schedule``, opens the claim store,
+    and picks the path of each entry, logged once at INFO.
+
+    The atomic path is used when the claim store URL is the broker's own Redis (same
+    host, port and db) and ``beatless_force_two_phase`` is off; every other case is
+    two-phase, through ``app.send_task``. Call :meth:`CeleryScheduler.close` when done.
+    """
+    settings = settings or CelerySettings.from_app(app)
+    schedule = read_schedule(app, settings)
+    store = open_claim_store(settings)
+    enqueue = celery_enqueue(app, expires_from_lateness=settings.expires_from_lateness)
+    atomic = None
+    try:
+        atomic = _atomic_store(app, store, settings, enqueue)
+        scheduler = CeleryScheduler(
+            schedule,
+            claim_store=store,
+            atomic=atomic,
+            paths=_paths(schedule, settings, atomic),
+            enqueue=enqueue,
+            node=node,
+            clock=clock,
+            on_decision=on_decision,
+            lease=settings.lease,
+        )
+    except BaseException:
+        if atomic is not None:
+            atomic.close()
+        store.close()
+        raise
+    logger.info("beatless node %s: %s", scheduler.node, scheduler.describe())
+    return scheduler
+
+
+def open_claim_store(settings: CelerySettings) -> ClaimStore:
+    """The claim store of ``beatless_store_url``; Redis keys under the app's namespace."""
+    scheme = urlsplit(settings.store_url).scheme.lower()
+    if scheme in REDIS_SCHEMES:
+        from beatless.stores.redis import RedisStore
+
+        url = settings.store_url
+        if scheme == "redis+socket":
+            url = "unix" + url[len("redis+socket") :]
+        return RedisStore(url, namespace=settings.namespace)
+    return open_store(settings.store_url)
+
+
+def celery_enqueue(app: Any, *, expires_from_lateness: bool = False) -> Enqueue:
+    """The two-phase enqueue: ``app.send_task`` with the firing id as the task id."""
+
+    def enqueue(firing: Firing) -> object:
+        entry = firing.entry
+        options = send_task_options(firing, expires_from_lateness=expires_from_lateness)
+        return app.send_task(entry.task, list(entry.args), dict(entry.kwargs), **options)
+
+    return enqueue
+
+
+def _two_phase_reason(settings: CelerySettings) -> str | None:
+    if not settings.store_is_broker:
+        return "the claim store is not the broker's Redis"
+    if settings.force_two_phase:
+        return "beatless_force_two_phase is set"
+    return None
+
+
+def _atomic_store(
+    app: Any, store: ClaimStore, settings: CelerySettings, enqueue: Enqueue
+) -> Any | None:
+    """The atomic wrapper around ``store`` when this node may use it, else ``None``."""
+    from beatless.stores.redis import RedisStore
+
+    if _two_phase_reason(settings) is not None or not isinstance(store, RedisStore):
+        return None
+    from beatless.celery.atomic import CeleryRedisAtomic
+
+    return CeleryRedisAtomic(
+        app,
+        store,
+        expires_from_lateness=settings.expires_from_lateness,
+        fallback_enqueue=enqueue,
+        lease=settings.lease,
+    )
+
+
+def _paths(
+    schedule: Schedule, settings: CelerySettings, atomic: Any | None
+) -> dict[str, tuple[bool, str]]:
+    reason = _two_phase_reason(settings)
+    if atomic is None:
+        return {entry.name: (False, reason or "two-phase") for entry in schedule.entries}
+    paths = {}
+    for entry in schedule.entries:
+        try:
+            kind, why = atomic.route_kind(entry)
+        except StoreError as exc:
+            kind, why = "two-phase", f"decided per firing: the broker did not answer ({exc})"
+        paths[entry.name] = (kind == "atomic", why)
+    return paths

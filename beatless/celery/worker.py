@@ -1,0 +1,91 @@
+"""The worker bootstep: one beatless scheduler per worker node, no ``celery beat``.
+
+Add it with one call, next to the app::
+
+    import beatless.celery
+
+    app = Celery("proj")
+    beatless.celery.install(app)
+
+or by hand with ``app.steps["worker"].add(beatless.celery.Beatless)``. ``install`` also
+adds the ``--without-beatless`` worker option, which leaves the scheduler off on that
+node (the node still consumes the tasks other nodes enqueue).
+
+The step runs in the worker's main process, after the pool has started (prefork
+children never run it), whatever the pool: prefork, threads or solo. The scheduler
+loop runs in a daemon thread; a warm shutdown stops it after the wake in progress and
+closes the claim store. The node name is the worker's hostname and process id.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import click
+from celery import bootsteps
+
+from beatless.celery.schedule import CeleryScheduler, build_scheduler
+
+logger = logging.getLogger(__name__)
+
+DISABLE_OPTION = "--without-beatless"
+STOP_TIMEOUT = 5.0
+"""Seconds a warm shutdown waits for the wake in progress to end."""
+
+
+class Beatless(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Runs the beatless scheduler of this worker node in its main process."""
+
+    label = "Beatless"
+    requires = ("celery.worker.components:Pool",)
+
+    def __init__(self, worker: Any, without_beatless: bool = False, **kwargs: Any) -> None:
+        self.enabled = not without_beatless
+        self.scheduler: CeleryScheduler | None = None
+        super().__init__(worker, **kwargs)
+
+    def include_if(self, worker: Any) -> bool:
+        if not self.enabled:
+            logger.info("beatless is off on this node (%s)", DISABLE_OPTION)
+        return self.enabled
+
+    def create(self, worker: Any) -> Beatless:
+        return self
+
+    def start(self, worker: Any) -> None:
+        if self.scheduler is not None:
+            return
+        node = f"{worker.hostname}:{os.getpid()}"
+        self.scheduler = build_scheduler(worker.app, node=node)
+        self.scheduler.start()
+
+    def stop(self, worker: Any) -> None:
+        scheduler, self.scheduler = self.scheduler, None
+        if scheduler is not None:
+            scheduler.close(STOP_TIMEOUT)
+
+    def shutdown(self, worker: Any) -> None:
+        self.stop(worker)
+
+    def terminate(self, worker: Any) -> None:
+        self.stop(worker)
+
+
+def install(app: Any) -> None:
+    """Run a beatless scheduler in every worker of ``app``; ``--without-beatless`` opts a
+    node out. Call it where the app is defined, before the worker command line is read."""
+    steps = app.steps["worker"]
+    if Beatless not in steps:
+        steps.add(Beatless)
+    options = app.user_options["worker"]
+    if not any(DISABLE_OPTION in getattr(option, "opts", ()) for option in options):
+        options.add(
+            click.Option(
+                [DISABLE_OPTION],
+                is_flag=True,
+                default=False,
+                help="Do not run the beatless scheduler on this node.",
+            )
+        )

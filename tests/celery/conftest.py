@@ -1,0 +1,230 @@
+"""Real Celery apps, brokers and worker processes for the Celery integration tests.
+
+Redis tests use database 13 and a key prefix of their own (``global_keyprefix`` for
+kombu, the namespace for claims) and delete only the keys under that prefix. RabbitMQ
+tests declare queues of their own and delete them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def _root_conftest() -> Any:
+    """tests/conftest.py, loaded under a name of its own: this file is ``conftest`` too."""
+    path = Path(__file__).resolve().parents[1] / "conftest.py"
+    spec = importlib.util.spec_from_file_location("_beatless_root_conftest", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+require_service = _root_conftest().require_service
+"""Re-exported: while this file is the ``conftest`` module, ``from conftest import
+require_service`` elsewhere finds the same helper."""
+REDIS_HOST, REDIS_PORT, REDIS_DB = "127.0.0.1", 6379, 13
+REDIS_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/{REDIS_DB}"
+AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
+REPO = Path(__file__).resolve().parents[2]
+
+APP_MODULE = '''
+"""A Celery app for the beatless tests, configured from BT_* environment variables."""
+
+import importlib.util
+import json
+import os
+
+import redis
+from celery import Celery
+
+import beatless.celery
+
+PREFIX = os.environ["BT_PREFIX"]
+app = Celery(PREFIX)
+app.conf.update(
+    broker_url=os.environ["BT_BROKER"],
+    broker_transport_options={"global_keyprefix": PREFIX + ":"},
+    task_default_queue=PREFIX,
+    worker_enable_remote_control=False,
+    worker_hijack_root_logger=True,
+    beat_schedule=json.loads(os.environ["BT_SCHEDULE"]),
+    beatless_namespace=PREFIX,
+    **json.loads(os.environ.get("BT_CONF", "{}")),
+)
+if os.environ.get("BT_INSTALL") == "1":
+    beatless.celery.install(app)
+
+_runs = redis.Redis.from_url(os.environ["BT_RECORD"])
+
+
+@app.task(bind=True, name="beatless_test.record")
+def record(self, *args):
+    occurrence = beatless.celery.occurrence(self.request)
+    _runs.rpush(PREFIX + ":runs", json.dumps({
+        "id": self.request.id,
+        "firing_id": beatless.celery.firing_id(self.request),
+        "occurrence": occurrence.isoformat() if occurrence else None,
+        "header": getattr(self.request, "beatless_occurrence", None),
+        "address": getattr(self.request, "beatless_address", None),
+        "args": list(args),
+        "pid": os.getpid(),
+        "hostname": self.request.hostname,
+    }))
+'''
+
+
+@pytest.fixture
+def require() -> Any:
+    """``require_service`` of tests/conftest.py, for tests in this directory."""
+    return require_service
+
+
+@pytest.fixture
+def rabbitmq() -> str:
+    """The RabbitMQ URL, once the server answers."""
+    require_service("RabbitMQ", "127.0.0.1", 5672)
+    return AMQP_URL
+
+
+@pytest.fixture
+def redis_client() -> Iterator[Any]:
+    """A client of database 13; the test deletes what it creates under its prefix."""
+    require_service("Redis", REDIS_HOST, REDIS_PORT)
+    import redis
+
+    client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=REDIS_DB)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def prefix(redis_client: Any) -> Iterator[str]:
+    """A key prefix, namespace and queue name of this test alone; its keys go at the end."""
+    name = f"bltest-{uuid.uuid4().hex[:10]}"
+    yield name
+    for key in redis_client.scan_iter(match=f"*{name}*", count=1_000):
+        redis_client.delete(key)
+
+
+@dataclass
+class CeleryProcess:
+    """One ``celery`` command in its own process group, stopped by pid."""
+
+    args: list[str]
+    log: Path
+    process: subprocess.Popen[bytes] = field(init=False)
+
+    def start(self, env: dict[str, str], cwd: Path) -> CeleryProcess:
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "celery", *self.args],
+                cwd=cwd,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """Warm shutdown (SIGTERM), then SIGKILL of the process group if it lingers."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout)
+        self.kill()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(5)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+class CeleryProject:
+    """An app module in a temporary directory, and the processes started on it."""
+
+    def __init__(self, tmp_path: Path, prefix: str, broker: str) -> None:
+        self.dir = tmp_path
+        self.prefix = prefix
+        (tmp_path / "bt_app.py").write_text(textwrap.dedent(APP_MODULE))
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]),
+            "BT_PREFIX": prefix,
+            "BT_BROKER": broker,
+            "BT_RECORD": REDIS_URL,
+            "BT_SCHEDULE": "{}",
+        }
+        self.processes: list[CeleryProcess] = []
+
+    def configure(self, schedule: dict[str, Any], **conf: Any) -> None:
+        self.env["BT_SCHEDULE"] = json.dumps(schedule)
+        self.env["BT_CONF"] = json.dumps(conf)
+
+    def start(self, name: str, *args: str, install: bool = False) -> CeleryProcess:
+        env = {**self.env, "BT_INSTALL": "1" if install else "0"}
+        process = CeleryProcess(["-A", "bt_app", *args], self.dir / f"{name}.log")
+        self.processes.append(process.start(env, self.dir))
+        return process
+
+    def worker(self, name: str, *args: str, install: bool = False) -> CeleryProcess:
+        return self.start(
+            name,
+            "worker",
+            "-n",
+            f"{name}@%h",
+            "-l",
+            "INFO",
+            "--without-mingle",
+            "--without-gossip",
+            "--without-heartbeat",
+            *args,
+            install=install,
+        )
+
+    def stop_all(self) -> None:
+        for process in self.processes:
+            process.stop()
+
+    def runs(self, redis_client: Any) -> list[dict[str, Any]]:
+        """What the ``beatless_test.record`` task recorded, in the order it ran."""
+        return [json.loads(r) for r in redis_client.lrange(f"{self.prefix}:runs", 0, -1)]
+
+    @staticmethod
+    def wait_for(predicate: Any, timeout: float, interval: float = 0.1) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            time.sleep(interval)
+        return bool(predicate())
+
+
+@pytest.fixture
+def project(tmp_path: Path, prefix: str) -> Iterator[CeleryProject]:
+    """A Celery project on the test's own Redis prefix; its processes are killed at the end."""
+    project = CeleryProject(tmp_path, prefix, f"{REDIS_URL}")
+    yield project
+    for process in project.processes:
+        process.kill()

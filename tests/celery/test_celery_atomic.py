@@ -1,0 +1,497 @@
+"""Atomic claim-and-enqueue for Celery on the Redis transport, against real Redis and a
+real ``celery worker``.
+
+The tests use a Redis database of their own (the first empty one of ``CANDIDATE_DBS``),
+queue names, exchanges and claim prefixes that carry a random token, and delete only the
+keys that carry it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import require_service
+
+pytest.importorskip("celery")
+redis = pytest.importorskip("redis")
+
+from celery import Celery, signals  # noqa: E402
+from celery.app.amqp import Broadcast  # noqa: E402
+from kombu import entity  # noqa: E402
+
+from beatless.celery.atomic import ATOMIC, TWO_PHASE, CeleryRedisAtomic  # noqa: E402
+from beatless.celery.messages import OCCURRENCE_HEADER, send_task_options  # noqa: E402
+from beatless.entry import Entry, Schedule  # noqa: E402
+from beatless.errors import StoreUnavailable  # noqa: E402
+from beatless.firing import Firing, iso  # noqa: E402
+from beatless.scheduler import Scheduler  # noqa: E402
+from beatless.stores.base import AtomicStore, Outcome  # noqa: E402
+from beatless.stores.redis import RedisStore  # noqa: E402
+from beatless.triggers import Every  # noqa: E402
+
+HOST, PORT = "127.0.0.1", 6379
+CANDIDATE_DBS = (11, 10, 9, 8)
+REPO = Path(__file__).resolve().parents[2]
+Queue: Any = entity.Queue
+Exchange: Any = entity.Exchange
+TASK = "beatless_atomic_test.record"
+SENT_AT_RANDOM = ("delivery_tag",)
+"""Properties kombu draws afresh for every publish."""
+
+
+# -- fixtures ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def db() -> Iterator[int]:
+    """A Redis database that held no key when this module started."""
+    require_service("Redis", HOST, PORT)
+    for number in CANDIDATE_DBS:
+        client = redis.Redis(host=HOST, port=PORT, db=number)
+        try:
+            if client.dbsize() == 0:
+                yield number
+                return
+        finally:
+            client.close()
+    pytest.skip(f"no empty Redis database among {CANDIDATE_DBS}")
+
+
+@pytest.fixture
+def token(db: int) -> Iterator[str]:
+    """A name of this test alone; every key that carries it is deleted at the end."""
+    name = f"bta-{uuid.uuid4().hex[:10]}"
+    yield name
+    client = redis.Redis(host=HOST, port=PORT, db=db)
+    for key in client.scan_iter(match=f"*{name}*", count=1_000):
+        client.delete(key)
+    client.close()
+
+
+@pytest.fixture
+def r(db: int) -> Iterator[Any]:
+    client = redis.Redis(host=HOST, port=PORT, db=db)
+    yield client
+    client.close()
+
+
+def make_app(db: int, token: str, **conf: Any) -> Any:
+    app = Celery(token, broker=f"redis://{HOST}:{PORT}/{db}", set_as_current=False)
+    app.conf.update(task_default_queue=token, worker_enable_remote_control=False, **conf)
+    return app
+
+
+def make_atomic(app: Any, db: int, token: str, **options: Any) -> CeleryRedisAtomic:
+    store = RedisStore(redis.Redis(host=HOST, port=PORT, db=db), prefix=f"{token}:claims:")
+    return CeleryRedisAtomic(app, store, **options)
+
+
+def firing(name: str, *, options: dict[str, Any] | None = None, late_s: float = 0) -> Firing:
+    entry = Entry(
+        name=name,
+        task=TASK,
+        trigger=Every(60),
+        args=(1, "two"),
+        kwargs={"three": 3},
+        options=options or {},
+        max_late=60,
+    )
+    occurrence = round((time.time() - late_s) * 1_000)
+    return Firing.of(entry, None, f"{name}@{uuid.uuid4().hex[:6]}", occurrence)
+
+
+def entries(client: Any, key: str) -> list[dict[str, Any]]:
+    """The messages of a queue key, oldest first, decoded from kombu's envelope."""
+    return [json.loads(raw) for raw in reversed(client.lrange(key, 0, -1))]
+
+
+def close(*atomics: CeleryRedisAtomic) -> None:
+    for atomic in atomics:
+        atomic.close()
+        atomic.store.client.close()
+
+
+# -- the message is kombu's, field by field --------------------------------------------
+
+
+def in_an_hour() -> datetime:
+    return datetime.now(UTC) + timedelta(hours=1)
+
+
+CASES: dict[str, Callable[[str], tuple[dict[str, Any], dict[str, Any], str]]] = {
+    # name: token -> (entry options, app conf, queue key the message must land in)
+    "default": lambda t: ({}, {}, t),
+    "priority 5": lambda t: ({"priority": 5}, {}, f"{t}\x06\x163"),
+    "priority 9": lambda t: ({"priority": 9}, {}, f"{t}\x06\x169"),
+    "queue option": lambda t: ({"queue": f"{t}-other"}, {}, f"{t}-other"),
+    "expires": lambda t: ({"expires": in_an_hour()}, {}, t),
+    "headers and routing": lambda t: (
+        {"headers": {"x-custom": "yes"}, "routing_key": "ignored", "serializer": "json"},
+        {},
+        t,
+    ),
+    "compression": lambda t: ({"compression": "zlib"}, {}, t),
+    "direct exchange bindings": lambda t: (
+        {"queue": f"{t}-dq", "exchange": f"{t}-dx", "routing_key": f"{t}-rk"},
+        {"task_queues": [Queue(f"{t}-dq", Exchange(f"{t}-dx", "direct"), f"{t}-rk")]},
+        f"{t}-dq",
+    ),
+    "task_queues and time limits": lambda t: (
+        {"queue": f"{t}-q2", "time_limit": 30, "soft_time_limit": 20},
+        {"task_queues": [Queue(f"{t}-q2")], "task_send_sent_event": True},
+        f"{t}-q2",
+    ),
+    "global_keyprefix": lambda t: (
+        {"priority": 3},
+        {"broker_transport_options": {"global_keyprefix": f"{t}:"}},
+        f"{t}:{t}\x06\x163",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_atomic_message_equals_the_one_send_task_pushes(
+    case: str, db: int, token: str, r: Any
+) -> None:
+    options, conf, key = CASES[case](token)
+    app = make_app(db, token, **conf)
+    atomic = make_atomic(app, db, token)
+    try:
+        f = firing("equal", options=options)
+        assert atomic.route_kind(f.entry)[0] == ATOMIC
+        assert atomic.claim_and_enqueue([f], node="a") == [Outcome.WON]
+        app.send_task(TASK, f.entry.args, dict(f.entry.kwargs), **send_task_options(f))
+    finally:
+        close(atomic)
+    ours, kombus = entries(r, key)
+    assert_same_envelope(ours, kombus)
+    assert ours["headers"]["id"] == f.id
+    assert ours["headers"][OCCURRENCE_HEADER] == iso(f.occurrence_ms)
+
+
+def assert_same_envelope(ours: dict[str, Any], kombus: dict[str, Any]) -> None:
+    ours_props, kombus_props = dict(ours["properties"]), dict(kombus["properties"])
+    for name in SENT_AT_RANDOM:
+        assert ours_props.pop(name) != kombus_props.pop(name)
+    expiration = ours_props.pop("expiration", None), kombus_props.pop("expiration", None)
+    if expiration != (None, None):
+        # milliseconds left until ``expires``, computed at each publish
+        assert abs(int(expiration[0]) - int(expiration[1])) < 5_000
+    assert ours_props == kombus_props
+    assert ours["headers"] == kombus["headers"]
+    assert set(ours) == set(kombus)
+    for field in set(ours) - {"properties", "headers"}:
+        assert ours[field] == kombus[field], field
+    assert base64.b64decode(ours["body"]) == base64.b64decode(kombus["body"])
+
+
+def test_sent_event_is_published_for_a_won_firing_only(db: int, token: str, r: Any) -> None:
+    app = make_app(db, token, task_send_sent_event=True)
+    atomic = make_atomic(app, db, token)
+    events = r.pubsub()
+    events.psubscribe("*celeryev*")
+    try:
+        f = firing("sent")
+        assert atomic.claim_and_enqueue([f], node="a") == [Outcome.WON]
+        assert atomic.claim_and_enqueue([f], node="b") == [Outcome.LOST]
+        received = []
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            message = events.get_message(timeout=0.1)
+            if message and message["type"] == "pmessage":
+                received.append(json.loads(message["data"]))
+                deadline = min(deadline, time.monotonic() + 0.5)  # a second one would be here
+    finally:
+        events.close()
+        close(atomic)
+    assert len(received) == 1
+    body = json.loads(base64.b64decode(received[0]["body"]))
+    assert body["type"] == "task-sent"
+    assert (body["uuid"], body["queue"], body["exchange"]) == (f.id, token, "")
+
+
+# -- exactly once, late, fallback --------------------------------------------------------
+
+
+def race(atomics: list[CeleryRedisAtomic], firings: list[Firing]) -> list[list[Outcome]]:
+    """Every instance claims the same firings at the same instant, from its own thread."""
+    barrier = threading.Barrier(len(atomics))
+    results: list[list[Outcome]] = [[] for _ in atomics]
+
+    def run(index: int) -> None:
+        barrier.wait()
+        results[index] = atomics[index].claim_and_enqueue(firings, node=f"node-{index}")
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(atomics))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return results
+
+
+def test_three_racing_nodes_push_each_message_exactly_once(db: int, token: str, r: Any) -> None:
+    atomics = [make_atomic(make_app(db, token), db, token) for _ in range(3)]
+    firings = [firing(f"race-{i}", options={"priority": 6 * (i % 2)}) for i in range(300)]
+    try:
+        results = race(atomics, firings)
+    finally:
+        close(*atomics)
+    for index, f in enumerate(firings):
+        outcomes = [result[index] for result in results]
+        assert sum(o.is_won for o in outcomes) == 1, (f.id, outcomes)
+        assert all(o in (Outcome.WON, Outcome.LOST) for o in outcomes)
+    pushed = entries(r, token) + entries(r, f"{token}\x06\x166")
+    ids = [m["headers"]["id"] for m in pushed]
+    assert sorted(ids) == sorted(f.id for f in firings)
+
+
+def test_three_scheduler_loops_enqueue_every_occurrence_once(db: int, token: str, r: Any) -> None:
+    schedule = Schedule(
+        [Entry(name=f"every-{n}", task=TASK, trigger=Every(n), max_late=5) for n in (1, 2)],
+        namespace=token,
+    )
+    atomics = [make_atomic(make_app(db, token), db, token) for _ in range(3)]
+    assert all(isinstance(a, AtomicStore) for a in atomics)
+    decisions: list[Any] = []
+    nodes = [
+        Scheduler(schedule, store=a, node=f"node-{i}", on_decision=decisions.append)
+        for i, a in enumerate(atomics)
+    ]
+    try:
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            for node in nodes:
+                node.tick()
+            time.sleep(0.02)
+    finally:
+        close(*atomics)
+    won = [d.firing.id for d in decisions if d.outcome in ("won", "takeover")]
+    decided = {d.firing.id for d in decisions}
+    queued = [m["headers"]["id"] for m in entries(r, token)]
+    assert len(decided) >= 3
+    assert sorted(won) == sorted(decided) == sorted(queued)
+
+
+def test_late_firing_pushes_nothing(db: int, token: str, r: Any) -> None:
+    atomic = make_atomic(make_app(db, token), db, token)
+    try:
+        outcomes = atomic.claim_and_enqueue([firing("late", late_s=600)], node="a")
+    finally:
+        close(atomic)
+    assert outcomes == [Outcome.LATE]
+    assert r.llen(token) == 0
+
+
+def topic_app(db: int, token: str) -> Any:
+    queue = Queue(f"{token}-tq", Exchange(f"{token}-tx", type="topic"), routing_key="bt.#")
+    return make_app(db, token, task_queues=[queue, Queue(token)])
+
+
+def test_topic_exchange_falls_back_to_two_phase_and_delivers_once(
+    db: int, token: str, r: Any
+) -> None:
+    atomics = [make_atomic(topic_app(db, token), db, token) for _ in range(3)]
+    f = firing("topic", options={"queue": f"{token}-tq", "routing_key": "bt.periodic"})
+    try:
+        kind, reason = atomics[0].route_kind(f.entry)
+        results = race(atomics, [f])
+    finally:
+        close(*atomics)
+    assert (kind, reason) == (TWO_PHASE, f"topic exchange '{token}-tx'")
+    outcomes = [result[0] for result in results]
+    assert sum(o.is_won for o in outcomes) == 1, outcomes
+    assert [m["headers"]["id"] for m in entries(r, f"{token}-tq")] == [f.id]
+
+
+def test_route_kind_names_the_path_of_each_entry_and_why(db: int, token: str) -> None:
+    queues = [
+        Queue(token),
+        Broadcast(f"{token}-bc"),
+        Queue(f"{token}-dq", Exchange(f"{token}-dx"), routing_key="rk"),
+    ]
+    atomic = make_atomic(make_app(db, token, task_queues=queues), db, token)
+    cases: dict[str, dict[str, Any]] = {
+        "default": {},
+        "broadcast": {"queue": f"{token}-bc"},
+        "direct": {"queue": f"{token}-dq", "exchange": f"{token}-dx", "routing_key": "rk"},
+        "unbound": {"exchange": f"{token}-none", "routing_key": "rk"},
+        "producer": {"producer": None},
+    }
+    try:
+        kinds = {
+            name: atomic.route_kind(firing(name, options=o).entry) for name, o in cases.items()
+        }
+    finally:
+        close(atomic)
+    assert kinds == {
+        "default": (ATOMIC, f"direct routing to queue '{token}'"),
+        "broadcast": (TWO_PHASE, f"fanout exchange '{token}-bc'"),
+        "direct": (
+            ATOMIC,
+            f"direct exchange '{token}-dx', routing key 'rk', bound to queue '{token}-dq'",
+        ),
+        "unbound": (TWO_PHASE, f"exchange '{token}-none' routes key 'rk' to no queue"),
+        "producer": (TWO_PHASE, "option 'producer' chooses its own way to publish"),
+    }
+
+
+def test_force_two_phase_sends_the_publish_signals(db: int, token: str, r: Any) -> None:
+    seen: list[str] = []
+
+    def before(headers: dict[str, Any], **_: Any) -> None:
+        seen.append(headers["id"])
+
+    signals.before_task_publish.connect(before, weak=False)
+    forced = make_atomic(make_app(db, token), db, token, force_two_phase=True)
+    plain = make_atomic(make_app(db, token), db, token)
+    try:
+        one, two = firing("forced"), firing("plain")
+        assert forced.route_kind(one.entry) == (TWO_PHASE, "force_two_phase is set")
+        assert forced.claim_and_enqueue([one], node="a") == [Outcome.WON]
+        assert plain.claim_and_enqueue([two], node="a") == [Outcome.WON]
+    finally:
+        signals.before_task_publish.disconnect(before)
+        close(forced, plain)
+    assert seen == [one.id]  # the atomic path sends no publish signal
+    assert sorted(m["headers"]["id"] for m in entries(r, token)) == sorted([one.id, two.id])
+
+
+def test_failed_two_phase_send_releases_the_claim(db: int, token: str, r: Any) -> None:
+    def broken(_: Firing) -> None:
+        raise ConnectionError("broker down")
+
+    app = make_app(db, token)
+    failing = make_atomic(app, db, token, force_two_phase=True, fallback_enqueue=broken)
+    working = make_atomic(app, db, token, force_two_phase=True)
+    try:
+        f = firing("released")
+        assert failing.claim_and_enqueue([f], node="a") == [Outcome.HELD]
+        assert working.claim_and_enqueue([f], node="b") == [Outcome.WON]
+    finally:
+        close(failing, working)
+    assert [m["headers"]["id"] for m in entries(r, token)] == [f.id]
+
+
+def test_firing_whose_message_cannot_be_built_is_isolated_and_released(
+    db: int, token: str, r: Any
+) -> None:
+    app = make_app(db, token, task_create_missing_queues=False)
+    atomic = make_atomic(app, db, token)
+    bad, good = firing("bad", options={"queue": f"{token}-missing"}), firing("good")
+    try:
+        assert atomic.claim_and_enqueue([bad, good], node="a") == [Outcome.HELD, Outcome.WON]
+    finally:
+        close(atomic)
+    assert [m["headers"]["id"] for m in entries(r, token)] == [good.id]
+    assert r.get(f"{token}:claims:claim:{bad.id}") is None
+
+
+def test_unreachable_broker_raises_store_unavailable(db: int, token: str) -> None:
+    app = Celery(token, broker=f"redis://{HOST}:1/{db}", set_as_current=False)
+    atomic = make_atomic(app, db, token)
+    try:
+        with pytest.raises(StoreUnavailable):
+            atomic.claim_and_enqueue([firing("unreachable")], node="a")
+    finally:
+        close(atomic)
+
+
+def test_store_on_another_redis_database_goes_two_phase(db: int, token: str, r: Any) -> None:
+    app = make_app(db, token)
+    other = next(n for n in CANDIDATE_DBS if n != db)
+    store = RedisStore(redis.Redis(host=HOST, port=PORT, db=other), prefix=f"{token}:claims:")
+    atomic = CeleryRedisAtomic(app, store)
+    try:
+        kind, reason = atomic.route_kind(firing("elsewhere").entry)
+    finally:
+        close(atomic)
+    assert kind == TWO_PHASE
+    assert "is not the broker's Redis" in reason
+
+
+# -- a stock worker consumes what the claim script pushed ---------------------------------
+
+WORKER_APP = """
+import json, os
+
+import redis
+from celery import Celery
+
+app = Celery(os.environ["BT_TOKEN"], broker=os.environ["BT_BROKER"])
+app.conf.update(task_default_queue=os.environ["BT_TOKEN"], worker_enable_remote_control=False)
+sink = redis.Redis.from_url(os.environ["BT_BROKER"])
+
+
+@app.task(bind=True, name="{task}")
+def record(self, *args, **kwargs):
+    sink.rpush(os.environ["BT_TOKEN"] + ":runs", json.dumps({{
+        "id": self.request.id,
+        "occurrence": getattr(self.request, "beatless_occurrence", None),
+        "args": list(args),
+        "kwargs": kwargs,
+    }}))
+"""
+
+
+@pytest.fixture
+def worker(tmp_path: Path, db: int, token: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A stock ``celery worker`` (solo pool) on the test's queue, killed by pid at the end."""
+    (tmp_path / "bta_worker_app.py").write_text(textwrap.dedent(WORKER_APP.format(task=TASK)))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]),
+        "BT_TOKEN": token,
+        "BT_BROKER": f"redis://{HOST}:{PORT}/{db}",
+    }
+    command = [sys.executable, "-m", "celery", "-A", "bta_worker_app", "worker", "-P", "solo"]
+    command += ["-n", f"{token}@%h", "--without-mingle", "--without-gossip", "--without-heartbeat"]
+    log = (tmp_path / "worker.log").open("wb")
+    process = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    yield process
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(5)
+    log.close()
+
+
+def test_stock_worker_runs_the_pushed_task_with_firing_id_and_occurrence(
+    worker: subprocess.Popen[bytes], db: int, token: str, r: Any, tmp_path: Path
+) -> None:
+    atomic = make_atomic(make_app(db, token), db, token, expires_from_lateness=True)
+    firings = [firing("worker"), firing("worker-priority", options={"priority": 7})]
+    try:
+        assert atomic.claim_and_enqueue(firings, node="a") == [Outcome.WON, Outcome.WON]
+    finally:
+        close(atomic)
+    deadline = time.monotonic() + 30
+    while r.llen(f"{token}:runs") < 2 and time.monotonic() < deadline:
+        assert worker.poll() is None, (tmp_path / "worker.log").read_text()
+        time.sleep(0.1)
+    runs = {run["id"]: run for run in map(json.loads, r.lrange(f"{token}:runs", 0, -1))}
+    assert set(runs) == {f.id for f in firings}, (tmp_path / "worker.log").read_text()
+    for f in firings:
+        assert runs[f.id]["occurrence"] == iso(f.occurrence_ms)
+        assert runs[f.id]["args"] == [1, "two"]
+        assert runs[f.id]["kwargs"] == {"three": 3}
