@@ -89,6 +89,33 @@ def log_enqueue(firing: Firing) -> None:
     )
 
 
+def commit_enqueued(store: ClaimStore, firings: Sequence[Firing], node: str) -> None:
+    """Commit the pending claims of firings just enqueued (the last step of two-phase).
+
+    A failed or refused commit is logged, not raised: the messages are already in the
+    broker, and the one way to a second copy (another node taking over a lease that ran
+    out) carries the same message id, which a consumer can deduplicate.
+    """
+    try:
+        kept = store.commit([f.id for f in firings], node=node)
+    except StoreError as exc:
+        logger.warning(
+            "commit of %d enqueued firing(s) failed (%s): if their leases run out another "
+            "node may enqueue them again under the same message id",
+            len(firings),
+            exc,
+        )
+        return
+    for firing, ok in zip(firings, kept, strict=True):
+        if not ok:
+            logger.warning(
+                "firing %s of entry %r: the lease ran out before commit and another node "
+                "took it over; a consumer may see this message id twice",
+                firing.id,
+                firing.entry.name,
+            )
+
+
 class Scheduler:
     """The loop of one node. Drive it with :meth:`run` / :meth:`start`, or :meth:`tick`.
 
@@ -284,7 +311,7 @@ class Scheduler:
                 enqueued.append(firing)
             decisions.append(self._decide(firing, outcome))
         if enqueued:
-            self._commit(store, enqueued)
+            commit_enqueued(store, enqueued, self.node)
         return decisions
 
     def _enqueue(self, firing: Firing) -> bool:
@@ -306,26 +333,6 @@ class Scheduler:
             )
         self._push(now + RETRY_MS, firing)
         return Decision(firing, "enqueue_failed", self.node, now - firing.release_ms)
-
-    def _commit(self, store: ClaimStore, firings: Sequence[Firing]) -> None:
-        try:
-            kept = store.commit([f.id for f in firings], node=self.node)
-        except StoreError as exc:
-            logger.warning(
-                "commit of %d enqueued firing(s) failed (%s): if their leases run out another "
-                "node may enqueue them again under the same message id",
-                len(firings),
-                exc,
-            )
-            return
-        for firing, ok in zip(firings, kept, strict=True):
-            if not ok:
-                logger.warning(
-                    "firing %s of entry %r: the lease ran out before commit and another node "
-                    "took it over; a consumer may see this message id twice",
-                    firing.id,
-                    firing.entry.name,
-                )
 
     def _decide(self, firing: Firing, outcome: Outcome) -> Decision:
         stats = self.stats[firing.entry.name]

@@ -27,6 +27,7 @@ from beatless.durations import DurationLike, as_timedelta, to_ms
 from beatless.entry import Entry
 from beatless.errors import ConfigError, StoreError
 from beatless.firing import Firing
+from beatless.scheduler import commit_enqueued
 from beatless.stores.base import ClaimRequest, Outcome
 from beatless.stores.redis import RedisStore
 
@@ -269,27 +270,7 @@ class CeleryRedisAtomic:
                 continue
             sent.append(firing)
         if sent:
-            self._commit(sent, node)
-
-    def _commit(self, firings: list[Firing], node: str) -> None:
-        try:
-            kept = self.store.commit([f.id for f in firings], node=node)
-        except StoreError as exc:
-            logger.warning(
-                "commit of %d enqueued firing(s) failed (%s): if their leases run out another "
-                "node may enqueue them again under the same task id",
-                len(firings),
-                exc,
-            )
-            return
-        for firing, ok in zip(firings, kept, strict=True):
-            if not ok:
-                logger.warning(
-                    "firing %s of entry %r: the lease ran out before commit and another node "
-                    "took it over; a worker may see this task id twice",
-                    firing.id,
-                    firing.entry.name,
-                )
+            commit_enqueued(self.store, sent, node)
 
     def _release_quietly(self, ids: list[str], node: str) -> None:
         if not ids:

@@ -76,18 +76,15 @@ def cron(
     """Run the actor on a cron expression, in ``tz`` (the middleware's time zone if
     ``None``): ``periodic=cron("0 2 * * *", jitter="2m")``."""
     trigger = Cron(expr, tz, day_and=day_and)
-    what = f"periodic {trigger.describe()}"
-    return _checked(
-        Periodic(
-            trigger=trigger,
-            jitter=_duration(jitter, f"{what}: jitter"),
-            max_late=_duration(max_late, f"{what}: max_late"),
-            args=tuple(args),
-            kwargs=dict(kwargs or {}),
-            options=dict(options or {}),
-            tenants=tenants,
-            name=name,
-        )
+    return _periodic(
+        trigger,
+        jitter=jitter,
+        max_late=max_late,
+        args=args,
+        kwargs=kwargs,
+        options=options,
+        tenants=tenants,
+        name=name,
     )
 
 
@@ -106,6 +103,29 @@ def every(
     """Run the actor every ``interval`` (``"30s"``, ``90``, ``timedelta``), on slots
     anchored to ``anchor`` (the Unix epoch): ``periodic=every("30s")``."""
     trigger = Every(interval, anchor)
+    return _periodic(
+        trigger,
+        jitter=jitter,
+        max_late=max_late,
+        args=args,
+        kwargs=kwargs,
+        options=options,
+        tenants=tenants,
+        name=name,
+    )
+
+
+def _periodic(
+    trigger: Cron | Every,
+    *,
+    jitter: DurationLike | None,
+    max_late: DurationLike | None,
+    args: Iterable[Any],
+    kwargs: Mapping[str, Any] | None,
+    options: Mapping[str, Any] | None,
+    tenants: Tenants,
+    name: str | None,
+) -> Periodic:
     what = f"periodic {trigger.describe()}"
     return _checked(
         Periodic(
