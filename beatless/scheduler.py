@@ -400,14 +400,17 @@ class Scheduler:
                 self.tick()
             except Exception:
                 logger.exception("scheduler wake failed; the loop goes on")
-            self._stop.wait(self._sleep_s())
+            self._stop.wait(self.sleep_s())
         logger.info("node %s stopped", self.node)
 
-    def _sleep_s(self) -> float:
+    def sleep_s(self, cap_s: float = MAX_SLEEP_MS / 1_000) -> float:
+        """Seconds until the next wake: never past the next release, never over ``cap_s``
+        (and never over a second, so the wall clock is re-read at least that often)."""
+        cap_ms = min(cap_s * 1_000, MAX_SLEEP_MS)
         wake = self.next_wake_ms()
         if wake is None:
-            return MAX_SLEEP_MS / 1_000
-        return min(max(wake - self._now_ms(), 0), MAX_SLEEP_MS) / 1_000
+            return cap_ms / 1_000
+        return min(max(wake - self._now_ms(), 0), cap_ms) / 1_000
 
     def start(self) -> threading.Thread:
         """Run the loop in a daemon thread and return it."""

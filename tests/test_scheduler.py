@@ -402,11 +402,12 @@ def test_the_loop_never_sleeps_past_the_next_release_nor_longer_than_a_second() 
         clock=clock,
     )
     node.tick()
-    assert node._sleep_s() == MAX_SLEEP_MS / 1_000
+    assert node.sleep_s() == MAX_SLEEP_MS / 1_000
     wake = node.next_wake_ms()
     assert wake is not None
     clock.now = wake / 1_000 - 0.25
-    assert node._sleep_s() == pytest.approx(0.25, abs=0.002)
+    assert node.sleep_s() == pytest.approx(0.25, abs=0.002)
+    assert node.sleep_s(cap_s=0.1) == pytest.approx(0.1)
 
 
 def test_the_loop_rereads_the_wall_clock_and_notices_a_jump() -> None:

@@ -20,8 +20,6 @@ from celery import beat
 from beatless.celery.schedule import CeleryScheduler, build_scheduler
 from beatless.celery.settings import CelerySettings
 from beatless.errors import ConfigError
-from beatless.scheduler import MAX_SLEEP_MS
-from beatless.scheduler import Scheduler as Loop
 from beatless.urls import mask_url
 
 logger = logging.getLogger(__name__)
@@ -48,7 +46,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             scheduler.tick()
         except Exception:
             logger.exception("beatless wake failed; beat goes on")
-        return sleep_s(scheduler, float(self.max_interval))
+        return scheduler.sleep_s(float(self.max_interval))
 
     def sync(self) -> None:
         """Nothing to persist: the claims are the state, and they live in the store."""
@@ -69,12 +67,3 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             f"    . beatless store -> {mask_url(settings.store_url)} "
             f"(namespace {settings.namespace!r}, {path})"
         )
-
-
-def sleep_s(scheduler: Loop, max_interval: float) -> float:
-    """Seconds until ``scheduler``'s next wake, capped at ``max_interval`` and 1 s."""
-    cap = min(max_interval, MAX_SLEEP_MS / 1_000)
-    wake = scheduler.next_wake_ms()
-    if wake is None:
-        return cap
-    return max(0.0, min((wake - scheduler.clock() * 1_000) / 1_000, cap))
