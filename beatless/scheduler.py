@@ -165,6 +165,22 @@ class Scheduler:
             errors = self.schedule.check_store(self._store.remembers, self._store.name)
             if errors:
                 raise ScheduleError("; ".join(errors), errors)
+            self._warn_no_takeover()
+
+    def _warn_no_takeover(self) -> None:
+        """Two-phase: a winner that dies before commit is replaced when its lease runs out,
+        but only while the firing is not late. Say so for entries where it never is."""
+        for entry in self.schedule.entries:
+            if entry.jitter_ms + self.lease_ms + RETRY_MS >= entry.max_late_ms:
+                logger.warning(
+                    "entry %r: jitter %dms + lease %dms leave no time within max_late %dms to "
+                    "take over a firing whose winner died before commit; shorten the lease "
+                    "or raise max_late",
+                    entry.name,
+                    entry.jitter_ms,
+                    self.lease_ms,
+                    entry.max_late_ms,
+                )
 
     def _now_ms(self) -> int:
         return math.floor(self.clock() * 1_000)

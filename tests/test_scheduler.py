@@ -447,3 +447,17 @@ def test_run_in_a_thread_fires_on_the_real_clock_and_stops_promptly() -> None:
     # The wall clock of a shared VM may be stepped back a little by time sync while the
     # test runs; a firing sent a whole step (200 ms) early would still fail this.
     assert min(late) > -100, f"a firing was enqueued {-min(late):.0f} ms before its release"
+
+
+def test_start_warns_when_a_dead_winner_could_never_be_taken_over(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tight = Schedule([entry("tight", trigger=Every(600), jitter="40s", max_late="60s")])
+    with caplog.at_level("WARNING", logger="beatless.scheduler"):
+        Scheduler(tight, store=MemoryStore(), lease="30s")
+    assert "entry 'tight'" in caplog.text
+    assert "take over" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="beatless.scheduler"):
+        Scheduler(tight, store=MemoryStore(), lease="10s")
+    assert caplog.text == ""
