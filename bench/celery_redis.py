@@ -1,0 +1,489 @@
+"""Stock ``celery beat`` against three beatless beats, on a private Redis server.
+
+    python bench/celery_redis.py            # 100 entries every 1-5 s for 60 s, then 10,000 at once
+    python bench/celery_redis.py --json     # the same figures as one JSON object
+
+Starts its own ``redis-server`` on a free port (killed by pid at the end), so that
+Redis's command statistics count the benchmark alone. Then, one after the other:
+
+* **steady**: ``--entries`` entries, entry ``i`` every ``1 + i % 5`` seconds, for
+  ``--seconds``: first one stock ``celery beat`` process (``PersistentScheduler``), then
+  three ``celery beat -S beatless.celery:Scheduler`` processes (the beatless scheduler
+  with no worker around it: the same process shape as stock beat, three times). Nobody
+  consumes the tasks; the benchmark pops each message from the queue as it lands
+  (``BRPOP``) and reads when it was due from its headers.
+* **burst**: ``--burst`` entries all due at one instant, and the time from that
+  instant until the last of their messages is in the queue.
+
+Also the module of the Celery app those processes run (``-A celery_redis:app``),
+configured by the ``BENCH_*`` environment variables this script sets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+TASK = "bench.noop"
+DUE_HEADER = "bench_due_ms"
+BEATLESS_BEAT = "beatless.celery:Scheduler"
+STOCK_BEAT = "celery_redis:StampingScheduler"
+NO_PERSISTENCE = ("--save", "", "--appendonly", "no", "--dir")
+READY = {"stock": "beat: Starting...", "beatless": "beatless node "}
+
+
+# -- the Celery app of the benchmark's processes (read from BENCH_* at import) ------------
+
+
+def schedule_of(kind: str, mode: str, entries: int, burst_at_ms: int) -> dict[str, Any]:
+    """The ``beat_schedule`` of one run.
+
+    Steady: entry ``i`` every ``1 + i % 5`` s. Burst, stock beat: an interval of 60 s whose
+    last run was 60 s before the burst instant. Burst, beatless: an interval of exactly
+    the burst instant's epoch milliseconds, whose first occurrence (intervals are anchored
+    to the epoch) is that instant.
+    """
+    if mode == "steady":
+        return {
+            f"e{i:05d}": {"task": TASK, "schedule": float(1 + i % 5), "args": (i,)}
+            for i in range(entries)
+        }
+    if kind == "stock":
+        last = datetime.fromtimestamp(burst_at_ms / 1_000, UTC) - timedelta(seconds=60)
+        spec: dict[str, Any] = {"schedule": timedelta(seconds=60), "last_run_at": last}
+    else:
+        spec = {"schedule": timedelta(milliseconds=burst_at_ms)}
+    return {f"b{i:05d}": {"task": TASK, "args": (i,), **spec} for i in range(entries)}
+
+
+def make_app() -> Any:
+    from celery import Celery
+
+    env = os.environ
+    app = Celery("bench", set_as_current=False)
+    app.conf.update(
+        broker_url=env["BENCH_BROKER"],
+        task_default_queue=env["BENCH_QUEUE"],
+        timezone="UTC",
+        beat_schedule=schedule_of(
+            env["BENCH_KIND"],
+            env["BENCH_MODE"],
+            int(env["BENCH_ENTRIES"]),
+            int(env.get("BENCH_BURST_AT_MS", "0")),
+        ),
+        beatless_namespace=env["BENCH_QUEUE"],
+        beat_max_loop_interval=1,
+    )
+    return app
+
+
+_made: dict[str, Any] = {}
+
+
+def __getattr__(name: str) -> Any:
+    """``app`` and ``StampingScheduler``, made on first use, so that the benchmark itself
+    imports no Celery app."""
+    if name not in ("app", "StampingScheduler"):
+        raise AttributeError(name)
+    if name not in _made:
+        _made[name] = make_app() if name == "app" else _stamping_scheduler()
+    return _made[name]
+
+
+def _stamping_scheduler() -> type:
+    from celery.beat import PersistentScheduler
+
+    class StampingScheduler(PersistentScheduler):  # type: ignore[misc]
+        """Stock beat, unchanged, but each message carries the instant its entry was due
+        by beat's own reckoning (its last run + its interval), to measure lateness."""
+
+        def apply_async(
+            self, entry: Any, producer: Any = None, advance: bool = True, **kw: Any
+        ) -> Any:
+            schedule = entry.schedule
+            due = schedule.maybe_make_aware(entry.last_run_at) + schedule.run_every
+            entry = self.reserve(entry) if advance else entry
+            # A copy carries the header: the entry itself stays as beat keeps it (beat
+            # compares its entries' options at every tick and rebuilds its heap if they
+            # changed).
+            stamped = copy.copy(entry)
+            headers = {**(entry.options.get("headers") or {})}
+            headers[DUE_HEADER] = round(due.timestamp() * 1_000)
+            stamped.options = {**entry.options, "headers": headers}
+            return super().apply_async(stamped, producer, False, **kw)
+
+    return StampingScheduler
+
+
+# -- processes and the private Redis ----------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Redis:
+    """A ``redis-server`` of the benchmark's own, with no persistence."""
+
+    port: int
+    process: subprocess.Popen[bytes]
+    client: Any
+
+    @classmethod
+    def start(cls, workdir: Path) -> Redis:
+        import redis
+
+        server = shutil.which("redis-server")
+        if server is None:
+            raise SystemExit("redis-server is not on PATH; install Redis to run this benchmark")
+        port = free_port()
+        process = subprocess.Popen(
+            [server, "--port", str(port), "--bind", "127.0.0.1", *NO_PERSISTENCE, str(workdir)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    process.kill()
+                    raise SystemExit("the private redis-server did not start") from None
+                time.sleep(0.05)
+        return cls(port, process, client)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        self.client.close()
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)
+
+    def commandstats(self) -> dict[str, int]:
+        stats = self.client.info("commandstats")
+        return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+
+@dataclass
+class Beat:
+    """One ``celery beat`` process in a session of its own."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+    ready: str
+
+    def is_ready(self) -> bool:
+        return self.ready in self.log.read_text(errors="replace")
+
+    def cpu_s(self) -> float:
+        import psutil
+
+        try:
+            times = psutil.Process(self.process.pid).cpu_times()
+        except psutil.NoSuchProcess:
+            return float("nan")
+        return float(times.user + times.system)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(5)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(5)
+
+
+def start_beats(kind: str, n: int, env: dict[str, str], workdir: Path) -> list[Beat]:
+    beats = []
+    for i in range(n):
+        log = workdir / f"{env['BENCH_QUEUE']}-{i}.log"
+        args = ["-S", STOCK_BEAT, "-s", str(workdir / f"{env['BENCH_QUEUE']}-schedule")]
+        if kind == "beatless":
+            args = ["-S", BEATLESS_BEAT]
+        command = ["celery", "-A", "celery_redis:app", "beat", "-l", "INFO", "--pidfile="]
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", *command, *args],
+                cwd=workdir,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        beats.append(Beat(process, log, READY[kind]))
+    return beats
+
+
+def environment(redis: Redis, kind: str, mode: str, entries: int, burst_at_ms: int = 0) -> dict:
+    queue = f"{kind}-{mode}"
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "BENCH_BROKER": redis.url,
+        "BENCH_QUEUE": queue,
+        "BENCH_KIND": kind,
+        "BENCH_MODE": mode,
+        "BENCH_ENTRIES": str(entries),
+        "BENCH_BURST_AT_MS": str(burst_at_ms),
+    }
+
+
+def wait_ready(beats: list[Beat], timeout: float) -> float:
+    deadline = time.monotonic() + timeout
+    while not all(b.is_ready() for b in beats):
+        if time.monotonic() > deadline or any(b.process.poll() is not None for b in beats):
+            tail = "\n".join(b.log.read_text(errors="replace")[-2_000:] for b in beats)
+            raise RuntimeError(f"beat did not start:\n{tail}")
+        time.sleep(0.05)
+    return time.time()
+
+
+# -- the steady run ---------------------------------------------------------------------
+
+
+@dataclass
+class Reader:
+    """Pops every message of one queue as it lands; notes when it was due and popped."""
+
+    redis: Redis
+    queue: str
+    seen: list[tuple[int, int]] = field(default_factory=list)
+    """``(due or release ms, popped ms)`` per message."""
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> Reader:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        import redis
+
+        client = redis.Redis(port=self.redis.port)
+        while not self._stop.is_set():
+            item = client.brpop([self.queue], timeout=0.2)
+            if item is None:
+                continue
+            popped = time.time_ns() // 1_000_000
+            self.seen.append((due_ms(json.loads(item[1])["headers"]), popped))
+        client.close()
+
+
+def due_ms(headers: dict[str, Any]) -> int:
+    """Stock beat: the instant beat's schedule made the entry due. beatless: the release
+    (occurrence + offset)."""
+    if DUE_HEADER in headers:
+        return int(headers[DUE_HEADER])
+    occurrence = datetime.fromisoformat(headers["beatless_occurrence"])
+    return round(occurrence.timestamp() * 1_000) + int(headers["beatless_offset_ms"])
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def steady(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdir: Path) -> dict:
+    env = environment(redis, kind, "steady", args.entries)
+    reader = Reader(redis, env["BENCH_QUEUE"]).start()
+    beats = start_beats(kind, nodes, env, workdir)
+    try:
+        wait_ready(beats, timeout=60)
+        time.sleep(args.warmup)
+        redis.client.config_resetstat()
+        cpu0 = [b.cpu_s() for b in beats]
+        start = time.time() * 1_000
+        time.sleep(args.seconds)
+        stats = redis.commandstats()
+        end = time.time() * 1_000
+        cpu1 = [b.cpu_s() for b in beats]
+    finally:
+        for beat in beats:
+            beat.stop()
+        reader.stop()
+    window = [(d, p) for d, p in reader.seen if start <= p <= end]
+    lateness = [p - d for d, p in window]
+    own = stats.pop("brpop", 0) + stats.pop("info", 0) + stats.pop("config|resetstat", 0)
+    calls = sum(stats.values())
+    return {
+        "nodes": nodes,
+        "firings": len(window),
+        "seconds": (end - start) / 1_000,
+        "lateness_ms": {
+            "p50": percentile(lateness, 0.50),
+            "p99": percentile(lateness, 0.99),
+            "max": max(lateness, default=float("nan")),
+        },
+        "cpu_s_per_node": [b - a for a, b in zip(cpu0, cpu1, strict=True)],
+        "redis_calls": calls,
+        "redis_calls_per_firing": calls / max(len(window), 1),
+        "redis_commands": dict(sorted(stats.items(), key=lambda kv: -kv[1])[:8]),
+        "reader_calls_excluded": own,
+    }
+
+
+# -- the burst ---------------------------------------------------------------------------
+
+
+def burst(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdir: Path) -> dict:
+    """``args.burst`` entries due at one instant ``args.lead`` seconds after the start."""
+    at_ms = (int(time.time()) + args.lead) * 1_000
+    env = environment(redis, kind, "burst", args.burst, at_ms)
+    queue = env["BENCH_QUEUE"]
+    beats = start_beats(kind, nodes, env, workdir)
+    try:
+        ready = wait_ready(beats, timeout=args.lead + args.burst_cap)
+        count, last = 0, None
+        deadline = at_ms / 1_000 + args.burst_cap
+        while time.time() < deadline:
+            count = int(redis.client.llen(queue))
+            if count >= args.burst:
+                last = time.time()
+                break
+            time.sleep(0.002)
+    finally:
+        for beat in beats:
+            beat.stop()
+    redis.client.delete(queue)
+    return {
+        "nodes": nodes,
+        "entries": args.burst,
+        "ready_before_due_s": at_ms / 1_000 - ready,
+        "enqueued": count,
+        "done": last is not None,
+        "last_enqueued_after_s": None if last is None else last - at_ms / 1_000,
+        "cap_s": args.burst_cap,
+    }
+
+
+# -- report ------------------------------------------------------------------------------
+
+
+def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
+    s, b = result["steady"], result["burst"]
+    p = result["parameters"]
+
+    def lat(r: dict) -> str:
+        m = r["lateness_ms"]
+        return f"{m['p50']:.0f} / {m['p99']:.0f} / {m['max']:.0f} ms"
+
+    def cpu(r: dict) -> str:
+        per = r["cpu_s_per_node"]
+        each = ", ".join(f"{c:.2f}" for c in per)
+        return f"{each} s ({100 * sum(per) / len(per) / r['seconds']:.1f} % of a core each)"
+
+    def done(r: dict) -> str:
+        if r["done"]:
+            return f"{r['last_enqueued_after_s']:.2f} s"
+        text = f"not done after {r['cap_s']:.0f} s: {r['enqueued']:,} of {r['entries']:,}"
+        if r["enqueued"]:
+            text += f" (~{r['entries'] * r['cap_s'] / r['enqueued']:,.0f} s at that rate)"
+        return text
+
+    stock, less = s["stock"], s["beatless"]
+    return [
+        ("", "stock celery beat (1)", f"beatless beat ({less['nodes']})"),
+        (
+            "steady schedule",
+            f"{p['entries']} entries, every 1-5 s, {p['seconds']:.0f} s",
+            "the same",
+        ),
+        ("firings in window", f"{stock['firings']:,}", f"{less['firings']:,}"),
+        ("lateness p50 / p99 / max", lat(stock), lat(less)),
+        ("CPU per node", cpu(stock), cpu(less)),
+        (
+            "Redis calls per firing",
+            f"{stock['redis_calls_per_firing']:.2f}",
+            f"{less['redis_calls_per_firing']:.2f}",
+        ),
+        (
+            "burst: entries due at once",
+            f"{b['stock']['entries']:,}",
+            f"{b['beatless']['entries']:,}",
+        ),
+        ("burst: last enqueued after", done(b["stock"]), done(b["beatless"])),
+    ]
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = rows(result)
+    widths = [max(len(row[i]) for row in lines) for i in range(3)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in lines
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--entries", type=int, default=100, help="entries of the steady run")
+    parser.add_argument("--seconds", type=float, default=60.0, help="length of the steady run")
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
+    parser.add_argument("--nodes", type=int, default=3, help="beatless beat processes")
+    parser.add_argument("--burst", type=int, default=10_000, help="entries due at once")
+    parser.add_argument("--lead", type=int, default=20, help="seconds from start to the burst")
+    parser.add_argument("--burst-cap", type=float, default=45.0, help="give up after this")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="beatless-bench-") as tmp:
+        workdir = Path(tmp)
+        redis = Redis.start(workdir)
+        try:
+            result = {
+                "parameters": vars(args) | {"redis": "private redis-server"},
+                "steady": {
+                    "stock": steady(redis, "stock", 1, args, workdir),
+                    "beatless": steady(redis, "beatless", args.nodes, args, workdir),
+                },
+                "burst": {
+                    "stock": burst(redis, "stock", 1, args, workdir),
+                    "beatless": burst(redis, "beatless", args.nodes, args, workdir),
+                },
+            }
+        finally:
+            redis.stop()
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(table(result))
+
+
+if __name__ == "__main__":
+    main()

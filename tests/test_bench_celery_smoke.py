@@ -1,0 +1,52 @@
+"""The Celery-on-Redis benchmark runs end to end with tiny parameters."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "celery_redis.py"
+TINY = ["--entries", "10", "--seconds", "4", "--warmup", "1", "--nodes", "3"]
+BURST = ["--burst", "200", "--lead", "6", "--burst-cap", "20"]
+
+
+@pytest.mark.slow
+def test_bench_measures_stock_beat_and_three_beatless_beats_side_by_side() -> None:
+    if shutil.which("redis-server") is None:
+        reason = "redis-server is not on PATH: the benchmark starts a private one"
+        if os.environ.get("BEATLESS_REQUIRE_SERVICES") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    done = subprocess.run(
+        [sys.executable, str(BENCH), *TINY, *BURST, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+
+    for kind, nodes in (("stock", 1), ("beatless", 3)):
+        steady = result["steady"][kind]
+        assert steady["nodes"] == nodes
+        assert steady["firings"] >= 10, f"{kind}: too few firings in 4 s"
+        assert steady["lateness_ms"]["p50"] <= steady["lateness_ms"]["max"]
+        assert len(steady["cpu_s_per_node"]) == nodes
+        assert steady["redis_calls_per_firing"] > 0
+        burst = result["burst"][kind]
+        assert burst["entries"] == 200
+        assert burst["done"], f"{kind}: the burst was not enqueued within 20 s"
+        assert burst["enqueued"] == 200
+        assert burst["last_enqueued_after_s"] >= 0
+
+    table = subprocess.run(
+        [sys.executable, str(BENCH), "--help"], capture_output=True, text=True, check=True
+    )
+    assert "--burst" in table.stdout
