@@ -123,10 +123,19 @@ class Entry:
         return Entry(**values)
 
 
-def _name(value: str, what: str) -> str:
-    if not isinstance(value, str) or not value or "/" in value or value != value.strip():
-        raise ConfigError(f"{what} {value!r}: use a non-empty name without '/' or edge spaces")
+def _name(value: str, what: str, *, slash: bool = True) -> str:
+    if not isinstance(value, str) or not value or value != value.strip():
+        raise ConfigError(f"{what} {value!r}: use a non-empty name without edge spaces")
+    if not slash and "/" in value:
+        raise ConfigError(f"{what} {value!r}: use a name without '/'")
     return value
+
+
+def address_segment(name: str) -> str:
+    """An entry name as it stands in an address: ``%`` and ``/`` written ``%25`` and
+    ``%2F``, so that ``namespace/entry/tenant`` reads one way only. Names without them,
+    the usual case, stand as they are."""
+    return name.replace("%", "%25").replace("/", "%2F")
 
 
 @dataclass(frozen=True, eq=False)
@@ -144,7 +153,7 @@ class Schedule:
     def __init__(
         self, entries: Iterable[Entry], *, namespace: str = "default", timezone: str = "UTC"
     ) -> None:
-        object.__setattr__(self, "namespace", _name(namespace, "namespace"))
+        object.__setattr__(self, "namespace", _name(namespace, "namespace", slash=False))
         zone(timezone)
         object.__setattr__(self, "timezone", timezone)
         bound = tuple(_bind(entry, timezone) for entry in entries)
@@ -154,7 +163,9 @@ class Schedule:
             raise ScheduleError("; ".join(errors), errors)
 
     def address(self, entry: Entry, tenant: str | None = None) -> str:
-        base = f"{self.namespace}/{entry.name}"
+        """``namespace/entry`` or ``namespace/entry/tenant``: the stable name the firing id
+        is derived from (see :func:`address_segment` for an entry name with a ``/``)."""
+        base = f"{self.namespace}/{address_segment(entry.name)}"
         return base if tenant is None else f"{base}/{tenant}"
 
     def entry(self, name: str) -> Entry:

@@ -11,7 +11,16 @@ from typing import Any
 
 import pytest
 
-from beatless import Cron, Entry, Every, Firing, Schedule, ScheduleError, StoreUnavailable
+from beatless import (
+    ConfigError,
+    Cron,
+    Entry,
+    Every,
+    Firing,
+    Schedule,
+    ScheduleError,
+    StoreUnavailable,
+)
 from beatless.firing import from_datetime
 from beatless.scheduler import MAX_SLEEP_MS, Decision, Scheduler
 from beatless.stores.base import ClaimRequest, Outcome
@@ -461,3 +470,16 @@ def test_start_warns_when_a_dead_winner_could_never_be_taken_over(
     with caplog.at_level("WARNING", logger="beatless.scheduler"):
         Scheduler(tight, store=MemoryStore(), lease="10s")
     assert caplog.text == ""
+
+
+def test_an_entry_name_with_a_slash_keeps_the_address_unambiguous() -> None:
+    schedule = Schedule(
+        [entry("reports/daily", trigger=Every(60)), entry("100%", trigger=Every(60))],
+        namespace="app",
+    )
+    daily, percent = schedule.entries
+    assert schedule.address(daily) == "app/reports%2Fdaily"
+    assert schedule.address(daily, "acme") == "app/reports%2Fdaily/acme"
+    assert schedule.address(percent) == "app/100%25"
+    with pytest.raises(ConfigError, match="namespace 'a/b'"):
+        Schedule([entry()], namespace="a/b")
