@@ -6,7 +6,7 @@ as kombu builds it and pushed by the claim script), so both send the same messag
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from beatless.firing import Firing, iso, to_datetime
@@ -46,11 +46,6 @@ def send_task_options(firing: Firing, *, expires_from_lateness: bool = False) ->
         options["expires"] = to_datetime(firing.occurrence_ms) + entry.jitter + entry.max_late
     options["task_id"] = firing.id
     return options
-
-
-def lateness_budget(firing: Firing) -> timedelta:
-    """How long after its occurrence a firing may still run."""
-    return firing.entry.jitter + firing.entry.max_late
 
 
 # -- reading a task's request -----------------------------------------------------------
