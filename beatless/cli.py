@@ -2,7 +2,8 @@
 
 Exit codes: 0 success; 1 when ``check`` finds problems or ``explain`` is asked about an
 instant that is not an occurrence; 2 for input beatless cannot use (an unreadable file,
-an unknown key, a bad expression, a bad time), always as one line on stderr.
+an unknown key, a bad expression, a bad time) and for a store that refuses the
+credentials or cannot be reached, always as one line on stderr.
 Environment variables (``BEATLESS_STORE``, ``BEATLESS_NODE``) are read here only.
 """
 
@@ -15,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from itertools import islice
@@ -23,15 +25,21 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from beatless import __version__
 from beatless.durations import describe
 from beatless.entry import Entry, Schedule
-from beatless.errors import BeatlessError, ConfigError, ScheduleError
+from beatless.errors import BeatlessError, ConfigError, ScheduleError, StoreUnavailable
 from beatless.firing import Firing, digest, from_datetime, iso
 from beatless.loader import load_schedule, parse_instant
 
 if TYPE_CHECKING:
+    from beatless._clockwatch import Sample
+    from beatless.stores import ClaimStore
     from beatless.triggers import Trigger
 
 EXIT_PROBLEMS = 1
 EXIT_BAD_INPUT = 2
+
+STORE_WAIT_S = 5.0
+"""How long ``run`` keeps trying a store it cannot reach at start before it gives up."""
+STORE_RETRY_S = 0.25
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,7 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check", help="validate entries and timing rules")
     check.add_argument("target", metavar="TARGET", help=target_help)
-    check.add_argument("--store", metavar="URL", help="also check rule 5 against this store")
+    check.add_argument(
+        "--store",
+        metavar="URL",
+        help="also connect to this store: probe it, check rule 5, measure the clock offset",
+    )
 
     explain = commands.add_parser("explain", help="derive a firing's id, offset and release")
     explain.add_argument("target", metavar="TARGET", help=target_help)
@@ -166,14 +178,18 @@ def _print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    offset: Sample | None = None
     try:
         schedule = load_schedule(args.target)
         errors: list[str] = []
         store_note = ""
         if args.store:
+            from beatless._clockwatch import measure
             from beatless.stores import open_store
 
             with open_store(args.store) as store:
+                store.probe()
+                offset = measure(store, time.time)
                 remembers = store.remembers
                 errors = schedule.check_store(remembers, store.name)
             store_note = (
@@ -193,6 +209,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         f"{args.target}: sound — {len(schedule.entries)} entries, {addresses} addresses, "
         f"namespace {schedule.namespace!r}, timezone {schedule.timezone}{store_note}"
     )
+    if offset is not None:
+        _print_offset(offset)
     _print_table(
         ["entry", "trigger", "jitter", "max_late", "tenants"],
         [
@@ -207,6 +225,23 @@ def cmd_check(args: argparse.Namespace) -> int:
         ],
     )
     return 0
+
+
+def _print_offset(offset: Sample) -> None:
+    from beatless._clockwatch import WARN_MS
+
+    print(
+        f"clock offset to the store: {offset.offset_ms:+d} ms "
+        f"(store minus this host, round trip {offset.round_trip_ms} ms)"
+    )
+    if abs(offset.offset_ms) > WARN_MS:
+        way, acts = ("behind", "late") if offset.offset_ms > 0 else ("ahead of", "early")
+        print(
+            f"warning: this host's clock is {abs(offset.offset_ms) / 1_000:.1f} s {way} the "
+            f"store's (over {WARN_MS / 1_000:g} s): it acts on firings that much {acts}; "
+            f"sync its clock (NTP)",
+            file=sys.stderr,
+        )
 
 
 # -- explain ----------------------------------------------------------------------------
@@ -312,10 +347,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 def run_node(schedule: Schedule, *, store_url: str, node: str | None) -> int:
     """Run one node until SIGINT or SIGTERM, logging each firing it wins."""
     from beatless.scheduler import Scheduler
-    from beatless.stores import open_store
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    with open_store(store_url) as store:
+    with open_probed(store_url) as store:
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        )
         scheduler = Scheduler(schedule, store=store, node=node)  # checks rule 5 on the store
         stopping = threading.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -325,6 +361,35 @@ def run_node(schedule: Schedule, *, store_url: str, node: str | None) -> int:
             pass
         scheduler.stop(timeout=10)
     return 0 if stopping.is_set() else EXIT_PROBLEMS
+
+
+def open_probed(url: str, *, wait_s: float = STORE_WAIT_S) -> ClaimStore:
+    """Open the store at ``url`` and probe it before anything else.
+
+    A store that refuses the credentials (or any error but unavailability) fails at
+    once; one that cannot be reached is tried again for up to ``wait_s`` seconds, then
+    :class:`~beatless.errors.StoreUnavailable` says for how long it was tried.
+    """
+    from beatless.stores import open_store
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return _probed(open_store(url))
+        except StoreUnavailable as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StoreUnavailable(f"{exc} (tried for {wait_s:g} s)") from None
+            time.sleep(min(STORE_RETRY_S, left))
+
+
+def _probed(store: ClaimStore) -> ClaimStore:
+    try:
+        store.probe()
+    except BaseException:
+        store.close()
+        raise
+    return store
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -5,10 +5,16 @@ at each firing's release asks the claim store to decide. Only a won firing is en
 
 * Occurrences are computed once per distinct trigger and shared by every entry and
   tenant that uses it; the firings waiting for their release live in one heap.
-* The claims due at one wake go to the store in one batch.
+* The firings due at one wake go to one :class:`~beatless.dispatch.Dispatcher`, the
+  loop's only seam to the store and the broker (two-phase or atomic); every firing it
+  is handed comes back decided or retried, and any error retries what it left.
 * The loop never sleeps past the next release nor longer than one second, and re-reads
   the wall clock at every wake, so a corrected clock or a suspended VM is noticed.
-* A firing more than ``max_late`` behind the node's clock is skipped and counted late.
+* A firing more than ``max_late`` behind the node's clock is skipped and counted late,
+  in bulk and before any store call, so an overloaded node drops old work first and
+  keeps the next occurrences on time; one WARNING per occurrence says what was dropped.
+* The node measures its offset to the store's clock at start and every minute, and
+  claims nothing while it is over the store's tolerance.
 """
 
 from __future__ import annotations
@@ -21,20 +27,32 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any, cast
+from typing import Any
 
-from beatless.durations import DurationLike, as_timedelta, to_ms
+from beatless._clockwatch import ClockWatch
+from beatless._fanout import MAX_TENANTS, FanOut, prepare_ahead_ms
+from beatless.dispatch import (
+    DEFAULT_LEASE,
+    Dispatcher,
+    Enqueue,
+    TwoPhase,
+    lease_ms_of,
+    send_deadline_s,
+)
+from beatless.durations import DurationLike
 from beatless.entry import Entry, Schedule
 from beatless.errors import ConfigError, ScheduleError, StoreError, StoreUnavailable
 from beatless.firing import Firing, iso
 from beatless.stats import EntryStats
-from beatless.stores.base import AtomicStore, ClaimRequest, ClaimStore, Outcome
+from beatless.stores.base import ClaimStore
 from beatless.triggers import Trigger
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_LEASE", "Decision", "Enqueue", "Scheduler", "send_deadline_s"]
 
 MAX_SLEEP_MS = 1_000
 EXPAND_AHEAD_MS = 2_000
@@ -42,9 +60,24 @@ EXPAND_AHEAD_MS = 2_000
 RETRY_MS = 500
 """A firing whose claim or enqueue failed is tried again after this long, until late."""
 MAX_BATCH = 5_000
-"""At most this many firings go to the store in one wake; the rest follow at once."""
+"""At most this many firings go to the dispatcher in one wake; the rest follow at once."""
+WARN_EVERY_MS = 10_000
+"""One WARNING per kind of trouble, entry and occurrence at most this often."""
+SUMMARY_EVERY_MS = 60_000
+"""How often a node logs its counts at INFO."""
 
-Enqueue = Callable[[Firing], object]
+_WARNINGS = {
+    "late": "more than max_late behind this node's clock, skipped (node overloaded, frozen, "
+    "or its clock jumped)",
+    "late_store": "refused by the store as late: the claim reached it more than max_late + "
+    "10s after the occurrence (slow network, or this node's clock is behind)",
+    "early": "refused by the store as early: released more than 10s ahead of the store's "
+    "clock (this node's clock is ahead)",
+    "forgotten": "not sent: the claim store lost its memory (restarted without persistence?) "
+    "after they were released, so they may already have been enqueued",
+    "corrupt": "not sent: the store holds a record for them that it cannot read",
+}
+"""Outcomes an operator must hear about, and what they mean."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +86,11 @@ class Decision:
 
     firing: Firing
     outcome: str
-    """``won``, ``takeover``, ``lost``, ``late`` (node clock), ``late_store`` or
-    ``enqueue_failed``."""
+    """Final: ``won``, ``takeover``, ``lost``, ``held``, ``late`` (node clock),
+    ``late_store``, ``early``, ``forgotten``, ``corrupt``, ``clock_skew`` (this node's
+    clock is too far off the store's to claim). Retried: ``enqueue_failed``,
+    ``stale_claim`` (the claim got older than half its lease before the send),
+    ``unavailable`` (the store could not be reached), ``error``."""
     node: str
     lateness_ms: int
 
@@ -73,6 +109,10 @@ class _Group:
         return max(entry.max_late_ms for entry in self.entries)
 
 
+def _known(tenants: object) -> tuple[str, ...]:
+    return tenants if isinstance(tenants, tuple) else ()
+
+
 def default_node_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -80,91 +120,75 @@ def default_node_name() -> str:
 def log_enqueue(firing: Firing) -> None:
     """The enqueue of a node with no broker: log what would have been sent."""
     logger.info(
-        "enqueue %s task=%s args=%r kwargs=%r tenant=%s",
+        "enqueue %s entry=%r tenant=%r task=%s",
         firing.id,
-        firing.entry.task,
-        firing.entry.args,
-        dict(firing.entry.kwargs),
+        firing.entry.name,
         firing.tenant,
+        firing.entry.task,
     )
-
-
-def commit_enqueued(store: ClaimStore, firings: Sequence[Firing], node: str) -> None:
-    """Commit the pending claims of firings just enqueued (the last step of two-phase).
-
-    A failed or refused commit is logged, not raised: the messages are already in the
-    broker, and the one way to a second copy (another node taking over a lease that ran
-    out) carries the same message id, which a consumer can deduplicate.
-    """
-    try:
-        kept = store.commit([f.id for f in firings], node=node)
-    except StoreError as exc:
-        logger.warning(
-            "commit of %d enqueued firing(s) failed (%s): if their leases run out another "
-            "node may enqueue them again under the same message id",
-            len(firings),
-            exc,
-        )
-        return
-    for firing, ok in zip(firings, kept, strict=True):
-        if not ok:
-            logger.warning(
-                "firing %s of entry %r: the lease ran out before commit and another node "
-                "took it over; a consumer may see this message id twice",
-                firing.id,
-                firing.entry.name,
-            )
 
 
 class Scheduler:
     """The loop of one node. Drive it with :meth:`run` / :meth:`start`, or :meth:`tick`.
 
-    ``enqueue`` is called with each won firing; raising means the enqueue failed, and
-    the claim is released so that another node or the next wake retries it. A store
-    that implements :class:`~beatless.stores.base.AtomicStore` claims and enqueues in
-    one step and ``enqueue`` is not used.
+    ``store`` is a :class:`~beatless.stores.base.ClaimStore`, used two-phase with
+    ``enqueue`` (called with each won firing; raising means the enqueue failed, and the
+    claim is released so that another node or the next wake retries it), or a
+    :class:`~beatless.dispatch.Dispatcher` that claims and enqueues on its own (the
+    atomic paths of the integrations), in which case ``enqueue`` is not used.
     """
 
     def __init__(
         self,
         schedule: Schedule,
         *,
-        store: ClaimStore | AtomicStore,
+        store: ClaimStore | Dispatcher,
         enqueue: Enqueue | None = None,
         clock: Callable[[], float] = time.time,
         node: str | None = None,
         on_decision: Callable[[Decision], None] | None = None,
-        lease: DurationLike = timedelta(seconds=30),
+        lease: DurationLike = DEFAULT_LEASE,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.schedule = schedule
-        self.store = store
-        self._atomic = store if isinstance(store, AtomicStore) else None
-        self._store: ClaimStore | None = store if isinstance(store, ClaimStore) else None
-        self.enqueue = enqueue or log_enqueue
+        self.lease_ms = lease_ms_of(lease)
+        if isinstance(store, Dispatcher):
+            self.dispatcher = store
+            self.lease_ms = getattr(store, "lease_ms", self.lease_ms)
+        elif isinstance(store, ClaimStore):
+            self.dispatcher = TwoPhase(
+                store, enqueue or log_enqueue, lease=lease, monotonic=monotonic
+            )
+        else:
+            raise ConfigError(f"store must be a ClaimStore or a Dispatcher, got {store!r}")
+        self.store: ClaimStore = self.dispatcher.store
         self.clock = clock
         self.node = node or default_node_name()
         self.on_decision = on_decision
-        self.lease_ms = to_ms(as_timedelta(lease, name="lease"))
         self._check_store()
         self.stats = {entry.name: EntryStats() for entry in schedule.entries}
+        self.clockwatch = ClockWatch(self.store, clock, self.node)
         self._heap: list[tuple[int, int, Any]] = []
         self._seq = itertools.count()
         self._tenants: dict[str, tuple[str, ...]] = {}
         self._held: set[str] = set()
+        self._open: dict[str, Firing] = {}
+        self._decisions: list[Decision] = []
+        self._trouble: Counter[tuple[str, str, int]] = Counter()
+        self._warned: dict[tuple[str, str, int], int] = {}
+        self._errors_warned: dict[str, int] = {}
+        self._summary = Counter[str]()
+        self._summary_ms: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._start_ms = self._now_ms()
+        self._start_ms = self.now_ms()
         self._plan(self._start_ms)
 
     def _check_store(self) -> None:
-        if self.lease_ms <= 0:
-            raise ConfigError("lease must be positive")
-        if self._atomic is None and self._store is None:
-            raise ConfigError(f"store must be a ClaimStore or an AtomicStore, got {self.store!r}")
-        if self._store is not None:
-            errors = self.schedule.check_store(self._store.remembers, self._store.name)
-            if errors:
-                raise ScheduleError("; ".join(errors), errors)
+        errors = self.schedule.check_store(self.store.remembers, self.store.name)
+        if errors:
+            raise ScheduleError("; ".join(errors), errors)
+        if isinstance(self.dispatcher, TwoPhase):
             self._warn_no_takeover()
 
     def _warn_no_takeover(self) -> None:
@@ -182,7 +206,8 @@ class Scheduler:
                     entry.max_late_ms,
                 )
 
-    def _now_ms(self) -> int:
+    def now_ms(self) -> int:
+        """The node's clock, in epoch milliseconds rounded down (never early)."""
         return math.floor(self.clock() * 1_000)
 
     # -- planning -------------------------------------------------------------------
@@ -202,7 +227,12 @@ class Scheduler:
     def _queue_next(self, group: _Group) -> None:
         occurrence = next(group.occurrences, None)
         if occurrence is not None:
-            self._push(occurrence - EXPAND_AHEAD_MS, (group, occurrence))
+            self._push(occurrence - self._expand_ahead_ms(group), (group, occurrence))
+
+    def _expand_ahead_ms(self, group: _Group) -> int:
+        """Big fan-outs start preparing early enough to be ready at their occurrence."""
+        widest = max(len(self._tenants.get(e.name) or _known(e.tenants)) for e in group.entries)
+        return EXPAND_AHEAD_MS + prepare_ahead_ms(widest)
 
     def _push(self, at_ms: int, item: Any) -> None:
         heapq.heappush(self._heap, (at_ms, next(self._seq), item))
@@ -217,9 +247,16 @@ class Scheduler:
             tenants = self._tenants_of(entry)
             if tenants is None:
                 self._push_firing(Firing.of(entry, None, base, occurrence))
-                continue
-            for tenant in tenants:
-                self._push_firing(Firing.of(entry, tenant, f"{base}/{tenant}", occurrence))
+            elif len(tenants) > MAX_TENANTS:
+                logger.error(
+                    "entry %r: %d tenants, over the %d one fan-out can hold; occurrence %s skipped",
+                    entry.name,
+                    len(tenants),
+                    MAX_TENANTS,
+                    iso(occurrence),
+                )
+            elif tenants:
+                self._push(self.now_ms(), FanOut(entry, base, occurrence, tenants))
 
     def _skip_late(self, group: _Group, occurrence: int | None, now: int) -> int | None:
         """After a clock jump or a long freeze, skip in one step all but the last of the
@@ -270,119 +307,165 @@ class Scheduler:
 
     def tick(self) -> list[Decision]:
         """One wake: expand what is near, then claim and enqueue what is due now."""
-        now = self._now_ms()
+        now = self.now_ms()
+        due = self._pop_due(now)
+        if due and not self.clockwatch.check(now):
+            for firing in due:
+                self.decide(firing, "clock_skew")
+        elif due:
+            self._dispatch(due)
+        self._warn_trouble(now)
+        self._log_summary(now)
+        decisions, self._decisions = self._decisions, []
+        return decisions
+
+    def _pop_due(self, now: int) -> list[Firing]:
+        """The firings due now, at most ``MAX_BATCH``; the late ones are dropped at once,
+        without a store call, however many there are."""
         due: list[Firing] = []
+        later: list[tuple[int, Any]] = []  # back into the heap after this wake
         while self._heap and self._heap[0][0] <= now and len(due) < MAX_BATCH:
             _, _, item = heapq.heappop(self._heap)
             if isinstance(item, Firing):
-                due.append(item)
+                if now - item.occurrence_ms > item.entry.max_late_ms:
+                    self.decide(item, "late")
+                else:
+                    due.append(item)
+            elif isinstance(item, FanOut):
+                self._take_fan_out(item, now, due, later)
             else:
                 group, occurrence = item
                 occurrence = self._skip_late(group, occurrence, now)
                 if occurrence is not None:
                     self._expand(group, occurrence)
-        decisions = [self._late(f, now) for f in due if now - f.occurrence_ms > f.entry.max_late_ms]
-        on_time = [f for f in due if now - f.occurrence_ms <= f.entry.max_late_ms]
-        if on_time:
-            decisions.extend(self._dispatch(on_time, now))
-        for decision in decisions:
-            self._report(decision)
-        return decisions
+        for at_ms, item in later:
+            self._push(at_ms, item)
+        return due
 
-    def _late(self, firing: Firing, now: int) -> Decision:
-        self.stats[firing.entry.name].late_node += 1
-        return Decision(firing, "late", self.node, now - firing.release_ms)
+    def _take_fan_out(
+        self, fan: FanOut, now: int, due: list[Firing], later: list[tuple[int, Any]]
+    ) -> None:
+        """Prepare one chunk of a fan-out, or take the firings it has released by now."""
+        if now - fan.occurrence_ms > fan.entry.max_late_ms:
+            self._drop_late(fan.entry, fan.occurrence_ms, fan.drop())
+            return
+        if not fan.is_prepared:
+            fan.prepare()
+            if not fan.is_prepared:
+                later.append((now, fan))  # one chunk per wake: the loop stays on time
+                return
+        due.extend(fan.take(now, MAX_BATCH - len(due)))
+        if fan.remaining:
+            self._push(fan.next_release_ms(), fan)
 
-    def _dispatch(self, firings: list[Firing], now: int) -> list[Decision]:
+    def _drop_late(self, entry: Entry, occurrence: int, count: int) -> None:
+        """Count the firings of a fan-out occurrence dropped whole as late, in one step:
+        no store call, no decision per firing, one WARNING with the count."""
+        if count <= 0:
+            return
+        self.stats[entry.name].late_node += count
+        self._summary["late"] += count
+        self._trouble[("late", entry.name, occurrence)] += count
+
+    def _dispatch(self, firings: list[Firing]) -> None:
+        """Hand the due firings to the dispatcher; retry whatever it did not decide."""
+        self._open = {f.id: f for f in firings}
         try:
-            if self._atomic is not None:
-                return self._claim_atomic(self._atomic, firings)
-            return self._claim_two_phase(cast(ClaimStore, self._store), firings)
+            self.dispatcher.dispatch(firings, self)
         except StoreUnavailable as exc:
+            self._retry_open("unavailable", f"claim store unavailable ({exc})")
+        except StoreError as exc:
+            self._retry_open("error", f"claim store error ({exc})")
+        except Exception as exc:
+            if self._may_warn("exception", 300_000):
+                logger.exception("dispatch failed; its firings are retried until late")
+            self._retry_open("error", f"dispatch failed ({type(exc).__name__}: {exc})")
+        finally:
+            self._retry_open("error", "dispatch returned without deciding")
+
+    def _retry_open(self, outcome: str, why: str) -> None:
+        if not self._open:
+            return
+        if self._may_warn(outcome, WARN_EVERY_MS):
             logger.warning(
-                "claim store unavailable (%s): %d firing(s) retried in %dms until late",
-                exc,
-                len(firings),
+                "node %s: %s: %d firing(s) retried every %dms until late",
+                self.node,
+                why,
+                len(self._open),
                 RETRY_MS,
             )
-        except StoreError:
-            logger.exception("claim store error: %d firing(s) retried until late", len(firings))
-        for firing in firings:
-            self._push(now + RETRY_MS, firing)
-        return []
+        for firing in list(self._open.values()):
+            self.retry(firing, outcome)
 
-    def _claim_atomic(self, store: AtomicStore, firings: list[Firing]) -> list[Decision]:
-        outcomes = store.claim_and_enqueue(firings, node=self.node)
-        return [self._decide(f, o) for f, o in zip(firings, outcomes, strict=True)]
+    # -- the Wake protocol: what the dispatcher reports -----------------------------
 
-    def _claim_two_phase(self, store: ClaimStore, firings: list[Firing]) -> list[Decision]:
-        requests = [ClaimRequest.of(f) for f in firings]
-        outcomes = store.claim(requests, node=self.node, lease_ms=self.lease_ms)
-        decisions, enqueued = [], []
-        for firing, outcome in zip(firings, outcomes, strict=True):
-            if outcome.is_won and not self._enqueue(firing):
-                decisions.append(self._enqueue_failed(store, firing))
-                continue
-            if outcome.is_won:
-                enqueued.append(firing)
-            decisions.append(self._decide(firing, outcome))
-        if enqueued:
-            commit_enqueued(store, enqueued, self.node)
-        return decisions
+    def is_late(self, firing: Firing, ahead_ms: int = 0) -> bool:
+        return self.now_ms() + ahead_ms - firing.occurrence_ms > firing.entry.max_late_ms
 
-    def _enqueue(self, firing: Firing) -> bool:
-        try:
-            self.enqueue(firing)
-        except Exception:
-            logger.exception("firing %s of entry %r: enqueue failed", firing.id, firing.entry.name)
-            return False
-        return True
+    def was_held(self, firing: Firing) -> bool:
+        return firing.id in self._held
 
-    def _enqueue_failed(self, store: ClaimStore, firing: Firing) -> Decision:
-        now = self._now_ms()
-        self.stats[firing.entry.name].enqueue_failures += 1
-        try:
-            store.release([firing.id], node=self.node)
-        except StoreError:
-            logger.warning(
-                "firing %s: could not release the claim; its lease will run out", firing.id
-            )
-        self._push(now + RETRY_MS, firing)
-        return Decision(firing, "enqueue_failed", self.node, now - firing.release_ms)
-
-    def _decide(self, firing: Firing, outcome: Outcome) -> Decision:
-        stats = self.stats[firing.entry.name]
-        now = self._now_ms()
-        if outcome.is_won:
-            self._held.discard(firing.id)
-            stats.won += 1
-            stats.lateness.observe(now - firing.release_ms)
-            if outcome is Outcome.TAKEOVER:
-                stats.takeovers += 1
-        elif outcome is Outcome.LATE:
-            stats.late_store += 1
+    def decide(self, firing: Firing, outcome: str) -> None:
+        """Record this node's final decision for ``firing``."""
+        self._open.pop(firing.id, None)
+        now = self.now_ms()
+        self._count(firing, outcome, now)
+        if outcome == "held":
+            self._recheck_held(firing, now)
         else:
+            self._held.discard(firing.id)
+        self._report(Decision(firing, outcome, self.node, now - firing.release_ms))
+
+    def retry(self, firing: Firing, outcome: str) -> None:
+        """``firing`` was not enqueued: count why, and try it again soon, until late."""
+        self._open.pop(firing.id, None)
+        now = self.now_ms()
+        self._count(firing, outcome, now)
+        self._push(now + RETRY_MS, firing)
+        self._report(Decision(firing, outcome, self.node, now - firing.release_ms))
+
+    def _count(self, firing: Firing, outcome: str, now: int) -> None:
+        stats = self.stats[firing.entry.name]
+        if outcome in ("won", "takeover"):
+            stats.lateness.observe(now - firing.release_ms)
+        if outcome in ("lost", "held"):  # lost once, when first seen held or lost
             if firing.id not in self._held:
                 stats.lost += 1
-            self._recheck_held(firing, outcome, now)
-        name = "late_store" if outcome is Outcome.LATE else outcome.value
-        return Decision(firing, name, self.node, now - firing.release_ms)
+        else:
+            stats.count(outcome)
+        self._summary[outcome] += 1
+        if outcome in _WARNINGS:
+            self._trouble[(outcome, firing.entry.name, firing.occurrence_ms)] += 1
+            if outcome == "corrupt":
+                logger.warning(
+                    "firing %s of entry %r: the claim store holds a record for it that this "
+                    "version cannot read; the firing is not sent",
+                    firing.id,
+                    firing.entry.name,
+                )
 
-    def _recheck_held(self, firing: Firing, outcome: Outcome, now: int) -> None:
+    def _recheck_held(self, firing: Firing, now: int) -> None:
         """A firing another node holds pending may be ours to take over when its lease
         runs out uncommitted, while it is not late."""
         again = now + self.lease_ms + RETRY_MS
-        if outcome is Outcome.HELD and again - firing.occurrence_ms <= firing.entry.max_late_ms:
+        if again - firing.occurrence_ms <= firing.entry.max_late_ms:
             self._held.add(firing.id)
             self._push(again, firing)
         else:
             self._held.discard(firing.id)
 
+    # -- telling the operator -------------------------------------------------------
+
     def _report(self, decision: Decision) -> None:
+        self._decisions.append(decision)
         firing = decision.firing
-        if logger.isEnabledFor(logging.INFO):
-            logger.info(
-                "firing %s entry=%s tenant=%s occurrence=%s offset=%dms outcome=%s lateness=%dms",
+        # An enqueue is one INFO line, as celery beat logs each task it sends; every other
+        # decision is DEBUG, and the ones an operator must act on are WARNINGs with counts.
+        level = logging.INFO if decision.outcome in ("won", "takeover") else logging.DEBUG
+        if logger.isEnabledFor(level):
+            logger.log(
+                level,
+                "firing %s entry=%r tenant=%r occurrence=%s offset=%dms outcome=%s lateness=%dms",
                 firing.id,
                 firing.entry.name,
                 firing.tenant,
@@ -397,6 +480,49 @@ class Scheduler:
             except Exception:
                 logger.exception("on_decision hook failed for firing %s", firing.id)
 
+    def _warn_trouble(self, now: int) -> None:
+        """One WARNING per kind of trouble, entry and occurrence, with the count so far."""
+        for key, count in list(self._trouble.items()):
+            last = self._warned.get(key)
+            if last is not None and now - last < WARN_EVERY_MS:
+                continue
+            outcome, name, occurrence = key
+            del self._trouble[key]
+            self._warned[key] = now
+            logger.warning(
+                "entry %r, occurrence %s: %d firing(s) %s",
+                name,
+                iso(occurrence),
+                count,
+                _WARNINGS[outcome],
+            )
+        if len(self._warned) > 10_000:
+            self._warned = {k: t for k, t in self._warned.items() if now - t < WARN_EVERY_MS}
+
+    def _may_warn(self, kind: str, every_ms: int) -> bool:
+        now = self.now_ms()
+        last = self._errors_warned.get(kind)
+        if last is not None and 0 <= now - last < every_ms:
+            return False
+        self._errors_warned[kind] = now
+        return True
+
+    def _log_summary(self, now: int) -> None:
+        if self._summary_ms is None:
+            self._summary_ms = now
+        if now - self._summary_ms < SUMMARY_EVERY_MS:
+            return
+        counts, self._summary = self._summary, Counter()
+        self._summary_ms = now
+        offset = self.clockwatch.offset_ms
+        logger.info(
+            "node %s, last %ds: %s; clock offset to the store %s",
+            self.node,
+            SUMMARY_EVERY_MS // 1_000,
+            ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "nothing due",
+            "unknown" if offset is None else f"{offset:+d}ms",
+        )
+
     # -- running --------------------------------------------------------------------
 
     def next_wake_ms(self) -> int | None:
@@ -406,16 +532,18 @@ class Scheduler:
     def run(self) -> None:
         """Wake, decide, sleep until the next release (at most a second); until stopped."""
         logger.info(
-            "node %s scheduling %d entries of namespace %r",
+            "node %s scheduling %d entries of namespace %r through %r",
             self.node,
             len(self.schedule.entries),
             self.schedule.namespace,
+            self.dispatcher,
         )
         while not self._stop.is_set():
             try:
                 self.tick()
             except Exception:
-                logger.exception("scheduler wake failed; the loop goes on")
+                if self._may_warn("tick", 300_000):
+                    logger.exception("scheduler wake failed; the loop goes on")
             self._stop.wait(self.sleep_s())
         logger.info("node %s stopped", self.node)
 
@@ -426,7 +554,7 @@ class Scheduler:
         wake = self.next_wake_ms()
         if wake is None:
             return cap_ms / 1_000
-        return min(max(wake - self._now_ms(), 0), cap_ms) / 1_000
+        return min(max(wake - self.now_ms(), 0), cap_ms) / 1_000
 
     def start(self) -> threading.Thread:
         """Run the loop in a daemon thread and return it."""

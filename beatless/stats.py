@@ -36,6 +36,24 @@ class Histogram:
         return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
 
 
+_COUNTERS = {
+    "won": "won",
+    "takeover": "won",
+    "lost": "lost",
+    "late": "late_node",
+    "late_store": "late_store",
+    "early": "early",
+    "forgotten": "forgotten",
+    "corrupt": "corrupt",
+    "clock_skew": "skipped_clock",
+    "enqueue_failed": "enqueue_failures",
+    "stale_claim": "stale_claims",
+    "unavailable": "store_unavailable",
+    "error": "errors",
+}
+"""The counter each decision adds to (a takeover is also a win)."""
+
+
 @dataclass
 class EntryStats:
     """What one node decided for one entry since it started."""
@@ -44,17 +62,29 @@ class EntryStats:
     lost: int = 0
     late_node: int = 0
     late_store: int = 0
+    early: int = 0
+    forgotten: int = 0
+    corrupt: int = 0
+    skipped_clock: int = 0
     enqueue_failures: int = 0
+    stale_claims: int = 0
+    store_unavailable: int = 0
+    errors: int = 0
     takeovers: int = 0
     lateness: Histogram = field(default_factory=Histogram)
 
+    def count(self, outcome: str) -> None:
+        """Add one decision (``won``, ``late``, ...) to its counter."""
+        if outcome == "takeover":
+            self.takeovers += 1
+        name = _COUNTERS.get(outcome)
+        if name is not None:
+            setattr(self, name, getattr(self, name) + 1)
+
     def as_dict(self) -> dict[str, int | None]:
+        counters = {name: getattr(self, name) for name in dict.fromkeys(_COUNTERS.values())}
         return {
-            "won": self.won,
-            "lost": self.lost,
-            "late_node": self.late_node,
-            "late_store": self.late_store,
-            "enqueue_failures": self.enqueue_failures,
+            **counters,
             "takeovers": self.takeovers,
             "lateness_p50_ms": self.lateness.percentile(50),
             "lateness_p99_ms": self.lateness.percentile(99),

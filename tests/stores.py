@@ -9,6 +9,9 @@ runs the cases that need an exact clock only on the stores whose clock it contro
 
 from __future__ import annotations
 
+import shutil
+import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -144,3 +147,69 @@ class StoreFactory:
     def close(self) -> None:
         for store in reversed(self._opened):
             store.close()
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PrivateRedis:
+    """A ``redis-server`` of the test's own on a free TCP port, with no persistence.
+
+    The test starts and stops it by pid, so it may restart it empty (a Redis that lost
+    its memory) or give it a password, and never touches the shared server.
+    """
+
+    def __init__(self, directory: Path, *, password: str | None = None) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.skip("redis-server is not installed; this case starts a private server")
+        self.binary, self.directory, self.password = binary, directory, password
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no", "--dir", str(self.directory)]
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while not self._answers():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"private redis-server on port {self.port} did not start")
+            time.sleep(0.02)
+
+    def _answers(self) -> bool:
+        import redis
+
+        try:
+            with redis.Redis(port=self.port, password=self.password, socket_timeout=1) as client:
+                return bool(client.ping())
+        except redis.exceptions.ConnectionError:
+            return False
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def restart(self) -> None:
+        """Stop the server and start it again on the same port, with no data."""
+        self.stop()
+        self.start()

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from stores import PrivateRedis, free_port
 
 from beatless import __version__, stores
 from beatless.cli import main
@@ -227,6 +228,87 @@ def test_check_with_a_store_refuses_entries_the_store_forgets_too_soon(
 
 def test_check_of_an_unreadable_target_exits_2(tmp_path: Path) -> None:
     assert main(["check", str(tmp_path / "absent.toml")]) == 2
+
+
+def test_check_with_a_store_probes_it_and_prints_the_clock_offset(
+    schedule_file: str, tmp_path: Path
+) -> None:
+    pytest.importorskip("redis")
+    server = PrivateRedis(tmp_path)
+    server.start()
+    try:
+        result = run_cli("check", schedule_file, "--store", server.url)
+    finally:
+        server.stop()
+
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "sound" in lines[0]
+    assert "redis store keeps each claim as long as it asks" in lines[0]
+    assert lines[1].startswith("clock offset to the store: ")
+    offset_ms = int(lines[1].split(": ")[1].split(" ms")[0])
+    assert abs(offset_ms) < 1_000
+    assert result.stderr == ""
+
+
+def test_check_warns_when_the_store_clock_is_over_a_second_away(
+    schedule_file: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ahead = MemoryStore(clock=lambda: time.time() + 2.5)
+    monkeypatch.setattr(stores, "open_store", lambda url: ahead)
+
+    assert main(["check", schedule_file, "--store", "memory://"]) == 0
+
+    captured = capsys.readouterr()
+    (line,) = [li for li in captured.out.splitlines() if li.startswith("clock offset")]
+    assert 2_400 < int(line.split(": ")[1].split(" ms")[0]) < 2_600
+    (warning,) = captured.err.splitlines()
+    assert warning.startswith("warning: this host's clock is 2.5 s behind the store's")
+
+
+def assert_one_line_exit_2(result: subprocess.CompletedProcess[str], message: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_a_store_that_cannot_be_reached_exits_2_with_one_line(
+    schedule_file: str, command: str
+) -> None:
+    pytest.importorskip("redis")
+    started = time.monotonic()
+
+    result = run_cli(command, schedule_file, "--store", f"redis://127.0.0.1:{free_port()}/0")
+
+    took = time.monotonic() - started
+    assert_one_line_exit_2(result, "cannot probe")
+    assert result.stdout == ""
+    if command == "run":  # tried again for 5 s before giving up
+        assert "tried for 5 s" in result.stderr
+        assert 5 <= took < 15
+    else:
+        assert took < 5
+
+
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_a_wrong_password_exits_2_at_once_with_one_line_that_does_not_show_it(
+    schedule_file: str, tmp_path: Path, command: str
+) -> None:
+    pytest.importorskip("redis")
+    server = PrivateRedis(tmp_path, password="the-right-one-9")  # noqa: S106 - a test server
+    server.start()
+    started = time.monotonic()
+    try:
+        url = f"redis://:not-it-31@127.0.0.1:{server.port}/0"
+        result = run_cli(command, schedule_file, "--store", url)
+    finally:
+        server.stop()
+
+    assert_one_line_exit_2(result, "check the user name and password")
+    assert "not-it-31" not in result.stderr
+    assert time.monotonic() - started < 5
 
 
 # -- explain ----------------------------------------------------------------------------

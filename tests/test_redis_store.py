@@ -7,11 +7,11 @@ password or a unix socket start a private ``redis-server`` of their own.
 
 from __future__ import annotations
 
+import importlib.resources
 import logging
 import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -27,11 +27,12 @@ pytest.importorskip("redis", reason="the redis store needs: pip install 'beatles
 
 import redis
 from conftest import require_service
+from stores import PrivateRedis, free_port
 
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.stores import ClaimRequest, Outcome, open_store
 from beatless.stores.base import TOLERANCE_MS
-from beatless.stores.redis import CHUNK, EXPIRY_SLACK_MS, RedisStore
+from beatless.stores.redis import CHUNK, EXPIRY_SLACK_MS, PROBE_TTL_MS, RedisStore
 from beatless.urls import mask_url
 
 HOST, PORT = "127.0.0.1", 6379
@@ -69,15 +70,17 @@ def server_now_ms(client: redis.Redis) -> int:
     return int(seconds) * 1_000 + int(micros) // 1_000
 
 
-def firing(occurrence_ms: int, *, address: str | None = None) -> ClaimRequest:
+def firing(
+    occurrence_ms: int, *, address: str | None = None, release_ms: int | None = None
+) -> ClaimRequest:
     id_ = uuid.uuid4().hex
-    return ClaimRequest(id_, address or f"test/{id_[:8]}", occurrence_ms, MAX_LATE_MS, MEMORY_MS)
+    release = occurrence_ms if release_ms is None else release_ms
+    address = address or f"test/{id_[:8]}"
+    return ClaimRequest(id_, address, occurrence_ms, MAX_LATE_MS, MEMORY_MS, release)
 
 
 def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
+    return free_port()
 
 
 class CountingConnection(redis.Connection):
@@ -146,7 +149,7 @@ def test_late_claim_is_refused_by_store_clock(client: redis.Redis, prefix: str) 
     request = firing(server_now_ms(client) - MAX_LATE_MS - TOLERANCE_MS - 2_000)
 
     assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.LATE]
-    assert list(client.scan_iter(match=f"{prefix}*")) == []
+    assert set(client.scan_iter(match=f"{prefix}*")) == {f"{prefix}epoch"}
     store.close()
 
 
@@ -202,19 +205,357 @@ def test_commit_keeps_the_claim_for_memory_ms_on_the_store_clock(
     store.close()
 
 
-def test_record_in_an_unknown_format_is_refused_before_anything_is_written(
+@pytest.mark.parametrize(
+    "value",
+    ["v=2|pending|1|1|elsewhere", "garbage", "v=1|paused|1|1|x", "v=1|pending|soon|1|x"],
+)
+def test_a_record_it_cannot_read_fails_only_its_own_firing_as_corrupt(
+    client: redis.Redis, prefix: str, value: str
+) -> None:
+    store = RedisStore(URL, prefix=prefix)
+    now = server_now_ms(client)
+    fresh, unreadable, late = firing(now), firing(now), firing(now - MAX_LATE_MS - 20_000)
+    key = f"{prefix}claim:{unreadable.id}"
+    client.set(key, value, px=60_000)
+
+    outcomes = store.claim([fresh, unreadable, late], node="a", lease_ms=LEASE_MS)
+
+    assert outcomes == [Outcome.WON, Outcome.CORRUPT, Outcome.LATE]
+    assert client.get(key) == value
+    assert store.commit([unreadable.id, fresh.id], node="a") == [False, True]
+    store.release([unreadable.id], node="a")
+    assert client.get(key) == value
+    assert 0 < client.pttl(key) <= 60_000
+    store.close()
+
+
+def test_a_key_of_another_type_fails_only_its_own_firing_as_corrupt(
     client: redis.Redis, prefix: str
 ) -> None:
     store = RedisStore(URL, prefix=prefix)
     now = server_now_ms(client)
-    fresh, newer = firing(now), firing(now)
-    client.set(f"{prefix}claim:{newer.id}", "v=2|pending|1|1|elsewhere", px=60_000)
+    other, fresh = firing(now), firing(now)
+    key = f"{prefix}claim:{other.id}"
+    client.hset(key, "owner", "another program")
 
-    with pytest.raises(StoreError, match="unknown claim record format") as caught:
-        store.claim([fresh, newer], node="a", lease_ms=LEASE_MS)
+    assert store.claim([other, fresh], node="a", lease_ms=LEASE_MS) == [
+        Outcome.CORRUPT,
+        Outcome.WON,
+    ]
+    assert store.claim_and_push([other], [[["RPUSH", f"{prefix}q", "m"]]], node="a") == [
+        Outcome.CORRUPT
+    ]
+    assert client.hgetall(key) == {"owner": "another program"}
+    assert client.exists(f"{prefix}q") == 0
+    store.close()
+
+
+def test_a_version_1_record_written_by_an_earlier_beatless_is_read(
+    client: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(URL, prefix=prefix)
+    now = server_now_ms(client)
+    committed, pending = firing(now), firing(now)
+    client.set(f"{prefix}claim:{committed.id}", f"v=1|committed|{now + 60_000}|80000|old|node")
+    client.set(f"{prefix}claim:{pending.id}", f"v=1|pending|{now - 1_000}|80000|old")
+
+    outcomes = store.claim([committed, pending], node="a", lease_ms=LEASE_MS)
+
+    assert outcomes == [Outcome.LOST, Outcome.TAKEOVER]
+    store.close()
+
+
+def test_release_keeps_the_record_with_its_lease_ended_and_its_memory_as_expiry(
+    client: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(URL, prefix=prefix)
+    request = firing(server_now_ms(client))
+    assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+
+    before = server_now_ms(client)
+    store.release([request.id], node="a")
+
+    key = f"{prefix}claim:{request.id}"
+    record = client.get(key)
+    assert isinstance(record, str)
+    version, state, until_ms, memory_ms, node = record.split("|", 4)
+    assert (version, state, memory_ms, node) == ("v=1", "pending", str(MEMORY_MS), "a")
+    assert before - 1 <= int(until_ms) < server_now_ms(client)
+    assert MEMORY_MS - 1_000 < client.pttl(key) <= MEMORY_MS
+    assert RedisStore(URL, prefix=prefix).claim([request], node="b", lease_ms=LEASE_MS) == [
+        Outcome.TAKEOVER
+    ]
+    store.close()
+
+
+def test_early_claim_writes_nothing_under_the_prefix_but_the_epoch(
+    client: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(URL, prefix=prefix)
+    now = server_now_ms(client)
+    early = firing(now, release_ms=now + TOLERANCE_MS + 5_000)
+
+    assert store.claim([early], node="a", lease_ms=LEASE_MS) == [Outcome.EARLY]
+    assert set(client.scan_iter(match=f"{prefix}*")) == {f"{prefix}epoch"}
+    store.close()
+
+
+# -- the epoch ---------------------------------------------------------------------------------
+
+
+def test_the_first_claim_writes_the_epoch_once_and_every_store_object_adopts_it(
+    client: redis.Redis, prefix: str
+) -> None:
+    a, b = RedisStore(URL, prefix=prefix), RedisStore(URL, prefix=prefix)
+    before = server_now_ms(client)
+    assert a.epoch is None
+
+    a.claim([firing(before)], node="a", lease_ms=LEASE_MS)
+    b.claim([firing(before)], node="b", lease_ms=LEASE_MS)
+
+    record = client.get(f"{prefix}epoch")
+    assert isinstance(record, str)
+    version, started_ms, token = record.split("|", 2)
+    assert a.epoch is not None
+    assert (version, started_ms, token) == ("v=1", str(a.epoch.started_ms), a.epoch.token)
+    assert before <= a.epoch.started_ms <= server_now_ms(client)
+    assert b.epoch == a.epoch
+    assert client.pttl(f"{prefix}epoch") == -1
+    a.close()
+    b.close()
+
+
+def test_an_unreadable_epoch_record_is_a_store_error_that_writes_nothing(
+    client: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(URL, prefix=prefix)
+    client.set(f"{prefix}epoch", "garbage")
+    request = firing(server_now_ms(client))
+
+    with pytest.raises(StoreError, match="unreadable epoch record") as caught:
+        store.claim([request], node="a", lease_ms=LEASE_MS)
 
     assert not isinstance(caught.value, StoreUnavailable)
-    assert client.exists(f"{prefix}claim:{fresh.id}", f"{prefix}last") == 0
+    assert client.exists(f"{prefix}claim:{request.id}") == 0
+    assert store.epoch is None
+    store.close()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A redis-server of the test's own on a free TCP port, with no persistence."""
+    pytest.importorskip("redis")
+    server = PrivateRedis(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def restarted_empty(server: PrivateRedis, store: RedisStore) -> str:
+    """Restart ``server`` with no data; returns the run_id it had before."""
+    run_id = store.server_run_id()
+    server.restart()
+    return run_id
+
+
+def test_a_redis_restarted_empty_gives_forgotten_to_a_store_object_that_saw_it_before(
+    own_redis: PrivateRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="beatless")
+    prefix = "beatless-test:"
+    a = RedisStore(own_redis.url, prefix=prefix)
+    request = firing(a.time_ms())
+    assert a.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    assert a.commit([request.id], node="a") == [True]
+    seen = a.epoch
+
+    old_run_id = restarted_empty(own_redis, a)
+
+    assert a.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.FORGOTTEN]
+    assert a.epoch is not None
+    assert a.epoch != seen
+    new_run_id = a.server_run_id()
+    assert new_run_id != old_run_id
+    assert "lost its memory" in caplog.text
+    assert new_run_id in caplog.text
+    # Written committed: no other node may send it either.
+    third = RedisStore(own_redis.url, prefix=prefix)
+    assert third.claim([request], node="c", lease_ms=LEASE_MS) == [Outcome.LOST]
+    with redis.Redis.from_url(own_redis.url, decode_responses=True) as admin:
+        record = admin.get(f"{prefix}claim:{request.id}")
+        assert isinstance(record, str)
+        assert record.startswith("v=1|committed|")
+        assert record.endswith("|a")
+        assert admin.hgetall(f"{prefix}last") == {}
+    for store in (a, third):
+        store.close()
+
+
+def test_after_a_restart_only_firings_released_before_the_new_epoch_plus_tolerance_are_forgotten(
+    own_redis: PrivateRedis,
+) -> None:
+    prefix = "beatless-test:"
+    a = RedisStore(own_redis.url, prefix=prefix)
+    a.claim([firing(a.time_ms())], node="a", lease_ms=LEASE_MS)
+    own_redis.restart()
+    first = firing(a.time_ms())
+    assert a.claim([first], node="a", lease_ms=LEASE_MS) == [Outcome.FORGOTTEN]
+    assert a.epoch is not None
+    horizon = a.epoch.started_ms + TOLERANCE_MS
+
+    before, at = firing(horizon - 1), firing(horizon - 5_000, release_ms=horizon)
+    # Released after the new epoch started, but within the tolerance of it.
+    recent = firing(a.time_ms())
+    assert a.claim([recent], node="a", lease_ms=LEASE_MS) == [Outcome.FORGOTTEN]
+
+    # A later batch of the same store object: the horizon stays, the epoch is adopted.
+    outcomes = a.claim([before, at, recent], node="a", lease_ms=LEASE_MS)
+    assert outcomes == [Outcome.FORGOTTEN, Outcome.WON, Outcome.LOST]
+    a.close()
+
+
+def test_a_store_object_opened_after_the_restart_adopts_the_new_epoch_and_wins(
+    own_redis: PrivateRedis,
+) -> None:
+    prefix = "beatless-test:"
+    a = RedisStore(own_redis.url, prefix=prefix)
+    request = firing(a.time_ms())
+    assert a.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    assert a.commit([request.id], node="a") == [True]
+    own_redis.restart()
+
+    fresh = RedisStore(own_redis.url, prefix=prefix)
+
+    assert fresh.claim([request], node="b", lease_ms=LEASE_MS) == [Outcome.WON]
+    assert fresh.epoch is not None
+    # The old store object notices the change all the same, and is held off.
+    assert a.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.HELD]
+    assert a.epoch == fresh.epoch
+    for store in (a, fresh):
+        store.close()
+
+
+def test_claim_and_push_runs_no_command_of_a_forgotten_or_early_firing(
+    own_redis: PrivateRedis,
+) -> None:
+    prefix, queue = "beatless-test:", "beatless-test:queue"
+    store = RedisStore(own_redis.url, prefix=prefix)
+    now = store.time_ms()
+    sent = firing(now)
+    assert store.claim_and_push([sent], [[["RPUSH", queue, "sent"]]], node="a") == [Outcome.WON]
+    own_redis.restart()
+
+    now = store.time_ms()
+    early = firing(now, release_ms=now + TOLERANCE_MS + 5_000)
+    pushes = [[["RPUSH", queue, name]] for name in ("again", "early")]
+    outcomes = store.claim_and_push([sent, early], pushes, node="a")
+
+    assert outcomes == [Outcome.FORGOTTEN, Outcome.EARLY]
+    with redis.Redis.from_url(own_redis.url, decode_responses=True) as admin:
+        assert admin.lrange(queue, 0, -1) == []
+    store.close()
+
+
+def test_a_commit_does_not_adopt_a_changed_epoch(own_redis: PrivateRedis) -> None:
+    prefix = "beatless-test:"
+    a = RedisStore(own_redis.url, prefix=prefix)
+    request = firing(a.time_ms())
+    assert a.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    seen = a.epoch
+    own_redis.restart()
+    RedisStore(own_redis.url, prefix=prefix).claim([firing(a.time_ms())], node="b", lease_ms=1)
+
+    assert a.commit([request.id], node="a") == [False]
+
+    assert a.epoch == seen
+    assert a.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.FORGOTTEN]
+    a.close()
+
+
+# -- clock and probe ---------------------------------------------------------------------------
+
+
+def test_time_ms_is_the_server_clock(client: redis.Redis, prefix: str) -> None:
+    store = RedisStore(URL, prefix=prefix)
+    before = server_now_ms(client)
+
+    now = store.time_ms()
+
+    assert before <= now <= server_now_ms(client)
+    store.close()
+
+
+def test_probe_writes_reads_and_deletes_a_key_under_the_prefix_only(
+    counting: redis.Redis, client: redis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = RedisStore(counting, prefix=prefix)
+    written: list[tuple[str, Any]] = []
+    set_key = counting.set
+
+    def noting_set(name: str, value: str, **options: Any) -> Any:
+        written.append((name, options.get("px")))
+        return set_key(name, value, **options)
+
+    monkeypatch.setattr(counting, "set", noting_set)
+    store.probe()
+
+    assert CountingConnection.sends == [["SET"], ["GET"], ["DEL"]]
+    ((key, px),) = written
+    assert key.startswith(f"{prefix}probe:")
+    assert px == PROBE_TTL_MS
+    assert list(client.scan_iter(match=f"{prefix}*")) == []
+
+
+def test_probe_of_a_store_at_a_closed_port_raises_store_unavailable() -> None:
+    store = RedisStore(f"redis://{HOST}:{closed_port()}/0")
+
+    with pytest.raises(StoreUnavailable, match="cannot probe"):
+        store.probe()
+    with pytest.raises(StoreUnavailable, match="cannot read the clock"):
+        store.time_ms()
+    store.close()
+
+
+def test_probe_with_a_wrong_password_is_a_store_error_naming_the_password_not_showing_it(
+    tmp_path: Path,
+) -> None:
+    server = PrivateRedis(tmp_path, password="right-pass-42")  # noqa: S106 - a test server
+    server.start()
+    try:
+        wrong = RedisStore(f"redis://:wrong-pass-17@{HOST}:{server.port}/0")
+        with pytest.raises(StoreError) as caught:
+            wrong.probe()
+        assert not isinstance(caught.value, StoreUnavailable)
+        assert "password" in str(caught.value)
+        assert "wrong-pass-17" not in str(caught.value)
+        missing = RedisStore(f"redis://{HOST}:{server.port}/0")
+        with pytest.raises(StoreError, match="password") as caught:
+            missing.probe()
+        assert not isinstance(caught.value, StoreUnavailable)
+        right = RedisStore(server.url)
+        right.probe()
+        for store in (wrong, missing, right):
+            store.close()
+    finally:
+        server.stop()
+
+
+# -- scripts as package files ----------------------------------------------------------------
+
+
+def test_the_scripts_are_package_files_whose_headers_give_keys_and_argv() -> None:
+    folder = importlib.resources.files("beatless.stores") / "lua"
+    prelude = (folder / "prelude.lua").read_text("utf-8")
+    store = RedisStore(URL)
+    scripts = {"claim": store._claim, "commit": store._commit, "release": store._release}
+    for name, script in scripts.items():
+        text = (folder / f"{name}.lua").read_text("utf-8")
+        header = "\n".join(line for line in text.splitlines() if line.startswith("--"))
+        assert "KEYS[" in header
+        assert "ARGV[1]" in header
+        assert script.script == prelude + text
     store.close()
 
 

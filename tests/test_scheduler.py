@@ -21,6 +21,7 @@ from beatless import (
     ScheduleError,
     StoreUnavailable,
 )
+from beatless.dispatch import Dispatcher, Wake, decide_claimed
 from beatless.firing import from_datetime
 from beatless.scheduler import MAX_SLEEP_MS, Decision, Scheduler
 from beatless.stores.base import ClaimRequest, Outcome
@@ -187,7 +188,8 @@ def test_failed_enqueue_releases_the_claim_and_is_retried_until_it_succeeds() ->
     for _ in range(20):
         clock.now += 0.25
         outcomes += [d.outcome for d in node.tick()]
-    assert outcomes == ["enqueue_failed", "enqueue_failed", "won"]
+    # A released claim is kept with its lease ended: winning it again is a takeover.
+    assert outcomes == ["enqueue_failed", "enqueue_failed", "takeover"]
     assert len({f.id for f in attempts}) == 1
     assert node.stats["e"].enqueue_failures == 2
     other = store.claim([ClaimRequest.of(attempts[0])], node="other", lease_ms=1_000)
@@ -222,7 +224,10 @@ def test_unreachable_store_means_no_enqueue_and_retries_until_the_firing_is_late
         clock.now += 0.5
         decisions += node.tick()
     assert sent == []
-    assert [d.outcome for d in decisions] == ["late"]
+    outcomes = [d.outcome for d in decisions]
+    assert outcomes[-1] == "late"
+    assert set(outcomes[:-1]) == {"unavailable"}
+    assert node.stats["e"].store_unavailable == len(outcomes) - 1
 
 
 def test_store_that_comes_back_in_time_gets_the_firing_claimed_and_enqueued() -> None:
@@ -264,7 +269,7 @@ def test_losing_node_takes_over_a_firing_whose_winner_died_before_commit() -> No
     assert node.stats["e"].lost == 1
 
 
-def test_claims_due_at_one_wake_go_to_the_store_in_one_batch() -> None:
+def test_claims_due_at_one_wake_go_in_sub_batches_sized_from_the_send_rate() -> None:
     clock = Clock()
 
     class CountingStore(MemoryStore):
@@ -285,7 +290,8 @@ def test_claims_due_at_one_wake_go_to_the_store_in_one_batch() -> None:
     )
     clock.now = T0
     node.tick()
-    assert store.calls == [500]
+    # Until ten sends are measured, a sub-batch holds 100; instant sends allow the rest.
+    assert store.calls == [100, 400]
 
 
 @dataclass(frozen=True)
@@ -319,22 +325,24 @@ def test_occurrences_are_computed_once_per_trigger_shared_by_its_entries() -> No
     assert sum(s.won for s in node.stats.values()) == 50 * 12
 
 
-def test_atomic_store_claims_and_enqueues_in_one_step_without_the_enqueue_callable() -> None:
+def test_a_dispatcher_claims_and_enqueues_in_one_step_without_the_enqueue_callable() -> None:
     clock = Clock()
 
-    class AtomicMemory:
+    class AtomicMemory(Dispatcher):
+        """Claim and commit in one step: a won firing is in ``queue``, nothing else is."""
+
         def __init__(self) -> None:
             self.queue: list[str] = []
             self.store = MemoryStore(clock=clock)
 
-        def claim_and_enqueue(self, firings: Sequence[Firing], *, node: str) -> list[Outcome]:
+        def dispatch(self, firings: Sequence[Firing], wake: Wake) -> None:
             requests = [ClaimRequest.of(f) for f in firings]
-            outcomes = self.store.claim(requests, node=node, lease_ms=1)
-            self.store.commit(
-                [f.id for f, o in zip(firings, outcomes, strict=False) if o.is_won], node=node
-            )
-            self.queue += [f.id for f, o in zip(firings, outcomes, strict=False) if o.is_won]
-            return [Outcome.LOST if o is Outcome.HELD else o for o in outcomes]
+            outcomes = self.store.claim(requests, node=wake.node, lease_ms=1)
+            won = [f.id for f, o in zip(firings, outcomes, strict=True) if o.is_won]
+            self.store.commit(won, node=wake.node)
+            self.queue += won
+            for firing, outcome in zip(firings, outcomes, strict=True):
+                decide_claimed(wake, firing, Outcome.LOST if outcome is Outcome.HELD else outcome)
 
     atomic = AtomicMemory()
 

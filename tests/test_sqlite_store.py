@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import random
 import sqlite3
 import subprocess
@@ -18,13 +20,17 @@ from stores import ManualClock
 import beatless.stores.sqlite as sqlite_module
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.stores import ClaimRequest, Outcome, open_store
+from beatless.stores.base import TOLERANCE_MS
 from beatless.stores.sqlite import SCHEMA_VERSION, SQLiteStore
 
 MEMORY_MS = 80_000
 
 
-def request(id_: str, occurrence_ms: int, memory_ms: int = MEMORY_MS) -> ClaimRequest:
-    return ClaimRequest(id_, f"sqlite/{id_}", occurrence_ms, 60_000, memory_ms)
+def request(
+    id_: str, occurrence_ms: int, memory_ms: int = MEMORY_MS, release_ms: int | None = None
+) -> ClaimRequest:
+    release = occurrence_ms if release_ms is None else release_ms
+    return ClaimRequest(id_, f"sqlite/{id_}", occurrence_ms, 60_000, memory_ms, release)
 
 
 @pytest.fixture
@@ -46,7 +52,9 @@ from beatless.stores.sqlite import SQLiteStore
 
 path, node, count, start_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 now_ms = int(time.time() * 1000)
-requests = [ClaimRequest(f"id-{i}", f"mp/{i}", now_ms, 60_000, 80_000) for i in range(count)]
+requests = [
+    ClaimRequest(f"id-{i}", f"mp/{i}", now_ms, 60_000, 80_000, now_ms) for i in range(count)
+]
 rng = random.Random(node)
 rng.shuffle(requests)
 won = []
@@ -163,6 +171,248 @@ def test_reopening_a_file_keeps_its_claims(path: Path, clock: ManualClock) -> No
         assert store.claim([request("x", clock.now_ms())], node="b", lease_ms=1_000) == [
             Outcome.HELD
         ]
+
+
+def test_a_file_of_an_earlier_beatless_without_an_epoch_gets_one_and_keeps_its_claims(
+    path: Path, clock: ManualClock
+) -> None:
+    with SQLiteStore(path, clock=clock) as store:
+        store.claim([request("x", clock.now_ms())], node="a", lease_ms=60_000)
+    with sqlite3.connect(path) as raw:
+        raw.execute("DELETE FROM meta WHERE key = 'epoch'")
+    raw.close()
+
+    with SQLiteStore(path, clock=clock) as store:
+        assert store.claim([request("x", clock.now_ms())], node="b", lease_ms=1_000) == [
+            Outcome.HELD
+        ]
+        assert store.epoch is not None
+
+
+# -- the epoch -----------------------------------------------------------------------------
+
+
+FAR = 4_000_000_000_000
+"""An until_ms in the year 2096: a row that no sweep removes."""
+
+
+def meta(path: Path, key: str) -> str | None:
+    with sqlite3.connect(path) as raw:
+        row = raw.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    raw.close()
+    return None if row is None else str(row[0])
+
+
+def delete_file(path: Path) -> None:
+    """Delete the database as an operator would: the file and its WAL companions."""
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+def test_the_epoch_is_a_meta_row_written_with_the_schema_and_adopted_at_the_first_claim(
+    path: Path, clock: ManualClock
+) -> None:
+    store = SQLiteStore(path, clock=clock)
+    started = clock.now_ms()
+    clock.advance(500)
+    assert store.epoch is None
+
+    store.claim([request("x", clock.now_ms())], node="a", lease_ms=1_000)
+
+    assert store.epoch is not None
+    assert meta(path, "epoch") == f"{started}|{store.epoch.token}"
+    assert store.epoch.started_ms == started
+    assert meta(path, "version") == str(SCHEMA_VERSION)
+    store.close()
+
+
+def test_a_deleted_file_gives_forgotten_to_a_store_object_that_saw_it_before(
+    path: Path, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="beatless")
+    a = SQLiteStore(path, clock=clock)
+    sent = request("sent", clock.now_ms())
+    assert a.claim([sent], node="a", lease_ms=1_000) == [Outcome.WON]
+    assert a.commit(["sent"], node="a") == [True]
+    seen = a.epoch
+    unsent = request("unsent", clock.now_ms())
+    delete_file(path)
+    clock.advance(2_000)
+
+    # The same store object opens the path again: a new file, a new epoch.
+    assert a.claim([sent, unsent], node="a", lease_ms=1_000) == [Outcome.FORGOTTEN] * 2
+    assert a.epoch is not None
+    assert a.epoch != seen
+    assert a.epoch.started_ms == clock.now_ms()
+    assert "deleted or replaced" in caplog.text
+    assert "lost its memory" in caplog.text
+    third = SQLiteStore(path, clock=clock)
+    assert third.claim([sent], node="c", lease_ms=1_000) == [Outcome.LOST]
+    assert [r["committed"] for r in third.recent(5)] == [True, True]
+    horizon = a.epoch.started_ms + TOLERANCE_MS
+    before = request("before", clock.now_ms(), release_ms=horizon - 1)
+    at = request("at", clock.now_ms(), release_ms=horizon)
+    assert a.claim([before, at], node="a", lease_ms=1_000) == [Outcome.FORGOTTEN, Outcome.WON]
+    a.close()
+    third.close()
+
+
+def test_a_store_object_opened_after_the_file_was_recreated_adopts_its_epoch_and_wins(
+    path: Path, clock: ManualClock
+) -> None:
+    a = SQLiteStore(path, clock=clock)
+    sent = request("sent", clock.now_ms())
+    assert a.claim([sent], node="a", lease_ms=1_000) == [Outcome.WON]
+    assert a.commit(["sent"], node="a") == [True]
+    delete_file(path)
+
+    fresh = SQLiteStore(path, clock=clock)
+
+    assert fresh.claim([sent], node="b", lease_ms=60_000) == [Outcome.WON]
+    assert fresh.epoch is not None
+    assert a.claim([sent], node="a", lease_ms=1_000) == [Outcome.HELD]
+    assert a.epoch == fresh.epoch
+    a.close()
+    fresh.close()
+
+
+def test_a_store_object_that_moves_to_a_recreated_file_leaves_the_new_file_s_log_intact(
+    path: Path, clock: ManualClock
+) -> None:
+    old = SQLiteStore(path, clock=clock)
+    old.claim([request("x", clock.now_ms())], node="old", lease_ms=60_000)
+    delete_file(path)
+    new = SQLiteStore(path, clock=clock)
+    new.claim([request("y", clock.now_ms())], node="new", lease_ms=60_000)
+    assert Path(f"{path}-wal").exists()
+
+    # The old connection is closed as the store object opens the new file.
+    assert old.claim([request("z", clock.now_ms())], node="old", lease_ms=60_000) == [
+        Outcome.FORGOTTEN
+    ]
+
+    assert Path(f"{path}-wal").exists()
+    with SQLiteStore(path, clock=clock) as other:
+        assert other.claim([request("y", clock.now_ms())], node="o", lease_ms=1) == [Outcome.HELD]
+    old.close()
+    new.close()
+
+
+# -- unreadable rows ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "values",
+    [(7, FAR, 0), (0, "garbage", 0), (0, FAR, "soon"), (None, FAR, 0)],
+    ids=["committed-7", "until-text", "claimed-text", "committed-blob"],
+)
+def test_a_row_it_cannot_read_fails_only_its_own_firing_as_corrupt(
+    path: Path, clock: ManualClock, values: tuple[object, object, object]
+) -> None:
+    store = SQLiteStore(path, clock=clock)
+    committed, until_ms, claimed_ms = values
+    with sqlite3.connect(path) as raw:
+        raw.execute(
+            "INSERT INTO claims VALUES ('bad', 'sqlite/bad', 0, 'a', ?, ?, 80000, ?)",
+            (committed if committed is not None else 0, until_ms, claimed_ms),
+        )
+        if committed is None:
+            raw.execute("UPDATE claims SET committed = x'00' WHERE id = 'bad'")
+    raw.close()
+    before = _row(path, "bad")
+    now = clock.now_ms()
+    batch = [request("fresh", now), request("bad", now), request("late", now - 100_000)]
+
+    assert store.claim(batch, node="a", lease_ms=1_000) == [
+        Outcome.WON,
+        Outcome.CORRUPT,
+        Outcome.LATE,
+    ]
+    assert store.commit(["bad", "fresh"], node="a") == [False, True]
+    store.release(["bad"], node="a")
+    clock.advance(200_000)
+    store.claim([request("later", clock.now_ms())], node="a", lease_ms=1_000)  # sweeps
+    assert _row(path, "bad") == before
+    store.close()
+
+
+def _row(path: Path, id_: str) -> tuple[object, ...]:
+    with sqlite3.connect(path) as raw:
+        row = raw.execute("SELECT * FROM claims WHERE id = ?", (id_,)).fetchone()
+    raw.close()
+    return tuple(row)
+
+
+def test_an_unreadable_epoch_row_is_a_store_error(path: Path, clock: ManualClock) -> None:
+    store = SQLiteStore(path, clock=clock)
+    with sqlite3.connect(path) as raw:
+        raw.execute("UPDATE meta SET value = 'not an epoch' WHERE key = 'epoch'")
+    raw.close()
+
+    with pytest.raises(StoreError, match="unreadable epoch") as caught:
+        store.claim([request("x", clock.now_ms())], node="a", lease_ms=1_000)
+    assert not isinstance(caught.value, StoreUnavailable)
+    store.close()
+
+
+# -- release, clock and probe ---------------------------------------------------------------
+
+
+def test_release_keeps_the_row_with_its_lease_ended(path: Path, clock: ManualClock) -> None:
+    store = SQLiteStore(path, clock=clock)
+    store.claim([request("x", clock.now_ms())], node="a", lease_ms=60_000)
+    clock.advance(10)
+
+    store.release(["x"], node="a")
+
+    (row,) = store.recent(5)
+    assert (row["id"], row["node"], row["committed"]) == ("x", "a", False)
+    assert row["until_ms"] == clock.now_ms() - 1
+    clock.advance(MEMORY_MS - 1)
+    store.claim([request("y", clock.now_ms())], node="a", lease_ms=1)  # sweeps
+    assert len(store) == 2
+    clock.advance(sqlite_module.SWEEP_EVERY_MS)
+    store.claim([request("z", clock.now_ms())], node="a", lease_ms=1)
+    assert "x" not in {r["id"] for r in store.recent(5)}
+    store.close()
+
+
+def test_time_ms_is_the_store_clock(path: Path, clock: ManualClock) -> None:
+    with SQLiteStore(path, clock=clock) as store:
+        clock.advance(42)
+        assert store.time_ms() == clock.now_ms()
+
+
+def test_probe_writes_reads_and_deletes_a_meta_row(path: Path) -> None:
+    with SQLiteStore(path) as store:
+        store.probe()
+    with sqlite3.connect(path) as raw:
+        keys = [key for (key,) in raw.execute("SELECT key FROM meta ORDER BY key")]
+    raw.close()
+    assert keys == ["epoch", "version"]
+
+
+def test_probe_of_a_path_that_cannot_be_written_fails_naming_the_path(path: Path) -> None:
+    store = SQLiteStore(path)
+    delete_file(path)
+    path.mkdir()  # what stands at the path now cannot be a database file
+
+    with pytest.raises(StoreError, match="unable to open") as caught:
+        store.probe()
+    assert str(path) in str(caught.value)
+    store.close()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only files")
+def test_probe_of_a_read_only_file_fails_naming_the_path(path: Path) -> None:
+    SQLiteStore(path).close()
+    path.chmod(0o444)
+    try:
+        with pytest.raises(StoreError) as caught, SQLiteStore(path) as store:
+            store.probe()
+        assert str(path) in str(caught.value)
+    finally:
+        path.chmod(0o644)
 
 
 # -- sweeping -------------------------------------------------------------------------------
@@ -303,6 +553,21 @@ def test_a_url_with_three_slashes_names_a_file_relative_to_the_working_directory
     with SQLiteStore.from_url("sqlite:///relative.db") as store:
         assert store.path == "relative.db"
     assert (tmp_path / "relative.db").exists()
+
+
+def test_a_store_opened_by_a_relative_path_keeps_its_file_after_a_chdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: ManualClock
+) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    store = SQLiteStore("relative.db", clock=clock)
+    store.claim([request("x", clock.now_ms())], node="a", lease_ms=60_000)
+
+    monkeypatch.chdir(tmp_path / "elsewhere")
+
+    assert store.claim([request("x", clock.now_ms())], node="b", lease_ms=1) == [Outcome.HELD]
+    assert not (tmp_path / "elsewhere" / "relative.db").exists()
+    store.close()
 
 
 def test_a_url_with_four_slashes_names_an_absolute_path(tmp_path: Path) -> None:

@@ -19,12 +19,13 @@ from stores import StoreFactory
 from beatless.stores import ClaimRequest, ClaimStore, Outcome
 from beatless.stores.base import TOLERANCE_MS
 
-WON, TAKEOVER, LOST, HELD, LATE = (
+WON, TAKEOVER, LOST, HELD, LATE, EARLY = (
     Outcome.WON,
     Outcome.TAKEOVER,
     Outcome.LOST,
     Outcome.HELD,
     Outcome.LATE,
+    Outcome.EARLY,
 )
 LEASE_MS = 600
 LONG_LEASE_MS = 60_000
@@ -34,11 +35,17 @@ MEMORY_MS = 80_000
 
 
 def firing(
-    occurrence_ms: int, *, max_late_ms: int = MAX_LATE_MS, memory_ms: int = MEMORY_MS
+    occurrence_ms: int,
+    *,
+    max_late_ms: int = MAX_LATE_MS,
+    memory_ms: int = MEMORY_MS,
+    release_ms: int | None = None,
 ) -> ClaimRequest:
-    """A claim request for a firing no other test uses."""
+    """A claim request for a firing no other test uses, released at its occurrence unless
+    ``release_ms`` says otherwise."""
     id_ = str(uuid.uuid4())
-    return ClaimRequest(id_, f"contract/{id_[:8]}", occurrence_ms, max_late_ms, memory_ms)
+    release = occurrence_ms if release_ms is None else release_ms
+    return ClaimRequest(id_, f"contract/{id_[:8]}", occurrence_ms, max_late_ms, memory_ms, release)
 
 
 def claim_one(
@@ -122,7 +129,7 @@ def test_claims_of_different_firings_are_independent(store_factory: StoreFactory
     b.release([second.id], node="b")
 
     assert claim_one(b, first, "b") is LOST
-    assert claim_one(a, second, "a") is WON
+    assert claim_one(a, second, "a") is TAKEOVER
 
 
 # -- lateness, on the store's clock ------------------------------------------------------
@@ -137,7 +144,9 @@ def test_claim_older_than_max_late_plus_tolerance_on_the_store_clock_is_late_and
 
     assert claim_one(store, late, "a") is LATE
     # Nothing was written: for a node allowed more lateness, the firing is still free.
-    lenient = ClaimRequest(late.id, late.address, occurrence, MAX_LATE_MS + 10_000, MEMORY_MS)
+    lenient = ClaimRequest(
+        late.id, late.address, occurrence, MAX_LATE_MS + 10_000, MEMORY_MS, occurrence
+    )
     assert claim_one(store_factory(), lenient, "b") is WON
 
 
@@ -159,6 +168,44 @@ def test_lateness_is_judged_by_the_store_clock_at_the_time_of_the_claim(
     request = firing(clocked_store_factory.now_ms())
 
     clocked_store_factory.advance(MAX_LATE_MS + TOLERANCE_MS + 1)
+
+    assert claim_one(store, request, "a") is LATE
+
+
+# -- early, on the store's clock ------------------------------------------------------------
+
+
+def test_claim_released_more_than_tolerance_ahead_of_the_store_clock_is_early_and_writes_nothing(
+    store_factory: StoreFactory,
+) -> None:
+    a, b = store_factory(), store_factory()
+    now = store_factory.now_ms()
+    request = firing(now, release_ms=now + TOLERANCE_MS + 400)
+
+    assert claim_one(a, request, "a") is EARLY
+    assert claim_one(b, request, "b") is EARLY
+    # Nothing was written: at the right time the firing is won as a first win.
+    store_factory.advance(800)
+    assert claim_one(b, request, "b") is WON
+    assert claim_one(a, request, "a") is HELD
+
+
+def test_claim_released_exactly_tolerance_ahead_of_the_store_clock_is_not_early(
+    clocked_store_factory: StoreFactory,
+) -> None:
+    store = clocked_store_factory()
+    now = clocked_store_factory.now_ms()
+
+    assert claim_one(store, firing(now, release_ms=now + TOLERANCE_MS), "a") is WON
+    assert claim_one(store, firing(now, release_ms=now + TOLERANCE_MS + 1), "a") is EARLY
+
+
+def test_a_late_firing_is_late_even_when_its_release_is_also_ahead(
+    clocked_store_factory: StoreFactory,
+) -> None:
+    store = clocked_store_factory()
+    now = clocked_store_factory.now_ms()
+    request = firing(now - MAX_LATE_MS - TOLERANCE_MS - 1, release_ms=now + TOLERANCE_MS + 1)
 
     assert claim_one(store, request, "a") is LATE
 
@@ -282,14 +329,45 @@ def test_commit_returns_ownership_per_id_in_request_order(store_factory: StoreFa
 # -- release --------------------------------------------------------------------------------
 
 
-def test_release_lets_another_node_win(store_factory: StoreFactory) -> None:
+def test_release_lets_another_node_take_the_firing_over(store_factory: StoreFactory) -> None:
     a, b = store_factory(), store_factory()
     request = firing(store_factory.now_ms())
     assert claim_one(a, request, "a") is WON
 
     a.release([request.id], node="a")
 
-    assert claim_one(b, request, "b") is WON
+    # The released claim is kept with its lease ended: a win after it is a takeover.
+    assert claim_one(b, request, "b") is TAKEOVER
+    assert claim_one(a, request, "a") is HELD
+    assert b.commit([request.id], node="b") == [True]
+
+
+def test_the_releasing_node_itself_takes_its_released_claim_over_and_cannot_commit_it(
+    store_factory: StoreFactory,
+) -> None:
+    a = store_factory()
+    request = firing(store_factory.now_ms())
+    assert claim_one(a, request, "a") is WON
+
+    a.release([request.id], node="a")
+    a.release([request.id], node="a")
+
+    assert a.commit([request.id], node="a") == [False]
+    assert claim_one(a, request, "a") is TAKEOVER
+    assert a.commit([request.id], node="a") == [True]
+
+
+def test_a_released_claim_that_becomes_late_gives_late(
+    clocked_store_factory: StoreFactory,
+) -> None:
+    a, b = clocked_store_factory(), clocked_store_factory()
+    request = firing(clocked_store_factory.now_ms())
+    assert claim_one(a, request, "a") is WON
+    a.release([request.id], node="a")
+
+    clocked_store_factory.advance(MAX_LATE_MS + TOLERANCE_MS + 1)
+
+    assert claim_one(b, request, "b") is LATE
 
 
 def test_release_by_a_node_that_does_not_hold_the_claim_does_nothing(
@@ -334,12 +412,13 @@ def test_batch_outcomes_follow_request_order_and_mix_every_outcome(
     assert claim_one(b, held_by_b, "b") is WON
     assert claim_one(a, own_pending, "a") is WON
     late = firing(now - MAX_LATE_MS - TOLERANCE_MS - 2_000)
+    early = firing(now, release_ms=now + TOLERANCE_MS + 5_000)
     fresh = [firing(now), firing(now)]
 
-    batch = [fresh[0], committed, late, held_by_b, abandoned, own_pending, fresh[1]]
+    batch = [fresh[0], committed, late, held_by_b, abandoned, own_pending, early, fresh[1]]
     outcomes = a.claim(batch, node="a", lease_ms=LEASE_MS)
 
-    assert outcomes == [WON, LOST, LATE, HELD, TAKEOVER, WON, WON]
+    assert outcomes == [WON, LOST, LATE, HELD, TAKEOVER, WON, EARLY, WON]
 
 
 def test_the_same_firing_twice_in_one_batch_is_won_once_by_its_node(
@@ -358,6 +437,70 @@ def test_empty_batches_do_nothing(store_factory: StoreFactory) -> None:
     assert store.claim([], node="a", lease_ms=LEASE_MS) == []
     assert store.commit([], node="a") == []
     store.release([], node="a")
+
+
+# -- identity, clock and probe --------------------------------------------------------------
+
+
+def test_a_store_object_adopts_the_store_epoch_at_its_first_claim_and_keeps_it(
+    store_factory: StoreFactory,
+) -> None:
+    a = store_factory()
+    before = store_factory.now_ms()
+    assert a.epoch is None
+
+    assert claim_one(a, firing(before), "a") is WON
+    epoch = a.epoch
+    assert epoch is not None
+    assert epoch.token
+    assert epoch.started_ms <= store_factory.now_ms()
+    b = store_factory()
+    assert claim_one(b, firing(before), "b") is WON
+    assert b.epoch == epoch
+    assert claim_one(a, firing(before), "a") is WON
+    assert a.epoch == epoch
+
+
+def test_a_store_object_whose_first_call_is_a_commit_adopts_the_epoch_too(
+    store_factory: StoreFactory,
+) -> None:
+    a = store_factory()
+    request = firing(store_factory.now_ms())
+    assert claim_one(a, request, "a") is WON
+    b = store_factory()
+
+    assert b.commit([request.id], node="a") == [True]
+
+    assert b.epoch == a.epoch
+
+
+def test_time_ms_reads_the_store_clock(store_factory: StoreFactory) -> None:
+    store = store_factory()
+
+    assert abs(store.time_ms() - store_factory.now_ms()) < 1_000
+
+
+def test_time_ms_of_a_store_with_no_clock_of_its_own_is_its_clock_exactly(
+    clocked_store_factory: StoreFactory,
+) -> None:
+    store = clocked_store_factory()
+    clocked_store_factory.advance(1_234)
+
+    assert store.time_ms() == clocked_store_factory.now_ms()
+
+
+def test_probe_succeeds_on_a_healthy_store_and_leaves_the_claims_alone(
+    store_factory: StoreFactory,
+) -> None:
+    a, b = store_factory(), store_factory()
+    request = firing(store_factory.now_ms())
+    assert claim_one(a, request, "a") is WON
+
+    a.probe()
+    b.probe()
+
+    assert claim_one(b, request, "b") is HELD
+    assert a.commit([request.id], node="a") == [True]
 
 
 # -- memory (rule 5) ------------------------------------------------------------------------

@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from beatless.durations import DurationLike, as_timedelta, to_ms
+from beatless.dispatch import DEFAULT_LEASE, Dispatcher, TwoPhase, Wake, decide_claimed
+from beatless.durations import DurationLike
 from beatless.entry import Entry
 from beatless.errors import ConfigError, StoreError
 from beatless.firing import Firing
-from beatless.scheduler import commit_enqueued
-from beatless.stores.base import ClaimRequest, Outcome
+from beatless.stores.base import ClaimRequest
 from beatless.stores.redis import RedisStore
 
 from .kombu_message import Builder, Message
@@ -39,9 +39,6 @@ logger = logging.getLogger(__name__)
 ATOMIC = "atomic"
 TWO_PHASE = "two-phase"
 
-DEFAULT_LEASE = 30.0
-"""Seconds a two-phase claim stays pending while its message is sent."""
-
 # Arguments of ``app.send_task`` that choose how to publish rather than what: a firing
 # that carries one is sent by ``app.send_task`` itself.
 _OWN_PUBLISH = ("producer", "connection", "publisher", "router", "result_cls", "task_type")
@@ -49,7 +46,7 @@ _OWN_PUBLISH = ("producer", "connection", "publisher", "router", "result_cls", "
 Enqueue = Callable[[Firing], object]
 
 
-class CeleryRedisAtomic:
+class CeleryRedisAtomic(Dispatcher):
     """Claims firings in the broker's own Redis and pushes each won task message in the
     same script, as kombu's Redis transport would push it; a stock worker consumes it.
 
@@ -58,11 +55,13 @@ class CeleryRedisAtomic:
     exchange, ``queue=`` / ``routing_key=`` options): its message is built with Celery's
     and kombu's own code and pushed by :meth:`RedisStore.claim_and_push
     <beatless.stores.redis.RedisStore.claim_and_push>`. Any other firing goes through the
-    **two-phase** path on the same store: ``claim`` pending for ``lease``, then
-    ``fallback_enqueue(firing)`` (by default ``app.send_task`` with
-    :func:`~beatless.celery.messages.send_task_options`), then ``commit``; a failed send
-    releases the claim and reports :attr:`~beatless.stores.base.Outcome.HELD`, so the
-    firing is claimed again while it is not late. That path serves topic, fanout and
+    **two-phase** path on the same store, the core's
+    :class:`~beatless.dispatch.TwoPhase` with ``fallback_enqueue(firing)`` as its send
+    (by default ``app.send_task`` with
+    :func:`~beatless.celery.messages.send_task_options`): claimed pending for ``lease``
+    in sub-batches, each send checked against its claim's age and the firing's lateness,
+    committed per sub-batch; a failed send releases the claim and the firing is retried
+    while it is not late. That path serves topic, fanout and
     headers exchanges, a broker other than the store's Redis, Redis Sentinel, and options
     that choose their own producer, connection or router. :meth:`route_kind` says which
     path an entry takes and why.
@@ -89,6 +88,8 @@ class CeleryRedisAtomic:
     closed by :meth:`close`, the store is not.
     """
 
+    store: RedisStore
+
     def __init__(
         self,
         app: Any,
@@ -108,9 +109,8 @@ class CeleryRedisAtomic:
         self.expires_from_lateness = expires_from_lateness
         self.fallback_enqueue = fallback_enqueue or self._send_task
         self.force_two_phase = force_two_phase
-        self.lease_ms = to_ms(as_timedelta(lease, name="celery atomic enqueue: lease"))
-        if self.lease_ms <= 0:
-            raise ConfigError(f"celery atomic enqueue: lease must be positive, got {lease!r}")
+        self.two_phase = TwoPhase(store, self.fallback_enqueue, lease=lease)
+        self.lease_ms = self.two_phase.lease_ms
         self._lock = threading.RLock()
         self._builder: Builder | None = None
         self._unusable: str | None = None
@@ -119,36 +119,32 @@ class CeleryRedisAtomic:
     def __repr__(self) -> str:
         return f"CeleryRedisAtomic({self.store!r}, force_two_phase={self.force_two_phase})"
 
-    # -- the AtomicStore protocol ----------------------------------------------------
+    # -- the Dispatcher seam -------------------------------------------------------
 
-    def claim_and_enqueue(self, firings: Sequence[Firing], *, node: str) -> list[Outcome]:
-        """Claim each firing and enqueue the won ones; one outcome per firing, in order.
-
-        Two-phase firings are claimed pending first, then the atomic ones are claimed and
-        pushed in one call, then the two-phase ones are sent and committed. Raises
-        :class:`~beatless.errors.StoreUnavailable` (nothing enqueued, pending claims
-        released) when Redis cannot be reached.
-        """
-        outcomes: list[Outcome | None] = [None] * len(firings)
-        atomic: list[tuple[int, Message]] = []
-        fallback: list[int] = []
-        for index, firing in enumerate(firings):
+    def dispatch(self, firings: Sequence[Firing], wake: Wake) -> None:
+        """Claim each firing and enqueue the won ones: the atomic ones pushed by the claim
+        script, the others two-phase through ``fallback_enqueue`` on the same store."""
+        atomic: list[tuple[Firing, Message]] = []
+        fallback: list[Firing] = []
+        for firing in firings:
+            if wake.is_late(firing):
+                wake.decide(firing, "late")
+                continue
             message = self._message_or_none(firing)
             if message is None:
-                fallback.append(index)
+                fallback.append(firing)
             else:
-                atomic.append((index, message))
-        pending = self._claim_pending([firings[i] for i in fallback], node)
-        try:
-            won = self._push(firings, atomic, node, outcomes)
-        except BaseException:
-            self._release_quietly([f.id for f, o in pending if o.is_won], node)
-            raise
-        self._publish_sent_events(won)
-        for index, (_, outcome) in zip(fallback, pending, strict=True):
-            outcomes[index] = outcome
-        self._send_pending(pending, fallback, outcomes, node)
-        return [o if o is not None else Outcome.HELD for o in outcomes]
+                atomic.append((firing, message))
+        self._push(atomic, wake)
+        if fallback:
+            self.two_phase.dispatch(fallback, wake)
+
+    def close(self) -> None:
+        """Close the broker connection opened for building messages."""
+        with self._lock:
+            if self._builder is not None:
+                self._builder.close()
+                self._builder = None
 
     def route_kind(self, entry: Entry) -> tuple[str, str]:
         """``("atomic" | "two-phase", reason)`` for ``entry``, for the start-up log line.
@@ -166,13 +162,6 @@ class CeleryRedisAtomic:
         if isinstance(message, str):
             return TWO_PHASE, message
         return ATOMIC, message.describe()
-
-    def close(self) -> None:
-        """Close the broker connection opened for building messages."""
-        with self._lock:
-            if self._builder is not None:
-                self._builder.close()
-                self._builder = None
 
     # -- the atomic path -----------------------------------------------------------
 
@@ -203,24 +192,18 @@ class CeleryRedisAtomic:
             return None
         return message
 
-    def _push(
-        self,
-        firings: Sequence[Firing],
-        atomic: list[tuple[int, Message]],
-        node: str,
-        outcomes: list[Outcome | None],
-    ) -> list[Message]:
+    def _push(self, atomic: list[tuple[Firing, Message]], wake: Wake) -> None:
         if not atomic:
-            return []
-        requests = [ClaimRequest.of(firings[i]) for i, _ in atomic]
-        commands = [m.commands for _, m in atomic]
-        results = self.store.claim_and_push(requests, commands, node=node)
+            return
+        requests = [ClaimRequest.of(firing) for firing, _ in atomic]
+        commands = [message.commands for _, message in atomic]
+        outcomes = self.store.claim_and_push(requests, commands, node=wake.node)
         won = []
-        for (index, message), outcome in zip(atomic, results, strict=True):
-            outcomes[index] = outcome
+        for (firing, message), outcome in zip(atomic, outcomes, strict=True):
+            decide_claimed(wake, firing, outcome)
             if outcome.is_won:
                 won.append(message)
-        return won
+        self._publish_sent_events(won)
 
     def _publish_sent_events(self, won: list[Message]) -> None:
         events = [m for m in won if m.sent_event is not None]
@@ -237,48 +220,6 @@ class CeleryRedisAtomic:
             logger.exception("could not publish task-sent events for %d firing(s)", len(events))
 
     # -- the two-phase path ----------------------------------------------------------
-
-    def _claim_pending(self, firings: list[Firing], node: str) -> list[tuple[Firing, Outcome]]:
-        if not firings:
-            return []
-        requests = [ClaimRequest.of(f) for f in firings]
-        outcomes = self.store.claim(requests, node=node, lease_ms=self.lease_ms)
-        return list(zip(firings, outcomes, strict=True))
-
-    def _send_pending(
-        self,
-        pending: list[tuple[Firing, Outcome]],
-        indexes: list[int],
-        outcomes: list[Outcome | None],
-        node: str,
-    ) -> None:
-        sent: list[Firing] = []
-        for index, (firing, outcome) in zip(indexes, pending, strict=True):
-            if not outcome.is_won:
-                continue
-            try:
-                self.fallback_enqueue(firing)
-            except Exception:
-                logger.exception(
-                    "firing %s of entry %r: enqueue failed; the claim is released and the "
-                    "firing is claimed again while it is not late",
-                    firing.id,
-                    firing.entry.name,
-                )
-                self._release_quietly([firing.id], node)
-                outcomes[index] = Outcome.HELD
-                continue
-            sent.append(firing)
-        if sent:
-            commit_enqueued(self.store, sent, node)
-
-    def _release_quietly(self, ids: list[str], node: str) -> None:
-        if not ids:
-            return
-        try:
-            self.store.release(ids, node=node)
-        except StoreError as exc:
-            logger.warning("could not release %d claim(s) (%s); leases run out", len(ids), exc)
 
     def _send_task(self, firing: Firing) -> object:
         name, args, kwargs, options = self._call(firing)

@@ -21,10 +21,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
+from beatless.dispatch import DEFAULT_LEASE, Dispatcher, TwoPhase, Wake, decide_claimed
 from beatless.dramatiq.messages import message_for
+from beatless.durations import DurationLike
 from beatless.errors import ConfigError
 from beatless.firing import Firing
-from beatless.stores.base import ClaimRequest, Outcome
+from beatless.stores.base import ClaimRequest
 from beatless.stores.redis import RedisStore
 
 if TYPE_CHECKING:
@@ -64,12 +66,17 @@ def url_is_broker_redis(url: str, broker: RedisBroker) -> bool:
         probe.close()
 
 
-class RedisBrokerStore:
-    """An :class:`~beatless.stores.base.AtomicStore` over the broker's own Redis.
+class RedisBrokerStore(Dispatcher):
+    """The atomic :class:`~beatless.dispatch.Dispatcher` over the broker's own Redis.
 
     ``store`` is a :class:`~beatless.stores.redis.RedisStore` whose client talks to the
-    broker's server and database; ``actor_of`` finds the actor of an entry's task.
+    broker's server and database; ``actor_of`` finds the actor of an entry's task. A
+    firing whose message cannot be prepared for the claim script goes two-phase through
+    ``broker.enqueue`` on the same store, where it fails (or not) in Dramatiq's own
+    words; it never stops the other firings of the wake.
     """
+
+    store: RedisStore
 
     name = "redis (the broker's own, atomic)"
 
@@ -81,26 +88,56 @@ class RedisBrokerStore:
         *,
         tenant_kwarg: str | None,
         owns_store: bool = True,
+        lease: DurationLike = DEFAULT_LEASE,
     ) -> None:
         self.broker = broker
         self.store = store
         self._actor_of = actor_of
         self._tenant_kwarg = tenant_kwarg
         self._owns_store = owns_store
+        self.two_phase = TwoPhase(store, self._enqueue, lease=lease)
+        self.lease_ms = self.two_phase.lease_ms
 
     def __repr__(self) -> str:
         return f"RedisBrokerStore({self.store!r}, namespace={self.broker.namespace!r})"
 
-    def claim_and_enqueue(self, firings: Sequence[Firing], *, node: str) -> list[Outcome]:
-        messages = [self._message(firing) for firing in firings]
+    def dispatch(self, firings: Sequence[Firing], wake: Wake) -> None:
         now_ms = int(time.time() * 1000)
-        commands = [self.commands(message, now_ms) for message in messages]
-        requests = [ClaimRequest.of(firing) for firing in firings]
-        outcomes = self.store.claim_and_push(requests, commands, node=node)
-        for message, outcome in zip(messages, outcomes, strict=True):
+        ready: list[tuple[Firing, Message[Any], list[list[str]]]] = []
+        fallback: list[Firing] = []
+        for firing in firings:
+            if wake.is_late(firing):
+                wake.decide(firing, "late")
+                continue
+            try:
+                message = self._message(firing)
+                ready.append((firing, message, self.commands(message, now_ms)))
+            except Exception:
+                logger.exception(
+                    "firing %s of entry %r: its message cannot be prepared for the claim "
+                    "script; sending it two-phase through broker.enqueue",
+                    firing.id,
+                    firing.entry.name,
+                )
+                fallback.append(firing)
+        self._push(ready, wake)
+        if fallback:
+            self.two_phase.dispatch(fallback, wake)
+
+    def _push(self, ready: list[tuple[Firing, Message[Any], list[list[str]]]], wake: Wake) -> None:
+        if not ready:
+            return
+        requests = [ClaimRequest.of(firing) for firing, _, _ in ready]
+        commands = [c for _, _, c in ready]
+        outcomes = self.store.claim_and_push(requests, commands, node=wake.node)
+        for (firing, message, _), outcome in zip(ready, outcomes, strict=True):
+            decide_claimed(wake, firing, outcome)
             if outcome.is_won:
                 self.broker.emit_after("enqueue", message, None)
-        return outcomes
+
+    def _enqueue(self, firing: Firing) -> None:
+        actor = self._actor_of(firing.entry.task)
+        self.broker.enqueue(message_for(firing, actor, tenant_kwarg=self._tenant_kwarg))
 
     def _message(self, firing: Firing) -> Message[Any]:
         message = message_for(

@@ -8,14 +8,38 @@ same store, while the store remembers the claim:
   and :attr:`Outcome.LOST` once it is committed;
 * a new claim whose occurrence is more than ``max_late + 10 s`` behind the **store's**
   clock is refused with :attr:`Outcome.LATE` and writes nothing (stores with no clock
-  of their own use the local clock, which all their users share);
+  of their own use the local clock, which all their users share); a new claim whose
+  release is more than ``10 s`` ahead of the store's clock (a node whose clock runs
+  fast) is refused with :attr:`Outcome.EARLY` and writes nothing;
 * a claim is *pending* from ``claim`` until ``commit``: it lives for ``lease_ms`` on the
   store's clock. ``commit`` makes it *committed* and remembered for ``memory_ms`` from
-  then. ``release`` forgets a pending claim so the firing can be claimed again;
+  then. ``release`` ends a pending claim's lease at once (the record stays) so the
+  firing can be claimed again;
 * when a pending claim's lease runs out uncommitted (the winner died between claim and
-  enqueue), the next claim that is not late wins it as :attr:`Outcome.TAKEOVER`;
+  enqueue), or its holder released it (the enqueue failed), the next claim that is not
+  late wins it as :attr:`Outcome.TAKEOVER`: a released claim is kept as a record whose
+  lease has ended, never deleted, so a win after it is never mistaken for a first win;
 * a node that claims a firing it already holds pending gets ``WON`` again, so a claim
   whose answer was lost in transit can be retried safely.
+
+**Identity.** Each store has an *epoch*: a record written at first use, with a random
+token and the store's clock at that instant, that disappears when the store loses its
+memory (a Redis restarted without persistence, an SQLite file deleted). A store object
+remembers the epoch it last saw (:attr:`ClaimStore.epoch`). When a claim finds the
+epoch changed since, the store forgot claims it once held: a claim that is not held, and
+whose release is before the new epoch's start plus ``10 s``, may have been won, and
+enqueued, before the loss. It is written committed (so that no other node sends it
+either) and answered :attr:`Outcome.FORGOTTEN`: a missed firing, loudly reported, is
+preferred to a duplicate. The store object then adopts the new epoch but keeps that
+cut-off, so a later batch (a retry, the next sub-batch) is judged the same way. A store
+object that has not seen an epoch yet adopts the first one it sees, with no cut-off; a
+commit never adopts a changed epoch. Use one store object per node.
+
+A live claim decides first: ``LOST``, ``HELD`` (or ``WON`` for the holder's own pending
+claim) take precedence over ``LATE``, ``EARLY`` and ``FORGOTTEN``.
+
+A record the store cannot read (a corrupt value, a newer format, another program's key)
+fails only its own firing, with :attr:`Outcome.CORRUPT`; nothing is written for it.
 
 Leases and memory are measured on the store's clock only, so skew between nodes cannot
 make a live lease look expired. Both include their last millisecond: a claim granted at
@@ -54,6 +78,15 @@ class Outcome(enum.Enum):
     """Lost for now: another node holds the firing pending. If its lease runs out
     uncommitted, a later claim that is not late takes the firing over."""
     LATE = "late"
+    """Refused: the occurrence is more than ``max_late + 10 s`` behind the store's clock."""
+    EARLY = "early"
+    """Refused: the release is more than ``10 s`` ahead of the store's clock."""
+    FORGOTTEN = "forgotten"
+    """The store lost its memory since this store object last saw it, and the firing was
+    released before the loss: it may already have been enqueued. Written committed; it
+    must not be enqueued."""
+    CORRUPT = "corrupt"
+    """The store holds a record for this firing that it cannot read; nothing written."""
 
     @property
     def is_won(self) -> bool:
@@ -70,6 +103,8 @@ class ClaimRequest:
     max_late_ms: int
     memory_ms: int
     """How long to remember the claim once committed (at least jitter + max_late + 10 s)."""
+    release_ms: int
+    """When nodes act on the firing: occurrence + offset."""
 
     @classmethod
     def of(cls, firing: Firing) -> ClaimRequest:
@@ -80,11 +115,16 @@ class ClaimRequest:
             occurrence_ms=firing.occurrence_ms,
             max_late_ms=entry.max_late_ms,
             memory_ms=entry.memory_ms,
+            release_ms=firing.release_ms,
         )
 
     def is_late(self, store_now_ms: int) -> bool:
         """The store-side lateness rule: more than ``max_late + 10 s`` behind."""
         return store_now_ms - self.occurrence_ms > self.max_late_ms + TOLERANCE_MS
+
+    def is_early(self, store_now_ms: int) -> bool:
+        """The store-side early rule: a release more than ``10 s`` ahead."""
+        return self.release_ms - store_now_ms > TOLERANCE_MS
 
 
 class Held(Protocol):
@@ -95,11 +135,19 @@ class Held(Protocol):
     until_ms: int
 
 
-def judge(request: ClaimRequest, held: Held | None, node: str, now_ms: int) -> Outcome:
+def judge(
+    request: ClaimRequest,
+    held: Held | None,
+    node: str,
+    now_ms: int,
+    forgot_before_ms: int | None = None,
+) -> Outcome:
     """The contract's outcome for one claim, for stores that decide outside the server.
 
-    A won outcome means the store must now write the claim as pending for the lease
-    (for ``node``'s own pending claim: extend it).
+    ``forgot_before_ms`` is set when the store's epoch changed since the store object
+    last saw it: the new epoch's start plus the tolerance. A won outcome means the store
+    must now write the claim as pending for the lease (for ``node``'s own pending claim:
+    extend it); :attr:`Outcome.FORGOTTEN` means it must write the claim committed.
     """
     if held is not None and held.until_ms >= now_ms:
         if held.committed:
@@ -107,7 +155,20 @@ def judge(request: ClaimRequest, held: Held | None, node: str, now_ms: int) -> O
         return Outcome.WON if held.node == node else Outcome.HELD
     if request.is_late(now_ms):
         return Outcome.LATE
+    if request.is_early(now_ms):
+        return Outcome.EARLY
+    if held is None and forgot_before_ms is not None and request.release_ms < forgot_before_ms:
+        return Outcome.FORGOTTEN
     return Outcome.WON if held is None or held.committed else Outcome.TAKEOVER
+
+
+@dataclass(frozen=True, slots=True)
+class Epoch:
+    """The identity of a store's memory: changes when the store loses what it knew."""
+
+    token: str
+    started_ms: int
+    """When the epoch record was written, on the store's clock."""
 
 
 class ClaimStore(ABC):
@@ -123,6 +184,29 @@ class ClaimStore(ABC):
         on a fixed window returns that window, and start-up refuses entries it cannot
         cover (rule 5)."""
         return None
+
+    epoch: Epoch | None = None
+    """The epoch this store object last saw (``None`` before its first claim)."""
+
+    @abstractmethod
+    def time_ms(self) -> int:
+        """The store's clock now, in epoch milliseconds: one round trip (Redis ``TIME``).
+
+        Stores with no clock of their own return the local clock. Nodes compare it with
+        their own to measure their offset to the store. Raises
+        :class:`~beatless.errors.StoreUnavailable` when the store cannot be reached.
+        """
+
+    @abstractmethod
+    def probe(self) -> None:
+        """Connect, authenticate, write, read back and delete a probe record under this
+        store's namespace or prefix; raise a :class:`~beatless.errors.StoreError` (or
+        :class:`~beatless.errors.StoreUnavailable`) whose message says what failed.
+
+        ``beatless run`` and ``beatless check --store`` call it before anything else, so
+        a wrong password or an unreachable server is one line at start, not a traceback
+        at every wake.
+        """
 
     @abstractmethod
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
@@ -143,7 +227,12 @@ class ClaimStore(ABC):
 
     @abstractmethod
     def release(self, ids: Sequence[str], *, node: str) -> None:
-        """Forget this node's pending claims (the enqueue failed), so they can be retried."""
+        """End this node's pending claims now (the enqueue failed, or was not attempted
+        because the claim got too old or the firing late), so they can be claimed again.
+
+        The record is kept with its lease ended, so the next claim that is not late wins
+        it as :attr:`Outcome.TAKEOVER`; a committed claim, or another node's, is left
+        alone."""
 
     def close(self) -> None:  # noqa: B027 - most stores have nothing to close
         """Close what the store opened itself; a client passed in is left open."""

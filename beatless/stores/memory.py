@@ -8,7 +8,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from beatless.stores.base import ClaimRequest, ClaimStore, Outcome, judge
+from beatless.stores._epoch import new_token
+from beatless.stores.base import ClaimRequest, ClaimStore, Epoch, Outcome, judge
 
 
 @dataclass(slots=True)
@@ -31,6 +32,9 @@ class MemoryStore(ClaimStore):
     instants, so memory stays bounded by the firings of the last ``memory_ms`` (twice
     that for a pending claim whose winner never committed) and a sweep costs only what
     it removes.
+
+    The store cannot lose its memory while it exists, so its epoch is fixed when it is
+    created and no claim is ever :attr:`~beatless.stores.base.Outcome.FORGOTTEN`.
     """
 
     name = "memory"
@@ -40,15 +44,24 @@ class MemoryStore(ClaimStore):
         self._claims: dict[str, _Claim] = {}
         self._lock = threading.Lock()
         self._expiry: list[tuple[int, str]] = []
+        self._epoch = Epoch(new_token(), self._now_ms())
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1_000)
+
+    def time_ms(self) -> int:
+        return self._now_ms()
+
+    def probe(self) -> None:
+        """Nothing to connect to: a memory store is always there."""
 
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
         with self._lock:
             now = self._now_ms()
             self._sweep(now)
-            return [self._claim_one(r, node, lease_ms, now) for r in requests]
+            outcomes = [self._claim_one(r, node, lease_ms, now) for r in requests]
+            self.epoch = self._epoch
+            return outcomes
 
     def _claim_one(self, request: ClaimRequest, node: str, lease_ms: int, now: int) -> Outcome:
         held = self._claims.get(request.id)
@@ -71,14 +84,17 @@ class MemoryStore(ClaimStore):
                     held.until_ms = now + held.memory_ms
                     self._expire_at(held, id_)
                 done.append(mine)
+            self.epoch = self._epoch
             return done
 
     def release(self, ids: Sequence[str], *, node: str) -> None:
         with self._lock:
+            now = self._now_ms()
             for id_ in ids:
                 held = self._claims.get(id_)
                 if held is not None and held.node == node and not held.committed:
-                    del self._claims[id_]
+                    held.until_ms = min(held.until_ms, now - 1)
+                    self._expire_at(held, id_)
 
     def _expire_at(self, claim: _Claim, id_: str) -> None:
         heapq.heappush(self._expiry, (_forget_at(claim), id_))

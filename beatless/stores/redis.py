@@ -1,6 +1,7 @@
 """The Redis claim store: leases judged on the Redis server's clock, one script per batch.
 
-Every ``claim``, ``commit`` and ``release`` is one Lua script, sent with ``EVALSHA``
+Every ``claim``, ``commit`` and ``release`` is one Lua script (``beatless/stores/lua/``,
+package files whose headers give their keys and arguments), sent with ``EVALSHA``
 (loaded once, loaded again when the server answers ``NOSCRIPT``), so a batch is one
 round trip, and a script is atomic: two nodes cannot both win a firing. A batch of more
 than ``CHUNK`` firings is sent as several scripts pipelined in the same round trip, so
@@ -19,7 +20,18 @@ so two apps on one Redis never collide:
     ``lease_ms + memory_ms`` after it was written, so a takeover can still be reported
     after its lease ran out; a committed claim is alive ``memory_ms`` after the commit
     (rule 5 holds by construction) and expires ``EXPIRY_SLACK_MS`` later. Redis forgets
-    both on its own.
+    both on its own. ``release`` ends a pending claim's lease (``acquired_until`` =
+    now - 1) and keeps the record, so the next claim is a takeover. A value in any other
+    form (another version, another program's value or type) fails its own firing as
+    ``corrupt`` and is never overwritten.
+``{prefix}epoch``
+    A string ``v=1|{started_ms}|{token}`` written (``SET NX``, no expiry) by the first
+    claim that finds it absent: the store's identity. A Redis that lost its data (a
+    restart without persistence, a flush) has none, so the next claim writes a new one
+    and every store object that saw the old one notices.
+``{prefix}probe:{random}``
+    Written, read back and deleted by :meth:`RedisStore.probe`; expires in 10 s if a
+    probe dies half-way.
 ``{prefix}last``
     A hash, one field per address: ``v=1|{firing id}|{occurrence_ms}|{claimed_ms}|{node}``,
     the last firing of that address a node won (or took over), for ``beatless status``.
@@ -31,15 +43,18 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from importlib import resources
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from beatless.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
-from beatless.stores.base import TOLERANCE_MS, ClaimRequest, ClaimStore, Outcome
+from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
+from beatless.stores.base import TOLERANCE_MS, ClaimRequest, ClaimStore, Epoch, Outcome
 from beatless.urls import mask_url, secrets_of
 
 if TYPE_CHECKING:
@@ -49,7 +64,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-"""The layout of a claim record; a record written by a newer beatless is refused."""
+"""The layout of a claim record; a claim whose record has another version is refused as
+:attr:`~beatless.stores.base.Outcome.CORRUPT`. The epoch record is ``v=1`` on its own."""
+
+PROBE_TTL_MS = 10_000
+"""How long a probe key may outlive a probe that died between writing and deleting it."""
 
 DEFAULT_SOCKET_TIMEOUT = 5.0
 """Seconds a client created from a URL waits to connect, and for each reply."""
@@ -69,133 +88,17 @@ trip, so that no single script holds Redis (often the broker as well) for long."
 
 SCHEMES = ("redis", "rediss", "unix")
 
-# Shared by the three scripts: the server's clock, reading claim records into tables
-# (false when absent) and writing one. Every script reads all its records before it
-# writes, so a record in a format this version does not know stops the script before it
-# has changed anything.
-_PRELUDE = """
-if redis.replicate_commands then redis.replicate_commands() end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local function read(key)
-  local record = redis.call('GET', key)
-  if not record then return false end
-  local v, state, until_ms, memory, node =
-    string.match(record, '^v=(%d+)|(%a+)|(%d+)|(%d+)|(.*)$')
-  if v ~= 'VERSION' then
-    error({err = 'BEATLESS unknown claim record format at ' .. key .. ': ' .. record
-      .. ' (written by a newer beatless? upgrade every node)'})
-  end
-  return {state = state, until_ms = tonumber(until_ms), memory = tonumber(memory), node = node}
-end
-local function write(key, state, until_ms, memory, node, ttl)
-  redis.call('SET', key, string.format('v=VERSION|%s|%d|%d|%s', state, until_ms, memory, node),
-    'PX', string.format('%d', ttl))
-  return {state = state, until_ms = until_ms, memory = memory, node = node}
-end
-local function read_all(first)
-  local held = {}
-  for i = first, #KEYS do
-    if held[KEYS[i]] == nil then held[KEYS[i]] = read(KEYS[i]) end
-  end
-  return held
-end
-"""
+SCRIPTS = "lua"
+"""The package folder of the scripts: ``prelude.lua`` is loaded in front of each of
+``claim.lua``, ``commit.lua`` and ``release.lua``, whose headers give their keys and ARGV."""
 
-# KEYS[1] = the last-winner hash, KEYS[1 + i] = the claim key of request i, which ends
-# with the firing id from position ARGV[5]. ARGV: node, lease_ms, tolerance_ms, retention
-# of the hash in ms, that position, then '1' for claim-and-enqueue ('0' for a pending
-# claim), then per request one argument "{occurrence_ms}|{max_late_ms}|{memory_ms}|{address}"
-# (one argument rather than four halves the cost of sending a large batch), then, for
-# claim-and-enqueue, per request a JSON list of the commands that enqueue its message.
-# A firing won that way is written committed at once and its commands run in the same
-# script: it is in the queue if and only if it was won. Returns one letter per request:
-# W T L H X.
-_CLAIM = (
-    _PRELUDE
-    + """
-local node, lease, tolerance = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local id_from, atomic, n = tonumber(ARGV[5]), ARGV[6] == '1', #KEYS - 1
-local held, out, last = read_all(2), {}, {}
-local function record_last()
-  redis.call('HSET', KEYS[1], unpack(last))
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
-  last = {}
-end
-local function win(i, key, memory)
-  if not atomic then
-    return write(key, 'pending', now + lease, memory, node, lease + memory)
-  end
-  for _, command in ipairs(cjson.decode(ARGV[6 + n + i])) do
-    redis.call(unpack(command))
-  end
-  return write(key, 'committed', now + memory, memory, node, memory + SLACK)
-end
-for i = 1, n do
-  local key = KEYS[i + 1]
-  local occurrence, max_late, memory, address =
-    string.match(ARGV[6 + i], '^(%-?%d+)|(%d+)|(%d+)|(.*)$')
-  occurrence, max_late, memory = tonumber(occurrence), tonumber(max_late), tonumber(memory)
-  local h = held[key]
-  if h and h.until_ms >= now then
-    if h.state == 'committed' then out[i] = 'L'
-    elseif h.node == node and not atomic then
-      held[key] = write(key, 'pending', now + lease, memory, node, lease + memory)
-      out[i] = 'W'
-    else out[i] = 'H' end
-  elseif now - occurrence > max_late + tolerance then out[i] = 'X'
-  else
-    held[key] = win(i, key, memory)
-    out[i] = (h and h.state == 'pending') and 'T' or 'W'
-    last[#last + 1] = address
-    last[#last + 1] = string.format('v=VERSION|%s|%d|%d|%s', string.sub(key, id_from), occurrence,
-      now, node)
-    if #last >= 1000 then record_last() end
-  end
-end
-if #last > 0 then record_last() end
-return table.concat(out)
-"""
-)
 
-# KEYS = claim keys; ARGV[1] = node. Returns one '1' or '0' per key.
-_COMMIT = (
-    _PRELUDE
-    + """
-local held, out = read_all(1), {}
-for i = 1, #KEYS do
-  local h = held[KEYS[i]]
-  if h and h.node == ARGV[1] and h.until_ms >= now then
-    held[KEYS[i]] = write(KEYS[i], 'committed', now + h.memory, h.memory, h.node,
-      h.memory + SLACK)
-    out[i] = '1'
-  else out[i] = '0' end
-end
-return table.concat(out)
-"""
-)
+def _script(name: str) -> str:
+    folder = resources.files("beatless.stores") / SCRIPTS
+    return (folder / "prelude.lua").read_text("utf-8") + (folder / name).read_text("utf-8")
 
-# KEYS = claim keys; ARGV[1] = node. Deletes this node's pending claims.
-_RELEASE = (
-    _PRELUDE
-    + """
-local held = read_all(1)
-for i = 1, #KEYS do
-  local h = held[KEYS[i]]
-  if h and h.state == 'pending' and h.node == ARGV[1] then
-    redis.call('DEL', KEYS[i])
-    held[KEYS[i]] = false
-  end
-end
-return 0
-"""
-)
 
-# The scripts write, and read only, records of this version.
-_CLAIM, _COMMIT, _RELEASE = (
-    script.replace("VERSION", str(FORMAT_VERSION)).replace("SLACK", str(EXPIRY_SLACK_MS))
-    for script in (_CLAIM, _COMMIT, _RELEASE)
-)
+_CLAIM, _COMMIT, _RELEASE = (_script(n) for n in ("claim.lua", "commit.lua", "release.lua"))
 
 _OUTCOMES = {
     "W": Outcome.WON,
@@ -203,6 +106,9 @@ _OUTCOMES = {
     "L": Outcome.LOST,
     "H": Outcome.HELD,
     "X": Outcome.LATE,
+    "E": Outcome.EARLY,
+    "F": Outcome.FORGOTTEN,
+    "C": Outcome.CORRUPT,
 }
 
 
@@ -241,6 +147,8 @@ class RedisStore(ClaimStore):
             raise ConfigError(f"redis store: prefix must be a non-empty string, got {prefix!r}")
         self.prefix = prefix if prefix is not None else f"beatless:{namespace}:"
         self._last_key = f"{self.prefix}last"
+        self._epoch_key = f"{self.prefix}epoch"
+        self._forgot_before_ms: int | None = None
         self._closed = False
         if isinstance(client_or_url, str):
             self._where = mask_url(client_or_url)
@@ -296,6 +204,8 @@ class RedisStore(ClaimStore):
         enqueue the message of ``requests[i]`` exactly as the broker's client would. A
         firing won this way is committed at once; there is nothing to commit or release.
         A live pending claim of a two-phase node (a fleet mid-rollout) gives ``HELD``.
+        A firing refused (``LATE``, ``EARLY``, ``CORRUPT``), held, lost or ``FORGOTTEN``
+        runs none of its commands.
         """
         if len(commands) != len(requests):
             raise ValueError("claim_and_push: one list of commands per request")
@@ -310,27 +220,58 @@ class RedisStore(ClaimStore):
     ) -> list[Outcome]:
         id_from = len(self._claim_key("")) + 1
         atomic = "0" if commands is None else "1"
-        head: list[str | int] = [node, lease_ms, TOLERANCE_MS, LAST_RETENTION_MS, id_from, atomic]
+        seen = self.epoch.token if self.epoch is not None else ""
+        horizon = "" if self._forgot_before_ms is None else self._forgot_before_ms
+        head: list[str | int] = [FORMAT_VERSION, EXPIRY_SLACK_MS, node, lease_ms, TOLERANCE_MS]
+        head += [LAST_RETENTION_MS, id_from, atomic, seen, horizon, new_token()]
         calls = []
         for start in range(0, len(requests), CHUNK):
             chunk = requests[start : start + CHUNK]
-            keys = [self._last_key, *(self._claim_key(r.id) for r in chunk)]
+            keys = [self._last_key, self._epoch_key, *(self._claim_key(r.id) for r in chunk)]
             args = head + [_claim_arg(r) for r in chunk]
             if commands is not None:
                 args += [json.dumps(c) for c in commands[start : start + CHUNK]]
             calls.append((keys, args))
         with self._errors("claim"):
-            reply = "".join(_text(r) for r in self._run(self._claim, calls))
-        return [_OUTCOMES[letter] for letter in reply]
+            replies = self._run(self._claim, calls)
+        for reply in replies:
+            self._adopt(_text(reply[1]))
+        return [_OUTCOMES[letter] for letter in "".join(_text(r[0]) for r in replies)]
 
     def commit(self, ids: Sequence[str], *, node: str) -> list[bool]:
+        args: list[str | int] = [FORMAT_VERSION, EXPIRY_SLACK_MS, node]
         with self._errors("commit"):
-            replies = self._run(self._commit, self._per_key(ids, node))
-        return [flag == "1" for flag in "".join(_text(r) for r in replies)]
+            replies = self._run(self._commit, self._per_key(ids, args, self._epoch_key))
+        if self.epoch is None and replies:
+            # Only a first sighting: a changed epoch is left for the next claim to judge.
+            self.epoch = _parse_epoch(_text(replies[-1][1]))
+        return [flag == "1" for flag in "".join(_text(r[0]) for r in replies)]
 
     def release(self, ids: Sequence[str], *, node: str) -> None:
         with self._errors("release"):
-            self._run(self._release, self._per_key(ids, node))
+            self._run(self._release, self._per_key(ids, [FORMAT_VERSION, node]))
+
+    def time_ms(self) -> int:
+        with self._errors("read the clock"):
+            seconds, micros = self._client.time()
+        return int(seconds) * 1_000 + int(micros) // 1_000
+
+    def probe(self) -> None:
+        """SET a probe key under the prefix (``PX`` 10 s), GET it back and DEL it."""
+        key, value = f"{self.prefix}probe:{uuid.uuid4().hex}", uuid.uuid4().hex
+        with self._errors("probe"):
+            self._client.set(key, value, px=PROBE_TTL_MS)
+            got = self._client.get(key)
+            self._client.delete(key)
+        if got is None or _text(got) != value:
+            raise StoreError(
+                f"redis store {self._where}: probe: wrote {key!r} but read back {got!r}"
+            )
+
+    def server_run_id(self) -> str:
+        """The server's ``run_id`` (``INFO server``): it changes when Redis restarts."""
+        with self._errors("read the server's run_id"):
+            return str(self._client.info("server")["run_id"])
 
     def close(self) -> None:
         if self._closed:
@@ -367,9 +308,31 @@ class RedisStore(ClaimStore):
     def _claim_key(self, id_: str) -> str:
         return f"{self.prefix}claim:{id_}"
 
-    def _per_key(self, ids: Sequence[str], node: str) -> list[tuple[list[str], list[str | int]]]:
+    def _per_key(
+        self, ids: Sequence[str], args: list[str | int], *head: str
+    ) -> list[tuple[list[str], list[str | int]]]:
         keys = [self._claim_key(i) for i in ids]
-        return [(keys[start : start + CHUNK], [node]) for start in range(0, len(keys), CHUNK)]
+        return [([*head, *keys[i : i + CHUNK]], args) for i in range(0, len(keys), CHUNK)]
+
+    def _adopt(self, record: str) -> None:
+        """Adopt the epoch a claim saw; warn when it is not the one last seen."""
+        epoch = _parse_epoch(record)
+        if epoch is None:
+            return
+        seen, self.epoch = self.epoch, epoch
+        self._forgot_before_ms = horizon_ms(seen, epoch, self._forgot_before_ms)
+        if seen is None or not has_changed(seen, epoch):
+            return
+        try:
+            run_id = self.server_run_id()
+        except StoreError:
+            run_id = "unknown"
+        logger.warning(
+            "redis store %s (server run_id %s): %s",
+            self._where,
+            run_id,
+            describe_change(seen, epoch),
+        )
 
     def _run(self, script: Script, calls: list[tuple[list[str], list[str | int]]]) -> list[Any]:
         """Run ``script`` once per call: one EVALSHA, or several pipelined in one round trip.
@@ -470,7 +433,15 @@ def _claim_arg(request: ClaimRequest) -> str:
             f"redis store: firing {r.id} ({r.address}): memory_ms must be positive and "
             f"max_late_ms not negative, got {r.memory_ms} and {r.max_late_ms}"
         )
-    return f"{r.occurrence_ms}|{r.max_late_ms}|{r.memory_ms}|{r.address}"
+    return f"{r.occurrence_ms}|{r.max_late_ms}|{r.memory_ms}|{r.release_ms}|{r.address}"
+
+
+def _parse_epoch(record: str) -> Epoch | None:
+    """``v=1|{started_ms}|{token}`` as an :class:`Epoch` (``None`` when there is none)."""
+    parts = record.split("|", 2)
+    if len(parts) != 3 or not parts[0].startswith("v=") or not parts[1].isdigit():
+        return None
+    return Epoch(parts[2], int(parts[1]))
 
 
 def _text(value: Any) -> str:

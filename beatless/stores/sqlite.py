@@ -9,14 +9,22 @@ The store's clock is the ``clock`` callable, read once per transaction after the
 lock is taken. Every process on the host shares the system clock, so leases are judged
 on one clock. The file must be on a local disk: SQLite's locks are not reliable over
 NFS or SMB, so do not share it between hosts.
+
+The file's epoch is the ``epoch`` row of its ``meta`` table, ``{started_ms}|{token}``,
+written with the schema when the file is created. A store object checks before each
+transaction that the file at its path is still the one it opened; when the file was
+deleted (or replaced), it opens the path again, which creates a new file with a new
+epoch, and the next claim reports what the old file may have held as forgotten.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +33,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from beatless.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
-from beatless.stores.base import ClaimRequest, ClaimStore, Outcome, judge
+from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
+from beatless.stores.base import ClaimRequest, ClaimStore, Epoch, Outcome, judge
+
+logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 """The layout of the file; a file written by a newer beatless is refused."""
@@ -54,20 +65,30 @@ _SCHEMA = (
 )
 _WRITE = (
     "INSERT OR REPLACE INTO claims (id, address, occurrence_ms, node, committed, until_ms,"
-    " memory_ms, claimed_ms) VALUES (?, ?, ?, ?, 0, ?, ?, ?)"
+    " memory_ms, claimed_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
+# Commit and release change only rows this version can read (see ``_parse_held``).
 _COMMIT = (
     "UPDATE claims SET committed = 1, until_ms = ? + memory_ms"
-    " WHERE id = ? AND node = ? AND until_ms >= ?"
+    " WHERE id = ? AND node = ? AND until_ms >= ? AND committed IN (0, 1)"
+    " AND typeof(until_ms) = 'integer' AND typeof(memory_ms) = 'integer'"
+    " AND typeof(claimed_ms) = 'integer'"
 )
-_RELEASE = "DELETE FROM claims WHERE id = ? AND node = ? AND committed = 0"
+# A released claim is kept with its lease ended, so that the next claim is a takeover.
+_RELEASE = (
+    "UPDATE claims SET until_ms = min(until_ms, ?) WHERE id = ? AND node = ? AND committed = 0"
+    " AND typeof(until_ms) = 'integer' AND typeof(memory_ms) = 'integer'"
+    " AND typeof(claimed_ms) = 'integer'"
+)
+_EPOCH = "SELECT value FROM meta WHERE key = 'epoch'"
+_NEW_EPOCH = "INSERT OR IGNORE INTO meta VALUES ('epoch', ?)"
 # A committed claim goes when its memory ends. A pending claim whose lease ran out is kept
 # for its memory_ms more, so that the next claim can still report it as a takeover.
 _SWEEP = (
     "DELETE FROM claims WHERE id IN (SELECT id FROM claims WHERE until_ms < :now"
     " AND (committed = 1 OR until_ms + memory_ms < :now) LIMIT :limit)"
 )
-_HELD = "SELECT id, node, committed, until_ms, claimed_ms FROM claims WHERE id IN"
+_HELD = "SELECT id, node, committed, until_ms, memory_ms, claimed_ms FROM claims WHERE id IN"
 _RECENT = (
     "SELECT id, address, occurrence_ms, node, committed, until_ms, claimed_ms"
     " FROM claims ORDER BY claimed_ms DESC, id LIMIT ?"
@@ -82,6 +103,13 @@ class _Held:
     claimed_ms: int
 
 
+class _Unreadable:
+    """A row this version cannot read: its firing is refused as ``CORRUPT``."""
+
+
+_UNREADABLE = _Unreadable()
+
+
 class SQLiteStore(ClaimStore):
     """Claims in one SQLite file, shared by the processes of one host.
 
@@ -92,7 +120,9 @@ class SQLiteStore(ClaimStore):
     disk (``synchronous=FULL``), so a claim survives a power cut as well as a crash.
 
     Each row records the winner (``node``) and when the store granted it
-    (``claimed_ms``) until the claim is swept; :meth:`recent` reads them.
+    (``claimed_ms``) until the claim is swept; :meth:`recent` reads them. A row whose
+    values are not what this version writes fails only its own firing, with
+    :attr:`~beatless.stores.base.Outcome.CORRUPT`.
 
     One store object may be shared by the threads of a process: it holds one connection
     and a lock, so its calls run one at a time (SQLite admits one writer at a time
@@ -121,6 +151,10 @@ class SQLiteStore(ClaimStore):
         self._next_sweep_ms = 0
         self._closed = False
         self._pid = os.getpid()
+        # Opened and watched by its absolute path, so that a chdir changes nothing.
+        self._file = self.path if self.path == ":memory:" else os.path.abspath(self.path)
+        self._file_id: tuple[int, int] | None = None
+        self._forgot_before_ms: int | None = None
         with self._lock, self._errors():
             self._conn: sqlite3.Connection | None = self._open()
 
@@ -160,34 +194,56 @@ class SQLiteStore(ClaimStore):
 
     # -- the contract ---------------------------------------------------------------
 
+    def time_ms(self) -> int:
+        return self._now_ms()
+
+    def probe(self) -> None:
+        """Write, read back and delete a probe row of the ``meta`` table, in one
+        transaction that is committed to disk."""
+        key, value = f"probe:{uuid.uuid4().hex}", uuid.uuid4().hex
+        with self._transaction() as (conn, _now):
+            conn.execute("INSERT INTO meta VALUES (?, ?)", (key, value))
+            row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+            conn.execute("DELETE FROM meta WHERE key = ?", (key,))
+        if row is None or row[0] != value:
+            raise StoreError(f"sqlite store {self.path!r}: a probe row written was not read back")
+
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
         if not requests:
             return []
         with self._transaction() as (conn, now):
             self._sweep(conn, now)
+            epoch = _current_epoch(conn, now, self.path)
+            forgot_before = horizon_ms(self.epoch, epoch, self._forgot_before_ms)
             held = self._held(conn, [r.id for r in requests])
+            decide = _Decision(node, lease_ms, now, forgot_before)
             outcomes = []
             writes: dict[str, tuple[Any, ...]] = {}
             for request in requests:
-                outcome, row = _decide(request, held.get(request.id), node, lease_ms, now)
+                outcome, row = decide(request, held.get(request.id))
                 outcomes.append(outcome)
                 if row is not None:
                     writes[request.id] = row
-                    held[request.id] = _Held(node, False, row[4], row[6])
+                    held[request.id] = _Held(node, bool(row[4]), row[5], row[7])
             conn.executemany(_WRITE, writes.values())
+        self._adopt(epoch, forgot_before)
         return outcomes
 
     def commit(self, ids: Sequence[str], *, node: str) -> list[bool]:
         if not ids:
             return []
         with self._transaction() as (conn, now):
-            return [conn.execute(_COMMIT, (now, id_, node, now)).rowcount > 0 for id_ in ids]
+            epoch = _current_epoch(conn, now, self.path)
+            done = [conn.execute(_COMMIT, (now, id_, node, now)).rowcount > 0 for id_ in ids]
+        if self.epoch is None:
+            self.epoch = epoch
+        return done
 
     def release(self, ids: Sequence[str], *, node: str) -> None:
         if not ids:
             return
-        with self._transaction() as (conn, _now):
-            conn.executemany(_RELEASE, ((id_, node) for id_ in ids))
+        with self._transaction() as (conn, now):
+            conn.executemany(_RELEASE, ((now - 1, id_, node) for id_ in ids))
 
     def close(self) -> None:
         with self._lock:
@@ -220,9 +276,14 @@ class SQLiteStore(ClaimStore):
     def _now_ms(self) -> int:
         return int(self._clock() * 1_000)
 
+    def _adopt(self, epoch: Epoch, forgot_before_ms: int | None) -> None:
+        if self.epoch is not None and has_changed(self.epoch, epoch):
+            logger.warning("sqlite store %r: %s", self.path, describe_change(self.epoch, epoch))
+        self.epoch, self._forgot_before_ms = epoch, forgot_before_ms
+
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
-            self.path,
+            self._file,
             timeout=self._busy_timeout,
             isolation_level=None,
             check_same_thread=False,
@@ -234,6 +295,7 @@ class SQLiteStore(ClaimStore):
         except BaseException:
             conn.close()
             raise
+        self._file_id = _file_id(self._file)
         return conn
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
@@ -249,6 +311,7 @@ class SQLiteStore(ClaimStore):
                 conn.execute(statement)
             if row is None:
                 conn.execute("INSERT INTO meta VALUES ('version', ?)", (str(SCHEMA_VERSION),))
+            conn.execute(_NEW_EPOCH, (_epoch_value(self._now_ms(), new_token()),))
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -263,7 +326,24 @@ class SQLiteStore(ClaimStore):
             # the parent's untouched.
             self._pid = os.getpid()
             self._conn = self._open()
+        elif self._file_id is not None and _file_id(self._file) != self._file_id:
+            self._reopen()
         return self._conn
+
+    def _reopen(self) -> None:
+        """The file was deleted or replaced: open the path again (a new file, a new epoch).
+
+        SQLite does not checkpoint nor delete the write-ahead log of a file that moved
+        when its connection closes, so closing the old one leaves the new file's alone.
+        """
+        logger.warning(
+            "sqlite store %r: the file was deleted or replaced while open; opening it again",
+            self.path,
+        )
+        stale, self._conn = self._conn, None
+        if stale is not None:
+            stale.close()
+        self._conn = self._open()
 
     @contextmanager
     def _transaction(self) -> Iterator[tuple[sqlite3.Connection, int]]:
@@ -296,40 +376,100 @@ class SQLiteStore(ClaimStore):
         # A full sweep may have left more behind: sweep again on the next transaction.
         self._next_sweep_ms = now if deleted >= SWEEP_LIMIT else now + SWEEP_EVERY_MS
 
-    def _held(self, conn: sqlite3.Connection, ids: list[str]) -> dict[str, _Held]:
+    def _held(self, conn: sqlite3.Connection, ids: list[str]) -> dict[str, _Held | _Unreadable]:
         unique = list(dict.fromkeys(ids))
         held = {}
         for start in range(0, len(unique), _CHUNK):
             chunk = unique[start : start + _CHUNK]
             marks = ",".join("?" * len(chunk))
             sql = f"{_HELD} ({marks})"
-            for id_, node, committed, until_ms, claimed_ms in conn.execute(sql, chunk):
-                held[id_] = _Held(node, bool(committed), until_ms, claimed_ms)
+            for id_, *values in conn.execute(sql, chunk):
+                held[id_] = _parse_held(*values)
         return held
 
 
-def _decide(
-    request: ClaimRequest, held: _Held | None, node: str, lease_ms: int, now: int
-) -> tuple[Outcome, tuple[Any, ...] | None]:
-    """The outcome of one claim, and the row to write for it (``None``: write nothing)."""
-    outcome = judge(request, held, node, now)
-    if not outcome.is_won:
-        return outcome, None
-    mine = held is not None and held.node == node and not held.committed and held.until_ms >= now
-    claimed_ms = held.claimed_ms if held is not None and mine else now
-    return outcome, _row(request, node, now + lease_ms, claimed_ms)
+def _parse_held(
+    node: object, committed: object, until_ms: object, memory_ms: object, claimed_ms: object
+) -> _Held | _Unreadable:
+    """A row as this version wrote it, or ``_UNREADABLE``."""
+    if (
+        isinstance(node, str)
+        and committed in (0, 1)
+        and isinstance(until_ms, int)
+        and isinstance(memory_ms, int)
+        and isinstance(claimed_ms, int)
+    ):
+        return _Held(node, committed == 1, until_ms, claimed_ms)
+    return _UNREADABLE
 
 
-def _row(request: ClaimRequest, node: str, until_ms: int, claimed_ms: int) -> tuple[Any, ...]:
+@dataclass(frozen=True, slots=True)
+class _Decision:
+    """Decides one claim of a batch: its outcome, and the row to write (``None``: none)."""
+
+    node: str
+    lease_ms: int
+    now: int
+    forgot_before_ms: int | None
+
+    def __call__(
+        self, request: ClaimRequest, held: _Held | _Unreadable | None
+    ) -> tuple[Outcome, tuple[Any, ...] | None]:
+        if isinstance(held, _Unreadable):
+            return Outcome.CORRUPT, None
+        node, now = self.node, self.now
+        outcome = judge(request, held, node, now, self.forgot_before_ms)
+        if outcome is Outcome.FORGOTTEN:
+            return outcome, _row(request, node, True, now + request.memory_ms, now)
+        if not outcome.is_won:
+            return outcome, None
+        live = held is not None and held.until_ms >= now
+        mine = held is not None and live and held.node == node and not held.committed
+        claimed_ms = held.claimed_ms if held is not None and mine else now
+        return outcome, _row(request, node, False, now + self.lease_ms, claimed_ms)
+
+
+def _row(
+    request: ClaimRequest, node: str, committed: bool, until_ms: int, claimed_ms: int
+) -> tuple[Any, ...]:
     return (
         request.id,
         request.address,
         request.occurrence_ms,
         node,
+        int(committed),
         until_ms,
         request.memory_ms,
         claimed_ms,
     )
+
+
+def _epoch_value(started_ms: int, token: str) -> str:
+    return f"{started_ms}|{token}"
+
+
+def _current_epoch(conn: sqlite3.Connection, now: int, path: str) -> Epoch:
+    """The file's epoch, written now if the row is missing (a file of an older beatless)."""
+    row = conn.execute(_EPOCH).fetchone()
+    if row is None:
+        conn.execute(_NEW_EPOCH, (_epoch_value(now, new_token()),))
+        row = conn.execute(_EPOCH).fetchone()
+    started, _, token = str(row[0]).partition("|")
+    if not started.isdigit() or not token:
+        raise StoreError(
+            f"sqlite store {path!r}: unreadable epoch record {row[0]!r} in its meta table; "
+            f"this file was not written by beatless"
+        )
+    return Epoch(token, int(started))
+
+
+def _file_id(path: str) -> tuple[int, int] | None:
+    """The identity of the file at ``path`` (``None`` if there is none, or no file)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
 
 
 def _check_version(value: str, path: str) -> None:

@@ -35,11 +35,11 @@ from kombu import entity  # noqa: E402
 
 from beatless.celery.atomic import ATOMIC, TWO_PHASE, CeleryRedisAtomic  # noqa: E402
 from beatless.celery.messages import OCCURRENCE_HEADER, send_task_options  # noqa: E402
+from beatless.dispatch import Dispatcher, dispatch_now  # noqa: E402
 from beatless.entry import Entry, Schedule  # noqa: E402
 from beatless.errors import StoreUnavailable  # noqa: E402
 from beatless.firing import Firing, iso  # noqa: E402
 from beatless.scheduler import Scheduler  # noqa: E402
-from beatless.stores.base import AtomicStore, Outcome  # noqa: E402
 from beatless.stores.redis import RedisStore  # noqa: E402
 from beatless.triggers import Every  # noqa: E402
 
@@ -173,7 +173,7 @@ def test_atomic_message_equals_the_one_send_task_pushes(
     try:
         f = firing("equal", options=options)
         assert atomic.route_kind(f.entry)[0] == ATOMIC
-        assert atomic.claim_and_enqueue([f], node="a") == [Outcome.WON]
+        assert dispatch_now(atomic, [f], node="a") == ["won"]
         app.send_task(TASK, f.entry.args, dict(f.entry.kwargs), **send_task_options(f))
     finally:
         close(atomic)
@@ -206,8 +206,8 @@ def test_sent_event_is_published_for_a_won_firing_only(db: int, token: str, r: A
     events.psubscribe("*celeryev*")
     try:
         f = firing("sent")
-        assert atomic.claim_and_enqueue([f], node="a") == [Outcome.WON]
-        assert atomic.claim_and_enqueue([f], node="b") == [Outcome.LOST]
+        assert dispatch_now(atomic, [f], node="a") == ["won"]
+        assert dispatch_now(atomic, [f], node="b") == ["lost"]
         received = []
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline:
@@ -227,14 +227,14 @@ def test_sent_event_is_published_for_a_won_firing_only(db: int, token: str, r: A
 # -- exactly once, late, fallback --------------------------------------------------------
 
 
-def race(atomics: list[CeleryRedisAtomic], firings: list[Firing]) -> list[list[Outcome]]:
+def race(atomics: list[CeleryRedisAtomic], firings: list[Firing]) -> list[list[str]]:
     """Every instance claims the same firings at the same instant, from its own thread."""
     barrier = threading.Barrier(len(atomics))
-    results: list[list[Outcome]] = [[] for _ in atomics]
+    results: list[list[str]] = [[] for _ in atomics]
 
     def run(index: int) -> None:
         barrier.wait()
-        results[index] = atomics[index].claim_and_enqueue(firings, node=f"node-{index}")
+        results[index] = dispatch_now(atomics[index], firings, node=f"node-{index}")
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(atomics))]
     for thread in threads:
@@ -253,8 +253,7 @@ def test_three_racing_nodes_push_each_message_exactly_once(db: int, token: str, 
         close(*atomics)
     for index, f in enumerate(firings):
         outcomes = [result[index] for result in results]
-        assert sum(o.is_won for o in outcomes) == 1, (f.id, outcomes)
-        assert all(o in (Outcome.WON, Outcome.LOST) for o in outcomes)
+        assert sorted(outcomes) == ["lost", "lost", "won"], (f.id, outcomes)
     pushed = entries(r, token) + entries(r, f"{token}\x06\x166")
     ids = [m["headers"]["id"] for m in pushed]
     assert sorted(ids) == sorted(f.id for f in firings)
@@ -266,7 +265,7 @@ def test_three_scheduler_loops_enqueue_every_occurrence_once(db: int, token: str
         namespace=token,
     )
     atomics = [make_atomic(make_app(db, token), db, token) for _ in range(3)]
-    assert all(isinstance(a, AtomicStore) for a in atomics)
+    assert all(isinstance(a, Dispatcher) for a in atomics)
     decisions: list[Any] = []
     nodes = [
         Scheduler(schedule, store=a, node=f"node-{i}", on_decision=decisions.append)
@@ -290,10 +289,10 @@ def test_three_scheduler_loops_enqueue_every_occurrence_once(db: int, token: str
 def test_late_firing_pushes_nothing(db: int, token: str, r: Any) -> None:
     atomic = make_atomic(make_app(db, token), db, token)
     try:
-        outcomes = atomic.claim_and_enqueue([firing("late", late_s=600)], node="a")
+        outcomes = dispatch_now(atomic, [firing("late", late_s=600)], node="a")
     finally:
         close(atomic)
-    assert outcomes == [Outcome.LATE]
+    assert outcomes == ["late"]
     assert r.llen(token) == 0
 
 
@@ -314,7 +313,7 @@ def test_topic_exchange_falls_back_to_two_phase_and_delivers_once(
         close(*atomics)
     assert (kind, reason) == (TWO_PHASE, f"topic exchange '{token}-tx'")
     outcomes = [result[0] for result in results]
-    assert sum(o.is_won for o in outcomes) == 1, outcomes
+    assert sum(o in ("won", "takeover") for o in outcomes) == 1, outcomes
     assert [m["headers"]["id"] for m in entries(r, f"{token}-tq")] == [f.id]
 
 
@@ -362,8 +361,8 @@ def test_force_two_phase_sends_the_publish_signals(db: int, token: str, r: Any) 
     try:
         one, two = firing("forced"), firing("plain")
         assert forced.route_kind(one.entry) == (TWO_PHASE, "force_two_phase is set")
-        assert forced.claim_and_enqueue([one], node="a") == [Outcome.WON]
-        assert plain.claim_and_enqueue([two], node="a") == [Outcome.WON]
+        assert dispatch_now(forced, [one], node="a") == ["won"]
+        assert dispatch_now(plain, [two], node="a") == ["won"]
     finally:
         signals.before_task_publish.disconnect(before)
         close(forced, plain)
@@ -380,8 +379,8 @@ def test_failed_two_phase_send_releases_the_claim(db: int, token: str, r: Any) -
     working = make_atomic(app, db, token, force_two_phase=True)
     try:
         f = firing("released")
-        assert failing.claim_and_enqueue([f], node="a") == [Outcome.HELD]
-        assert working.claim_and_enqueue([f], node="b") == [Outcome.WON]
+        assert dispatch_now(failing, [f], node="a") == ["enqueue_failed"]
+        assert dispatch_now(working, [f], node="b") == ["takeover"]
     finally:
         close(failing, working)
     assert [m["headers"]["id"] for m in entries(r, token)] == [f.id]
@@ -394,11 +393,12 @@ def test_firing_whose_message_cannot_be_built_is_isolated_and_released(
     atomic = make_atomic(app, db, token)
     bad, good = firing("bad", options={"queue": f"{token}-missing"}), firing("good")
     try:
-        assert atomic.claim_and_enqueue([bad, good], node="a") == [Outcome.HELD, Outcome.WON]
+        assert dispatch_now(atomic, [bad, good], node="a") == ["enqueue_failed", "won"]
     finally:
         close(atomic)
     assert [m["headers"]["id"] for m in entries(r, token)] == [good.id]
-    assert r.get(f"{token}:claims:claim:{bad.id}") is None
+    record = r.get(f"{token}:claims:claim:{bad.id}")
+    assert b"|committed|" not in (record or b"")  # released: the next claim takes it over
 
 
 def test_unreachable_broker_raises_store_unavailable(db: int, token: str) -> None:
@@ -406,7 +406,7 @@ def test_unreachable_broker_raises_store_unavailable(db: int, token: str) -> Non
     atomic = make_atomic(app, db, token)
     try:
         with pytest.raises(StoreUnavailable):
-            atomic.claim_and_enqueue([firing("unreachable")], node="a")
+            dispatch_now(atomic, [firing("unreachable")], node="a")
     finally:
         close(atomic)
 
@@ -482,7 +482,7 @@ def test_stock_worker_runs_the_pushed_task_with_firing_id_and_occurrence(
     atomic = make_atomic(make_app(db, token), db, token, expires_from_lateness=True)
     firings = [firing("worker"), firing("worker-priority", options={"priority": 7})]
     try:
-        assert atomic.claim_and_enqueue(firings, node="a") == [Outcome.WON, Outcome.WON]
+        assert dispatch_now(atomic, firings, node="a") == ["won", "won"]
     finally:
         close(atomic)
     deadline = time.monotonic() + 30

@@ -18,10 +18,10 @@ from stores import ManualClock
 
 import beatless.dramatiq as bd
 from beatless import Entry, Every
+from beatless.dispatch import dispatch_now
 from beatless.dramatiq.atomic import RedisBrokerStore
 from beatless.firing import Firing
 from beatless.stores import MemoryStore
-from beatless.stores.base import Outcome
 from beatless.stores.redis import RedisStore
 
 REDIS_URL = "redis://127.0.0.1:6379/12"
@@ -58,12 +58,12 @@ def test_a_store_on_the_brokers_own_redis_claims_and_enqueues_in_one_script(
 ) -> None:
     broker = redis_broker(namespace, REDIS_URL)
     scheduler = beatless_of(broker).scheduler(broker)
-    assert isinstance(scheduler.store, RedisBrokerStore)
+    assert isinstance(scheduler.dispatcher, RedisBrokerStore)
     other_db = redis_broker(namespace, "redis://127.0.0.1:6379/11")
     assert isinstance(beatless_of(other_db).scheduler(other_db).store, RedisStore)
     given = RedisStore(redis.Redis.from_url(REDIS_URL), namespace=namespace)
     with_store = redis_broker(namespace, given)
-    atomic = beatless_of(with_store).scheduler(with_store).store
+    atomic = beatless_of(with_store).scheduler(with_store).dispatcher
     assert isinstance(atomic, RedisBrokerStore)
     assert atomic.store is given
     beatless_of(with_store).close()  # a store passed in stays open
@@ -73,7 +73,8 @@ def test_the_atomic_path_writes_what_redis_broker_enqueue_writes(namespace: str)
     ours, theirs = f"{namespace}-a", f"{namespace}-b"
     client = redis.Redis.from_url(REDIS_URL)
     entry = Entry(name="greet", task="greet", trigger=Every(60), args=["é ☃ 🎉", 1])
-    firing = Firing.of(entry, None, f"{namespace}/greet", 1_800_000_000_000)
+    now_ms = int(client.time()[0]) * 1_000  # the store refuses a claim released far ahead
+    firing = Firing.of(entry, None, f"{namespace}/greet", now_ms)
     written = {}
     for name in (ours, theirs):
         broker = redis_broker(name, REDIS_URL)
@@ -86,7 +87,7 @@ def test_the_atomic_path_writes_what_redis_broker_enqueue_writes(namespace: str)
                 lambda _, actor=actor: actor,
                 tenant_kwarg=None,
             )
-            store.claim_and_enqueue([firing], node="n1")
+            dispatch_now(store, [firing], node="n1")
         else:
             broker.enqueue(message)
         keys = sorted(k.decode().removeprefix(name) for k in client.scan_iter(match=f"{name}:*"))
@@ -118,11 +119,11 @@ def test_a_firing_enqueued_atomically_is_lost_to_every_other_node_and_runs_once(
     store = RedisBrokerStore(
         broker, RedisStore(client, namespace=namespace), lambda _: actor, tenant_kwarg=None
     )
-    assert store.claim_and_enqueue([stale], node="a") == [Outcome.LATE]
+    assert dispatch_now(store, [stale], node="a") == ["late"]
     assert client.llen(f"{namespace}:q") == 0
     now = Firing.of(entry, None, f"{namespace}/greet", int(client.time()[0]) * 1000)
-    outcomes = [store.claim_and_enqueue([now], node=node)[0] for node in ("a", "b", "a")]
-    assert outcomes == [Outcome.WON, Outcome.LOST, Outcome.LOST]
+    outcomes = [dispatch_now(store, [now], node=node)[0] for node in ("a", "b", "a")]
+    assert outcomes == ["won", "lost", "lost"]
     assert client.llen(f"{namespace}:q") == 1
     worker = Worker(broker, worker_timeout=100)
     worker.start()

@@ -325,7 +325,7 @@ def test_the_middleware_closes_the_stores_it_opened_and_not_one_given(
     first = opened.scheduler(broker).store
     opened.scheduler(broker)
     opened.close()
-    request = ClaimRequest("id", "app/t", 0, 60_000, 70_000)
+    request = ClaimRequest("id", "app/t", 0, 60_000, 70_000, 0)
     with pytest.raises(StoreError, match="is closed"):
         first.claim([request], node="n", lease_ms=1_000)  # type: ignore[union-attr]
     middleware(broker).scheduler(broker)

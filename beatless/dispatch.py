@@ -1,0 +1,330 @@
+"""The one seam between the loop and a claim store: claim the due firings, enqueue the won.
+
+The loop hands each wake's due firings to a :class:`Dispatcher` and learns the outcome of
+every one of them through the :class:`Wake` it passes along. Two implementations:
+
+* :class:`TwoPhase`, for any broker: claim *pending* with a short lease, enqueue through
+  the framework, *commit*. A claim is acted on only while it is provably ours and on
+  time: firings are claimed in sub-batches sized from the measured send rate so that a
+  sub-batch is sent within a third of the lease, and right before every send the claim
+  must be younger than half its lease (monotonic clock) and the firing not late (node
+  clock). Each sub-batch is committed as soon as it is sent.
+* an atomic dispatcher, where the claim store is the broker's own Redis and one script
+  claims and enqueues (``beatless.celery`` and ``beatless.dramatiq`` provide them):
+  they implement :meth:`Dispatcher.dispatch` over ``claim_and_push``.
+
+A dispatcher may raise: the loop then retries every firing of the wake it was not told
+about, until it is late, so no firing leaves the loop uncounted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Protocol
+
+from beatless.durations import DurationLike, as_timedelta, to_ms
+from beatless.errors import ConfigError, StoreError
+from beatless.firing import Firing
+from beatless.stores.base import ClaimRequest, ClaimStore, Outcome
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LEASE = timedelta(seconds=30)
+"""How long a two-phase claim stays pending while its message is sent."""
+
+SEND_DEADLINE_SHARE = 0.4
+"""A two-phase send must finish within this share of the lease: a send starts only while
+the claim is younger than half the lease, so it ends before the lease does."""
+
+SUB_BATCH_SHARE = 1 / 3
+"""A sub-batch is sized so that its sends take at most this share of the lease."""
+
+MAX_SUB_BATCH = 1_000
+FIRST_SUB_BATCH = 100
+"""Until the send rate is measured, sub-batches hold at most this many firings."""
+
+Enqueue = Callable[[Firing], object]
+
+OUTCOME_NAMES = {Outcome.LATE: "late_store"}
+"""The decision name of a store outcome, where it differs from the outcome's value."""
+
+
+def send_deadline_s(lease_ms: int) -> float:
+    """Seconds a broker publish may take on the two-phase path, for a lease of ``lease_ms``.
+
+    Integrations give their broker clients this deadline (socket and publish timeouts),
+    so that a send that began while its claim was young ends before the lease does.
+    """
+    return lease_ms * SEND_DEADLINE_SHARE / 1_000
+
+
+def lease_ms_of(lease: DurationLike) -> int:
+    """A lease in milliseconds, refused unless positive."""
+    lease_ms = to_ms(as_timedelta(lease, name="lease"))
+    if lease_ms <= 0:
+        raise ConfigError(f"lease must be positive, got {lease!r}")
+    return lease_ms
+
+
+class Wake(Protocol):
+    """What a dispatcher tells the loop, for one wake. Every firing handed to
+    :meth:`Dispatcher.dispatch` gets exactly one :meth:`decide` or :meth:`retry`."""
+
+    node: str
+
+    def now_ms(self) -> int:
+        """The node's clock."""
+        ...
+
+    def is_late(self, firing: Firing, ahead_ms: int = 0) -> bool:
+        """Whether the firing is (or will be in ``ahead_ms``) more than ``max_late`` behind
+        the node's clock."""
+        ...
+
+    def was_held(self, firing: Firing) -> bool:
+        """Whether this node saw the firing held pending by another node before."""
+        ...
+
+    def decide(self, firing: Firing, outcome: str) -> None:
+        """The firing is done on this node: ``won``, ``lost``, ``late``, ..."""
+        ...
+
+    def retry(self, firing: Firing, outcome: str) -> None:
+        """The firing was not enqueued here and may be tried again until it is late."""
+        ...
+
+
+class Dispatcher(ABC):
+    """Claims due firings and enqueues the won ones: the loop's one seam to a store."""
+
+    store: ClaimStore
+    """The claim store behind the dispatcher (for rule 5, the clock and the epoch)."""
+
+    @abstractmethod
+    def dispatch(self, firings: Sequence[Firing], wake: Wake) -> None:
+        """Claim and enqueue ``firings`` (due now, in release order); report each to ``wake``."""
+
+    def close(self) -> None:  # noqa: B027 - most dispatchers have nothing to close
+        """Close what the dispatcher opened itself."""
+
+
+def decide_claimed(wake: Wake, firing: Firing, outcome: Outcome) -> None:
+    """Report a store outcome that needs no further step (lost, held, late, early, ...)."""
+    wake.decide(firing, OUTCOME_NAMES.get(outcome, outcome.value))
+
+
+class SendRate:
+    """The measured time of one send, and the sub-batch size it allows."""
+
+    def __init__(self) -> None:
+        self.mean_s: float | None = None
+        self.samples = 0
+
+    def observe(self, seconds: float) -> None:
+        self.samples += 1
+        if self.mean_s is None:
+            self.mean_s = seconds
+        else:  # a moving mean that follows a broker getting slower within a few sends
+            self.mean_s += (seconds - self.mean_s) * 0.2
+
+    def expected_ms(self) -> int:
+        """How long the next send is expected to take."""
+        return 0 if self.mean_s is None else math.ceil(self.mean_s * 1_000)
+
+    def sub_batch(self, lease_ms: int) -> int:
+        """How many firings to claim at once so that their sends take a third of the lease."""
+        measured = self.mean_s is not None and self.samples >= 10
+        cap = MAX_SUB_BATCH if measured else FIRST_SUB_BATCH
+        if not self.mean_s:
+            return cap
+        fits = math.floor(lease_ms * SUB_BATCH_SHARE / 1_000 / self.mean_s)
+        return max(1, min(cap, fits))
+
+
+class TwoPhase(Dispatcher):
+    """Claim pending, enqueue, commit, for any broker. See the module docstring.
+
+    ``enqueue(firing)`` sends the firing's message; raising means it failed, and the claim
+    is released so that another node or the next wake retries it. It should give up
+    within :func:`send_deadline_s` of the lease (the integrations configure their broker
+    clients so); a send that takes longer is logged, since its claim may have run out.
+    """
+
+    def __init__(
+        self,
+        store: ClaimStore,
+        enqueue: Enqueue,
+        *,
+        lease: DurationLike = DEFAULT_LEASE,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not isinstance(store, ClaimStore):
+            raise ConfigError(f"two-phase dispatch needs a ClaimStore, got {store!r}")
+        self.store = store
+        self.enqueue = enqueue
+        self.lease_ms = lease_ms_of(lease)
+        self.monotonic = monotonic
+        self.rate = SendRate()
+
+    def __repr__(self) -> str:
+        return f"TwoPhase({self.store!r}, lease={self.lease_ms}ms)"
+
+    def dispatch(self, firings: Sequence[Firing], wake: Wake) -> None:
+        start = 0
+        while start < len(firings):
+            size = self.rate.sub_batch(self.lease_ms)
+            batch = firings[start : start + size]
+            start += size
+            fresh = []
+            for firing in batch:
+                if wake.is_late(firing):
+                    wake.decide(firing, "late")
+                else:
+                    fresh.append(firing)
+            if fresh:
+                self._sub_batch(fresh, wake)
+
+    def _sub_batch(self, firings: list[Firing], wake: Wake) -> None:
+        claimed_at = self.monotonic()
+        requests = [ClaimRequest.of(f) for f in firings]
+        outcomes = self.store.claim(requests, node=wake.node, lease_ms=self.lease_ms)
+        sent: list[tuple[Firing, Outcome]] = []
+        unsent: list[Firing] = []
+        forgotten: list[Firing] = []
+        for firing, outcome in zip(firings, outcomes, strict=True):
+            if not outcome.is_won:
+                decide_claimed(wake, firing, outcome)
+            elif outcome is Outcome.WON and wake.was_held(firing):
+                forgotten.append(firing)  # held by another node, now new: the store forgot
+            elif self._send_one(firing, claimed_at, wake):
+                sent.append((firing, outcome))
+            else:
+                unsent.append(firing)
+        self._commit(sent, wake)
+        self._forget(forgotten, wake)
+        self._release(unsent, wake.node)
+
+    def _send_one(self, firing: Firing, claimed_at: float, wake: Wake) -> bool:
+        """Send one won firing if its claim is still young and it is not late."""
+        age_ms = (self.monotonic() - claimed_at) * 1_000
+        if age_ms >= self.lease_ms / 2:
+            wake.retry(firing, "stale_claim")
+            return False
+        if wake.is_late(firing, ahead_ms=self.rate.expected_ms()):
+            wake.decide(firing, "late")  # it would reach the broker late
+            return False
+        began = self.monotonic()
+        try:
+            self.enqueue(firing)
+        except Exception as exc:
+            logger.warning(
+                "firing %s of entry %r: enqueue failed (%s: %s); the claim is released and "
+                "the firing retried while it is not late",
+                firing.id,
+                firing.entry.name,
+                type(exc).__name__,
+                exc,
+                exc_info=logger.isEnabledFor(logging.DEBUG),
+            )
+            wake.retry(firing, "enqueue_failed")
+            return False
+        took = self.monotonic() - began
+        self.rate.observe(took)
+        if took > send_deadline_s(self.lease_ms):
+            logger.warning(
+                "firing %s of entry %r: the send took %.1fs, over its %.1fs deadline; if its "
+                "claim ran out meanwhile another node may send it too, under the same id",
+                firing.id,
+                firing.entry.name,
+                took,
+                send_deadline_s(self.lease_ms),
+            )
+        return True
+
+    def _commit(self, sent: list[tuple[Firing, Outcome]], wake: Wake) -> None:
+        """Commit what was just sent; the firings are decided whatever the store says."""
+        if not sent:
+            return
+        kept = commit_quietly(self.store, [f for f, _ in sent], wake.node)
+        for (firing, outcome), ok in zip(sent, kept, strict=True):
+            if not ok:
+                logger.warning(
+                    "firing %s of entry %r: its claim ran out before commit and another node "
+                    "may have taken it over; a consumer may see this message id twice",
+                    firing.id,
+                    firing.entry.name,
+                )
+            decide_claimed(wake, firing, outcome)
+
+    def _forget(self, firings: list[Firing], wake: Wake) -> None:
+        """Firings the store forgot: keep them committed, unsent, so no node sends them."""
+        if not firings:
+            return
+        commit_quietly(self.store, firings, wake.node)
+        for firing in firings:
+            wake.decide(firing, "forgotten")
+
+    def _release(self, firings: list[Firing], node: str) -> None:
+        if not firings:
+            return
+        try:
+            self.store.release([f.id for f in firings], node=node)
+        except StoreError as exc:
+            logger.warning(
+                "could not release %d claim(s) (%s); their leases run out instead",
+                len(firings),
+                exc,
+            )
+
+
+def commit_quietly(store: ClaimStore, firings: Sequence[Firing], node: str) -> list[bool]:
+    """Commit the pending claims of ``firings``; a store error is logged, not raised (the
+    messages are already in the broker). Returns, per firing, whether it was kept."""
+    try:
+        return store.commit([f.id for f in firings], node=node)
+    except StoreError as exc:
+        logger.warning(
+            "commit of %d enqueued firing(s) failed (%s): if their leases run out another "
+            "node may enqueue them again under the same message id",
+            len(firings),
+            exc,
+        )
+        return [True] * len(firings)
+
+
+class Recorder:
+    """A :class:`Wake` that only records what it is told: for tests and one-off dispatches
+    outside the loop (nothing is retried; ``held`` firings are not rechecked)."""
+
+    def __init__(self, node: str, clock: Callable[[], float] = time.time) -> None:
+        self.node = node
+        self.clock = clock
+        self.outcomes: dict[str, str] = {}
+        self.held: set[str] = set()
+
+    def now_ms(self) -> int:
+        return math.floor(self.clock() * 1_000)
+
+    def is_late(self, firing: Firing, ahead_ms: int = 0) -> bool:
+        return self.now_ms() + ahead_ms - firing.occurrence_ms > firing.entry.max_late_ms
+
+    def was_held(self, firing: Firing) -> bool:
+        return firing.id in self.held
+
+    def decide(self, firing: Firing, outcome: str) -> None:
+        self.outcomes[firing.id] = outcome
+
+    def retry(self, firing: Firing, outcome: str) -> None:
+        self.outcomes[firing.id] = outcome
+
+
+def dispatch_now(dispatcher: Dispatcher, firings: Sequence[Firing], *, node: str) -> list[str]:
+    """Dispatch ``firings`` once, outside the loop; the outcome name of each, in order."""
+    recorder = Recorder(node)
+    dispatcher.dispatch(firings, recorder)
+    return [recorder.outcomes.get(f.id, "undecided") for f in firings]
