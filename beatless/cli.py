@@ -211,6 +211,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     )
     if offset is not None:
         _print_offset(offset)
+    _print_load(schedule)
     _print_table(
         ["entry", "trigger", "jitter", "max_late", "tenants"],
         [
@@ -225,6 +226,20 @@ def cmd_check(args: argparse.Namespace) -> int:
         ],
     )
     return 0
+
+
+def _print_load(schedule: Schedule) -> None:
+    from beatless.entry import NODE_FIRINGS_PER_S, peak_firings_per_s
+
+    peak, busiest = peak_firings_per_s(schedule)
+    if peak > NODE_FIRINGS_PER_S:
+        print(
+            f"warning: up to {peak:,.0f} firings per second at peak (most from entry "
+            f"{busiest!r}); one node claims and sends about {NODE_FIRINGS_PER_S:,} per "
+            f"second with a fast broker, fewer with a slow one, and drops what it cannot "
+            f"send within max_late: widen the jitter or split the entry",
+            file=sys.stderr,
+        )
 
 
 def _print_offset(offset: Sample) -> None:

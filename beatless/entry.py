@@ -216,3 +216,24 @@ def check_timing(entries: Sequence[Entry]) -> list[str]:
                 f"({describe(timedelta(milliseconds=gap))} → at most {describe(half)})"
             )
     return errors
+
+
+NODE_FIRINGS_PER_S = 10_000
+"""About what one node claims and sends per second on a 2-core machine with a fast broker
+(``bench/overload.py``: 17,000/s on the memory store, 13,000/s two-phase on Redis; the
+atomic Redis path is faster). A broker that takes ``t`` per send caps it near ``1 / t``."""
+
+
+def peak_firings_per_s(schedule: Schedule) -> tuple[float, str | None]:
+    """An upper bound of the firings released in one second, and the entry that adds the
+    most: each entry's fan-out spread over its jitter window (or released in one second
+    without one), as if every entry's occurrences fell in the same second."""
+    peak, busiest, most = 0.0, None, 0.0
+    for entry in schedule.entries:
+        fanout = len(entry.tenants) if isinstance(entry.tenants, tuple) else 1
+        per_second = max(1.0, 1_000 / max(entry.trigger.min_gap_ms(), 1))
+        rate = fanout * per_second / max(entry.jitter_ms / 1_000, 1.0)
+        peak += rate
+        if rate > most:
+            busiest, most = entry.name, rate
+    return peak, busiest

@@ -63,6 +63,8 @@ MAX_BATCH = 5_000
 """At most this many firings go to the dispatcher in one wake; the rest follow at once."""
 WARN_EVERY_MS = 10_000
 """One WARNING per kind of trouble, entry and occurrence at most this often."""
+SETTLE_MS = 1_000
+"""A count of trouble is told once no more of it came for this long."""
 SUMMARY_EVERY_MS = 60_000
 """How often a node logs its counts at INFO."""
 
@@ -128,6 +130,30 @@ def log_enqueue(firing: Firing) -> None:
     )
 
 
+class _Trouble:
+    """Counts of the outcomes an operator must hear about, per (outcome, entry name,
+    occurrence): told in one WARNING once no more came for a second (or after
+    ``WARN_EVERY_MS``, for trouble that goes on), so that one dropped occurrence is
+    one line with its whole count."""
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[str, str, int], list[int]] = {}
+
+    def add(self, key: tuple[str, str, int], count: int, now: int) -> None:
+        held = self._counts.setdefault(key, [0, now, now])
+        held[0] += count
+        held[2] = now
+
+    def settled(self, now: int) -> list[tuple[tuple[str, str, int], int]]:
+        """The counts to tell now, each forgotten once told."""
+        ready = [
+            key
+            for key, (_, first, last) in self._counts.items()
+            if now - last >= SETTLE_MS or now - first >= WARN_EVERY_MS
+        ]
+        return [(key, self._counts.pop(key)[0]) for key in ready]
+
+
 class Scheduler:
     """The loop of one node. Drive it with :meth:`run` / :meth:`start`, or :meth:`tick`.
 
@@ -174,8 +200,7 @@ class Scheduler:
         self._held: set[str] = set()
         self._open: dict[str, Firing] = {}
         self._decisions: list[Decision] = []
-        self._trouble: Counter[tuple[str, str, int]] = Counter()
-        self._warned: dict[tuple[str, str, int], int] = {}
+        self._trouble = _Trouble()
         self._errors_warned: dict[str, int] = {}
         self._summary = Counter[str]()
         self._summary_ms: int | None = None
@@ -365,7 +390,7 @@ class Scheduler:
             return
         self.stats[entry.name].late_node += count
         self._summary["late"] += count
-        self._trouble[("late", entry.name, occurrence)] += count
+        self._trouble.add(("late", entry.name, occurrence), count, self.now_ms())
 
     def _dispatch(self, firings: list[Firing]) -> None:
         """Hand the due firings to the dispatcher; retry whatever it did not decide."""
@@ -435,7 +460,7 @@ class Scheduler:
             stats.count(outcome)
         self._summary[outcome] += 1
         if outcome in _WARNINGS:
-            self._trouble[(outcome, firing.entry.name, firing.occurrence_ms)] += 1
+            self._trouble.add((outcome, firing.entry.name, firing.occurrence_ms), 1, now)
             if outcome == "corrupt":
                 logger.warning(
                     "firing %s of entry %r: the claim store holds a record for it that this "
@@ -481,14 +506,8 @@ class Scheduler:
                 logger.exception("on_decision hook failed for firing %s", firing.id)
 
     def _warn_trouble(self, now: int) -> None:
-        """One WARNING per kind of trouble, entry and occurrence, with the count so far."""
-        for key, count in list(self._trouble.items()):
-            last = self._warned.get(key)
-            if last is not None and now - last < WARN_EVERY_MS:
-                continue
-            outcome, name, occurrence = key
-            del self._trouble[key]
-            self._warned[key] = now
+        """One WARNING per kind of trouble, entry and occurrence, once its count settles."""
+        for (outcome, name, occurrence), count in self._trouble.settled(now):
             logger.warning(
                 "entry %r, occurrence %s: %d firing(s) %s",
                 name,
@@ -496,8 +515,6 @@ class Scheduler:
                 count,
                 _WARNINGS[outcome],
             )
-        if len(self._warned) > 10_000:
-            self._warned = {k: t for k, t in self._warned.items() if now - t < WARN_EVERY_MS}
 
     def _may_warn(self, kind: str, every_ms: int) -> bool:
         now = self.now_ms()

@@ -168,6 +168,26 @@ def test_check_exits_0_with_a_summary_for_a_sound_schedule(
     assert "2 entries, 4 addresses" in out
 
 
+def test_check_warns_when_the_peak_load_exceeds_what_one_node_sends(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "busy.toml"
+    tenants = ", ".join(f'"t{i}"' for i in range(30_000))
+    calm = ", ".join(f'"t{i}"' for i in range(3_000))
+    path.write_text(
+        f'[[entry]]\nname = "busy"\ntask = "t"\nevery = "1m"\njitter = "2s"\n'
+        f"tenants = [{tenants}]\n"
+        f'[[entry]]\nname = "calm"\ntask = "t"\nevery = "1m"\njitter = "20s"\n'
+        f"tenants = [{calm}]\n"
+    )
+    assert main(["check", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "up to 15,150 firings per second at peak (most from entry 'busy')" in err
+    path.write_text(f'[[entry]]\nname = "calm"\ntask = "t"\nevery = "1m"\ntenants = [{calm}]\n')
+    assert main(["check", str(path)]) == 0
+    assert "firings per second" not in capsys.readouterr().err
+
+
 def test_check_exits_1_and_prints_each_problem_on_its_own_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
