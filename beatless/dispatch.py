@@ -48,6 +48,9 @@ MAX_SUB_BATCH = 1_000
 FIRST_SUB_BATCH = 100
 """Until the send rate is measured, sub-batches hold at most this many firings."""
 
+FAILURE_WARN_S = 10.0
+"""Failed sends are told in one WARNING at most this often, with their count."""
+
 Enqueue = Callable[[Firing], object]
 
 OUTCOME_NAMES = {Outcome.LATE: "late_store"}
@@ -170,6 +173,8 @@ class TwoPhase(Dispatcher):
         self.lease_ms = lease_ms_of(lease)
         self.monotonic = monotonic
         self.rate = SendRate()
+        self._failures = 0
+        self._failure_warned: float | None = None
 
     def __repr__(self) -> str:
         return f"TwoPhase({self.store!r}, lease={self.lease_ms}ms)"
@@ -222,15 +227,7 @@ class TwoPhase(Dispatcher):
         try:
             self.enqueue(firing)
         except Exception as exc:
-            logger.warning(
-                "firing %s of entry %r: enqueue failed (%s: %s); the claim is released and "
-                "the firing retried while it is not late",
-                firing.id,
-                firing.entry.name,
-                type(exc).__name__,
-                exc,
-                exc_info=logger.isEnabledFor(logging.DEBUG),
-            )
+            self._warn_failed(firing, exc)
             wake.retry(firing, "enqueue_failed")
             return False
         took = self.monotonic() - began
@@ -245,6 +242,25 @@ class TwoPhase(Dispatcher):
                 send_deadline_s(self.lease_ms),
             )
         return True
+
+    def _warn_failed(self, firing: Firing, exc: Exception) -> None:
+        """One WARNING per ``FAILURE_WARN_S`` for failed sends, with the count since the
+        last one: a dead broker under a big fan-out is a line every few seconds."""
+        self._failures += 1
+        now = self.monotonic()
+        if self._failure_warned is not None and now - self._failure_warned < FAILURE_WARN_S:
+            return
+        logger.warning(
+            "firing %s of entry %r: enqueue failed (%s: %s); %d failed send(s) since the last "
+            "warning; their claims are released and the firings retried while not late",
+            firing.id,
+            firing.entry.name,
+            type(exc).__name__,
+            exc,
+            self._failures,
+            exc_info=logger.isEnabledFor(logging.DEBUG),
+        )
+        self._failure_warned, self._failures = now, 0
 
     def _commit(self, sent: list[tuple[Firing, Outcome]], wake: Wake) -> None:
         """Commit what was just sent; the firings are decided whatever the store says."""

@@ -29,3 +29,8 @@ class StoreError(BeatlessError):
 
 class StoreUnavailable(StoreError):
     """The claim store cannot be reached right now; the loop retries until the firing is late."""
+
+
+class BrokerUnavailable(BeatlessError, ConnectionError):
+    """A two-phase send refused at once: the previous one failed a moment ago, and the
+    broker is left alone for a short cooldown rather than costing a deadline per firing."""

@@ -36,12 +36,13 @@ from celery.schedules import crontab, solar
 from celery.schedules import schedule as interval_schedule
 from celery.utils.imports import symbol_by_name
 
-from beatless.celery.messages import SETTINGS_OPTION, send_task_options
+from beatless.celery.messages import SETTINGS_OPTION
+from beatless.celery.sending import Sender
 from beatless.celery.settings import REDIS_SCHEMES, CelerySettings
+from beatless.durations import to_ms
 from beatless.entry import Entry, Schedule
 from beatless.errors import ConfigError, ScheduleError, StoreError
-from beatless.firing import Firing
-from beatless.scheduler import Decision, Enqueue, Scheduler
+from beatless.scheduler import Decision, Enqueue, Scheduler, send_deadline_s
 from beatless.stores import open_store
 from beatless.stores.base import ClaimStore
 from beatless.triggers import Cron, Every, Trigger
@@ -206,12 +207,17 @@ class CeleryScheduler(Scheduler):
         *,
         claim_store: ClaimStore,
         atomic: Any = None,
+        sender: Sender | None = None,
         paths: Mapping[str, tuple[bool, str]],
         **options: Any,
     ) -> None:
+        if sender is not None:
+            options.setdefault("enqueue", sender)
         super().__init__(schedule, store=atomic or claim_store, **options)
         self.claim_store = claim_store
         self.atomic = atomic
+        self.sender = sender
+        """The two-phase send, on a broker connection of its own."""
         self.paths = dict(paths)
         """Per entry name: ``(atomic, why)``, as decided at start."""
 
@@ -227,11 +233,13 @@ class CeleryScheduler(Scheduler):
         return "; ".join(parts)
 
     def close(self, timeout: float | None = 5.0) -> None:
-        """Stop the loop, then close what this node opened: the broker connection of the
-        atomic path and the claim store."""
+        """Stop the loop, then close what this node opened: the broker connections of the
+        atomic path and of the two-phase send, and the claim store."""
         self.stop(timeout)
         if self.atomic is not None:
             self.atomic.close()
+        if self.sender is not None:
+            self.sender.close()
         self.claim_store.close()
 
 
@@ -249,21 +257,27 @@ def build_scheduler(
 
     The atomic path is used when the claim store URL is the broker's own Redis (same
     host, port and db) and ``beatless_force_two_phase`` is off; every other case is
-    two-phase, through ``app.send_task``. Call :meth:`CeleryScheduler.close` when done.
+    two-phase, through ``app.send_task`` by a :class:`~beatless.celery.sending.Sender`
+    whose every publish ends within :func:`~beatless.scheduler.send_deadline_s` of the
+    lease. Call :meth:`CeleryScheduler.close` when done.
     """
     settings = settings or CelerySettings.from_app(app)
     schedule = read_schedule(app, settings)
     store = open_claim_store(settings)
-    enqueue = celery_enqueue(app, expires_from_lateness=settings.expires_from_lateness)
+    sender = Sender(
+        app,
+        deadline_s=send_deadline_s(to_ms(settings.lease)),
+        expires_from_lateness=settings.expires_from_lateness,
+    )
     atomic = None
     try:
-        atomic = _atomic_store(app, store, settings, enqueue)
+        atomic = _atomic_store(app, store, settings, sender)
         scheduler = CeleryScheduler(
             schedule,
             claim_store=store,
             atomic=atomic,
+            sender=sender,
             paths=_paths(schedule, settings, atomic),
-            enqueue=enqueue,
             node=node,
             clock=clock,
             on_decision=on_decision,
@@ -272,6 +286,7 @@ def build_scheduler(
     except BaseException:
         if atomic is not None:
             atomic.close()
+        sender.close()
         store.close()
         raise
     logger.info("beatless node %s: %s", scheduler.node, scheduler.describe())
@@ -289,17 +304,6 @@ def open_claim_store(settings: CelerySettings) -> ClaimStore:
             url = "unix" + url[len("redis+socket") :]
         return RedisStore(url, namespace=settings.namespace)
     return open_store(settings.store_url)
-
-
-def celery_enqueue(app: Any, *, expires_from_lateness: bool = False) -> Enqueue:
-    """The two-phase enqueue: ``app.send_task`` with the firing id as the task id."""
-
-    def enqueue(firing: Firing) -> object:
-        entry = firing.entry
-        options = send_task_options(firing, expires_from_lateness=expires_from_lateness)
-        return app.send_task(entry.task, list(entry.args), dict(entry.kwargs), **options)
-
-    return enqueue
 
 
 def _two_phase_reason(settings: CelerySettings) -> str | None:

@@ -71,9 +71,10 @@ class RedisBrokerStore(Dispatcher):
 
     ``store`` is a :class:`~beatless.stores.redis.RedisStore` whose client talks to the
     broker's server and database; ``actor_of`` finds the actor of an entry's task. A
-    firing whose message cannot be prepared for the claim script goes two-phase through
-    ``broker.enqueue`` on the same store, where it fails (or not) in Dramatiq's own
-    words; it never stops the other firings of the wake.
+    firing whose message cannot be prepared for the claim script goes two-phase on the
+    same store, through ``enqueue`` (the middleware passes its bounded
+    :class:`~beatless.dramatiq.sending.Sender`; ``broker.enqueue`` by default), where it
+    fails (or not) in Dramatiq's own words; it never stops the other firings of the wake.
     """
 
     store: RedisStore
@@ -89,13 +90,14 @@ class RedisBrokerStore(Dispatcher):
         tenant_kwarg: str | None,
         owns_store: bool = True,
         lease: DurationLike = DEFAULT_LEASE,
+        enqueue: Callable[[Firing], object] | None = None,
     ) -> None:
         self.broker = broker
         self.store = store
         self._actor_of = actor_of
         self._tenant_kwarg = tenant_kwarg
         self._owns_store = owns_store
-        self.two_phase = TwoPhase(store, self._enqueue, lease=lease)
+        self.two_phase = TwoPhase(store, enqueue or self._enqueue, lease=lease)
         self.lease_ms = self.two_phase.lease_ms
 
     def __repr__(self) -> str:

@@ -13,19 +13,21 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from dramatiq import Middleware
 
+from beatless.dispatch import Dispatcher
 from beatless.dramatiq.messages import message_for
 from beatless.dramatiq.periodic import OPTION, declarations
-from beatless.durations import DurationLike, as_timedelta
+from beatless.dramatiq.sending import Sender, is_broker
+from beatless.durations import DurationLike, as_timedelta, to_ms
 from beatless.entry import DEFAULT_MAX_LATE, Entry, Schedule
 from beatless.errors import ConfigError
 from beatless.firing import Firing
-from beatless.scheduler import Scheduler
+from beatless.scheduler import Scheduler, send_deadline_s
 from beatless.stores import open_store
-from beatless.stores.base import AtomicStore, ClaimStore
+from beatless.stores.base import ClaimStore
 from beatless.urls import mask_url
 
 if TYPE_CHECKING:
@@ -149,20 +151,30 @@ class Beatless(Middleware):
         """A scheduler for this node over ``broker`` (not started); it is closed with
         :meth:`close`."""
         schedule = self.schedule(broker)
-        store = self._open_store(broker)
-
-        def enqueue(firing: Firing) -> None:
-            actor = _actor(broker, firing.entry.task, firing.entry.name)
-            broker.enqueue(message_for(firing, actor, tenant_kwarg=self.tenant_kwarg))
-
+        sender = self.sender(broker)
+        store = self._open_store(broker, sender)
         return Scheduler(
             schedule,
             store=store,
-            enqueue=enqueue,
+            enqueue=sender,
             clock=self.clock,
             node=self.node,
             lease=self.lease,
         )
+
+    def sender(self, broker: Broker) -> Sender:
+        """The two-phase enqueue of this node over ``broker``: ``broker.enqueue`` on
+        connections of its own whose every send ends within
+        :func:`~beatless.scheduler.send_deadline_s` of the lease. It is closed with
+        :meth:`close`."""
+        sender = Sender(
+            broker,
+            deadline_s=send_deadline_s(to_ms(self.lease)),
+            actor_of=self._actor_getter(broker),
+            tenant_kwarg=self.tenant_kwarg,
+        )
+        self._opened.append(sender)
+        return sender
 
     def start(self, broker: Broker) -> Scheduler:
         """Start the scheduler thread of this process (once)."""
@@ -181,20 +193,13 @@ class Beatless(Middleware):
         self.close()
 
     def close(self) -> None:
-        """Close the stores the middleware opened itself."""
+        """Close the stores and the broker connections the middleware opened itself."""
         opened, self._opened = self._opened, []
         for store in opened:
             store.close()
 
-    def _open_store(self, broker: Broker) -> ClaimStore | AtomicStore:
-        from dramatiq.brokers.rabbitmq import RabbitmqBroker
-
-        if isinstance(broker, RabbitmqBroker) and not broker.confirm_delivery:
-            logger.warning(
-                "RabbitmqBroker without confirm_delivery=True: a firing whose publish is "
-                "lost is still committed and never retried; turn publisher confirms on"
-            )
-        atomic = self._atomic_store(broker)
+    def _open_store(self, broker: Broker, sender: Sender) -> ClaimStore | Dispatcher:
+        atomic = self._atomic_store(broker, sender)
         if atomic is not None:
             self._opened.append(atomic)
             logger.info("beatless: claim and enqueue in one script on the broker's Redis")
@@ -208,7 +213,7 @@ class Beatless(Middleware):
 
             store = RedisStore(store, namespace=self.namespace)
             self._opened.append(store)
-        if not isinstance(store, ClaimStore | AtomicStore):
+        if not isinstance(store, ClaimStore | Dispatcher):
             raise ConfigError(
                 f"Beatless: store must be a URL, a ClaimStore or a redis client, got {store!r}"
             )
@@ -219,14 +224,15 @@ class Beatless(Middleware):
         scheme = url.split(":", 1)[0].lower()
         return {"namespace": self.namespace} if scheme in ("redis", "rediss", "unix") else {}
 
-    def _atomic_store(self, broker: Broker) -> AtomicStore | None:
+    def _atomic_store(self, any_broker: Broker, sender: Sender) -> Dispatcher | None:
         """The one-script store when ``store`` is the Redis of a ``RedisBroker``."""
-        from dramatiq.brokers.redis import RedisBroker
-
+        if not is_broker(any_broker, "dramatiq.brokers.redis", "RedisBroker"):
+            return None  # and neither redis nor the atomic path is imported
         from beatless.dramatiq.atomic import RedisBrokerStore
         from beatless.stores.redis import RedisStore
 
-        if not isinstance(broker, RedisBroker) or not self._is_broker_redis(broker):
+        broker = cast("RedisBroker", any_broker)
+        if not self._is_broker_redis(broker):
             return None
         if not _encodes_text():
             logger.warning(
@@ -242,6 +248,8 @@ class Beatless(Middleware):
             self._actor_getter(broker),
             tenant_kwarg=self.tenant_kwarg,
             owns_store=given is None,
+            lease=self.lease,
+            enqueue=sender,
         )
 
     def _is_broker_redis(self, broker: RedisBroker) -> bool:

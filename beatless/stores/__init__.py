@@ -6,11 +6,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from beatless.errors import ConfigError
-from beatless.stores.base import AtomicStore, ClaimRequest, ClaimStore, Outcome
+from beatless.stores.base import ClaimRequest, ClaimStore, Outcome
 from beatless.stores.memory import MemoryStore
 from beatless.urls import mask_url
 
-__all__ = ["AtomicStore", "ClaimRequest", "ClaimStore", "MemoryStore", "Outcome", "open_store"]
+__all__ = ["ClaimRequest", "ClaimStore", "MemoryStore", "Outcome", "open_store"]
 
 
 def open_store(url: str, **options: Any) -> ClaimStore:

@@ -55,7 +55,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Self
 
 from beatless.durations import to_ms
 from beatless.entry import STORE_TOLERANCE
@@ -242,16 +242,3 @@ class ClaimStore(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-@runtime_checkable
-class AtomicStore(Protocol):
-    """A store that claims and enqueues in one step (e.g. the broker's own Redis).
-
-    The scheduler loop hands it the won-or-not decision and the enqueue together; a
-    firing is in the queue if and only if its outcome is won. No commit, no release.
-    """
-
-    def claim_and_enqueue(self, firings: Sequence[Firing], *, node: str) -> list[Outcome]:
-        """Claim each firing and, for those won, enqueue its message in the same step."""
-        ...
