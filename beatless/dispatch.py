@@ -48,6 +48,11 @@ MAX_SUB_BATCH = 1_000
 FIRST_SUB_BATCH = 100
 """Until the send rate is measured, sub-batches hold at most this many firings."""
 
+COMMIT_EVERY_S = 0.05
+"""Sent firings are committed at the latest this long after the first of them was sent:
+a node that freezes or dies mid-sub-batch leaves at most this much of sends (and the one
+in flight) uncommitted, the only firings another node may send again."""
+
 FAILURE_WARN_S = 10.0
 """Failed sends are told in one WARNING at most this often, with their count."""
 
@@ -201,13 +206,18 @@ class TwoPhase(Dispatcher):
         sent: list[tuple[Firing, Outcome]] = []
         unsent: list[Firing] = []
         forgotten: list[Firing] = []
+        first_sent = 0.0
         for firing, outcome in zip(firings, outcomes, strict=True):
             if not outcome.is_won:
                 decide_claimed(wake, firing, outcome)
             elif outcome is Outcome.WON and wake.was_held(firing):
                 forgotten.append(firing)  # held by another node, now new: the store forgot
             elif self._send_one(firing, claimed_at, wake):
+                first_sent = first_sent if sent else self.monotonic()
                 sent.append((firing, outcome))
+                if self.monotonic() - first_sent >= COMMIT_EVERY_S:
+                    self._commit(sent, wake)  # what is sent is soon committed
+                    sent = []
             else:
                 unsent.append(firing)
         self._commit(sent, wake)

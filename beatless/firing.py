@@ -16,13 +16,26 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING
+
+from beatless._time import EPOCH, from_datetime, iso, to_datetime
 
 if TYPE_CHECKING:
     from beatless.entry import Entry
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+__all__ = [
+    "EPOCH",
+    "Firing",
+    "digest",
+    "firing_id",
+    "from_datetime",
+    "id_from_digest",
+    "iso",
+    "offset_from_digest",
+    "offset_ms",
+    "to_datetime",
+]
 
 
 def digest(address: str, occurrence_ms: int) -> bytes:
@@ -50,24 +63,6 @@ def offset_from_digest(d: bytes, window_ms: int) -> int:
 def offset_ms(address: str, occurrence_ms: int, window_ms: int) -> int:
     """The release offset of one firing inside a jitter window of ``window_ms``."""
     return offset_from_digest(digest(address, occurrence_ms), window_ms)
-
-
-def to_datetime(ms: int) -> datetime:
-    """An aware UTC datetime for integer epoch milliseconds."""
-    return EPOCH + timedelta(milliseconds=ms)
-
-
-def from_datetime(instant: datetime) -> int:
-    """Integer epoch milliseconds for an aware datetime; naive datetimes are refused."""
-    if instant.tzinfo is None or instant.utcoffset() is None:
-        raise ValueError(f"naive datetime {instant.isoformat()}: give an aware instant")
-    delta = instant - EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1_000 + delta.microseconds // 1_000
-
-
-def iso(ms: int) -> str:
-    """UTC ISO 8601 with milliseconds and a ``Z``: ``2026-11-29T02:00:00.000Z``."""
-    return to_datetime(ms).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1_000:03d}Z"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,9 @@
 """Cron across DST transitions: tables of UTC occurrences, with a reference timeline.
 
-The rule (Debian cron's, as cronsim evaluates it): a 5-field expression with a fixed
-minute and hour runs once at the transition when its wall time is skipped, and once, at
-the first pass, when its wall time is repeated. Expressions with ``*`` in the minute or
-hour field, and 6-field expressions, follow real time.
+The rule (Debian cron's): a 5-field expression whose minute and hour fields do not start
+with ``*`` runs once at the transition when its wall time is skipped, and once, at the
+first pass, when its wall time is repeated. Other expressions (``*``, ``*/15`` in the
+minute or hour field, and 6-field expressions) follow real time.
 
 Reference timeline, 2026 (local wall time ← UTC):
 
@@ -22,6 +22,15 @@ fall back, Sun 5 April local (02:00 LHDT → 01:30 LHST, 01:30-01:59 repeated)
     4 Apr 14:00Z = 01:00 LHDT   14:30Z = 01:30 LHDT   15:00Z = 01:30 LHST   15:30Z = 02:00 LHST
 spring forward, Sun 4 October local (02:00 LHST → 02:30 LHDT, 02:00-02:29 skipped)
     3 Oct 14:30Z = 01:00 LHST   15:00Z = 01:30 LHST   15:30Z = 02:30 LHDT   16:00Z = 03:00 LHDT
+
+America/Havana, changes at midnight
+spring forward, Sun 8 March (00:00 CST → 01:00 CDT, 00:xx skipped)
+    7 Mar 05:00Z = 00:00 CST    8 Mar 04:59Z = 23:59 CST    05:00Z = 01:00 CDT
+fall back, Sun 1 November (01:00 CDT → 00:00 CST, 00:xx repeated)
+    1 Nov 04:00Z = 00:00 CDT    05:00Z = 00:00 CST    06:00Z = 01:00 CST
+
+Asia/Kathmandu, +05:45 all year
+    20:45Z = 02:30 the next day    00:15Z = 06:00
 """
 
 from __future__ import annotations
@@ -94,6 +103,20 @@ CASES = [
         "2026-10-24T23:30:00+00:00",
         ["2026-10-25T00:00:00.000Z", "2026-10-25T01:00:00.000Z", "2026-10-25T02:00:00.000Z"],
     ),
+    # From 02:10 CEST (first pass): 02:30 CEST is still to come.
+    (
+        "30 2 * * *",
+        "Europe/Berlin",
+        "2026-10-25T00:10:00+00:00",
+        ["2026-10-25T00:30:00.000Z", "2026-10-26T01:30:00.000Z"],
+    ),
+    # From 02:10 CET (second pass): 02:30 ran at its first pass, so the next is tomorrow.
+    (
+        "30 2 * * *",
+        "Europe/Berlin",
+        "2026-10-25T01:10:00+00:00",
+        ["2026-10-26T01:30:00.000Z", "2026-10-27T01:30:00.000Z"],
+    ),
     # Six fields: 02:30:00 happens twice, so it runs twice.
     (
         "0 30 2 * * *",
@@ -121,6 +144,13 @@ CASES = [
         "America/New_York",
         "2026-10-31T00:00:00+00:00",
         ["2026-10-31T05:30:00.000Z", "2026-11-01T05:30:00.000Z", "2026-11-02T06:30:00.000Z"],
+    ),
+    # From 01:10 EST (second pass): 01:30 ran at 01:30 EDT, so the next is tomorrow.
+    (
+        "30 1 * * *",
+        "America/New_York",
+        "2026-11-01T06:10:00+00:00",
+        ["2026-11-02T06:30:00.000Z"],
     ),
     # Hourly in real time: 01:00 EDT, 01:00 EST, 02:00 EST.
     (
@@ -164,6 +194,13 @@ CASES = [
         "2026-04-03T00:00:00+00:00",
         ["2026-04-03T14:45:00.000Z", "2026-04-04T14:45:00.000Z", "2026-04-05T15:15:00.000Z"],
     ),
+    # From 01:35 LHST (second pass): 01:45 ran at 01:45 LHDT, so the next is tomorrow.
+    (
+        "45 1 * * *",
+        "Australia/Lord_Howe",
+        "2026-04-04T15:05:00+00:00",
+        ["2026-04-05T15:15:00.000Z"],
+    ),
     # Real time: 01:45 LHDT, 01:30 LHST, 01:45 LHST, 02:00 LHST.
     (
         "*/15 * * * *",
@@ -189,6 +226,59 @@ CASES = [
         "Australia/Lord_Howe",
         "2026-04-03T00:00:00+00:00",
         ["2026-04-03T14:45:00.000Z", "2026-04-04T14:45:00.000Z", "2026-04-04T15:15:00.000Z"],
+    ),
+    # --- America/Havana (changes at midnight) --------------------------------------------
+    # Midnight is skipped on 8 March: the fixed-time job runs once, at 01:00 CDT.
+    (
+        "0 0 * * *",
+        "America/Havana",
+        "2026-03-06T12:00:00+00:00",
+        ["2026-03-07T05:00:00.000Z", "2026-03-08T05:00:00.000Z", "2026-03-09T04:00:00.000Z"],
+    ),
+    # Real time: no 00:xx on 8 March, so nothing that day.
+    (
+        "*/30 0 * * *",
+        "America/Havana",
+        "2026-03-06T12:00:00+00:00",
+        [
+            "2026-03-07T05:00:00.000Z",
+            "2026-03-07T05:30:00.000Z",
+            "2026-03-09T04:00:00.000Z",
+            "2026-03-09T04:30:00.000Z",
+        ],
+    ),
+    # 00:30 happens twice on 1 November: the fixed-time job runs once, at 00:30 CDT.
+    (
+        "30 0 * * *",
+        "America/Havana",
+        "2026-10-30T12:00:00+00:00",
+        ["2026-10-31T04:30:00.000Z", "2026-11-01T04:30:00.000Z", "2026-11-02T05:30:00.000Z"],
+    ),
+    # Real time: both passes of 00:xx.
+    (
+        "*/30 0 * * *",
+        "America/Havana",
+        "2026-10-31T12:00:00+00:00",
+        [
+            "2026-11-01T04:00:00.000Z",
+            "2026-11-01T04:30:00.000Z",
+            "2026-11-01T05:00:00.000Z",
+            "2026-11-01T05:30:00.000Z",
+            "2026-11-02T05:00:00.000Z",
+        ],
+    ),
+    # --- Asia/Kathmandu (a 45-minute offset, no DST) ------------------------------------
+    (
+        "30 2 * * *",
+        "Asia/Kathmandu",
+        "2026-03-28T00:00:00+00:00",
+        ["2026-03-28T20:45:00.000Z", "2026-03-29T20:45:00.000Z"],
+    ),
+    (
+        "*/20 * * * *",
+        "Asia/Kathmandu",
+        "2026-06-15T00:00:00+00:00",
+        ["2026-06-15T00:15:00.000Z", "2026-06-15T00:35:00.000Z", "2026-06-15T00:55:00.000Z"],
     ),
 ]
 

@@ -23,31 +23,25 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import date, timedelta
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
 
-from beatless.firing import to_datetime
-
-if TYPE_CHECKING:
-    from zoneinfo import ZoneInfo
-
-    from beatless.triggers import Cron
+from beatless._cron import CronPattern
+from beatless._time import next_change_s, offset_s
 
 SECOND_MS = 1_000
 HOUR_MS = 3_600_000
 DAY_MS = 86_400_000
 YEAR_MS = 366 * DAY_MS
-SAMPLE_MS = 12 * HOUR_MS
-"""Offsets are sampled this often to find transitions (zones change at most twice a year)."""
 FIXED_TIME_MARGIN_MS = HOUR_MS
 """How far beyond the shifted wall-clock span a window reaches for fixed-time expressions."""
 REAL_TIME_MARGIN_MS = 10 * 60_000
 """How far either side of a transition a window reaches for expressions in real time."""
-_EPOCH_DATE = date(1970, 1, 1)
 
 
-def cron_min_gap_ms(cron: Cron, start_ms: int | None = None, *, horizon_ms: int = YEAR_MS) -> int:
+def min_gap_ms(
+    cron: CronPattern, tz: ZoneInfo, start_ms: int | None = None, *, horizon_ms: int = YEAR_MS
+) -> int:
     """The shortest gap between consecutive occurrences in ``(start, start + horizon]``.
 
     ``start_ms`` defaults to now. Returns ``horizon_ms`` when fewer than two occurrences
@@ -55,8 +49,8 @@ def cron_min_gap_ms(cron: Cron, start_ms: int | None = None, *, horizon_ms: int 
     """
     start = int(time.time() * 1000) if start_ms is None else start_ms
     end = start + horizon_ms
-    pattern = _DayPattern.of(cron, start)
-    pieces = _pieces(cron.zone, start, end, real_time=pattern.real_time)
+    pattern = _DayPattern.of(cron)
+    pieces = _pieces(tz, start, end, real_time=cron.real_time)
     calm = {
         i: pattern.run(lo, hi, off) for i, (lo, hi, off) in enumerate(pieces) if off is not None
     }
@@ -64,7 +58,8 @@ def cron_min_gap_ms(cron: Cron, start_ms: int | None = None, *, horizon_ms: int 
     if best is not None and best <= _floor_ms(cron, pieces):
         return best
     runs = [
-        calm[i] if i in calm else _simulated(cron, lo, hi) for i, (lo, hi, _) in enumerate(pieces)
+        calm[i] if i in calm else _simulated(cron, tz, lo, hi)
+        for i, (lo, hi, _) in enumerate(pieces)
     ]
     gap = _combine(runs)
     return horizon_ms if gap is None else gap
@@ -94,18 +89,17 @@ def _combine(runs: Sequence[_Run | None]) -> int | None:
     return min(gaps, default=None)
 
 
-def _floor_ms(cron: Cron, pieces: Sequence[tuple[int, int, int | None]]) -> int:
+def _floor_ms(cron: CronPattern, pieces: Sequence[tuple[int, int, int | None]]) -> int:
     """No gap can be shorter: 1 s, or 1 min for five fields in whole-minute offsets."""
-    five_fields = len(cron.expr.split()) != 6
     whole_minutes = all(off is None or off % 60_000 == 0 for _, _, off in pieces)
-    return 60_000 if five_fields and whole_minutes else SECOND_MS
+    return 60_000 if not cron.has_seconds and whole_minutes else SECOND_MS
 
 
-def _simulated(cron: Cron, lo: int, hi: int) -> _Run | None:
+def _simulated(cron: CronPattern, tz: ZoneInfo, lo: int, hi: int) -> _Run | None:
     """The occurrences in ``(lo, hi]`` as the trigger produces them."""
     first = last = None
     gap: int | None = None
-    for occurrence in cron.after(lo):
+    for occurrence in cron.occurrences(lo, tz, hi):
         if occurrence > hi:
             break
         if last is not None:
@@ -148,52 +142,29 @@ def _pieces(
 
 
 def _transitions(tz: ZoneInfo, start: int, end: int) -> Iterator[tuple[int, int]]:
-    """Each UTC-offset change in the span: its first instant and the size of the shift."""
-    lo, before = start, _offset_ms(tz, start)
-    while lo < end:
-        hi = min(lo + SAMPLE_MS, end)
-        after = _offset_ms(tz, hi)
-        if after != before:
-            yield _bisect_change(tz, lo, hi, before), abs(after - before)
-        lo, before = hi, after
-
-
-def _bisect_change(tz: ZoneInfo, lo: int, hi: int, before: int) -> int:
-    """The first whole second in ``(lo, hi]`` whose offset differs from ``before``."""
-    lo_s, hi_s = lo // SECOND_MS, -(-hi // SECOND_MS)
-    while hi_s - lo_s > 1:
-        mid = (lo_s + hi_s) // 2
-        if _offset_ms(tz, mid * SECOND_MS) == before:
-            lo_s = mid
-        else:
-            hi_s = mid
-    return hi_s * SECOND_MS
+    """Each UTC-offset change in ``(start, end]``: its instant and the size of the shift."""
+    at, end_s = start // SECOND_MS, end // SECOND_MS
+    while (change := next_change_s(tz, at, end_s)) is not None:
+        yield change * SECOND_MS, abs(offset_s(tz, change) - offset_s(tz, at)) * SECOND_MS
+        at = change
 
 
 def _offset_ms(tz: ZoneInfo, instant_ms: int) -> int:
-    offset = to_datetime(instant_ms).astimezone(tz).utcoffset()
-    return 0 if offset is None else offset // timedelta(milliseconds=1)
+    return offset_s(tz, instant_ms // SECOND_MS) * SECOND_MS
 
 
 @dataclass(frozen=True, slots=True)
 class _DayPattern:
     """The parsed fields of a cron: which local days match and the time-of-day set."""
 
-    sim: Any
-    real_time: bool
+    cron: CronPattern
     hours: tuple[int, ...]
     minutes: tuple[int, ...]
     seconds: tuple[int, ...]
 
     @classmethod
-    def of(cls, cron: Cron, start_ms: int) -> _DayPattern:
-        sim = cron._sim(to_datetime(start_ms).astimezone(cron.zone))
-        real_time = sim.fixup_tz is None  # cronsim's Debian DST handling is off
-        fields = (tuple(sorted(s)) for s in (sim.hours, sim.minutes, sim.seconds))
-        return cls(sim, real_time, *fields)
-
-    def matches(self, day: date) -> bool:
-        return day.month in self.sim.months and bool(self.sim.match_day(day))
+    def of(cls, cron: CronPattern) -> _DayPattern:
+        return cls(cron, cron.hours, cron.minutes, cron.seconds)
 
     @property
     def first(self) -> int:
@@ -245,10 +216,11 @@ class _CalmRun:
         self.gap: int | None = None
 
     def collect(self, offset: int) -> _Run | None:
-        pattern = self.pattern
-        for index in range(self.lo // DAY_MS, self.hi // DAY_MS + 1):
-            if pattern.matches(_EPOCH_DATE + timedelta(days=index)):
-                self._day(index * DAY_MS)
+        last_day = self.hi // DAY_MS
+        for index in self.pattern.cron.days.from_day(self.lo // DAY_MS):
+            if index > last_day:
+                break
+            self._day(index * DAY_MS)
         if self.first is None or self.last is None:
             return None
         return _Run(self.first - offset, self.last - offset, self.gap)

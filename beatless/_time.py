@@ -1,0 +1,67 @@
+"""Instants and zone offsets: epoch milliseconds, aware datetimes, UTC-offset changes.
+
+Instants are integer Unix epoch milliseconds (or whole seconds, where a cron works in
+seconds) and aware UTC datetimes; naive datetimes are refused.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+SAMPLE_S = 86_400
+"""Offsets are sampled this often to find their changes. In the tz database two changes
+of a zone's UTC offset are always more than three days apart, so no change is missed."""
+_SECOND = timedelta(seconds=1)
+
+
+def to_datetime(ms: int) -> datetime:
+    """An aware UTC datetime for integer epoch milliseconds."""
+    return EPOCH + timedelta(milliseconds=ms)
+
+
+def from_datetime(instant: datetime) -> int:
+    """Integer epoch milliseconds for an aware datetime; naive datetimes are refused."""
+    if instant.tzinfo is None or instant.utcoffset() is None:
+        raise ValueError(f"naive datetime {instant.isoformat()}: give an aware instant")
+    delta = instant - EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000 + delta.microseconds // 1_000
+
+
+def iso(ms: int) -> str:
+    """UTC ISO 8601 with milliseconds and a ``Z``: ``2026-11-29T02:00:00.000Z``."""
+    return to_datetime(ms).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1_000:03d}Z"
+
+
+def offset_s(tz: ZoneInfo, instant_s: int) -> int:
+    """The UTC offset of ``tz`` at an instant (epoch seconds), in whole seconds."""
+    try:
+        moment = datetime.fromtimestamp(instant_s, tz)
+    except (OverflowError, OSError, ValueError):  # outside the platform's time_t
+        moment = (EPOCH + timedelta(seconds=instant_s)).astimezone(tz)
+    offset = moment.utcoffset()
+    return 0 if offset is None else offset // _SECOND
+
+
+def next_change_s(tz: ZoneInfo, after_s: int, until_s: int) -> int | None:
+    """The first second in ``(after_s, until_s]`` whose UTC offset differs from
+    ``after_s``'s, or None when the offset holds over the whole span."""
+    before, lo = offset_s(tz, after_s), after_s
+    while lo < until_s:
+        hi = min(lo + SAMPLE_S, until_s)
+        if offset_s(tz, hi) != before:
+            return _bisect_change(tz, lo, hi, before)
+        lo = hi
+    return None
+
+
+def _bisect_change(tz: ZoneInfo, lo: int, hi: int, before: int) -> int:
+    """The first second in ``(lo, hi]`` whose offset differs from ``before`` (``hi``'s does)."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if offset_s(tz, mid) == before:
+            lo = mid
+        else:
+            hi = mid
+    return hi
