@@ -49,7 +49,7 @@ FIRST_SUB_BATCH = 100
 """Until the send rate is measured, sub-batches hold at most this many firings."""
 
 COMMIT_EVERY_S = 0.05
-"""Sent firings are committed at the latest this long after the first of them was sent:
+"""Sent firings are committed at the latest this long after the first of them began:
 a node that freezes or dies mid-sub-batch leaves at most this much of sends (and the one
 in flight) uncommitted, the only firings another node may send again."""
 
@@ -212,8 +212,8 @@ class TwoPhase(Dispatcher):
                 decide_claimed(wake, firing, outcome)
             elif outcome is Outcome.WON and wake.was_held(firing):
                 forgotten.append(firing)  # held by another node, now new: the store forgot
-            elif self._send_one(firing, claimed_at, wake):
-                first_sent = first_sent if sent else self.monotonic()
+            elif self._send_one(firing, claimed_at, wake, began := self.monotonic()):
+                first_sent = first_sent if sent else began
                 sent.append((firing, outcome))
                 if self.monotonic() - first_sent >= COMMIT_EVERY_S:
                     self._commit(sent, wake)  # what is sent is soon committed
@@ -224,9 +224,9 @@ class TwoPhase(Dispatcher):
         self._forget(forgotten, wake)
         self._release(unsent, wake.node)
 
-    def _send_one(self, firing: Firing, claimed_at: float, wake: Wake) -> bool:
+    def _send_one(self, firing: Firing, claimed_at: float, wake: Wake, now: float) -> bool:
         """Send one won firing if its claim is still young and it is not late."""
-        age_ms = (self.monotonic() - claimed_at) * 1_000
+        age_ms = (now - claimed_at) * 1_000
         if age_ms >= self.lease_ms / 2:
             wake.retry(firing, "stale_claim")
             return False

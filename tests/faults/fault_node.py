@@ -1,0 +1,240 @@
+"""One scheduler node for the fault tests, configured by a JSON file.
+
+Usage: python tests/faults/fault_node.py CONFIG.json
+
+CONFIG keys:
+
+``store``            claim store URL (``redis://`` direct, or through a test proxy)
+``node``             the node's name
+``clock_offset_s``   added to the real clock: the node's clock runs this far ahead
+``send_delay_s``     each send takes this long (a slow broker)
+``broker``           optional ``redis://`` URL: each send also pushes the message there,
+                     and raises when that server is down (a broker that fails)
+``lease_s``          the scheduler's lease
+``schedule``         see :func:`build_schedule`; the same on every node
+``until``            when to stop (real clock, epoch seconds); SIGTERM stops it earlier
+``record``           file that receives one JSON line per send
+``summary``          file that receives the node's stats and decisions when it stops
+
+Each send appends one line to ``record`` with the firing id, address, occurrence,
+release, ``max_late_ms``, the node, and two REAL instants (``time.time()``, never the
+offset clock): ``called`` when the scheduler handed the firing over, ``sent`` when the
+send finished; a send the broker refused has ``error`` instead of ``sent``. The line is
+one ``write`` to a file opened ``O_APPEND``, so nodes that share a file never
+interleave, and a node that is killed loses no line it wrote.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from beatless import Cron, Entry, Every, Firing, Schedule
+from beatless.scheduler import Scheduler
+from beatless.stores import open_store
+
+REPORTED_OUTCOMES = frozenset(
+    {"late", "late_node", "late_store", "early", "forgotten", "corrupt", "clock_skew"}
+)
+"""Final decisions not to send a firing, each counted and reported by the node. Any
+other decision sent it (won, takeover), left it to another node (lost, held) or to a
+later try (enqueue_failed, stale_claim, unavailable, ...): a miss it explains is none."""
+
+
+def build_schedule(spec: dict[str, Any]) -> Schedule:
+    """The schedule every node runs, from its JSON form.
+
+    ``{"namespace": ..., "anchor_s": ..., "entries": [{"name", "every_s" | "cron",
+    "jitter_s", "max_late_s", "tenants"}]}``: ``every_s`` intervals are anchored at
+    ``anchor_s`` (so a test can place occurrences just after its nodes start), and
+    ``tenants`` is a count of tenants named ``t00000``, ``t00001``, ...
+    """
+    anchor = datetime.fromtimestamp(spec.get("anchor_s", 0), UTC)
+    entries = []
+    for item in spec["entries"]:
+        if "cron" in item:
+            trigger: Cron | Every = Cron(item["cron"], "UTC")
+        else:
+            trigger = Every(item["every_s"], anchor=anchor)
+        count = item.get("tenants")
+        entries.append(
+            Entry(
+                name=item["name"],
+                task=f"faults.{item['name']}",
+                trigger=trigger,
+                jitter=item.get("jitter_s", 0),
+                max_late=item["max_late_s"],
+                tenants=[f"t{i:05d}" for i in range(count)] if count else None,
+            )
+        )
+    return Schedule(entries, namespace=spec["namespace"])
+
+
+def open_broker(url: str | None) -> Callable[[str], None] | None:
+    """A push to a list in the Redis at ``url`` that raises when that server is down.
+
+    No retries and short timeouts: a failed push is an enqueue that failed.
+    """
+    if url is None:
+        return None
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    client = redis.Redis.from_url(
+        url, socket_timeout=2, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
+    )
+
+    def push(message: str) -> None:
+        client.rpush("faults:queue", message)
+
+    return push
+
+
+def make_enqueue(config: dict[str, Any], record_fd: int) -> Callable[[Firing], None]:
+    """The enqueue of a node: wait the send delay, push to the broker, record the send."""
+    delay = float(config.get("send_delay_s", 0))
+    push = open_broker(config.get("broker"))
+    node = config["node"]
+
+    def enqueue(firing: Firing) -> None:
+        called = time.time()
+        if delay:
+            time.sleep(delay)
+        line = {
+            "id": firing.id,
+            "address": firing.address,
+            "entry": firing.entry.name,
+            "occurrence_ms": firing.occurrence_ms,
+            "release_ms": firing.release_ms,
+            "max_late_ms": firing.entry.max_late_ms,
+            "node": node,
+            "called": called,
+        }
+        try:
+            if push is not None:
+                push(json.dumps(line))
+        except Exception as exc:
+            line["error"] = f"{type(exc).__name__}: {exc}"
+            raise
+        else:
+            line["sent"] = time.time()
+        finally:
+            os.write(record_fd, (json.dumps(line) + "\n").encode())
+
+    return enqueue
+
+
+class DecisionLog:
+    """Counts every decision of the node, and keeps the ids it reported as not sent."""
+
+    def __init__(self) -> None:
+        self.outcomes: Counter[str] = Counter()
+        self.by_entry: defaultdict[str, Counter[str]] = defaultdict(Counter)
+        self.reported: defaultdict[str, list[str]] = defaultdict(list)
+        self._lock = threading.Lock()
+
+    def __call__(self, decision: Any) -> None:
+        outcome = str(decision.outcome)
+        with self._lock:
+            self.outcomes[outcome] += 1
+            self.by_entry[decision.firing.entry.name][outcome] += 1
+            if outcome in REPORTED_OUTCOMES:
+                self.reported[outcome].append(decision.firing.id)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counts (in all and per entry) and reported ids so far, copied while the loop
+        may still decide."""
+        with self._lock:
+            return {
+                "outcomes": dict(self.outcomes),
+                "outcomes_by_entry": {k: dict(v) for k, v in self.by_entry.items()},
+                "reported": {k: list(v) for k, v in self.reported.items()},
+            }
+
+
+def make_scheduler(
+    config: dict[str, Any], schedule: Schedule, store: Any, decisions: DecisionLog, record_fd: int
+) -> Scheduler:
+    """The node's scheduler, with its clock offset, lease and recording enqueue."""
+    offset = float(config.get("clock_offset_s", 0))
+    options: dict[str, Any] = {
+        "store": store,
+        "enqueue": make_enqueue(config, record_fd),
+        "clock": lambda: time.time() + offset,
+        "node": config["node"],
+        "lease": config.get("lease_s", 30),
+    }
+    if "on_decision" in inspect.signature(Scheduler).parameters:
+        options["on_decision"] = decisions
+    return Scheduler(schedule, **options)
+
+
+def write_summary(
+    path: str, config: dict[str, Any], scheduler: Scheduler, decisions: DecisionLog, started: float
+) -> None:
+    """The node's stats per entry and its decisions, as JSON, for the test's report."""
+    stats = getattr(scheduler, "stats", {}) or {}
+    summary = {
+        "node": config["node"],
+        "clock_offset_s": config.get("clock_offset_s", 0),
+        "started": started,
+        "stopped": time.time(),
+        "stats": {name: _as_dict(value) for name, value in list(stats.items())},
+        **decisions.snapshot(),
+    }
+    Path(path).write_text(json.dumps(summary))
+
+
+def _as_dict(value: Any, attempts: int = 5) -> Any:
+    """``value.as_dict()``, tried again if the loop, still busy in a send, changes it
+    while it is read."""
+    as_dict = getattr(value, "as_dict", None)
+    if not callable(as_dict):
+        return repr(value)
+    for _ in range(attempts - 1):
+        try:
+            return as_dict()
+        except RuntimeError:  # a deque or dict mutated during iteration
+            time.sleep(0.01)
+    return as_dict()
+
+
+def main(argv: list[str]) -> None:
+    config = json.loads(Path(argv[1]).read_text())
+    logging.basicConfig(
+        level=config.get("log_level", "WARNING"),
+        format=f"%(asctime)s {config['node']} %(levelname)s %(name)s: %(message)s",
+    )
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    started = time.time()
+    schedule = build_schedule(config["schedule"])
+    store = open_store(config["store"], namespace=schedule.namespace)
+    record_fd = os.open(config["record"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    decisions = DecisionLog()
+    scheduler = make_scheduler(config, schedule, store, decisions, record_fd)
+    scheduler.start()
+    try:
+        stopping.wait(max(float(config["until"]) - time.time(), 0))
+    finally:
+        scheduler.stop(timeout=5)
+        write_summary(config["summary"], config, scheduler, decisions, started)
+    # A loop still busy in a long send is a daemon thread: leave without waiting for it
+    # (the record file stays open for it until then; every line it wrote is complete).
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,118 @@
+"""Private ``redis-server`` processes for the fault tests, never the shared one on 6379.
+
+Each server listens on a free loopback port, keeps nothing on disk (``--save ""``,
+``--appendonly no``), and is stopped or killed by its pid. :meth:`RedisServer.restart`
+starts a new, empty server on the same port: a store that lost its memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+START_TIMEOUT_S = 10.0
+
+
+def redis_server_binary() -> str | None:
+    """The path of ``redis-server``, or ``None`` when it is not installed."""
+    return shutil.which("redis-server")
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ping(port: int, timeout: float = 0.5) -> bool:
+    """True when a Redis server on ``port`` answers ``PING``."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """One private ``redis-server``: :meth:`start`, :meth:`kill`, :meth:`restart`, :meth:`stop`."""
+
+    def __init__(self, workdir: Path, name: str = "redis") -> None:
+        self.workdir = workdir
+        self.name = name
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.port)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def start(self) -> RedisServer:
+        """Start the server on :attr:`port` and wait until it answers."""
+        binary = redis_server_binary()
+        if binary is None:
+            raise RuntimeError("redis-server is not installed")
+        self.starts += 1
+        log = self.workdir / f"{self.name}.log"
+        command = [
+            binary,
+            *("--port", str(self.port), "--bind", "127.0.0.1"),
+            *("--save", "", "--appendonly", "no", "--daemonize", "no"),
+            *("--dir", str(self.workdir), "--logfile", str(log)),
+        ]
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self._wait_ready(log)
+        return self
+
+    def _wait_ready(self, log: Path) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if ping(self.port):
+                return
+            if self.process is not None and self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        tail = log.read_text(errors="replace")[-2_000:] if log.exists() else ""
+        self.kill()
+        raise RuntimeError(f"{self.name} did not start on port {self.port}:\n{tail}")
+
+    def kill(self) -> None:
+        """SIGKILL the server by its pid: everything it held is lost."""
+        self._signal_and_wait(signal.SIGKILL, timeout=5)
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after a few seconds)."""
+        self._signal_and_wait(signal.SIGTERM, timeout=5)
+        self.kill()
+
+    def restart(self) -> None:
+        """Kill the server and start a new, empty one on the same port."""
+        self.kill()
+        self.start()
+
+    def _signal_and_wait(self, signum: int, timeout: float) -> None:
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signum)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout)
