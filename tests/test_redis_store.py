@@ -26,7 +26,7 @@ import pytest
 pytest.importorskip("redis", reason="the redis store needs: pip install 'beatless[redis]'")
 
 import redis
-from conftest import require_service
+from service_check import require_service
 from stores import PrivateRedis, free_port
 
 from beatless.errors import ConfigError, StoreError, StoreUnavailable

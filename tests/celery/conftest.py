@@ -8,7 +8,6 @@ tests declare queues of their own and delete them.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -23,25 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery_fixtures import AMQP_URL, REDIS_DB, REDIS_HOST, REDIS_PORT, REDIS_URL
+from service_check import require_service
 
-
-def _root_conftest() -> Any:
-    """tests/conftest.py, loaded under a name of its own: this file is ``conftest`` too."""
-    path = Path(__file__).resolve().parents[1] / "conftest.py"
-    spec = importlib.util.spec_from_file_location("_beatless_root_conftest", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-require_service = _root_conftest().require_service
-"""Re-exported: while this file is the ``conftest`` module, ``from conftest import
-require_service`` elsewhere finds the same helper."""
-REDIS_HOST, REDIS_PORT, REDIS_DB = "127.0.0.1", 6379, 13
-REDIS_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/{REDIS_DB}"
-AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 REPO = Path(__file__).resolve().parents[2]
 
 APP_MODULE = '''

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import require_service
+from service_check import require_service
 
 pytest.importorskip("celery")
 redis = pytest.importorskip("redis")

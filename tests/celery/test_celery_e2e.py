@@ -40,7 +40,7 @@ from celery_nodes import (
     wait_until,
     worker_args,
 )
-from conftest import require_service
+from service_check import require_service
 
 WARMUP_MS = 2_000
 WINDOW_MS = 60_000

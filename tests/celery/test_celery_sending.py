@@ -18,10 +18,11 @@ import pytest
 from celery import Celery
 from celery.app.task import Context
 from celery.worker.request import Request
-from conftest import AMQP_URL, REDIS_DB, REDIS_HOST, REDIS_PORT, REDIS_URL, require_service
+from celery_fixtures import AMQP_URL, REDIS_DB, REDIS_HOST, REDIS_PORT, REDIS_URL
 from faulty_brokers import Proxy, Silent
 from kombu import Queue
 from kombu.exceptions import EncodeError
+from service_check import require_service
 
 import beatless.celery
 from beatless import Entry, Every

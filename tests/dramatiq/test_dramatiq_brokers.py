@@ -10,10 +10,10 @@ from typing import Any
 import dramatiq
 import pytest
 import redis
-from conftest import require_service
 from dramatiq import Worker
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.brokers.redis import RedisBroker
+from service_check import require_service
 from stores import ManualClock
 
 import beatless.dramatiq as bd

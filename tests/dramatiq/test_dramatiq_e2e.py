@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import require_service
 from dramatiq_nodes import (
     DRAIN_S,
     REDIS_URL,
@@ -29,6 +28,7 @@ from dramatiq_nodes import (
     stop_nodes,
     wait_for_schedulers,
 )
+from service_check import require_service
 
 pytestmark = pytest.mark.slow
 

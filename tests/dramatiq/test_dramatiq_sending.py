@@ -23,8 +23,8 @@ from typing import Any
 
 import dramatiq
 import pytest
-from conftest import require_service
 from dramatiq.brokers.stub import StubBroker
+from service_check import require_service
 
 import beatless.dramatiq as bd
 from beatless import Entry, Every
