@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Protocol
 
+from beatless._logtext import ERROR_LIMIT, shown
 from beatless.durations import DurationLike, as_timedelta, to_ms
 from beatless.errors import ConfigError, StoreError
 from beatless.firing import Firing
@@ -244,10 +245,10 @@ class TwoPhase(Dispatcher):
         self.rate.observe(took)
         if took > send_deadline_s(self.lease_ms):
             logger.warning(
-                "firing %s of entry %r: the send took %.1fs, over its %.1fs deadline; if its "
+                "firing %s of entry %s: the send took %.1fs, over its %.1fs deadline; if its "
                 "claim ran out meanwhile another node may send it too, under the same id",
                 firing.id,
-                firing.entry.name,
+                shown(firing.entry.name),
                 took,
                 send_deadline_s(self.lease_ms),
             )
@@ -261,12 +262,12 @@ class TwoPhase(Dispatcher):
         if self._failure_warned is not None and now - self._failure_warned < FAILURE_WARN_S:
             return
         logger.warning(
-            "firing %s of entry %r: enqueue failed (%s: %s); %d failed send(s) since the last "
+            "firing %s of entry %s: enqueue failed (%s: %s); %d failed send(s) since the last "
             "warning; their claims are released and the firings retried while not late",
             firing.id,
-            firing.entry.name,
+            shown(firing.entry.name),
             type(exc).__name__,
-            exc,
+            shown(exc, quoted=False, limit=ERROR_LIMIT),
             self._failures,
             exc_info=logger.isEnabledFor(logging.DEBUG),
         )
@@ -280,10 +281,10 @@ class TwoPhase(Dispatcher):
         for (firing, outcome), ok in zip(sent, kept, strict=True):
             if not ok:
                 logger.warning(
-                    "firing %s of entry %r: its claim ran out before commit and another node "
+                    "firing %s of entry %s: its claim ran out before commit and another node "
                     "may have taken it over; a consumer may see this message id twice",
                     firing.id,
-                    firing.entry.name,
+                    shown(firing.entry.name),
                 )
             decide_claimed(wake, firing, outcome)
 
@@ -304,7 +305,7 @@ class TwoPhase(Dispatcher):
             logger.warning(
                 "could not release %d claim(s) (%s); their leases run out instead",
                 len(firings),
-                exc,
+                shown(exc, quoted=False, limit=ERROR_LIMIT),
             )
 
 
@@ -318,7 +319,7 @@ def commit_quietly(store: ClaimStore, firings: Sequence[Firing], node: str) -> l
             "commit of %d enqueued firing(s) failed (%s): if their leases run out another "
             "node may enqueue them again under the same message id",
             len(firings),
-            exc,
+            shown(exc, quoted=False, limit=ERROR_LIMIT),
         )
         return [True] * len(firings)
 

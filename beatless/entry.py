@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -16,6 +17,9 @@ from beatless.triggers import Cron, Trigger, zone
 DEFAULT_MAX_LATE = timedelta(seconds=60)
 STORE_TOLERANCE = timedelta(seconds=10)
 """The store refuses a new claim more than ``max_late`` + this behind its own clock."""
+
+TASK_TAG_LENGTH = 8
+"""Hex digits of a task tag (:attr:`Entry.task_tag`)."""
 
 Tenants = Sequence[str] | Callable[[], Iterable[str]] | None
 
@@ -108,6 +112,13 @@ class Entry:
     @cached_property
     def memory_ms(self) -> int:
         return to_ms(self.memory_needed)
+
+    @cached_property
+    def task_tag(self) -> str:
+        """The first 8 hex digits of the SHA-256 of the task name: stored with each claim,
+        so that a claim of another task under the same address is noticed (two apps
+        sharing one store and namespace)."""
+        return hashlib.sha256(self.task.encode()).hexdigest()[:TASK_TAG_LENGTH]
 
     def tenant_list(self) -> tuple[str, ...] | None:
         """The tenants now: the fixed list, or what the callable returns."""

@@ -34,6 +34,7 @@ from typing import Any
 
 from beatless._clockwatch import ClockWatch
 from beatless._fanout import MAX_TENANTS, FanOut, prepare_ahead_ms
+from beatless._logtext import ERROR_LIMIT, shown
 from beatless.dispatch import (
     DEFAULT_LEASE,
     Dispatcher,
@@ -67,6 +68,10 @@ SETTLE_MS = 1_000
 """A count of trouble is told once no more of it came for this long."""
 SUMMARY_EVERY_MS = 60_000
 """How often a node logs its counts at INFO."""
+TENANTS_WARN_EVERY_MS = 60_000
+"""One ERROR per entry at most this often while its tenants callable fails."""
+FOREIGN_WARN_EVERY_MS = 600_000
+"""One WARNING per entry at most this often for firings lost to a claim of another task."""
 
 _WARNINGS = {
     "late": "more than max_late behind this node's clock, skipped (node overloaded, frozen, "
@@ -89,8 +94,9 @@ class Decision:
     firing: Firing
     outcome: str
     """Final: ``won``, ``takeover``, ``lost``, ``held``, ``late`` (node clock),
-    ``late_store``, ``early``, ``forgotten``, ``corrupt``, ``clock_skew`` (this node's
-    clock is too far off the store's to claim). Retried: ``enqueue_failed``,
+    ``late_store``, ``early``, ``forgotten``, ``corrupt``, ``foreign`` (lost to a claim
+    of another task under the same address), ``clock_skew`` (this node's clock is too
+    far off the store's to claim). Retried: ``enqueue_failed``,
     ``stale_claim`` (the claim got older than half its lease before the send),
     ``unavailable`` (the store could not be reached), ``error``."""
     node: str
@@ -122,11 +128,11 @@ def default_node_name() -> str:
 def log_enqueue(firing: Firing) -> None:
     """The enqueue of a node with no broker: log what would have been sent."""
     logger.info(
-        "enqueue %s entry=%r tenant=%r task=%s",
+        "enqueue %s entry=%s tenant=%s task=%s",
         firing.id,
-        firing.entry.name,
-        firing.tenant,
-        firing.entry.task,
+        shown(firing.entry.name),
+        shown(firing.tenant),
+        shown(firing.entry.task, quoted=False),
     )
 
 
@@ -222,10 +228,10 @@ class Scheduler:
         for entry in self.schedule.entries:
             if entry.jitter_ms + self.lease_ms + RETRY_MS >= entry.max_late_ms:
                 logger.warning(
-                    "entry %r: jitter %dms + lease %dms leave no time within max_late %dms to "
+                    "entry %s: jitter %dms + lease %dms leave no time within max_late %dms to "
                     "take over a firing whose winner died before commit; shorten the lease "
                     "or raise max_late",
-                    entry.name,
+                    shown(entry.name),
                     entry.jitter_ms,
                     self.lease_ms,
                     entry.max_late_ms,
@@ -274,8 +280,8 @@ class Scheduler:
                 self._push_firing(Firing.of(entry, None, base, occurrence))
             elif len(tenants) > MAX_TENANTS:
                 logger.error(
-                    "entry %r: %d tenants, over the %d one fan-out can hold; occurrence %s skipped",
-                    entry.name,
+                    "entry %s: %d tenants, over the %d one fan-out can hold; occurrence %s skipped",
+                    shown(entry.name),
                     len(tenants),
                     MAX_TENANTS,
                     iso(occurrence),
@@ -302,10 +308,11 @@ class Scheduler:
                 known = entry.tenants if isinstance(entry.tenants, tuple) else None
                 fanout = len(known or self._tenants.get(entry.name) or (None,))
                 self.stats[entry.name].late_node += skipped * fanout
+                self._summary["late"] += skipped * fanout
                 logger.warning(
-                    "entry %r: %d occurrence(s) of %s were more than max_late behind the "
+                    "entry %s: %d occurrence(s) of %s were more than max_late behind the "
                     "clock (frozen node or clock jump) and were skipped as late",
-                    entry.name,
+                    shown(entry.name),
                     skipped,
                     group.trigger.describe(),
                 )
@@ -320,10 +327,12 @@ class Scheduler:
         try:
             tenants = entry.tenant_list()
         except Exception:
-            logger.exception(
-                "entry %r: the tenants callable failed; using the last list it returned",
-                entry.name,
-            )
+            if self._may_warn(f"tenants {entry.name}", TENANTS_WARN_EVERY_MS):
+                logger.exception(
+                    "entry %s: the tenants callable failed; using the last list it returned "
+                    "(said at most once a minute while it fails)",
+                    shown(entry.name),
+                )
             return self._tenants.get(entry.name, ())
         self._tenants[entry.name] = tenants  # type: ignore[assignment]
         return tenants
@@ -414,8 +423,8 @@ class Scheduler:
         if self._may_warn(outcome, WARN_EVERY_MS):
             logger.warning(
                 "node %s: %s: %d firing(s) retried every %dms until late",
-                self.node,
-                why,
+                shown(self.node, quoted=False),
+                shown(why, quoted=False, limit=ERROR_LIMIT),
                 len(self._open),
                 RETRY_MS,
             )
@@ -453,20 +462,21 @@ class Scheduler:
         stats = self.stats[firing.entry.name]
         if outcome in ("won", "takeover"):
             stats.lateness.observe(now - firing.release_ms)
-        if outcome in ("lost", "held"):  # lost once, when first seen held or lost
-            if firing.id not in self._held:
-                stats.lost += 1
-        else:
+        if outcome in ("lost", "held", "foreign") and firing.id not in self._held:
+            stats.lost += 1  # once, when first seen held, lost or foreign
+        if outcome not in ("lost", "held"):
             stats.count(outcome)
         self._summary[outcome] += 1
-        if outcome in _WARNINGS:
+        if outcome == "foreign":
+            self._warn_foreign(firing)
+        elif outcome in _WARNINGS:
             self._trouble.add((outcome, firing.entry.name, firing.occurrence_ms), 1, now)
             if outcome == "corrupt":
                 logger.warning(
-                    "firing %s of entry %r: the claim store holds a record for it that this "
+                    "firing %s of entry %s: the claim store holds a record for it that this "
                     "version cannot read; the firing is not sent",
                     firing.id,
-                    firing.entry.name,
+                    shown(firing.entry.name),
                 )
 
     def _recheck_held(self, firing: Firing, now: int) -> None:
@@ -481,6 +491,26 @@ class Scheduler:
 
     # -- telling the operator -------------------------------------------------------
 
+    def _warn_foreign(self, firing: Firing) -> None:
+        """A claim of another task holds this firing's address: two apps (or two
+        schedules) share one namespace in this store. One WARNING per entry per
+        ``FOREIGN_WARN_EVERY_MS``."""
+        entry = firing.entry
+        if not self._may_warn(f"foreign {entry.name}", FOREIGN_WARN_EVERY_MS):
+            return
+        logger.warning(
+            "entry %s: address %s is held by a claim of another task (its task tag is not "
+            "%s, the tag of %s): two apps share namespace %s in this store and take each "
+            "other's firings; give each its own namespace (or, if a rollout renamed the "
+            "task, run one schedule on every node); %d firing(s) lost to it on this node",
+            shown(entry.name),
+            shown(firing.address),
+            entry.task_tag,
+            shown(entry.task),
+            shown(self.schedule.namespace),
+            self.stats[entry.name].foreign,
+        )
+
     def _report(self, decision: Decision) -> None:
         self._decisions.append(decision)
         firing = decision.firing
@@ -490,10 +520,10 @@ class Scheduler:
         if logger.isEnabledFor(level):
             logger.log(
                 level,
-                "firing %s entry=%r tenant=%r occurrence=%s offset=%dms outcome=%s lateness=%dms",
+                "firing %s entry=%s tenant=%s occurrence=%s offset=%dms outcome=%s lateness=%dms",
                 firing.id,
-                firing.entry.name,
-                firing.tenant,
+                shown(firing.entry.name),
+                shown(firing.tenant),
                 iso(firing.occurrence_ms),
                 firing.offset_ms,
                 decision.outcome,
@@ -509,8 +539,8 @@ class Scheduler:
         """One WARNING per kind of trouble, entry and occurrence, once its count settles."""
         for (outcome, name, occurrence), count in self._trouble.settled(now):
             logger.warning(
-                "entry %r, occurrence %s: %d firing(s) %s",
-                name,
+                "entry %s, occurrence %s: %d firing(s) %s",
+                shown(name),
                 iso(occurrence),
                 count,
                 _WARNINGS[outcome],
@@ -534,7 +564,7 @@ class Scheduler:
         offset = self.clockwatch.offset_ms
         logger.info(
             "node %s, last %ds: %s; clock offset to the store %s",
-            self.node,
+            shown(self.node, quoted=False),
             SUMMARY_EVERY_MS // 1_000,
             ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "nothing due",
             "unknown" if offset is None else f"{offset:+d}ms",
@@ -549,11 +579,11 @@ class Scheduler:
     def run(self) -> None:
         """Wake, decide, sleep until the next release (at most a second); until stopped."""
         logger.info(
-            "node %s scheduling %d entries of namespace %r through %r",
-            self.node,
+            "node %s scheduling %d entries of namespace %s through %s",
+            shown(self.node, quoted=False),
             len(self.schedule.entries),
-            self.schedule.namespace,
-            self.dispatcher,
+            shown(self.schedule.namespace),
+            shown(repr(self.dispatcher), quoted=False),
         )
         while not self._stop.is_set():
             try:
@@ -562,7 +592,7 @@ class Scheduler:
                 if self._may_warn("tick", 300_000):
                     logger.exception("scheduler wake failed; the loop goes on")
             self._stop.wait(self.sleep_s())
-        logger.info("node %s stopped", self.node)
+        logger.info("node %s stopped", shown(self.node, quoted=False))
 
     def sleep_s(self, cap_s: float = MAX_SLEEP_MS / 1_000) -> float:
         """Seconds until the next wake: never past the next release, never over ``cap_s``

@@ -45,13 +45,15 @@ _COUNTERS = {
     "early": "early",
     "forgotten": "forgotten",
     "corrupt": "corrupt",
+    "foreign": "foreign",
     "clock_skew": "skipped_clock",
     "enqueue_failed": "enqueue_failures",
     "stale_claim": "stale_claims",
     "unavailable": "store_unavailable",
     "error": "errors",
 }
-"""The counter each decision adds to (a takeover is also a win)."""
+"""The counter each decision adds to (a takeover is also a win). ``lost`` and ``held`` are
+counted by the loop, once per firing; a ``foreign`` firing is counted lost as well."""
 
 
 @dataclass
@@ -65,6 +67,9 @@ class EntryStats:
     early: int = 0
     forgotten: int = 0
     corrupt: int = 0
+    foreign: int = 0
+    """Firings lost to a claim of another task under the same address (two apps sharing
+    one store and namespace); each is counted in ``lost`` too."""
     skipped_clock: int = 0
     enqueue_failures: int = 0
     stale_claims: int = 0

@@ -7,6 +7,7 @@ password or a unix socket start a private ``redis-server`` of their own.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.resources
 import logging
 import random
@@ -32,7 +33,13 @@ from stores import PrivateRedis, free_port
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.stores import ClaimRequest, Outcome, open_store
 from beatless.stores.base import TOLERANCE_MS
-from beatless.stores.redis import CHUNK, EXPIRY_SLACK_MS, PROBE_TTL_MS, RedisStore
+from beatless.stores.redis import (
+    CHUNK,
+    EXPIRY_SLACK_MS,
+    PROBE_TTL_MS,
+    RedisStore,
+    _claim_arg,
+)
 from beatless.urls import mask_url
 
 HOST, PORT = "127.0.0.1", 6379
@@ -40,6 +47,7 @@ URL = f"redis://{HOST}:{PORT}/0"
 MAX_LATE_MS = 60_000
 MEMORY_MS = 80_000
 LEASE_MS = 5_000
+TAG = "5eed7a95"
 
 
 @pytest.fixture
@@ -76,7 +84,7 @@ def firing(
     id_ = uuid.uuid4().hex
     release = occurrence_ms if release_ms is None else release_ms
     address = address or f"test/{id_[:8]}"
-    return ClaimRequest(id_, address, occurrence_ms, MAX_LATE_MS, MEMORY_MS, release)
+    return ClaimRequest(id_, address, occurrence_ms, MAX_LATE_MS, MEMORY_MS, release, TAG)
 
 
 def closed_port() -> int:
@@ -178,8 +186,14 @@ def test_pending_claim_is_a_versioned_record_kept_past_its_lease_for_memory_ms(
     key = f"{prefix}claim:{request.id}"
     record = client.get(key)
     assert isinstance(record, str)
-    version, state, until_ms, memory_ms, node = record.split("|", 4)
-    assert (version, state, memory_ms, node) == ("v=1", "pending", str(MEMORY_MS), "node|1")
+    version, state, until_ms, memory_ms, tag, node = record.split("|", 5)
+    assert (version, state, memory_ms, tag, node) == (
+        "v=2",
+        "pending",
+        str(MEMORY_MS),
+        TAG,
+        "node|1",
+    )
     assert before + LEASE_MS <= int(until_ms) <= after + LEASE_MS
     assert LEASE_MS + MEMORY_MS - 1_000 < client.pttl(key) <= LEASE_MS + MEMORY_MS
     store.close()
@@ -198,8 +212,9 @@ def test_commit_keeps_the_claim_for_memory_ms_on_the_store_clock(
     key = f"{prefix}claim:{request.id}"
     record = client.get(key)
     assert isinstance(record, str)
-    assert record.startswith("v=1|committed|")
-    _version, _state, until_ms, _memory, _node = record.split("|", 4)
+    assert record.startswith("v=2|committed|")
+    assert record.endswith(f"|{TAG}|a")
+    _version, _state, until_ms, _memory, _tag, _node = record.split("|", 5)
     assert before + MEMORY_MS <= int(until_ms) <= server_now_ms(client) + MEMORY_MS
     assert MEMORY_MS < client.pttl(key) <= MEMORY_MS + EXPIRY_SLACK_MS
     store.close()
@@ -207,7 +222,14 @@ def test_commit_keeps_the_claim_for_memory_ms_on_the_store_clock(
 
 @pytest.mark.parametrize(
     "value",
-    ["v=2|pending|1|1|elsewhere", "garbage", "v=1|paused|1|1|x", "v=1|pending|soon|1|x"],
+    [
+        "v=3|pending|1|1|5eed|elsewhere",
+        "garbage",
+        "v=1|paused|1|1|x",
+        "v=1|pending|soon|1|x",
+        "v=2|pending|1|1|not-hex|x",
+        "v=2|pending|1|1|no-tag-field",
+    ],
 )
 def test_a_record_it_cannot_read_fails_only_its_own_firing_as_corrupt(
     client: redis.Redis, prefix: str, value: str
@@ -250,19 +272,34 @@ def test_a_key_of_another_type_fails_only_its_own_firing_as_corrupt(
     store.close()
 
 
-def test_a_version_1_record_written_by_an_earlier_beatless_is_read(
+def test_a_version_1_record_written_by_an_earlier_beatless_is_read_as_untagged(
     client: redis.Redis, prefix: str
 ) -> None:
     store = RedisStore(URL, prefix=prefix)
     now = server_now_ms(client)
-    committed, pending = firing(now), firing(now)
+    committed, pending, live = firing(now), firing(now), firing(now)
     client.set(f"{prefix}claim:{committed.id}", f"v=1|committed|{now + 60_000}|80000|old|node")
     client.set(f"{prefix}claim:{pending.id}", f"v=1|pending|{now - 1_000}|80000|old")
+    client.set(f"{prefix}claim:{live.id}", f"v=1|pending|{now + 60_000}|80000|5eed|x")
 
-    outcomes = store.claim([committed, pending], node="a", lease_ms=LEASE_MS)
+    outcomes = store.claim([committed, pending, live], node="a", lease_ms=LEASE_MS)
 
-    assert outcomes == [Outcome.LOST, Outcome.TAKEOVER]
+    # No tag, never foreign: the last record's node is "5eed|x", not a tag and a node.
+    assert outcomes == [Outcome.LOST, Outcome.TAKEOVER, Outcome.HELD]
+    taken = client.get(f"{prefix}claim:{pending.id}")
+    assert isinstance(taken, str)
+    assert taken.startswith("v=2|pending|")
+    assert taken.endswith(f"|{TAG}|a")
+    assert store.claim([live], node="5eed|x", lease_ms=LEASE_MS) == [Outcome.WON]
     store.close()
+
+
+def test_a_claim_request_sends_its_tag_in_the_one_argument_it_already_had() -> None:
+    now = 1_800_000_000_000
+    tagged, untagged = firing(now), ClaimRequest("u", "x|y", now, 1, 2, now)
+
+    assert _claim_arg(tagged) == f"{now}|{MAX_LATE_MS}|{MEMORY_MS}|{now}|{TAG}|{tagged.address}"
+    assert _claim_arg(untagged) == f"{now}|1|2|{now}||x|y"
 
 
 def test_release_keeps_the_record_with_its_lease_ended_and_its_memory_as_expiry(
@@ -278,8 +315,8 @@ def test_release_keeps_the_record_with_its_lease_ended_and_its_memory_as_expiry(
     key = f"{prefix}claim:{request.id}"
     record = client.get(key)
     assert isinstance(record, str)
-    version, state, until_ms, memory_ms, node = record.split("|", 4)
-    assert (version, state, memory_ms, node) == ("v=1", "pending", str(MEMORY_MS), "a")
+    version, state, until_ms, memory_ms, tag, node = record.split("|", 5)
+    assert (version, state, memory_ms, tag, node) == ("v=2", "pending", str(MEMORY_MS), TAG, "a")
     assert before - 1 <= int(until_ms) < server_now_ms(client)
     assert MEMORY_MS - 1_000 < client.pttl(key) <= MEMORY_MS
     assert RedisStore(URL, prefix=prefix).claim([request], node="b", lease_ms=LEASE_MS) == [
@@ -386,8 +423,8 @@ def test_a_redis_restarted_empty_gives_forgotten_to_a_store_object_that_saw_it_b
     with redis.Redis.from_url(own_redis.url, decode_responses=True) as admin:
         record = admin.get(f"{prefix}claim:{request.id}")
         assert isinstance(record, str)
-        assert record.startswith("v=1|committed|")
-        assert record.endswith("|a")
+        assert record.startswith("v=2|committed|")
+        assert record.endswith(f"|{TAG}|a")
         assert admin.hgetall(f"{prefix}last") == {}
     for store in (a, third):
         store.close()
@@ -948,3 +985,22 @@ def test_claim_and_push_takes_over_a_pending_claim_whose_lease_ran_out(
     assert store.claim_and_push([request], push, node="atomic") == [Outcome.TAKEOVER]
     assert client.llen(queue) == 1
     store.close()
+
+
+def test_claim_and_push_of_another_task_under_a_claimed_address_is_foreign_and_pushes_nothing(
+    client: redis.Redis, prefix: str
+) -> None:
+    queue = f"{prefix}queue"
+    ours, theirs = RedisStore(URL, prefix=prefix), RedisStore(URL, prefix=prefix)
+    pending, committed = firing(server_now_ms(client)), firing(server_now_ms(client))
+    assert theirs.claim([pending], node="two-phase", lease_ms=LEASE_MS) == [Outcome.WON]
+    assert theirs.claim_and_push([committed], [[["LPUSH", queue, "theirs"]]], node="x") == [
+        Outcome.WON
+    ]
+    other = [dataclasses.replace(r, tag="0123abcd") for r in (pending, committed)]
+    pushes = [[["LPUSH", queue, "ours"]]] * 2
+
+    assert ours.claim_and_push(other, pushes, node="x") == [Outcome.FOREIGN] * 2
+    assert client.lrange(queue, 0, -1) == ["theirs"]
+    for store in (ours, theirs):
+        store.close()

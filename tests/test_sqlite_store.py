@@ -27,10 +27,14 @@ MEMORY_MS = 80_000
 
 
 def request(
-    id_: str, occurrence_ms: int, memory_ms: int = MEMORY_MS, release_ms: int | None = None
+    id_: str,
+    occurrence_ms: int,
+    memory_ms: int = MEMORY_MS,
+    release_ms: int | None = None,
+    tag: str = "",
 ) -> ClaimRequest:
     release = occurrence_ms if release_ms is None else release_ms
-    return ClaimRequest(id_, f"sqlite/{id_}", occurrence_ms, 60_000, memory_ms, release)
+    return ClaimRequest(id_, f"sqlite/{id_}", occurrence_ms, 60_000, memory_ms, release, tag)
 
 
 @pytest.fixture
@@ -189,6 +193,45 @@ def test_a_file_of_an_earlier_beatless_without_an_epoch_gets_one_and_keeps_its_c
         assert store.epoch is not None
 
 
+OLD_CLAIMS = """CREATE TABLE claims (
+    id TEXT PRIMARY KEY, address TEXT NOT NULL, occurrence_ms INTEGER NOT NULL,
+    node TEXT NOT NULL, committed INTEGER NOT NULL, until_ms INTEGER NOT NULL,
+    memory_ms INTEGER NOT NULL, claimed_ms INTEGER NOT NULL
+) WITHOUT ROWID"""
+"""The claims table as a beatless without task tags made it."""
+OLD_WRITE = (
+    "INSERT OR REPLACE INTO claims (id, address, occurrence_ms, node, committed, until_ms,"
+    " memory_ms, claimed_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+"""How such a beatless writes a claim: its columns named, so a table with more takes it."""
+
+
+def test_a_file_made_before_task_tags_gains_the_column_and_keeps_its_claims(
+    path: Path, clock: ManualClock
+) -> None:
+    now = clock.now_ms()
+    with sqlite3.connect(path) as raw:
+        raw.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        raw.execute("INSERT INTO meta VALUES ('version', '1')")
+        raw.execute(OLD_CLAIMS)
+        raw.execute(OLD_WRITE, ("x", "sqlite/x", now, "old", 0, now + 60_000, MEMORY_MS, now))
+    raw.close()
+
+    store = SQLiteStore(path, clock=clock)
+    # The old row has no tag: held, never foreign, for a tagged request.
+    assert store.claim([request("x", now, tag="ab")], node="new", lease_ms=1_000) == [Outcome.HELD]
+    # A beatless without tags still writes the file, its rows untagged.
+    with sqlite3.connect(path) as raw:
+        raw.execute(OLD_WRITE, ("y", "sqlite/y", now, "old", 1, now + 60_000, MEMORY_MS, now))
+        assert raw.execute("SELECT tag FROM claims WHERE id = 'y'").fetchone() == ("",)
+    raw.close()
+    assert store.claim([request("y", now, tag="ab")], node="new", lease_ms=1_000) == [Outcome.LOST]
+    assert store.claim([request("z", now, tag="ab")], node="new", lease_ms=1_000) == [Outcome.WON]
+    assert _row(path, "z")[-1] == "ab"
+    assert meta(path, "version") == "1"
+    store.close()
+
+
 # -- the epoch -----------------------------------------------------------------------------
 
 
@@ -303,8 +346,8 @@ def test_a_store_object_that_moves_to_a_recreated_file_leaves_the_new_file_s_log
 
 @pytest.mark.parametrize(
     "values",
-    [(7, FAR, 0), (0, "garbage", 0), (0, FAR, "soon"), (None, FAR, 0)],
-    ids=["committed-7", "until-text", "claimed-text", "committed-blob"],
+    [(7, FAR, 0), (0, "garbage", 0), (0, FAR, "soon"), (None, FAR, 0), (0, FAR, 0)],
+    ids=["committed-7", "until-text", "claimed-text", "committed-blob", "tag-blob"],
 )
 def test_a_row_it_cannot_read_fails_only_its_own_firing_as_corrupt(
     path: Path, clock: ManualClock, values: tuple[object, object, object]
@@ -313,11 +356,14 @@ def test_a_row_it_cannot_read_fails_only_its_own_firing_as_corrupt(
     committed, until_ms, claimed_ms = values
     with sqlite3.connect(path) as raw:
         raw.execute(
-            "INSERT INTO claims VALUES ('bad', 'sqlite/bad', 0, 'a', ?, ?, 80000, ?)",
+            "INSERT INTO claims (id, address, occurrence_ms, node, committed, until_ms,"
+            " memory_ms, claimed_ms) VALUES ('bad', 'sqlite/bad', 0, 'a', ?, ?, 80000, ?)",
             (committed if committed is not None else 0, until_ms, claimed_ms),
         )
         if committed is None:
             raw.execute("UPDATE claims SET committed = x'00' WHERE id = 'bad'")
+        if values == (0, FAR, 0):
+            raw.execute("UPDATE claims SET tag = x'6162' WHERE id = 'bad'")
     raw.close()
     before = _row(path, "bad")
     now = clock.now_ms()

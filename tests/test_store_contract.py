@@ -8,30 +8,36 @@ jump minutes, or to land on an exact millisecond, ask for a clock the test contr
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import uuid
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from stores import StoreFactory
 
+from beatless.errors import ConfigError
 from beatless.stores import ClaimRequest, ClaimStore, Outcome
 from beatless.stores.base import TOLERANCE_MS
 
-WON, TAKEOVER, LOST, HELD, LATE, EARLY = (
+WON, TAKEOVER, LOST, HELD, LATE, EARLY, FOREIGN = (
     Outcome.WON,
     Outcome.TAKEOVER,
     Outcome.LOST,
     Outcome.HELD,
     Outcome.LATE,
     Outcome.EARLY,
+    Outcome.FOREIGN,
 )
 LEASE_MS = 600
 LONG_LEASE_MS = 60_000
 MAX_LATE_MS = 60_000
 MEMORY_MS = 80_000
 """jitter 10 s + max_late 60 s + tolerance 10 s: what rule 5 asks of a store."""
+OURS, THEIRS = "0a1b2c3d", "9f8e7d6c"
+"""Task tags of two apps that share one store and namespace."""
 
 
 def firing(
@@ -40,12 +46,19 @@ def firing(
     max_late_ms: int = MAX_LATE_MS,
     memory_ms: int = MEMORY_MS,
     release_ms: int | None = None,
+    tag: str = OURS,
 ) -> ClaimRequest:
     """A claim request for a firing no other test uses, released at its occurrence unless
-    ``release_ms`` says otherwise."""
+    ``release_ms`` says otherwise, of the task tagged ``tag``."""
     id_ = str(uuid.uuid4())
     release = occurrence_ms if release_ms is None else release_ms
-    return ClaimRequest(id_, f"contract/{id_[:8]}", occurrence_ms, max_late_ms, memory_ms, release)
+    address = f"contract/{id_[:8]}"
+    return ClaimRequest(id_, address, occurrence_ms, max_late_ms, memory_ms, release, tag)
+
+
+def of_task(request: ClaimRequest, tag: str) -> ClaimRequest:
+    """The same firing (id, address, numbers), claimed for the task tagged ``tag``."""
+    return dataclasses.replace(request, tag=tag)
 
 
 def claim_one(
@@ -437,6 +450,107 @@ def test_empty_batches_do_nothing(store_factory: StoreFactory) -> None:
     assert store.claim([], node="a", lease_ms=LEASE_MS) == []
     assert store.commit([], node="a") == []
     store.release([], node="a")
+
+
+# -- task tags: another app under the same address ------------------------------------------
+
+
+def test_a_live_claim_of_another_task_is_foreign_whether_pending_or_committed(
+    store_factory: StoreFactory,
+) -> None:
+    ours, theirs = store_factory(), store_factory()
+    request = firing(store_factory.now_ms(), tag=THEIRS)
+    assert claim_one(theirs, request, "theirs") is WON
+
+    assert claim_one(ours, of_task(request, OURS), "ours") is FOREIGN
+    assert theirs.commit([request.id], node="theirs") == [True]
+    assert claim_one(ours, of_task(request, OURS), "ours") is FOREIGN
+    assert claim_one(ours, request, "ours") is LOST
+
+
+def test_a_foreign_claim_writes_nothing(store_factory: StoreFactory) -> None:
+    ours, theirs = store_factory(), store_factory()
+    request = firing(store_factory.now_ms(), tag=THEIRS)
+    assert claim_one(theirs, request, "theirs") is WON
+
+    assert claim_one(ours, of_task(request, OURS), "ours") is FOREIGN
+    assert ours.commit([request.id], node="ours") == [False]
+
+    assert claim_one(store_factory(), request, "third") is HELD
+    assert theirs.commit([request.id], node="theirs") == [True]
+
+
+def test_the_same_node_name_in_another_app_gets_foreign_not_its_own_pending_claim(
+    store_factory: StoreFactory,
+) -> None:
+    first, second = store_factory(), store_factory()
+    request = firing(store_factory.now_ms(), tag=THEIRS)
+    assert claim_one(first, request, "host:1") is WON
+
+    assert claim_one(second, of_task(request, OURS), "host:1") is FOREIGN
+    assert claim_one(first, request, "host:1") is WON
+
+
+def test_an_untagged_claim_or_request_is_never_foreign(store_factory: StoreFactory) -> None:
+    a, b = store_factory(), store_factory()
+    now = store_factory.now_ms()
+    untagged, tagged = firing(now, tag=""), firing(now, tag=THEIRS)
+    assert claim_one(a, untagged, "a") is WON
+    assert claim_one(a, tagged, "a") is WON
+
+    assert claim_one(b, of_task(untagged, OURS), "b") is HELD
+    assert claim_one(b, of_task(tagged, ""), "b") is HELD
+
+
+def test_a_claim_of_another_task_whose_lease_ran_out_is_free_and_taken_over(
+    store_factory: StoreFactory,
+) -> None:
+    ours, theirs = store_factory(), store_factory()
+    request = firing(store_factory.now_ms(), tag=THEIRS)
+    assert claim_one(theirs, request, "theirs") is WON
+
+    store_factory.advance(LEASE_MS + 100)
+
+    assert claim_one(ours, of_task(request, OURS), "ours") is TAKEOVER
+    assert claim_one(theirs, request, "theirs") is FOREIGN
+    assert ours.commit([request.id], node="ours") == [True]
+
+
+def test_a_live_claim_of_another_task_is_foreign_even_once_the_firing_is_late(
+    clocked_store_factory: StoreFactory,
+) -> None:
+    ours, theirs = clocked_store_factory(), clocked_store_factory()
+    request = firing(clocked_store_factory.now_ms(), tag=THEIRS)
+    assert claim_one(theirs, request, "theirs") is WON
+    assert theirs.commit([request.id], node="theirs") == [True]
+
+    clocked_store_factory.advance(MAX_LATE_MS + TOLERANCE_MS + 1)
+
+    assert claim_one(ours, of_task(request, OURS), "ours") is FOREIGN
+    assert claim_one(ours, request, "ours") is LOST
+
+
+def test_foreign_outcomes_follow_request_order_in_a_mixed_batch(
+    store_factory: StoreFactory,
+) -> None:
+    ours, theirs = store_factory(), store_factory()
+    now = store_factory.now_ms()
+    pending, committed, same_task, fresh = (firing(now, tag=THEIRS) for _ in range(4))
+    assert (
+        theirs.claim([pending, committed, same_task], node="theirs", lease_ms=LEASE_MS) == [WON] * 3
+    )
+    assert theirs.commit([committed.id], node="theirs") == [True]
+
+    batch = [of_task(r, OURS) for r in (pending, fresh, committed)] + [same_task]
+    outcomes = ours.claim(batch, node="ours", lease_ms=LEASE_MS)
+
+    assert outcomes == [FOREIGN, WON, FOREIGN, HELD]
+
+
+@pytest.mark.parametrize("tag", ["not hex", "0123456789abcdef0", "ab|cd"])
+def test_a_tag_that_is_not_at_most_16_hex_digits_is_refused(tag: str) -> None:
+    with pytest.raises(ConfigError, match="hex digits"):
+        ClaimRequest("id", "ns/e", 0, 1, 2, 0, tag)
 
 
 # -- identity, clock and probe --------------------------------------------------------------

@@ -153,13 +153,17 @@ def test_a_node_frozen_between_claim_and_send_never_sends_what_another_took_over
     store = ClaimLog(clock)
     schedule = fan_out(3, jitter=0, max_late="50s")
     sent: list[tuple[str, int, Firing]] = []
+
+    def sender(name: str) -> Callable[[Firing], None]:
+        return lambda f: sent.append((name, clock.ms, f))
+
     nodes = {
         name: Scheduler(
             schedule,
             store=store,
             clock=clock,
             node=name,
-            enqueue=lambda f, name=name: sent.append((name, clock.ms, f)),
+            enqueue=sender(name),
             monotonic=monotonic_of(clock),
             lease="10s",
         )
@@ -191,7 +195,7 @@ def test_a_firing_that_turns_late_before_its_send_is_released_not_sent() -> None
         store=MemoryStore(clock=clock),
         clock=clock,
         enqueue=broker,
-        monotonic=monotonic_of(clock),  # type: ignore[arg-type]
+        monotonic=monotonic_of(clock),
     )
     decisions: list[Decision] = []
     for _ in range(40):

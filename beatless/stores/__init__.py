@@ -13,9 +13,17 @@ from beatless.urls import mask_url
 __all__ = ["ClaimRequest", "ClaimStore", "MemoryStore", "Outcome", "open_store"]
 
 
-def open_store(url: str, **options: Any) -> ClaimStore:
+def open_store(url: str, *, namespace: str | None = None, **options: Any) -> ClaimStore:
     """Open a claim store from a URL: ``memory://``, ``sqlite:///path/to/file.db``,
-    ``redis://host:port/db`` (also ``rediss://`` and ``unix:///path/to/redis.sock``)."""
+    ``redis://host:port/db`` (also ``rediss://``, ``unix:///path/to/redis.sock`` and
+    kombu's spelling ``redis+socket:///path``).
+
+    The one place a URL becomes a store: the CLI, the Celery and Dramatiq integrations
+    and embedders all open stores here. ``namespace`` names the keys of a store that
+    keeps several schedules apart by key (Redis: ``beatless:{namespace}:``); the others
+    keep them apart by the address, which starts with the namespace. ``options`` go to
+    the store's constructor.
+    """
     scheme = urlsplit(url).scheme.lower()
     if scheme == "memory":
         return MemoryStore(**options)
@@ -23,9 +31,13 @@ def open_store(url: str, **options: Any) -> ClaimStore:
         from beatless.stores.sqlite import SQLiteStore
 
         return SQLiteStore.from_url(url, **options)
-    if scheme in ("redis", "rediss", "unix"):
+    if scheme in ("redis", "rediss", "unix", "redis+socket"):
         from beatless.stores.redis import RedisStore
 
+        if scheme == "redis+socket":
+            url = "unix" + url[len("redis+socket") :]
+        if namespace is not None:
+            options["namespace"] = namespace
         return RedisStore(url, **options)
     raise ConfigError(
         f"unknown store URL scheme {scheme!r} in {mask_url(url)!r}: use memory://, sqlite:///path "

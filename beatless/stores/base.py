@@ -35,8 +35,17 @@ cut-off, so a later batch (a retry, the next sub-batch) is judged the same way. 
 object that has not seen an epoch yet adopts the first one it sees, with no cut-off; a
 commit never adopts a changed epoch. Use one store object per node.
 
-A live claim decides first: ``LOST``, ``HELD`` (or ``WON`` for the holder's own pending
-claim) take precedence over ``LATE``, ``EARLY`` and ``FORGOTTEN``.
+**Task tags.** A request carries a short tag of its entry's task
+(:attr:`ClaimRequest.tag`), and the store keeps it in the claim record. A live claim
+whose record has a tag other than the request's is answered :attr:`Outcome.FOREIGN`,
+pending or committed, whichever node holds it (even the same node name): another task
+holds this address, so two apps share one store and namespace. ``FOREIGN`` is never won
+and counts as lost. A record without a tag (written by an earlier beatless) or a
+request without one is never foreign. A record whose lease or memory ran out is free,
+whatever its tag.
+
+A live claim decides first: ``FOREIGN``, ``LOST``, ``HELD`` (or ``WON`` for the holder's
+own pending claim) take precedence over ``LATE``, ``EARLY`` and ``FORGOTTEN``.
 
 A record the store cannot read (a corrupt value, a newer format, another program's key)
 fails only its own firing, with :attr:`Outcome.CORRUPT`; nothing is written for it.
@@ -51,6 +60,7 @@ millisecond after, so a claim committed at the occurrence with ``memory_ms`` of 
 from __future__ import annotations
 
 import enum
+import string
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,11 +69,16 @@ from typing import TYPE_CHECKING, Protocol, Self
 
 from beatless.durations import to_ms
 from beatless.entry import STORE_TOLERANCE
+from beatless.errors import ConfigError
 
 if TYPE_CHECKING:
     from beatless.firing import Firing
 
 TOLERANCE_MS = to_ms(STORE_TOLERANCE)
+
+TAG_LENGTH = 16
+"""The longest task tag a store keeps: hex digits only."""
+_HEX = frozenset(string.hexdigits)
 
 
 class Outcome(enum.Enum):
@@ -87,6 +102,10 @@ class Outcome(enum.Enum):
     must not be enqueued."""
     CORRUPT = "corrupt"
     """The store holds a record for this firing that it cannot read; nothing written."""
+    FOREIGN = "foreign"
+    """Lost: a live claim of another task holds the firing (its record's tag is not the
+    request's), pending or committed. Two apps share one store and namespace, and an
+    entry of each has the same name and occurrence; nothing written."""
 
     @property
     def is_won(self) -> bool:
@@ -105,6 +124,18 @@ class ClaimRequest:
     """How long to remember the claim once committed (at least jitter + max_late + 10 s)."""
     release_ms: int
     """When nodes act on the firing: occurrence + offset."""
+    tag: str = ""
+    """A short tag of the entry's task (:attr:`~beatless.entry.Entry.task_tag`), up to
+    ``TAG_LENGTH`` hex digits: a live claim with another tag is :attr:`Outcome.FOREIGN`.
+    Empty: never foreign."""
+
+    def __post_init__(self) -> None:
+        tag = self.tag
+        if tag and (len(tag) > TAG_LENGTH or not _HEX.issuperset(tag)):
+            raise ConfigError(
+                f"claim of firing {self.id} ({self.address!r}): tag {tag!r} must be at most "
+                f"{TAG_LENGTH} hex digits"
+            )
 
     @classmethod
     def of(cls, firing: Firing) -> ClaimRequest:
@@ -116,6 +147,7 @@ class ClaimRequest:
             max_late_ms=entry.max_late_ms,
             memory_ms=entry.memory_ms,
             release_ms=firing.release_ms,
+            tag=entry.task_tag,
         )
 
     def is_late(self, store_now_ms: int) -> bool:
@@ -133,6 +165,8 @@ class Held(Protocol):
     node: str
     committed: bool
     until_ms: int
+    tag: str
+    """The task tag the claim was written with; empty for a record without one."""
 
 
 def judge(
@@ -150,9 +184,7 @@ def judge(
     extend it); :attr:`Outcome.FORGOTTEN` means it must write the claim committed.
     """
     if held is not None and held.until_ms >= now_ms:
-        if held.committed:
-            return Outcome.LOST
-        return Outcome.WON if held.node == node else Outcome.HELD
+        return _judge_live(request, held, node)
     if request.is_late(now_ms):
         return Outcome.LATE
     if request.is_early(now_ms):
@@ -160,6 +192,15 @@ def judge(
     if held is None and forgot_before_ms is not None and request.release_ms < forgot_before_ms:
         return Outcome.FORGOTTEN
     return Outcome.WON if held is None or held.committed else Outcome.TAKEOVER
+
+
+def _judge_live(request: ClaimRequest, held: Held, node: str) -> Outcome:
+    """The outcome of a claim against a live claim: it decides before anything else."""
+    if request.tag and held.tag and held.tag != request.tag:
+        return Outcome.FOREIGN
+    if held.committed:
+        return Outcome.LOST
+    return Outcome.WON if held.node == node else Outcome.HELD
 
 
 @dataclass(frozen=True, slots=True)

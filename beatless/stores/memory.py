@@ -18,6 +18,7 @@ class _Claim:
     committed: bool
     until_ms: int
     memory_ms: int
+    tag: str
 
 
 def _forget_at(claim: _Claim) -> int:
@@ -46,6 +47,9 @@ class MemoryStore(ClaimStore):
         self._expiry: list[tuple[int, str]] = []
         self._epoch = Epoch(new_token(), self._now_ms())
 
+    def __repr__(self) -> str:
+        return "MemoryStore()"
+
     def _now_ms(self) -> int:
         return int(self._clock() * 1_000)
 
@@ -67,7 +71,7 @@ class MemoryStore(ClaimStore):
         held = self._claims.get(request.id)
         outcome = judge(request, held, node, now)
         if outcome.is_won:
-            claim = _Claim(node, False, now + lease_ms, request.memory_ms)
+            claim = _Claim(node, False, now + lease_ms, request.memory_ms, request.tag)
             self._claims[request.id] = claim
             self._expire_at(claim, request.id)
         return outcome

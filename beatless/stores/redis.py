@@ -13,17 +13,21 @@ Keys live under one prefix, ``beatless:{namespace}:`` unless ``prefix`` says oth
 so two apps on one Redis never collide:
 
 ``{prefix}claim:{firing id}``
-    A string ``v=1|{state}|{acquired_until}|{memory_ms}|{node}``: the format version,
-    ``pending`` or ``committed``, the end of the lease or of the memory in epoch
-    milliseconds on the server's clock, the memory the claim asked for, and the node
-    that holds it (last, so that a node name may contain ``|``). A pending claim expires
+    A string ``v=2|{state}|{acquired_until}|{memory_ms}|{tag}|{node}``: the format
+    version, ``pending`` or ``committed``, the end of the lease or of the memory in epoch
+    milliseconds on the server's clock, the memory the claim asked for, the task tag of
+    the request (hex digits; see :attr:`~beatless.stores.base.ClaimRequest.tag`), and
+    the node that holds it (last, so that a node name may contain ``|``). A version 1
+    record, ``v=1|{state}|{acquired_until}|{memory_ms}|{node}`` (an earlier beatless),
+    is read as one without a tag, so it is never foreign. A pending claim expires
     ``lease_ms + memory_ms`` after it was written, so a takeover can still be reported
     after its lease ran out; a committed claim is alive ``memory_ms`` after the commit
     (rule 5 holds by construction) and expires ``EXPIRY_SLACK_MS`` later. Redis forgets
     both on its own. ``release`` ends a pending claim's lease (``acquired_until`` =
     now - 1) and keeps the record, so the next claim is a takeover. A value in any other
     form (another version, another program's value or type) fails its own firing as
-    ``corrupt`` and is never overwritten.
+    ``corrupt`` and is never overwritten; so does a version 2 record for a beatless that
+    reads version 1 only: upgrade every node of a namespace together.
 ``{prefix}epoch``
     A string ``v=1|{started_ms}|{token}`` written (``SET NX``, no expiry) by the first
     claim that finds it absent: the store's identity. A Redis that lost its data (a
@@ -51,6 +55,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from beatless._logtext import shown
 from beatless.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
@@ -63,9 +68,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-"""The layout of a claim record; a claim whose record has another version is refused as
-:attr:`~beatless.stores.base.Outcome.CORRUPT`. The epoch record is ``v=1`` on its own."""
+FORMAT_VERSION = 2
+"""The layout of a claim record written now. Version 1 records (no task tag) are read
+too; a claim whose record has any other version is refused as
+:attr:`~beatless.stores.base.Outcome.CORRUPT`. The epoch record and the last-winner hash
+are ``v=1`` on their own."""
+READ_VERSIONS = ("v=1", f"v={FORMAT_VERSION}")
+LAST_VERSION = "v=1"
 
 PROBE_TTL_MS = 10_000
 """How long a probe key may outlive a probe that died between writing and deleting it."""
@@ -109,6 +118,7 @@ _OUTCOMES = {
     "E": Outcome.EARLY,
     "F": Outcome.FORGOTTEN,
     "C": Outcome.CORRUPT,
+    "A": Outcome.FOREIGN,
 }
 
 
@@ -173,7 +183,11 @@ class RedisStore(ClaimStore):
         self._claim = self._client.register_script(_CLAIM)
         self._commit = self._client.register_script(_COMMIT)
         self._release = self._client.register_script(_RELEASE)
-        logger.debug("redis store %s opened with prefix %r", self._where, self.prefix)
+        logger.debug(
+            "redis store %s opened with prefix %s",
+            shown(self._where, quoted=False),
+            shown(self.prefix),
+        )
 
     def __repr__(self) -> str:
         return f"RedisStore({self._where!r}, prefix={self.prefix!r})"
@@ -204,8 +218,8 @@ class RedisStore(ClaimStore):
         enqueue the message of ``requests[i]`` exactly as the broker's client would. A
         firing won this way is committed at once; there is nothing to commit or release.
         A live pending claim of a two-phase node (a fleet mid-rollout) gives ``HELD``.
-        A firing refused (``LATE``, ``EARLY``, ``CORRUPT``), held, lost or ``FORGOTTEN``
-        runs none of its commands.
+        A firing refused (``LATE``, ``EARLY``, ``CORRUPT``), held, lost, ``FOREIGN`` or
+        ``FORGOTTEN`` runs none of its commands.
         """
         if len(commands) != len(requests):
             raise ValueError("claim_and_push: one list of commands per request")
@@ -329,8 +343,8 @@ class RedisStore(ClaimStore):
             run_id = "unknown"
         logger.warning(
             "redis store %s (server run_id %s): %s",
-            self._where,
-            run_id,
+            shown(self._where, quoted=False),
+            shown(run_id, quoted=False),
             describe_change(seen, epoch),
         )
 
@@ -430,10 +444,10 @@ def _claim_arg(request: ClaimRequest) -> str:
     r = request
     if r.memory_ms <= 0 or r.max_late_ms < 0:
         raise ConfigError(
-            f"redis store: firing {r.id} ({r.address}): memory_ms must be positive and "
+            f"redis store: firing {r.id} ({r.address!r}): memory_ms must be positive and "
             f"max_late_ms not negative, got {r.memory_ms} and {r.max_late_ms}"
         )
-    return f"{r.occurrence_ms}|{r.max_late_ms}|{r.memory_ms}|{r.release_ms}|{r.address}"
+    return f"{r.occurrence_ms}|{r.max_late_ms}|{r.memory_ms}|{r.release_ms}|{r.tag}|{r.address}"
 
 
 def _parse_epoch(record: str) -> Epoch | None:
@@ -450,7 +464,7 @@ def _text(value: Any) -> str:
 
 def _last_row(address: str, value: str) -> dict[str, Any] | None:
     parts = value.split("|", 4)
-    if len(parts) != 5 or parts[0] != f"v={FORMAT_VERSION}":
+    if len(parts) != 5 or parts[0] != LAST_VERSION:
         return None
     _version, id_, occurrence_ms, claimed_ms, node = parts
     return {
@@ -466,6 +480,6 @@ def _state_of(record: Any) -> tuple[str | None, int | None]:
     if record is None:
         return None, None
     parts = _text(record).split("|", 3)
-    if len(parts) != 4 or parts[0] != f"v={FORMAT_VERSION}":
+    if len(parts) != 4 or parts[0] not in READ_VERSIONS:
         return None, None
     return parts[1], int(parts[2])

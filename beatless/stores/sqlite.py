@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from beatless._logtext import shown
 from beatless.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
@@ -39,7 +40,10 @@ from beatless.stores.base import ClaimRequest, ClaimStore, Epoch, Outcome, judge
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-"""The layout of the file; a file written by a newer beatless is refused."""
+"""The layout of the file; a file written by a newer beatless is refused. The ``tag``
+column of ``claims`` came later without a new version: it is added in place to a file
+that lacks it, and a beatless that does not know it reads and writes the file as
+before, its rows tagged ``''`` (never foreign)."""
 
 DEFAULT_BUSY_TIMEOUT = 5.0
 SWEEP_EVERY_MS = 1_000
@@ -59,26 +63,30 @@ _SCHEMA = (
         committed INTEGER NOT NULL,
         until_ms INTEGER NOT NULL,
         memory_ms INTEGER NOT NULL,
-        claimed_ms INTEGER NOT NULL
+        claimed_ms INTEGER NOT NULL,
+        tag TEXT NOT NULL DEFAULT ''
     ) WITHOUT ROWID""",
     "CREATE INDEX IF NOT EXISTS claims_until_ms ON claims (until_ms)",
 )
+# A file made before claims carried a task tag gains the column in place. A beatless
+# without it names its columns, so it reads and writes the file as before (tag '').
+_ADD_TAG = "ALTER TABLE claims ADD COLUMN tag TEXT NOT NULL DEFAULT ''"
 _WRITE = (
     "INSERT OR REPLACE INTO claims (id, address, occurrence_ms, node, committed, until_ms,"
-    " memory_ms, claimed_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    " memory_ms, claimed_ms, tag) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 # Commit and release change only rows this version can read (see ``_parse_held``).
 _COMMIT = (
     "UPDATE claims SET committed = 1, until_ms = ? + memory_ms"
     " WHERE id = ? AND node = ? AND until_ms >= ? AND committed IN (0, 1)"
     " AND typeof(until_ms) = 'integer' AND typeof(memory_ms) = 'integer'"
-    " AND typeof(claimed_ms) = 'integer'"
+    " AND typeof(claimed_ms) = 'integer' AND typeof(tag) = 'text'"
 )
 # A released claim is kept with its lease ended, so that the next claim is a takeover.
 _RELEASE = (
     "UPDATE claims SET until_ms = min(until_ms, ?) WHERE id = ? AND node = ? AND committed = 0"
     " AND typeof(until_ms) = 'integer' AND typeof(memory_ms) = 'integer'"
-    " AND typeof(claimed_ms) = 'integer'"
+    " AND typeof(claimed_ms) = 'integer' AND typeof(tag) = 'text'"
 )
 _EPOCH = "SELECT value FROM meta WHERE key = 'epoch'"
 _NEW_EPOCH = "INSERT OR IGNORE INTO meta VALUES ('epoch', ?)"
@@ -88,7 +96,7 @@ _SWEEP = (
     "DELETE FROM claims WHERE id IN (SELECT id FROM claims WHERE until_ms < :now"
     " AND (committed = 1 OR until_ms + memory_ms < :now) LIMIT :limit)"
 )
-_HELD = "SELECT id, node, committed, until_ms, memory_ms, claimed_ms FROM claims WHERE id IN"
+_HELD = "SELECT id, node, committed, until_ms, memory_ms, claimed_ms, tag FROM claims WHERE id IN"
 _RECENT = (
     "SELECT id, address, occurrence_ms, node, committed, until_ms, claimed_ms"
     " FROM claims ORDER BY claimed_ms DESC, id LIMIT ?"
@@ -101,6 +109,7 @@ class _Held:
     committed: bool
     until_ms: int
     claimed_ms: int
+    tag: str
 
 
 class _Unreadable:
@@ -119,10 +128,10 @@ class SQLiteStore(ClaimStore):
     before :class:`~beatless.errors.StoreUnavailable` is raised. Commits are synced to
     disk (``synchronous=FULL``), so a claim survives a power cut as well as a crash.
 
-    Each row records the winner (``node``) and when the store granted it
-    (``claimed_ms``) until the claim is swept; :meth:`recent` reads them. A row whose
-    values are not what this version writes fails only its own firing, with
-    :attr:`~beatless.stores.base.Outcome.CORRUPT`.
+    Each row records the winner (``node``), when the store granted it (``claimed_ms``)
+    and the task tag of its request (``tag``) until the claim is swept; :meth:`recent`
+    reads them. A row whose values are not what this version writes fails only its own
+    firing, with :attr:`~beatless.stores.base.Outcome.CORRUPT`.
 
     One store object may be shared by the threads of a process: it holds one connection
     and a lock, so its calls run one at a time (SQLite admits one writer at a time
@@ -224,7 +233,7 @@ class SQLiteStore(ClaimStore):
                 outcomes.append(outcome)
                 if row is not None:
                     writes[request.id] = row
-                    held[request.id] = _Held(node, bool(row[4]), row[5], row[7])
+                    held[request.id] = _Held(node, bool(row[4]), row[5], row[7], row[8])
             conn.executemany(_WRITE, writes.values())
         self._adopt(epoch, forgot_before)
         return outcomes
@@ -278,7 +287,9 @@ class SQLiteStore(ClaimStore):
 
     def _adopt(self, epoch: Epoch, forgot_before_ms: int | None) -> None:
         if self.epoch is not None and has_changed(self.epoch, epoch):
-            logger.warning("sqlite store %r: %s", self.path, describe_change(self.epoch, epoch))
+            logger.warning(
+                "sqlite store %s: %s", shown(self.path), describe_change(self.epoch, epoch)
+            )
         self.epoch, self._forgot_before_ms = epoch, forgot_before_ms
 
     def _open(self) -> sqlite3.Connection:
@@ -309,6 +320,9 @@ class SQLiteStore(ClaimStore):
                 _check_version(row[0], self.path)
             for statement in _SCHEMA:
                 conn.execute(statement)
+            columns = {column[1] for column in conn.execute("PRAGMA table_info(claims)")}
+            if "tag" not in columns:
+                conn.execute(_ADD_TAG)
             if row is None:
                 conn.execute("INSERT INTO meta VALUES ('version', ?)", (str(SCHEMA_VERSION),))
             conn.execute(_NEW_EPOCH, (_epoch_value(self._now_ms(), new_token()),))
@@ -337,8 +351,8 @@ class SQLiteStore(ClaimStore):
         when its connection closes, so closing the old one leaves the new file's alone.
         """
         logger.warning(
-            "sqlite store %r: the file was deleted or replaced while open; opening it again",
-            self.path,
+            "sqlite store %s: the file was deleted or replaced while open; opening it again",
+            shown(self.path),
         )
         stale, self._conn = self._conn, None
         if stale is not None:
@@ -384,22 +398,23 @@ class SQLiteStore(ClaimStore):
             marks = ",".join("?" * len(chunk))
             sql = f"{_HELD} ({marks})"
             for id_, *values in conn.execute(sql, chunk):
-                held[id_] = _parse_held(*values)
+                held[id_] = _parse_held(values)
         return held
 
 
-def _parse_held(
-    node: object, committed: object, until_ms: object, memory_ms: object, claimed_ms: object
-) -> _Held | _Unreadable:
-    """A row as this version wrote it, or ``_UNREADABLE``."""
+def _parse_held(values: Sequence[object]) -> _Held | _Unreadable:
+    """A row's ``node, committed, until_ms, memory_ms, claimed_ms, tag`` as this version
+    wrote them, or ``_UNREADABLE``."""
+    node, committed, until_ms, memory_ms, claimed_ms, tag = values
     if (
         isinstance(node, str)
         and committed in (0, 1)
         and isinstance(until_ms, int)
         and isinstance(memory_ms, int)
         and isinstance(claimed_ms, int)
+        and isinstance(tag, str)
     ):
-        return _Held(node, committed == 1, until_ms, claimed_ms)
+        return _Held(node, committed == 1, until_ms, claimed_ms, tag)
     return _UNREADABLE
 
 
@@ -441,6 +456,7 @@ def _row(
         until_ms,
         request.memory_ms,
         claimed_ms,
+        request.tag,
     )
 
 

@@ -2,7 +2,8 @@
 -- the commands that enqueue each one won. Loaded after prelude.lua.
 --
 -- KEYS[1]      {prefix}last: hash, one field per address, the last firing won there:
---              v={version}|{firing id}|{occurrence_ms}|{claimed_ms}|{node}
+--              v=1|{firing id}|{occurrence_ms}|{claimed_ms}|{node}; its layout has a
+--              version of its own, independent of the claim records' version
 -- KEYS[2]      {prefix}epoch: v=1|{started_ms}|{token}, the store's identity, written
 --              once (SET NX) by the first claim that finds it absent; its layout has a
 --              version of its own, independent of the claim records' version
@@ -19,17 +20,19 @@
 -- ARGV[9]   the epoch token the caller last saw, '' if none
 -- ARGV[10]  the caller's forgetting horizon from an earlier epoch change, '' if none
 -- ARGV[11]  a fresh random token, for the epoch record if it is absent
--- ARGV[11 + i]      request i: {occurrence_ms}|{max_late_ms}|{memory_ms}|{release_ms}|{address}
---                   (one argument rather than five makes a large batch cheaper to send)
+-- ARGV[11 + i]      request i:
+--                   {occurrence_ms}|{max_late_ms}|{memory_ms}|{release_ms}|{tag}|{address}
+--                   (one argument rather than six makes a large batch cheaper to send)
 -- ARGV[11 + n + i]  atomic only: the JSON list of commands that enqueue request i
 --
 -- Returns {letters, epoch record}: one letter per request, W won, T takeover, L lost,
--- H held, X late, E early, F forgotten, C corrupt. A firing won atomically is written
--- committed and its commands run in this script: it is in the queue if and only if it
--- was won. When the epoch token is not the one the caller saw (the store lost its
--- memory), the horizon is the new epoch's start + tolerance: a firing nobody holds and
--- released before the horizon is written committed, its commands are not run, and it
--- is answered F.
+-- H held, X late, E early, F forgotten, C corrupt, A foreign (a live claim of another
+-- task: its record's tag and the request's are both set and differ). A firing won
+-- atomically is written committed and its commands run in this script: it is in the
+-- queue if and only if it was won. When the epoch token is not the one the caller saw
+-- (the store lost its memory), the horizon is the new epoch's start + tolerance: a
+-- firing nobody holds and released before the horizon is written committed, its
+-- commands are not run, and it is answered F.
 
 local SLACK, node, lease = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local tolerance, id_from, atomic = tonumber(ARGV[5]), tonumber(ARGV[7]), ARGV[8] == '1'
@@ -61,14 +64,14 @@ local function record_last()
   last = {}
 end
 
-local function win(i, key, memory)
+local function win(i, key, r)
   if not atomic then
-    return write(key, 'pending', now + lease, memory, node, lease + memory)
+    return write(key, 'pending', now + lease, r.memory, r.tag, node, lease + r.memory)
   end
   for _, command in ipairs(cjson.decode(ARGV[11 + n + i])) do
     redis.call(unpack(command))
   end
-  return write(key, 'committed', now + memory, memory, node, memory + SLACK)
+  return write(key, 'committed', now + r.memory, r.memory, r.tag, node, r.memory + SLACK)
 end
 
 -- The letter for a firing nobody holds live: refused, forgotten or won.
@@ -76,21 +79,23 @@ local function decide_free(i, key, h, r)
   if now - r.occurrence > r.max_late + tolerance then return 'X' end
   if r.release - now > tolerance then return 'E' end
   if not h and forgot_before and r.release < forgot_before then
-    return 'F', write(key, 'committed', now + r.memory, r.memory, node, r.memory + SLACK)
+    return 'F', write(key, 'committed', now + r.memory, r.memory, r.tag, node,
+      r.memory + SLACK)
   end
   last[#last + 1] = r.address
-  last[#last + 1] = string.format('v=%s|%s|%d|%d|%s', VERSION, string.sub(key, id_from),
-    r.occurrence, now, node)
+  last[#last + 1] = string.format('v=1|%s|%d|%d|%s', string.sub(key, id_from), r.occurrence,
+    now, node)
   if #last >= 1000 then record_last() end
-  return (h and h.state == 'pending') and 'T' or 'W', win(i, key, r.memory)
+  return (h and h.state == 'pending') and 'T' or 'W', win(i, key, r)
 end
 
 local function decide(i, key, h, r)
   if h == CORRUPT then return 'C' end
   if not h or h.until_ms < now then return decide_free(i, key, h, r) end
+  if h.tag ~= r.tag and h.tag ~= '' and r.tag ~= '' then return 'A' end
   if h.state == 'committed' then return 'L' end
   if h.node == node and not atomic then
-    return 'W', write(key, 'pending', now + lease, r.memory, node, lease + r.memory)
+    return 'W', write(key, 'pending', now + lease, r.memory, r.tag, node, lease + r.memory)
   end
   return 'H'
 end
@@ -98,10 +103,10 @@ end
 local held, out = read_all(3), {}
 for i = 1, n do
   local key = KEYS[i + 2]
-  local occurrence, max_late, memory, release, address =
-    string.match(ARGV[11 + i], '^(%-?%d+)|(%d+)|(%d+)|(%-?%d+)|(.*)$')
+  local occurrence, max_late, memory, release, tag, address =
+    string.match(ARGV[11 + i], '^(%-?%d+)|(%d+)|(%d+)|(%-?%d+)|(%x*)|(.*)$')
   local r = {occurrence = tonumber(occurrence), max_late = tonumber(max_late),
-    memory = tonumber(memory), release = tonumber(release), address = address}
+    memory = tonumber(memory), release = tonumber(release), tag = tag, address = address}
   local letter, written = decide(i, key, held[key], r)
   out[i] = letter
   if written then held[key] = written end

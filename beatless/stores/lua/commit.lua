@@ -15,7 +15,7 @@ local held, out = read_all(2), {}
 for i = 2, #KEYS do
   local h = held[KEYS[i]]
   if h and h ~= CORRUPT and h.node == node and h.until_ms >= now then
-    held[KEYS[i]] = write(KEYS[i], 'committed', now + h.memory, h.memory, h.node,
+    held[KEYS[i]] = write(KEYS[i], 'committed', now + h.memory, h.memory, h.tag, h.node,
       h.memory + SLACK)
     out[i - 1] = '1'
   else out[i - 1] = '0' end

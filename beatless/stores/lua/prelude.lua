@@ -1,15 +1,18 @@
 -- beatless: shared by claim.lua, commit.lua and release.lua, and loaded in front of each.
 --
--- ARGV[1] of every script is the claim record format version, so that a script reads
--- and writes records of that version only.
+-- ARGV[1] of every script is the claim record format version, so that a script writes
+-- records of that version only (and reads those and version 1 ones).
 --
--- A claim record is the string  v={version}|{state}|{until_ms}|{memory_ms}|{node}:
+-- A claim record is the string  v={version}|{state}|{until_ms}|{memory_ms}|{tag}|{node}:
 -- state 'pending' or 'committed', until_ms the end of the lease or of the memory in
 -- epoch milliseconds on the server's clock, memory_ms the memory the claim asked for,
--- and the node that holds it (last, so that a node name may contain '|').
+-- tag the task tag of the request that wrote it (hex digits, '' for none), and the node
+-- that holds it (last, so that a node name may contain '|'). A record of version 1,
+-- written by an earlier beatless, has no tag field and is read with tag ''.
 
 if redis.replicate_commands then redis.replicate_commands() end
 local VERSION = ARGV[1]
+local UNTAGGED = '1'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -22,16 +25,23 @@ local function read(key)
   local record = redis.pcall('GET', key)
   if not record then return false end
   if type(record) ~= 'string' then return CORRUPT end
-  local v, state, until_ms, memory, node =
-    string.match(record, '^v=(%d+)|(%a+)|(%d+)|(%d+)|(.*)$')
-  if v ~= VERSION or (state ~= 'pending' and state ~= 'committed') then return CORRUPT end
-  return {state = state, until_ms = tonumber(until_ms), memory = tonumber(memory), node = node}
+  local v, state, until_ms, memory, tag, node =
+    string.match(record, '^v=(%d+)|(%a+)|(%d+)|(%d+)|(%x*)|(.*)$')
+  if v ~= VERSION then
+    v, state, until_ms, memory, node =
+      string.match(record, '^v=(%d+)|(%a+)|(%d+)|(%d+)|(.*)$')
+    if v ~= UNTAGGED then return CORRUPT end
+    tag = ''
+  end
+  if state ~= 'pending' and state ~= 'committed' then return CORRUPT end
+  return {state = state, until_ms = tonumber(until_ms), memory = tonumber(memory), tag = tag,
+    node = node}
 end
 
-local function write(key, state, until_ms, memory, node, ttl)
-  redis.call('SET', key, string.format('v=%s|%s|%d|%d|%s', VERSION, state, until_ms, memory,
-    node), 'PX', string.format('%d', math.max(1, ttl)))
-  return {state = state, until_ms = until_ms, memory = memory, node = node}
+local function write(key, state, until_ms, memory, tag, node, ttl)
+  redis.call('SET', key, string.format('v=%s|%s|%d|%d|%s|%s', VERSION, state, until_ms, memory,
+    tag, node), 'PX', string.format('%d', math.max(1, ttl)))
+  return {state = state, until_ms = until_ms, memory = memory, tag = tag, node = node}
 end
 
 -- Every record from KEYS[first] on, each read once even if its key repeats.

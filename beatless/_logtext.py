@@ -1,0 +1,38 @@
+"""Names as they stand in a log message: escaped, so that none can forge a line, and short.
+
+Entry names, tenants, addresses, node and task names come from a user's configuration or
+from a tenants callable. Written into a log message as they are, a name holding a line
+break makes the rest of it look like a line of its own (``\\n2026-12-01 00:00:00
+CRITICAL ...``), and one holding an ANSI escape recolours or erases a terminal. Every
+log message of the core writes such values through :func:`shown`.
+"""
+
+from __future__ import annotations
+
+LIMIT = 200
+"""Characters of a value kept in a log message; the rest is cut and counted."""
+ERROR_LIMIT = 500
+"""Characters of an error's text kept in a log message (it may quote a name or an
+address, so it is shown like one)."""
+
+
+def shown(value: object, *, quoted: bool = True, limit: int = LIMIT) -> str:
+    """``value`` as it may stand in a log message, on one line and at most ``limit``
+    characters (before escaping) long.
+
+    A string is written as ``repr`` writes it: quoted, with every line break, carriage
+    return, other control character, ANSI escape and invisible format character (such
+    as a bidirectional override) as a backslash escape. ``quoted=False`` leaves the
+    quotes off, for values logged bare (a node name, a task name, an error's text).
+    ``None`` is ``None``; any other value is written as its ``str``.
+    """
+    if value is None:
+        return "None"
+    text = value if isinstance(value, str) else str(value)
+    cut = len(text) - limit
+    if cut > 0:
+        text = text[:limit]
+    escaped = repr(text)
+    if not quoted:
+        escaped = escaped[1:-1]
+    return f"{escaped}...({cut} more characters)" if cut > 0 else escaped
