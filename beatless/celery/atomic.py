@@ -2,17 +2,9 @@
 
 When the claim store is the broker's own Redis, a won firing's task message is pushed by
 the claim script itself: the firing is in the queue if and only if it was won, whatever
-instant a node dies at. The message is the one ``app.send_task`` would send. It is built
-by Celery and kombu themselves: Celery's router and ``create_task_message``, then kombu's
-``Producer.publish`` (serializer, compression, declaration of the queue) on a Redis
-channel of the app's own broker connection whose last step, the ``LPUSH`` to the queue's
-key, is recorded rather than sent. The recorded command runs inside the claim script.
-
-What ``app.send_task`` does around that build is repeated here step by step, because it
-cannot be called without publishing and sending its signals: the task's execution
-options, ``time_limit`` / ``soft_time_limit`` / ``expires`` / ``ignore_result``, the
-router, ``expiration`` from ``expires``, and the destination rules of
-``send_task_message`` (anonymous exchange for direct routing, declare the queue).
+instant a node dies at. The message is the one ``app.send_task`` sends, made by
+``app.send_task`` itself on a broker connection whose pushes are recorded instead of
+sent, once per entry, and filled in per firing (:mod:`beatless.celery.templates`).
 """
 
 from __future__ import annotations
@@ -31,8 +23,8 @@ from beatless.firing import Firing
 from beatless.stores.base import ClaimRequest
 from beatless.stores.redis import RedisStore
 
-from .kombu_message import Builder, Message
 from .messages import send_task_options
+from .templates import Builder, Message, publish_sent_events
 
 logger = logging.getLogger(__name__)
 
@@ -66,23 +58,24 @@ class CeleryRedisAtomic(Dispatcher):
     that choose their own producer, connection or router. :meth:`route_kind` says which
     path an entry takes and why.
 
-    The atomic path sends no ``before_task_publish`` / ``after_task_publish`` (nor the
-    deprecated ``task_sent``) signal: the message is built before the claim decides
-    whether it is sent at all. Users who rely on those signals set
-    ``force_two_phase=True``, which sends every firing through ``app.send_task``. The
-    atomic path publishes the ``task-sent`` event for a won firing when
-    ``task_send_sent_event`` is on, as ``send_task`` does, after the push; it does not
-    subscribe the result backend to the task (``backend.on_task_call``), which only
-    serves a caller waiting for the result.
+    Each entry's message is made once by ``app.send_task`` on a recording broker
+    connection and filled in per firing (task id, beatless headers, ``delivery_tag``,
+    expiry), so a release costs the claim script and a few microseconds per firing; a
+    node that loses a claim simply drops the message. Because the template is made by
+    ``send_task``, an app with ``before_task_publish`` / ``after_task_publish`` (or the
+    deprecated ``task_sent``) receivers sends its firings two-phase, through
+    ``app.send_task`` at the moment of sending, so that each signal stands for one
+    message really sent; ``force_two_phase=True`` does the same for every entry. The
+    atomic path publishes the ``task-sent`` event of a won firing when
+    ``task_send_sent_event`` is on, after the push.
 
-    Every node builds the message of every due firing before the claim decides (about
-    0.2 ms of CPU each); a node that loses simply drops it. The ``global_keyprefix``,
-    ``sep``, ``priority_steps`` and a queue's ``x-expires`` of the broker's transport
-    options are honoured because kombu's own channel computes the key. The bindings of a
-    named direct exchange are read from Redis as kombu reads them and reused for
-    ``BINDINGS_TTL_S``. Redis Sentinel (``sentinel://``) goes two-phase; kombu has no
-    Redis Cluster transport. The store and the broker must be one Redis database: it is
-    checked once (server ``run_id`` and db number), and everything goes two-phase if not.
+    The ``global_keyprefix``, ``sep``, ``priority_steps`` and a queue's ``x-expires`` of
+    the broker's transport options are honoured because kombu's own channel computes the
+    commands. A template whose route reads a named exchange's bindings from Redis is made
+    again every ``TEMPLATE_TTL_S``. Redis Sentinel (``sentinel://``) goes two-phase; kombu
+    has no Redis Cluster transport. The store and the broker must be one Redis database:
+    it is checked once from the servers themselves (``run_id`` and db number, not the
+    URL's spelling), and everything goes two-phase if not.
 
     Nothing is sent to Redis until the first call; the broker connection it opens is
     closed by :meth:`close`, the store is not.
@@ -158,7 +151,7 @@ class CeleryRedisAtomic(Dispatcher):
             reason = self._why_two_phase(firing)
             if reason is not None:
                 return TWO_PHASE, reason
-            message = self._builder_now().build(*self._call(firing))
+            message = self._builder_now().message(firing, time.time())
         if isinstance(message, str):
             return TWO_PHASE, message
         return ATOMIC, message.describe()
@@ -176,7 +169,7 @@ class CeleryRedisAtomic(Dispatcher):
             if self._why_two_phase(firing) is not None:
                 return None
             try:
-                message = self._builder_now().build(*self._call(firing))
+                message = self._builder_now().message(firing, time.time())
             except StoreError:
                 raise
             except Exception:
@@ -203,21 +196,7 @@ class CeleryRedisAtomic(Dispatcher):
             decide_claimed(wake, firing, outcome)
             if outcome.is_won:
                 won.append(message)
-        self._publish_sent_events(won)
-
-    def _publish_sent_events(self, won: list[Message]) -> None:
-        events = [m for m in won if m.sent_event is not None]
-        if not events:
-            return
-        dispatcher = self.app.amqp._event_dispatcher
-        try:
-            with self.app.producer_or_acquire() as producer:
-                for m in events:
-                    dispatcher.publish(
-                        "task-sent", m.sent_event, producer, retry=m.retry, retry_policy=m.policy
-                    )
-        except Exception:
-            logger.exception("could not publish task-sent events for %d firing(s)", len(events))
+        publish_sent_events(self.app, won)
 
     # -- the two-phase path ----------------------------------------------------------
 
@@ -251,5 +230,5 @@ class CeleryRedisAtomic(Dispatcher):
 
     def _builder_now(self) -> Builder:
         if self._builder is None:
-            self._builder = Builder(self.app)
+            self._builder = Builder(self.app, expires_from_lateness=self.expires_from_lateness)
         return self._builder

@@ -155,6 +155,11 @@ CASES: dict[str, Callable[[str], tuple[dict[str, Any], dict[str, Any], str]]] = 
         {"task_queues": [Queue(f"{t}-q2")], "task_send_sent_event": True},
         f"{t}-q2",
     ),
+    "queue with x-expires (a MULTI pipeline)": lambda t: (
+        {"queue": f"{t}-xq"},
+        {"task_queues": [Queue(f"{t}-xq", expires=600)]},
+        f"{t}-xq",
+    ),
     "global_keyprefix": lambda t: (
         {"priority": 3},
         {"broker_transport_options": {"global_keyprefix": f"{t}:"}},
@@ -181,6 +186,35 @@ def test_atomic_message_equals_the_one_send_task_pushes(
     assert_same_envelope(ours, kombus)
     assert ours["headers"]["id"] == f.id
     assert ours["headers"][OCCURRENCE_HEADER] == iso(f.occurrence_ms)
+
+
+def test_one_template_fills_every_firing_of_an_entry_as_send_task_would(
+    db: int, token: str, r: Any
+) -> None:
+    """The template is made once; firings of other occurrences and tenants, with expiry
+    from lateness and task-sent events, still equal ``send_task``'s messages."""
+    app = make_app(db, token, task_send_sent_event=True)
+    atomic = make_atomic(app, db, token, expires_from_lateness=True)
+    first = firing("template", late_s=2)
+    entry = first.entry
+    others = [
+        Firing.of(entry, tenant, f"{first.address}/{tenant}", first.occurrence_ms + step)
+        for step, tenant in ((0, "acme"), (-1_000, "globex"), (-7_000, "a\"quoted\"\ntenant"))
+    ]
+    try:
+        assert atomic.route_kind(entry)[0] == ATOMIC
+        for f in [first, *others]:
+            assert dispatch_now(atomic, [f], node="a") == ["won"]
+            options = send_task_options(f, expires_from_lateness=True)
+            app.send_task(TASK, entry.args, dict(entry.kwargs), **options)
+    finally:
+        close(atomic)
+    pushed = entries(r, token)
+    assert len(pushed) == 8
+    for ours, kombus in zip(pushed[::2], pushed[1::2], strict=True):
+        assert_same_envelope(ours, kombus)
+    assert [m["headers"]["id"] for m in pushed[::2]] == [f.id for f in [first, *others]]
+    assert len({m["properties"]["delivery_tag"] for m in pushed}) == 8
 
 
 def assert_same_envelope(ours: dict[str, Any], kombus: dict[str, Any]) -> None:
@@ -349,24 +383,34 @@ def test_route_kind_names_the_path_of_each_entry_and_why(db: int, token: str) ->
     }
 
 
-def test_force_two_phase_sends_the_publish_signals(db: int, token: str, r: Any) -> None:
+def test_publish_signals_are_sent_once_per_message_really_sent(
+    db: int, token: str, r: Any
+) -> None:
+    """An app listening to the publish signals sends through ``app.send_task`` at the
+    moment of sending, so each signal stands for one message pushed, and no template is
+    made behind its back; ``force_two_phase`` does the same whatever the app listens to."""
+    plain, forced = make_atomic(make_app(db, token), db, token), None
+    one, two = firing("plain"), firing("forced")
+    assert plain.route_kind(one.entry)[0] == ATOMIC  # nobody listens yet
     seen: list[str] = []
 
     def before(headers: dict[str, Any], **_: Any) -> None:
         seen.append(headers["id"])
 
     signals.before_task_publish.connect(before, weak=False)
-    forced = make_atomic(make_app(db, token), db, token, force_two_phase=True)
-    plain = make_atomic(make_app(db, token), db, token)
     try:
-        one, two = firing("forced"), firing("plain")
-        assert forced.route_kind(one.entry) == (TWO_PHASE, "force_two_phase is set")
-        assert dispatch_now(forced, [one], node="a") == ["won"]
-        assert dispatch_now(plain, [two], node="a") == ["won"]
+        forced = make_atomic(make_app(db, token), db, token, force_two_phase=True)
+        assert forced.route_kind(two.entry) == (TWO_PHASE, "force_two_phase is set")
+        assert plain.route_kind(one.entry) == (
+            TWO_PHASE,
+            "the app listens to before_task_publish, sent by app.send_task only",
+        )
+        assert dispatch_now(plain, [one], node="a") == ["won"]
+        assert dispatch_now(forced, [two], node="a") == ["won"]
     finally:
         signals.before_task_publish.disconnect(before)
-        close(forced, plain)
-    assert seen == [one.id]  # the atomic path sends no publish signal
+        close(plain, *([forced] if forced else []))
+    assert seen == [one.id, two.id]
     assert sorted(m["headers"]["id"] for m in entries(r, token)) == sorted([one.id, two.id])
 
 
