@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from beatless._logtext import shown
 from beatless.dispatch import DEFAULT_LEASE, Dispatcher, TwoPhase, Wake, decide_claimed
 from beatless.durations import DurationLike
 from beatless.entry import Entry
@@ -151,7 +152,12 @@ class CeleryRedisAtomic(Dispatcher):
             reason = self._why_two_phase(firing)
             if reason is not None:
                 return TWO_PHASE, reason
-            message = self._builder_now().message(firing, time.time())
+            try:
+                message = self._builder_now().message(firing, time.time())
+            except StoreError:
+                raise
+            except Exception as exc:
+                return TWO_PHASE, f"its message cannot be built ({shown(exc, quoted=False)})"
         if isinstance(message, str):
             return TWO_PHASE, message
         return ATOMIC, message.describe()
@@ -174,14 +180,14 @@ class CeleryRedisAtomic(Dispatcher):
                 raise
             except Exception:
                 logger.exception(
-                    "firing %s of entry %r: its message cannot be built for the atomic path; "
+                    "firing %s of entry %s: its message cannot be built for the atomic path; "
                     "sending it through app.send_task",
                     firing.id,
-                    firing.entry.name,
+                    shown(firing.entry.name),
                 )
                 return None
         if isinstance(message, str):
-            logger.debug("firing %s goes two-phase: %s", firing.id, message)
+            logger.debug("firing %s goes two-phase: %s", firing.id, shown(message, quoted=False))
             return None
         return message
 

@@ -36,10 +36,11 @@ import redis as redis_driver
 from celery import signals
 from kombu.exceptions import OperationalError
 
+from beatless._logtext import shown
 from beatless.entry import Entry
 from beatless.errors import StoreUnavailable
 from beatless.firing import Firing, iso, to_datetime
-from beatless.stores.redis import RedisStore
+from beatless.stores.redis import RedisStore, server_identity
 
 from .messages import ADDRESS_HEADER, OCCURRENCE_HEADER, OFFSET_HEADER, send_task_options
 from .recording import Command, NotRecordable, Recorder
@@ -143,8 +144,8 @@ class Builder:
         if not self.recorder.records(self.channel):
             return "the broker's Redis connection cannot be recorded (a Unix socket?)"
         try:
-            broker = _identity(self.channel.client)
-            claims = _identity(store.client)
+            broker = server_identity(self.channel.client)
+            claims = server_identity(store.client)
         except self._errors as exc:
             raise StoreUnavailable(f"celery atomic enqueue: cannot reach Redis: {exc}") from None
         except redis_driver.RedisError as exc:
@@ -178,7 +179,17 @@ class Builder:
                 return made
             if time.monotonic() - made.made_at < TEMPLATE_TTL_S:
                 return made
-        made = self._make_template(entry)
+        try:
+            made = self._make_template(entry)
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            logger.exception(
+                "entry %s: its message cannot be made by app.send_task; its firings are sent "
+                "through app.send_task at their release, where the error is theirs",
+                shown(entry.name),
+            )
+            made = f"its message cannot be built ({shown(exc, quoted=False)})"
         self._templates[id(entry)] = (entry, made)
         return made
 
@@ -365,8 +376,3 @@ def _body_text(envelope: dict[str, Any]) -> str:
     if envelope.get("properties", {}).get("body_encoding") == "base64":
         return base64.b64decode(body).decode("utf-8", "replace")
     return str(body)
-
-
-def _identity(client: Any) -> tuple[str, int]:
-    run_id = str(client.info("server")["run_id"])
-    return run_id, int(client.connection_pool.connection_kwargs.get("db", 0) or 0)

@@ -21,13 +21,16 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
+from dramatiq import Middleware
+
+from beatless._logtext import ERROR_LIMIT, shown
 from beatless.dispatch import DEFAULT_LEASE, Dispatcher, TwoPhase, Wake, decide_claimed
 from beatless.dramatiq.messages import message_for
 from beatless.durations import DurationLike
 from beatless.errors import ConfigError
 from beatless.firing import Firing
 from beatless.stores.base import ClaimRequest
-from beatless.stores.redis import RedisStore
+from beatless.stores.redis import RedisStore, server_identity
 
 if TYPE_CHECKING:
     import redis
@@ -36,24 +39,27 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_SAME_SERVER_KEYS = ("host", "port", "db", "path", "username")
-_DEFAULTS: dict[str, Any] = {"host": "localhost", "port": 6379, "db": 0}
-
 
 def same_redis(a: redis.Redis, b: redis.Redis) -> bool:
-    """Whether two clients talk to the same server and database (as configured)."""
-    ka = a.connection_pool.connection_kwargs
-    kb = b.connection_pool.connection_kwargs
+    """Whether two clients reach the same server and database, asked of the servers
+    (``run_id`` and db: see :func:`~beatless.stores.redis.server_identity`), so that
+    ``localhost`` and ``127.0.0.1`` are one server. ``False`` when either cannot answer:
+    the two-phase path is then taken, which is safe on any pair of servers."""
+    import redis
 
-    def norm(kwargs: dict[str, Any], key: str) -> str:
-        value = kwargs.get(key, None if kwargs.get("path") else _DEFAULTS.get(key))
-        return "" if value is None else str(value)
-
-    return all(norm(ka, key) == norm(kb, key) for key in _SAME_SERVER_KEYS)
+    try:
+        return server_identity(a) == server_identity(b)
+    except (redis.RedisError, OSError) as exc:
+        logger.warning(
+            "beatless: cannot tell whether the claim store is the broker's Redis (%s); "
+            "claiming two-phase",
+            shown(exc, quoted=False, limit=ERROR_LIMIT),
+        )
+        return False
 
 
 def url_is_broker_redis(url: str, broker: RedisBroker) -> bool:
-    """Whether a ``redis://`` store URL names the broker's own server and database."""
+    """Whether a ``redis://`` store URL reaches the broker's own server and database."""
     import redis
 
     try:
@@ -97,6 +103,7 @@ class RedisBrokerStore(Dispatcher):
         self._actor_of = actor_of
         self._tenant_kwarg = tenant_kwarg
         self._owns_store = owns_store
+        self._told: str | None = None
         self.two_phase = TwoPhase(store, enqueue or self._enqueue, lease=lease)
         self.lease_ms = self.two_phase.lease_ms
 
@@ -107,9 +114,13 @@ class RedisBrokerStore(Dispatcher):
         now_ms = int(time.time() * 1000)
         ready: list[tuple[Firing, Message[Any], list[list[str]]]] = []
         fallback: list[Firing] = []
+        why = self.why_two_phase()
         for firing in firings:
             if wake.is_late(firing):
                 wake.decide(firing, "late")
+                continue
+            if why is not None:
+                fallback.append(firing)
                 continue
             try:
                 message = self._message(firing)
@@ -125,6 +136,26 @@ class RedisBrokerStore(Dispatcher):
         self._push(ready, wake)
         if fallback:
             self.two_phase.dispatch(fallback, wake)
+
+    def why_two_phase(self) -> str | None:
+        """Why every firing goes through ``broker.enqueue`` now, or ``None``.
+
+        A middleware with its own ``before_enqueue`` expects to see (and may change) each
+        message before it is sent; the claim script cannot call it for the winner alone,
+        so such a broker's firings are sent two-phase, through ``broker.enqueue``.
+        """
+        hooked = [
+            type(m).__name__
+            for m in self.broker.middleware
+            if type(m).before_enqueue is not Middleware.before_enqueue
+        ]
+        if not hooked:
+            return None
+        why = f"middleware {', '.join(hooked)} hooks before_enqueue"
+        if why != self._told:
+            self._told = why
+            logger.info("beatless: firings go two-phase through broker.enqueue: %s", why)
+        return why
 
     def _push(self, ready: list[tuple[Firing, Message[Any], list[list[str]]]], wake: Wake) -> None:
         if not ready:

@@ -483,3 +483,13 @@ def _state_of(record: Any) -> tuple[str | None, int | None]:
     if len(parts) != 4 or parts[0] not in READ_VERSIONS:
         return None, None
     return parts[1], int(parts[2])
+
+
+def server_identity(client: Any) -> tuple[str, int]:
+    """``(run_id, db)`` of the server and database a redis-py client talks to.
+
+    ``run_id`` is drawn by a Redis server when it starts, so two clients with the same
+    identity reach one server, whatever host name or address each was given.
+    """
+    run_id = str(client.info("server")["run_id"])
+    return run_id, int(client.connection_pool.connection_kwargs.get("db", 0) or 0)

@@ -180,3 +180,51 @@ def test_rabbitmq_with_confirms_takes_the_two_phase_path_through_broker_enqueue(
         assert bd.occurrence(message) == decision.firing.occurrence
     finally:
         broker.close()
+
+
+def test_same_redis_asks_the_servers_not_the_spelling() -> None:
+    require_service("Redis", "127.0.0.1", 6379)
+    from beatless.dramatiq.atomic import same_redis
+
+    local, loopback = redis.Redis(host="localhost", db=12), redis.Redis(host="127.0.0.1", db=12)
+    other_db, nowhere = redis.Redis(host="127.0.0.1", db=11), redis.Redis(port=1, db=12)
+    try:
+        assert same_redis(local, loopback)
+        assert not same_redis(loopback, other_db)
+        assert not same_redis(loopback, nowhere)  # cannot tell: the safe, two-phase answer
+    finally:
+        for client in (local, loopback, other_db, nowhere):
+            client.close()
+
+
+def test_a_middleware_that_hooks_before_enqueue_sees_every_firing_sent_once(
+    namespace: str,
+) -> None:
+    """The claim script cannot call ``before_enqueue`` for the winner alone: with such a
+    middleware, firings go through ``broker.enqueue``, and the hook sees each exactly once."""
+    seen: list[str] = []
+
+    class Stamp(dramatiq.Middleware):
+        def before_enqueue(self, broker: Any, message: Any, delay: Any) -> None:
+            seen.append(message.message_id)
+
+    client = redis.Redis.from_url(REDIS_URL)
+    broker = RedisBroker(url=REDIS_URL, namespace=namespace)
+    broker.add_middleware(Stamp())
+    actor = dramatiq.actor(lambda *a: None, actor_name="hooked", broker=broker, queue_name="q")
+    entry = Entry(name="hooked", task="hooked", trigger=Every(60))
+    now_ms = int(client.time()[0]) * 1_000
+    firing = Firing.of(entry, None, f"{namespace}/hooked", now_ms)
+    nodes = [
+        RedisBrokerStore(
+            broker, RedisStore(client, namespace=namespace), lambda _: actor, tenant_kwarg=None
+        )
+        for _ in range(3)
+    ]
+    try:
+        assert nodes[0].why_two_phase() == "middleware Stamp hooks before_enqueue"
+        outcomes = [dispatch_now(node, [firing], node=f"n{i}")[0] for i, node in enumerate(nodes)]
+    finally:
+        client.close()
+    assert outcomes == ["won", "lost", "lost"]
+    assert seen == [firing.id]
