@@ -100,7 +100,7 @@ class _RedisTestStore(RedisStore):
 
 
 def _redis(_tmp: Path, _clock: ManualClock) -> Opener:
-    pytest.importorskip("redis", reason="the redis store needs: pip install 'beatless[redis]'")
+    pytest.importorskip("redis", reason="the redis store needs redis-py")
     prefix = f"beatless-test:{uuid.uuid4().hex}:"
     return lambda: _RedisTestStore(f"redis://{REDIS[1]}:{REDIS[2]}/0", prefix=prefix)
 

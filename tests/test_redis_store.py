@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-pytest.importorskip("redis", reason="the redis store needs: pip install 'beatless[redis]'")
+pytest.importorskip("redis", reason="the redis store needs redis-py")
 
 import redis
 from service_check import require_service

@@ -399,7 +399,8 @@ def _driver() -> ModuleType:
         import redis
     except ImportError:
         raise ConfigError(
-            "the redis store needs the redis package: pip install 'beatless[redis]'"
+            "the redis store needs the redis package (beatless's redis extra): "
+            "pip install 'redis>=5.0.1'"
         ) from None
     return redis
 

@@ -1,0 +1,563 @@
+"""Every install line the docs give works as written, in a fresh venv, end to end.
+
+The dev venv has every package of every extra, so it cannot show that an extra misses
+one. Here each documented ``pip install`` line runs, exactly as written, in a new venv
+(no dev group) from a copy of this checkout; then that integration's own processes
+(``celery worker``, ``dramatiq``) run from that venv on a small app written to a
+temporary directory, with a one-second entry, and every occurrence must run exactly
+once. Only the worker processes use the fresh venv; this test runs in the dev venv.
+
+The fast tests here keep the docs and the declarations honest: every documented line
+has a case below, every package an integration imports is declared by its extras, and
+the test group installs every package of those extras (the latest releases; the lowest
+ones are ``.ci/matrix``'s).
+
+Redis: database 9, keys under a prefix of each test's own, deleted at the end. RabbitMQ:
+queues and exchanges named after that prefix, deleted at the end.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import tomllib
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from service_check import require_service
+
+from beatless.firing import firing_id
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+REDIS_URL = "redis://127.0.0.1:6379/9"
+AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
+PIKA_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+"""The same server and vhost ``/``, as pika (and so Dramatiq) spells it."""
+
+DEMO = "python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/beatless demo"
+TEST_COMMAND = (
+    "python3 -m venv .venv && .venv/bin/pip install -U pip && "
+    ".venv/bin/pip install -e . --group dev && .venv/bin/python -m pytest"
+)
+CELERY = "pip install '.[celery,redis]'"
+DRAMATIQ = "pip install '.[dramatiq,redis]'"
+DRAMATIQ_RABBITMQ = "pip install '.[dramatiq,rabbitmq,redis]'"
+KNOWN_LINES = {DEMO, TEST_COMMAND, CELERY, DRAMATIQ, DRAMATIQ_RABBITMQ}
+"""Every documented install line; the test command is the one ``.ci/run`` runs."""
+
+INSTALL_TIMEOUT_S = 300.0
+RUN_S = 8.0
+"""How long the nodes run once all are ready."""
+WARMUP_S = 2.0
+"""Occurrences this soon after the nodes are ready are not required (a node may start
+its loop just after one)."""
+SETTLE_S = 1.5
+"""Occurrences this close to the stop are not required (their task may still run)."""
+COPY_IGNORE = shutil.ignore_patterns(
+    ".git",
+    ".venv",
+    "*.egg-info",
+    "__pycache__",
+    ".*_cache",
+    ".hypothesis",
+    "build",
+    "dist",
+    "site",
+    "*.db",
+)
+
+
+# -- the docs and the declarations (fast) ----------------------------------------------
+
+
+def documented_install_lines() -> dict[str, list[str]]:
+    """Each ``pip install`` command of README.md and docs/, in a fenced block (its trailing
+    ``# comment`` left out) or in inline code, with where it is (``page:line``)."""
+    found: dict[str, list[str]] = {}
+    for page in PAGES:
+        fenced = False
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+                continue
+            if fenced:
+                commands = [re.sub(r"\s+#.*$", "", line.strip())] if "pip install" in line else []
+            else:
+                commands = re.findall(r"`([^`]*pip install[^`]*)`", line)
+            for command in commands:
+                found.setdefault(command, []).append(f"{page.relative_to(ROOT)}:{number}")
+    return found
+
+
+def test_every_documented_install_line_has_a_test_here() -> None:
+    found = documented_install_lines()
+    assert set(found) == KNOWN_LINES, {line: found.get(line) for line in set(found) ^ KNOWN_LINES}
+
+
+def test_the_documented_test_command_is_what_ci_runs() -> None:
+    assert TEST_COMMAND in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+
+def _pyproject() -> dict[str, Any]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[\[<>=!~;\s]", requirement.strip(), maxsplit=1)[0].lower()
+
+
+def _declared(*extras: str) -> set[str]:
+    optional = _pyproject()["project"]["optional-dependencies"]
+    return {_name(r) for extra in extras for r in optional[extra]}
+
+
+def _imported_distributions(package: Path) -> dict[str, set[str]]:
+    """The distributions whose modules the package's files import (``import x``,
+    ``from x import y``, ``importlib.import_module("x")``), each with the files."""
+    distributions = importlib.metadata.packages_distributions()
+    found: dict[str, set[str]] = {}
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            modules: list[str] = []
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "import_module"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                modules = [node.args[0].value]
+            for module in modules:
+                top = module.split(".")[0]
+                if top in sys.stdlib_module_names or top == "beatless":
+                    continue
+                for distribution in distributions.get(top, [top]):
+                    found.setdefault(distribution.lower(), set()).add(path.name)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("package", "extras"),
+    [("celery", ("celery", "redis")), ("dramatiq", ("dramatiq", "redis", "rabbitmq"))],
+)
+def test_every_package_an_integration_imports_is_declared_by_its_extras(
+    package: str, extras: tuple[str, ...]
+) -> None:
+    imported = _imported_distributions(ROOT / "beatless" / package)
+    undeclared = {name: files for name, files in imported.items() if name not in _declared(*extras)}
+    assert not undeclared, f"beatless.{package} imports packages its extras {extras} lack"
+
+
+def test_the_test_group_installs_every_package_of_the_integration_extras() -> None:
+    test_group = {_name(r) for r in _pyproject()["dependency-groups"]["test"] if isinstance(r, str)}
+    assert _declared("celery", "dramatiq", "redis", "rabbitmq") <= test_group
+
+
+# -- fresh venvs -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of this checkout, as a user's clone: the lines run in its root, and a build
+    there leaves nothing in the tree others work in."""
+    copy = tmp_path_factory.mktemp("clone") / "beatless"
+    shutil.copytree(ROOT, copy, ignore=COPY_IGNORE)
+    return copy
+
+
+def venv_environment(venv: Path) -> dict[str, str]:
+    """The environment of a shell in which ``venv`` is active, and nothing of the dev venv."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env["VIRTUAL_ENV"] = str(venv)
+    env["PATH"] = os.pathsep.join([str(venv / "bin"), os.environ.get("PATH", "")])
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_line(line: str, cwd: Path, env: dict[str, str], timeout: float) -> str:
+    """Run one documented line with bash, as a user pastes it; its output, or fail."""
+    started = time.monotonic()
+    result = subprocess.run(
+        ["bash", "-c", line],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    took = time.monotonic() - started
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"{line!r} failed after {took:.0f}s:\n{output[-4_000:]}"
+    print(f"{line!r}: {took:.1f}s")  # shown with -s: how long each install takes
+    return output
+
+
+@pytest.fixture(scope="module")
+def installed(checkout: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``installed(line)``: a fresh venv in which ``line`` ran in the clone's root (made
+    once per line for this module); ``pip check`` passes and beatless comes from it."""
+    venvs: dict[str, Path] = {}
+
+    def make(line: str) -> Path:
+        if line not in venvs:
+            venv = tmp_path_factory.mktemp("venv")
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+            env = venv_environment(venv)
+            run_line(line, checkout, env, INSTALL_TIMEOUT_S)
+            run_line("pip check", checkout, env, 60)
+            where = subprocess.run(
+                [str(venv / "bin" / "python"), "-c", "import beatless; print(beatless.__file__)"],
+                cwd=tmp_path_factory.getbasetemp(),
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            ).stdout.strip()
+            assert where.startswith(str(venv)), f"beatless imported from {where}, not the venv"
+            venvs[line] = venv
+        return venvs[line]
+
+    return make
+
+
+# -- nodes -----------------------------------------------------------------------------
+
+
+@dataclass
+class Node:
+    """One worker command in a session of its own: stopped, then killed, by group."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def stop(self, deadline: float) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(max(deadline - time.monotonic(), 0.1))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(5)
+
+
+@dataclass
+class Project:
+    """An app module in a temporary directory, run by the fresh venv's commands."""
+
+    directory: Path
+    venv: Path
+    prefix: str
+    nodes: list[Node]
+
+    def start(self, name: str, command: list[str], env: dict[str, str]) -> Node:
+        log = self.directory / f"{name}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [str(self.venv / "bin" / command[0]), *command[1:]],
+                cwd=self.directory,
+                env={**venv_environment(self.venv), "PYTHONPATH": str(self.directory), **env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        node = Node(process, log)
+        self.nodes.append(node)
+        return node
+
+    def stop_all(self, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        for node in self.nodes:
+            if node.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    node.process.send_signal(signal.SIGTERM)
+        for node in self.nodes:
+            node.stop(deadline)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- node {i}\n{n.text()[-3_000:]}" for i, n in enumerate(self.nodes))
+
+
+@pytest.fixture
+def redis_client() -> Iterator[Any]:
+    require_service("Redis", "127.0.0.1", 6379)
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def project(tmp_path: Path, redis_client: Any) -> Iterator[Callable[[Path], Project]]:
+    """``project(venv)``: an app directory and a prefix of this test's own; at the end its
+    processes are stopped and its Redis keys deleted."""
+    prefix = f"blinstall{uuid.uuid4().hex[:10]}"
+    made: list[Project] = []
+
+    def make(venv: Path) -> Project:
+        made.append(Project(tmp_path, venv, prefix, []))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for each in made:
+            each.stop_all()
+        for key in redis_client.scan_iter(match=f"*{prefix}*", count=1_000):
+            redis_client.delete(key)
+
+
+def delete_rabbitmq(queues: list[str], exchanges: list[str]) -> None:
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(PIKA_URL))
+    try:
+        channel = connection.channel()
+        for queue in queues:
+            channel.queue_delete(queue=queue)
+        for exchange in exchanges:
+            channel.exchange_delete(exchange=exchange)
+    finally:
+        connection.close()
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, project: Project) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        dead = [n for n in project.nodes if n.process.poll() is not None]
+        assert not dead, f"a node exited before {what}:\n{project.logs()}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f}s:\n{project.logs()}"
+        time.sleep(0.2)
+
+
+def run_nodes(project: Project, ready: Callable[[Node], bool]) -> tuple[float, float]:
+    """Wait until every node is ready, let them run for ``RUN_S``, stop them all; the
+    wall-clock window ``(ready, stopped)``."""
+    wait_until(lambda: all(ready(n) for n in project.nodes), 60, "ready line", project)
+    began = time.time()
+    time.sleep(RUN_S)
+    ended = time.time()
+    project.stop_all()
+    return began, ended
+
+
+def check_runs(
+    runs: list[dict[str, Any]], address: str, window: tuple[float, float], logs: str
+) -> None:
+    """Each whole second of the window ran once, with the firing id as message id, and no
+    occurrence ran twice, in the window or out of it."""
+    occurrences = Counter(r["occurrence_ms"] for r in runs)
+    twice = sorted(o for o, n in occurrences.items() if n > 1)
+    first = int(window[0] + WARMUP_S) + 1
+    last = int(window[1] - SETTLE_S)
+    expected = [s * 1_000 for s in range(first, last + 1)]
+    missed = [o for o in expected if o not in occurrences]
+    wrong = [r for r in runs if r["id"] != firing_id(address, r["occurrence_ms"])]
+    summary = f"{len(runs)} runs, {len(expected)} expected, {twice=}, {missed=}, {wrong=}"
+    assert len(expected) >= RUN_S - WARMUP_S - SETTLE_S - 1, summary
+    assert not twice, f"{summary}\n{logs}"
+    assert not missed, f"{summary}\n{logs}"
+    assert not wrong, f"{summary}\n{logs}"
+    assert "Traceback" not in logs, logs
+
+
+def read_runs(redis_client: Any, prefix: str) -> list[dict[str, Any]]:
+    return [json.loads(raw) for raw in redis_client.lrange(f"{prefix}:runs", 0, -1)]
+
+
+# -- Celery ----------------------------------------------------------------------------
+
+CELERY_APP = '''
+"""A user's Celery app: one entry every second; each run is noted in a Redis list."""
+
+import json
+import os
+
+import redis
+from celery import Celery
+
+import beatless.celery
+
+PREFIX = os.environ["BT_PREFIX"]
+app = Celery(PREFIX, broker=os.environ["BT_BROKER"])
+app.conf.update(
+    broker_transport_options={"global_keyprefix": PREFIX + ":"},
+    task_default_queue=PREFIX,
+    worker_enable_remote_control=False,
+    beat_schedule={"tick": {"task": "bt.tick", "schedule": 1.0}},
+    beatless_namespace=PREFIX,
+)
+if os.environ.get("BT_STORE"):
+    app.conf.beatless_store_url = os.environ["BT_STORE"]
+beatless.celery.install(app)
+
+_runs = redis.Redis.from_url(os.environ["BT_RECORD"])
+
+
+@app.task(bind=True, name="bt.tick")
+def tick(self):
+    when = beatless.celery.occurrence(self.request)
+    _runs.rpush(PREFIX + ":runs", json.dumps({
+        "id": self.request.id,
+        "occurrence_ms": round(when.timestamp() * 1000),
+        "pid": os.getpid(),
+    }))
+'''
+
+
+def run_celery(project: Project, broker: str, store: str | None) -> tuple[float, float]:
+    (project.directory / "bt_celery.py").write_text(textwrap.dedent(CELERY_APP))
+    env = {"BT_PREFIX": project.prefix, "BT_BROKER": broker, "BT_RECORD": REDIS_URL}
+    if store:
+        env["BT_STORE"] = store
+    for name in ("one", "two"):
+        worker = ["celery", "-A", "bt_celery", "worker", "-n", f"{name}-{project.prefix}@%h"]
+        quiet = ["--without-mingle", "--without-gossip", "--without-heartbeat"]
+        project.start(name, [*worker, "-c", "1", "-l", "INFO", *quiet], env)
+    return run_nodes(project, lambda node: " ready." in node.text())
+
+
+@pytest.mark.slow
+def test_celery_line_runs_two_workers_on_redis_each_occurrence_once(
+    installed: Callable[[str], Path], project: Callable[[Path], Project], redis_client: Any
+) -> None:
+    nodes = project(installed(CELERY))
+    window = run_celery(nodes, REDIS_URL, store=None)
+    runs = read_runs(redis_client, nodes.prefix)
+    check_runs(runs, f"{nodes.prefix}/tick", window, nodes.logs())
+
+
+@pytest.mark.slow
+def test_celery_line_runs_two_workers_on_rabbitmq_with_claims_in_redis(
+    installed: Callable[[str], Path], project: Callable[[Path], Project], redis_client: Any
+) -> None:
+    require_service("RabbitMQ", "127.0.0.1", 5672)
+    nodes = project(installed(CELERY))
+    try:
+        window = run_celery(nodes, AMQP_URL, store=REDIS_URL)
+    finally:
+        nodes.stop_all()
+        delete_rabbitmq([nodes.prefix], [nodes.prefix])
+    runs = read_runs(redis_client, nodes.prefix)
+    check_runs(runs, f"{nodes.prefix}/tick", window, nodes.logs())
+
+
+# -- Dramatiq --------------------------------------------------------------------------
+
+DRAMATIQ_APP = '''
+"""A user's Dramatiq app: one periodic actor every second; runs noted in a Redis list."""
+
+import json
+import os
+
+import dramatiq
+import redis
+from dramatiq.middleware import CurrentMessage
+
+from beatless.dramatiq import Beatless, every
+
+PREFIX = os.environ["BT_PREFIX"]
+BROKER = os.environ["BT_BROKER"]
+if BROKER.startswith("amqp"):
+    from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+    broker = RabbitmqBroker(url=BROKER, confirm_delivery=True)
+else:
+    from dramatiq.brokers.redis import RedisBroker
+
+    broker = RedisBroker(url=BROKER, namespace=PREFIX + "-dramatiq")
+broker.add_middleware(CurrentMessage())
+broker.add_middleware(Beatless(store=os.environ["BT_STORE"], namespace=PREFIX))
+dramatiq.set_broker(broker)
+
+_runs = redis.Redis.from_url(os.environ["BT_RECORD"])
+
+
+@dramatiq.actor(queue_name=PREFIX, periodic=every("1s"))
+def tick():
+    message = CurrentMessage.get_current_message()
+    _runs.rpush(PREFIX + ":runs", json.dumps({
+        "id": message.message_id,
+        "occurrence_ms": message.message_timestamp,
+        "pid": os.getpid(),
+    }))
+'''
+
+
+def run_dramatiq(project: Project, broker: str) -> tuple[float, float]:
+    (project.directory / "bt_dramatiq.py").write_text(textwrap.dedent(DRAMATIQ_APP))
+    env = {
+        "BT_PREFIX": project.prefix,
+        "BT_BROKER": broker,
+        "BT_STORE": REDIS_URL,
+        "BT_RECORD": REDIS_URL,
+    }
+    for name in ("one", "two"):
+        project.start(name, ["dramatiq", "bt_dramatiq", "--processes", "1", "--threads", "1"], env)
+    return run_nodes(project, lambda node: "ready for action" in node.text())
+
+
+@pytest.mark.slow
+def test_dramatiq_line_runs_two_nodes_on_redis_each_occurrence_once(
+    installed: Callable[[str], Path], project: Callable[[Path], Project], redis_client: Any
+) -> None:
+    nodes = project(installed(DRAMATIQ))
+    window = run_dramatiq(nodes, REDIS_URL)
+    runs = read_runs(redis_client, nodes.prefix)
+    check_runs(runs, f"{nodes.prefix}/tick", window, nodes.logs())
+
+
+@pytest.mark.slow
+def test_dramatiq_rabbitmq_line_runs_two_nodes_with_claims_in_redis(
+    installed: Callable[[str], Path], project: Callable[[Path], Project], redis_client: Any
+) -> None:
+    require_service("RabbitMQ", "127.0.0.1", 5672)
+    nodes = project(installed(DRAMATIQ_RABBITMQ))
+    queues = [nodes.prefix, f"{nodes.prefix}.DQ", f"{nodes.prefix}.XQ"]
+    try:
+        window = run_dramatiq(nodes, PIKA_URL)
+    finally:
+        nodes.stop_all()
+        delete_rabbitmq(queues, [])
+    runs = read_runs(redis_client, nodes.prefix)
+    check_runs(runs, f"{nodes.prefix}/tick", window, nodes.logs())
+
+
+# -- the demo --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_demo_line_installs_and_runs_the_demo_without_duplicates_or_misses(tmp_path: Path) -> None:
+    clone = tmp_path / "beatless"
+    shutil.copytree(ROOT, clone, ignore=COPY_IGNORE)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    output = run_line(DEMO, clone, env, INSTALL_TIMEOUT_S)
+    assert re.search(r"duplicates\s+0\b", output), output[-3_000:]
