@@ -17,7 +17,7 @@ from array import array
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
-from beatless.entry import Entry
+from beatless.entry import Entry, tenant_address
 from beatless.firing import Firing, digest, offset_from_digest
 
 CHUNK = 20_000
@@ -62,7 +62,7 @@ class FanOut:
         start, stop = self.prepared, min(self.prepared + CHUNK, len(self.tenants))
         keys, base, occurrence = self.keys, self.base, self.occurrence_ms
         for index in range(start, stop):
-            d = digest(f"{base}/{self.tenants[index]}", occurrence)
+            d = digest(tenant_address(base, self.tenants[index]), occurrence)
             keys.append((offset_from_digest(d, window) << INDEX_BITS) | index)
         self.prepared = stop
         if self.is_prepared:
@@ -88,4 +88,5 @@ class FanOut:
 
     def _firing(self, index: int) -> Firing:
         tenant = self.tenants[index]
-        return Firing.of(self.entry, tenant, f"{self.base}/{tenant}", self.occurrence_ms)
+        address = tenant_address(self.base, tenant)
+        return Firing.of(self.entry, tenant, address, self.occurrence_ms)

@@ -149,6 +149,12 @@ def address_segment(name: str) -> str:
     return name.replace("%", "%25").replace("/", "%2F")
 
 
+def tenant_address(base: str, tenant: str) -> str:
+    """The address of a tenant's firing, from its entry's address ``namespace/entry``:
+    the one place the tenant part is written (the fan-out expands through it too)."""
+    return f"{base}/{tenant}"
+
+
 @dataclass(frozen=True, eq=False)
 class Schedule:
     """The set of entries a node runs; identical on every node.
@@ -177,7 +183,7 @@ class Schedule:
         """``namespace/entry`` or ``namespace/entry/tenant``: the stable name the firing id
         is derived from (see :func:`address_segment` for an entry name with a ``/``)."""
         base = f"{self.namespace}/{address_segment(entry.name)}"
-        return base if tenant is None else f"{base}/{tenant}"
+        return base if tenant is None else tenant_address(base, tenant)
 
     def entry(self, name: str) -> Entry:
         for entry in self.entries:
