@@ -28,6 +28,7 @@ from beatless.entry import Entry, Schedule
 from beatless.errors import BeatlessError, ConfigError, ScheduleError, StoreUnavailable
 from beatless.firing import Firing, digest, from_datetime, iso
 from beatless.loader import load_schedule, parse_instant
+from beatless.problems import Checked
 
 if TYPE_CHECKING:
     from beatless._clockwatch import Sample
@@ -66,7 +67,22 @@ def build_parser() -> argparse.ArgumentParser:
     nxt.add_argument("--json", action="store_true", help="one JSON object per line")
 
     check = commands.add_parser("check", help="validate entries and timing rules")
-    check.add_argument("target", metavar="TARGET", help=target_help)
+    check.add_argument("target", metavar="TARGET", nargs="?", help=target_help)
+    framework = check.add_mutually_exclusive_group()
+    framework.add_argument(
+        "--celery",
+        metavar="APP",
+        help="check a Celery app's beat_schedule and beatless settings, named as for "
+        "celery -A (proj.celery:app, or proj.celery with an app attribute)",
+    )
+    framework.add_argument(
+        "--dramatiq",
+        nargs="+",
+        metavar="BROKER",
+        help="check the Beatless middleware of a Dramatiq broker, named as for the dramatiq "
+        "command: BROKER [MODULE ...] (proj.broker:broker, or a module using the global "
+        "broker, then the modules that declare actors)",
+    )
     check.add_argument(
         "--store",
         metavar="URL",
@@ -178,35 +194,33 @@ def _print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    label, found = _checked_target(args)
+    for warning in found.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if found.schedule is None:
+        return _print_problems(label, found.problems)
+    schedule = found.schedule
     offset: Sample | None = None
-    try:
-        schedule = load_schedule(args.target)
-        errors: list[str] = []
-        store_note = ""
-        if args.store:
-            from beatless._clockwatch import measure
-            from beatless.stores import open_store
+    store_note = ""
+    if args.store:
+        from beatless._clockwatch import measure
+        from beatless.stores import open_store
 
-            with open_store(args.store) as store:
-                store.probe()
-                offset = measure(store, time.time)
-                remembers = store.remembers
-                errors = schedule.check_store(remembers, store.name)
-            store_note = (
-                f", {store.name} store keeps each claim as long as it asks"
-                if remembers is None
-                else f", {store.name} store remembers {describe(remembers)}"
-            )
-    except ScheduleError as exc:
-        errors = exc.errors
-    if errors:
-        print(f"{args.target}: {len(errors)} problem(s)", file=sys.stderr)
-        for error in errors:
-            print(f"  {error}", file=sys.stderr)
-        return EXIT_PROBLEMS
+        with open_store(args.store) as store:
+            store.probe()
+            offset = measure(store, time.time)
+            remembers = store.remembers
+            errors = schedule.check_store(remembers, store.name)
+        if errors:
+            return _print_problems(label, errors)
+        store_note = (
+            f", {store.name} store keeps each claim as long as it asks"
+            if remembers is None
+            else f", {store.name} store remembers {describe(remembers)}"
+        )
     addresses = sum(len(e.tenant_list() or (None,)) for e in schedule.entries)
     print(
-        f"{args.target}: sound — {len(schedule.entries)} entries, {addresses} addresses, "
+        f"{label}: sound — {len(schedule.entries)} entries, {addresses} addresses, "
         f"namespace {schedule.namespace!r}, timezone {schedule.timezone}{store_note}"
     )
     if offset is not None:
@@ -226,6 +240,32 @@ def cmd_check(args: argparse.Namespace) -> int:
         ],
     )
     return 0
+
+
+def _print_problems(label: str, problems: Sequence[str]) -> int:
+    print(f"{label}: {len(problems)} problem(s)", file=sys.stderr)
+    for problem in problems:
+        print(f"  {' '.join(problem.split())}", file=sys.stderr)
+    return EXIT_PROBLEMS
+
+
+def _checked_target(args: argparse.Namespace) -> tuple[str, Checked]:
+    """What ``check`` looks at, named for its output, and what collecting found there."""
+    given = [bool(args.target), bool(args.celery), bool(args.dramatiq)]
+    if sum(given) != 1:
+        raise ConfigError("give one of TARGET, --celery APP or --dramatiq BROKER [MODULE ...]")
+    if args.celery:
+        from beatless._app_check import check_celery
+
+        return args.celery, check_celery(args.celery)
+    if args.dramatiq:
+        from beatless._app_check import check_dramatiq
+
+        return " ".join(args.dramatiq), check_dramatiq(args.dramatiq[0], args.dramatiq[1:])
+    try:
+        return args.target, Checked(load_schedule(args.target))
+    except ScheduleError as exc:
+        return args.target, Checked(None, tuple(exc.errors))
 
 
 def _print_load(schedule: Schedule) -> None:
@@ -360,13 +400,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def run_node(schedule: Schedule, *, store_url: str, node: str | None) -> int:
-    """Run one node until SIGINT or SIGTERM, logging each firing it wins."""
+    """Run one node until SIGINT or SIGTERM, logging each firing's decision."""
     from beatless.scheduler import Scheduler
 
     with open_probed(store_url) as store:
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
         )
+        logging.getLogger("beatless.decisions").setLevel(logging.DEBUG)  # run shows each one
         scheduler = Scheduler(schedule, store=store, node=node)  # checks rule 5 on the store
         stopping = threading.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):

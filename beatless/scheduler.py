@@ -52,6 +52,9 @@ from beatless.stores.base import ClaimStore
 from beatless.triggers import Trigger
 
 logger = logging.getLogger(__name__)
+decisions_logger = logging.getLogger("beatless.decisions")
+"""Each firing's decision (won, lost, held, late, ...), at DEBUG: turn it on with
+``logging.getLogger("beatless.decisions").setLevel(logging.DEBUG)``."""
 
 __all__ = ["DEFAULT_LEASE", "Decision", "Enqueue", "Scheduler", "send_deadline_s"]
 
@@ -514,12 +517,11 @@ class Scheduler:
     def _report(self, decision: Decision) -> None:
         self._decisions.append(decision)
         firing = decision.firing
-        # An enqueue is one INFO line, as celery beat logs each task it sends; every other
-        # decision is DEBUG, and the ones an operator must act on are WARNINGs with counts.
-        level = logging.INFO if decision.outcome in ("won", "takeover") else logging.DEBUG
-        if logger.isEnabledFor(level):
-            logger.log(
-                level,
+        # Every decision is one DEBUG line of its own logger, so that an operator can turn
+        # them on alone; INFO has one summary per minute, and what needs acting on is a
+        # WARNING with counts.
+        if decisions_logger.isEnabledFor(logging.DEBUG):
+            decisions_logger.debug(
                 "firing %s entry=%s tenant=%s occurrence=%s offset=%dms outcome=%s lateness=%dms",
                 firing.id,
                 shown(firing.entry.name),

@@ -450,6 +450,166 @@ def test_module_targets_resolve_from_the_current_directory(tmp_path: Path) -> No
     assert "sound" in result.stdout
 
 
+# -- check --celery and --dramatiq ------------------------------------------------------
+
+CELERY_APP = """
+from celery import Celery
+from celery.schedules import crontab
+
+app = Celery("shop", broker="redis://127.0.0.1:6379/13")
+app.conf.timezone = "Europe/Berlin"
+app.conf.beat_schedule = {SCHEDULE}
+
+
+@app.task(name="shop.work")
+def work(*args, **kwargs):
+    pass
+"""
+
+SOUND_CELERY = """{
+    "nightly": {"task": "shop.work", "schedule": crontab(hour=2, minute=0),
+                "options": {"beatless": {"jitter": "2m", "max_late": "5m"}}},
+    "poll": {"task": "shop.work", "schedule": 30.0},
+}"""
+
+BAD_CELERY = """{
+    "poll": {"task": "shop.work", "schedule": 30.0},
+    "odd": {"task": "shop.work", "schedule": "every day"},
+    "typo": {"task": "shop.work", "schedule": 60, "options": {"beatless": {"jiter": 5}}},
+    "tight": {"task": "shop.work", "schedule": 10, "options": {"beatless": {"jitter": 8}}},
+    "opaque": {"task": "shop.work", "schedule": 60, "args": [object()]},
+}"""
+
+DRAMATIQ_BROKER = """
+import dramatiq
+from dramatiq.brokers.stub import StubBroker
+
+import beatless.dramatiq as bd
+
+broker = StubBroker()
+broker.add_middleware(bd.Beatless(store="redis://127.0.0.1:6379/12", {OPTIONS}))
+dramatiq.set_broker(broker)
+"""
+
+DRAMATIQ_ACTORS = """
+import dramatiq
+
+import beatless.dramatiq as bd
+from {BROKER} import broker
+
+
+@dramatiq.actor(broker=broker, periodic=bd.cron("0 2 * * *", jitter="2m", max_late="5m"))
+def nightly():
+    pass
+
+
+@dramatiq.actor(broker=broker, periodic={SECOND})
+def second(x=None):
+    pass
+"""
+
+
+def celery_project(tmp_path: Path, schedule: str, module: str = "shop_celery") -> Path:
+    (tmp_path / f"{module}.py").write_text(CELERY_APP.replace("{SCHEDULE}", schedule))
+    return tmp_path
+
+
+def dramatiq_project(tmp_path: Path, options: str, second: str) -> Path:
+    (tmp_path / "shop_broker.py").write_text(DRAMATIQ_BROKER.replace("{OPTIONS}", options))
+    actors = DRAMATIQ_ACTORS.replace("{BROKER}", "shop_broker").replace("{SECOND}", second)
+    (tmp_path / "shop_actors.py").write_text(actors)
+    return tmp_path
+
+
+def test_check_celery_exits_0_for_a_sound_app_named_as_celery_a_names_it(tmp_path: Path) -> None:
+    cwd = celery_project(tmp_path, SOUND_CELERY)
+    for name in ("shop_celery:app", "shop_celery"):
+        result = run_cli("check", "--celery", name, cwd=cwd)
+        assert result.returncode == 0, result.stderr
+        assert f"{name}: sound — 2 entries, 2 addresses, namespace 'shop'" in result.stdout
+        assert "timezone Europe/Berlin" in result.stdout
+        assert "cron '0 2 * * *' in Europe/Berlin" in result.stdout
+        assert result.stderr == ""
+
+
+def test_check_celery_finds_an_app_called_celery_too(tmp_path: Path) -> None:
+    cwd = celery_project(tmp_path, SOUND_CELERY)
+    (cwd / "other_celery.py").write_text("from shop_celery import app as celery\n")
+    result = run_cli("check", "--celery", "other_celery", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+
+
+def test_check_celery_exits_1_listing_every_problem_one_line_each(tmp_path: Path) -> None:
+    result = run_cli(
+        "check", "--celery", "shop_celery:app", cwd=celery_project(tmp_path, BAD_CELERY)
+    )
+    assert result.returncode == 1, result.stdout
+    lines = result.stderr.splitlines()
+    assert lines[0] == "shop_celery:app: 4 problem(s)"
+    named = sorted(line.strip().split(":")[0] for line in lines[1:])
+    assert named == ["entry 'odd'", "entry 'opaque'", "entry 'tight'", "entry 'typo'"]
+    assert "entry 'opaque': args[0] (a object) cannot be encoded as JSON" in result.stderr
+    assert result.stdout == ""
+
+
+def test_check_celery_warns_of_unregistered_tasks_and_still_passes(tmp_path: Path) -> None:
+    schedule = '{"elsewhere": {"task": "billing.run", "schedule": 60}}'
+    result = run_cli("check", "--celery", "shop_celery:app", cwd=celery_project(tmp_path, schedule))
+    assert result.returncode == 0, result.stderr
+    assert "warning: entry 'elsewhere': task 'billing.run' is not registered" in result.stderr
+
+
+def test_check_dramatiq_exits_0_for_a_sound_broker_and_its_actor_modules(tmp_path: Path) -> None:
+    cwd = dramatiq_project(tmp_path, 'namespace="shop"', 'bd.every("30s")')
+    result = run_cli("check", "--dramatiq", "shop_broker:broker", "shop_actors", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert "sound — 2 entries, 2 addresses, namespace 'shop'" in result.stdout
+    same = run_cli("check", "--dramatiq", "shop_broker", "shop_actors", cwd=cwd)  # global broker
+    assert same.returncode == 0, same.stderr
+    assert "sound — 2 entries" in same.stdout
+
+
+def test_check_dramatiq_exits_1_listing_every_problem_one_line_each(tmp_path: Path) -> None:
+    second = '[bd.cron("61 * * * *", name="typo"), bd.every("10s", jitter="6s", args=[object()])]'
+    cwd = dramatiq_project(tmp_path, "", second)
+    result = run_cli("check", "--dramatiq", "shop_broker", "shop_actors", cwd=cwd)
+    assert result.returncode == 1, result.stdout
+    lines = result.stderr.splitlines()
+    assert lines[0] == "shop_broker shop_actors: 4 problem(s)"
+    problems = [line.strip() for line in lines[1:]]
+    assert problems[0].startswith("Beatless: namespace is required")
+    assert "entry 'second': args[0] (a object) cannot be encoded" in result.stderr
+    assert "entry 'typo': cron '61 * * * *'" in result.stderr
+    assert "entry 'second': jitter 6s must be under half" in result.stderr
+    assert len(problems) == 4
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["check", "--celery", "no_such_module_xyz:app"], "cannot load the Celery app"),
+        (["check", "--celery", "shop_celery:nothing"], "cannot load the Celery app"),
+        (["check", "--dramatiq", "no_such_module_xyz:broker"], "cannot load the Dramatiq broker"),
+        (["check", "--dramatiq", "plain_broker:broker"], "has 0 Beatless middleware"),
+        (["check", "{file}", "--celery", "shop_celery:app"], "give one of TARGET, --celery"),
+        (["check"], "give one of TARGET, --celery"),
+        (["check", "--celery", "a:b", "--dramatiq", "c:d"], "not allowed with argument"),
+    ],
+)
+def test_check_of_an_app_or_broker_that_cannot_be_loaded_exits_2_with_one_line(
+    tmp_path: Path, schedule_file: str, args: list[str], message: str
+) -> None:
+    cwd = celery_project(tmp_path, SOUND_CELERY)
+    (cwd / "plain_broker.py").write_text(
+        "from dramatiq.brokers.stub import StubBroker\nbroker = StubBroker()\n"
+    )
+    result = run_cli(*[a.format(file=schedule_file) for a in args], cwd=cwd)
+    assert result.returncode == 2, result.stdout
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 # -- run --------------------------------------------------------------------------------
 
 

@@ -67,12 +67,12 @@ def test_the_app_the_workers_name_imports_and_installs_beatless(
 ) -> None:
     from celery import Celery
 
-    from beatless.celery import Beatless
+    from beatless.celery import BeatlessStep
 
     monkeypatch.syspath_prepend(str(ROOT))
     module = importlib.import_module("integrations.celery_redis.app")
     assert isinstance(module.app, Celery)
-    assert Beatless in module.app.steps["worker"]
+    assert BeatlessStep in module.app.steps["worker"]
     assert module.app.conf.beat_schedule, "the example has a beat_schedule"
 
 

@@ -1,30 +1,41 @@
 """beatless for Celery: run periodic tasks from every worker, or as any number of beats.
 
-* In every worker, no beat: ``beatless.celery.install(app)``.
-* As ``celery beat`` on any number of hosts: ``beat_scheduler = "beatless.celery:Scheduler"``.
+* In every worker, no beat: ``beatless.celery.install(app)`` (the bootstep is
+  :class:`BeatlessStep`).
+* As ``celery beat`` on any number of hosts:
+  ``beat_scheduler = "beatless.celery:BeatScheduler"`` (``Scheduler`` is the same class,
+  under the name first documented).
 * In a task: ``beatless.celery.occurrence(self.request)`` is the nominal occurrence;
-  the task id is the firing id.
+  ``beatless.celery.task_firing_id(self.request)`` the firing id, which is the task id.
+* Before a deploy: ``beatless check --celery proj.celery:app`` (:func:`check_app`).
 
 Importing this module imports Celery, never a broker driver.
 """
 
 from __future__ import annotations
 
-from beatless.celery.beat import Scheduler
-from beatless.celery.messages import firing_id, occurrence, tenant
-from beatless.celery.schedule import CeleryScheduler, build_scheduler, read_schedule
+from beatless.celery.beat import BeatScheduler, Scheduler
+from beatless.celery.messages import occurrence, task_firing_id, tenant
+from beatless.celery.schedule import (
+    CeleryScheduler,
+    build_scheduler,
+    check_app,
+    read_schedule,
+)
 from beatless.celery.settings import CelerySettings
-from beatless.celery.worker import Beatless, install
+from beatless.celery.worker import BeatlessStep, install
 
 __all__ = [
-    "Beatless",
+    "BeatScheduler",
+    "BeatlessStep",
     "CeleryScheduler",
     "CelerySettings",
     "Scheduler",
     "build_scheduler",
-    "firing_id",
+    "check_app",
     "install",
     "occurrence",
     "read_schedule",
+    "task_firing_id",
     "tenant",
 ]

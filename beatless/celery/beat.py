@@ -1,13 +1,17 @@
 """A ``celery beat`` scheduler that any number of beat processes can run at once.
 
-    app.conf.beat_scheduler = "beatless.celery:Scheduler"
+    app.conf.beat_scheduler = "beatless.celery:BeatScheduler"
 
-or ``celery -A proj beat -S beatless.celery:Scheduler``. Every beat process computes the
-same firings from ``beat_schedule`` and claims each in the shared store; only the winner
-enqueues it. Nothing is kept in a local schedule file.
+or ``celery -A proj beat -S beatless.celery:BeatScheduler``. Every beat process computes
+the same firings from ``beat_schedule`` and claims each in the shared store; only the
+winner enqueues it. Nothing is kept in a local schedule file. ``beatless.celery:Scheduler``
+names the same class, so configurations written with that name keep working.
 
 Beat's own default entries (``celery.backend_cleanup``) are not added: they would run
 on every beat host at once; declare the cleanup in ``beat_schedule`` if you need it.
+
+A schedule with problems stops beat at start with one error listing every problem,
+whatever ``beatless_on_schedule_error`` says: a beat process does nothing but schedule.
 """
 
 from __future__ import annotations
@@ -17,15 +21,16 @@ from typing import Any
 
 from celery import beat
 
-from beatless.celery.schedule import CeleryScheduler, build_scheduler
+from beatless.celery.schedule import CeleryScheduler, build_scheduler, check_app
 from beatless.celery.settings import CelerySettings
 from beatless.errors import ConfigError
+from beatless.problems import refusal
 from beatless.urls import mask_url
 
 logger = logging.getLogger(__name__)
 
 
-class Scheduler(beat.Scheduler):  # type: ignore[misc]
+class BeatScheduler(beat.Scheduler):  # type: ignore[misc]
     """``celery.beat.Scheduler`` driving a beatless scheduler: ``tick`` claims and
     enqueues the firings due now and returns the seconds until the next wake."""
 
@@ -34,19 +39,25 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         super().__init__(app, *args, **kwargs)
 
     def setup_schedule(self) -> None:
-        self.beatless = build_scheduler(self.app)
+        self.beatless = self._build()
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One wake of the beatless scheduler; the seconds until the next one, at most
         ``max_interval`` and one second."""
         scheduler = self.beatless
         if scheduler is None:
-            scheduler = self.beatless = build_scheduler(self.app)
+            scheduler = self.beatless = self._build()
         try:
             scheduler.tick()
         except Exception:
             logger.exception("beatless wake failed; beat goes on")
         return scheduler.sleep_s(float(self.max_interval))
+
+    def _build(self) -> CeleryScheduler:
+        found = check_app(self.app)
+        if found.schedule is None:
+            raise refusal(found.problems, consume_with=None)  # beat only schedules: no consume
+        return build_scheduler(self.app, schedule=found.schedule)
 
     def sync(self) -> None:
         """Nothing to persist: the claims are the state, and they live in the store."""
@@ -67,3 +78,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             f"    . beatless store -> {mask_url(settings.store_url)} "
             f"(namespace {settings.namespace!r}, {path})"
         )
+
+
+Scheduler = BeatScheduler
+"""The name ``beat_scheduler = "beatless.celery:Scheduler"`` was first written with."""

@@ -65,7 +65,7 @@ def occurrence(request: Any) -> datetime | None:
     return datetime.fromisoformat(str(value))
 
 
-def firing_id(request: Any) -> str | None:
+def task_firing_id(request: Any) -> str | None:
     """The id of the firing that sent this task: its task id, the same on every node.
 
     A consumer that must not run a firing twice keys its deduplication on it."""

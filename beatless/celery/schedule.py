@@ -20,6 +20,11 @@ path of such a callable, ``"proj.tenants:active"``). Stock beat passes that key 
 a harmless message property, so rolling back to it is one line of configuration; on the
 Redis transport the property must be serialisable, so give a list or an import path,
 not a function object, where you may roll back.
+
+:func:`check_app` collects every problem at once, each naming its entry: the settings,
+each entry's trigger and options, the timing rules, and arguments the JSON serializer
+refuses. The worker bootstep, the beat scheduler and ``beatless check --celery`` all
+read the schedule through it.
 """
 
 from __future__ import annotations
@@ -28,9 +33,9 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
+from functools import partial
 from numbers import Real
 from typing import Any
-from urllib.parse import urlsplit
 
 from celery.schedules import crontab, solar
 from celery.schedules import schedule as interval_schedule
@@ -38,10 +43,11 @@ from celery.utils.imports import symbol_by_name
 
 from beatless.celery.messages import SETTINGS_OPTION
 from beatless.celery.sending import Sender
-from beatless.celery.settings import REDIS_SCHEMES, CelerySettings
+from beatless.celery.settings import CelerySettings, zone_name
 from beatless.durations import to_ms
 from beatless.entry import Entry, Schedule
 from beatless.errors import ConfigError, ScheduleError, StoreError
+from beatless.problems import Checked, argument_problems, checked, collect
 from beatless.scheduler import Decision, Enqueue, Scheduler, send_deadline_s
 from beatless.stores import open_store
 from beatless.stores.base import ClaimStore
@@ -62,17 +68,62 @@ _CRON_FIELDS = (  # attribute, the full range as Celery expands it
 
 
 def read_schedule(app: Any, settings: CelerySettings | None = None) -> Schedule:
-    """The beatless schedule of ``app.conf.beat_schedule``; an error names the entry.
+    """The beatless schedule of ``app.conf.beat_schedule``; a
+    :class:`~beatless.errors.ScheduleError` lists every problem, each naming its entry.
 
     ``settings`` default to :meth:`CelerySettings.from_app`; they give the namespace,
     the time zone and the default jitter and ``max_late``.
     """
-    settings = settings or CelerySettings.from_app(app)
+    found = check_app(app, settings)
+    if found.schedule is None:
+        raise ScheduleError("; ".join(found.problems), list(found.problems))
+    return found.schedule
+
+
+def check_app(app: Any, settings: CelerySettings | None = None) -> Checked:
+    """Every problem of the app's beatless settings and ``beat_schedule`` at once, each
+    naming its entry: what a node refuses to start with, and what ``beatless check
+    --celery`` reports. Connects to nothing."""
+    if settings is None:
+        problems: list[str] = []
+        settings = collect(lambda: CelerySettings.from_app(app), problems)
+        if settings is None:
+            return Checked(None, tuple(problems))
     beat_schedule = app.conf.beat_schedule or {}
     if not isinstance(beat_schedule, Mapping):
-        raise ConfigError(f"beat_schedule must be a dict of entries, got {beat_schedule!r}")
-    entries = [read_entry(name, spec, settings) for name, spec in beat_schedule.items()]
-    return Schedule(entries, namespace=settings.namespace, timezone=settings.timezone)
+        return Checked(None, (f"beat_schedule must be a dict of entries, got {beat_schedule!r}",))
+    problems = []
+    entries = []
+    for name, spec in beat_schedule.items():
+        entry = collect(partial(read_entry, name, spec, settings), problems)
+        if entry is not None:
+            entries.append(entry)
+            problems.extend(argument_problems_of(app, entry))
+    return checked(entries, problems, namespace=settings.namespace, timezone=settings.timezone)
+
+
+def argument_problems_of(app: Any, entry: Entry) -> list[str]:
+    """The arguments of ``entry`` that the JSON serializer refuses, when the entry's
+    serializer (its ``serializer`` option, else ``task_serializer``) is JSON; each one
+    would fail every firing."""
+    serializer = entry.options.get("serializer") or app.conf.task_serializer
+    if serializer != "json":
+        return []
+    from kombu.utils.json import dumps
+
+    return argument_problems(entry, dumps, "JSON (the task serializer)")
+
+
+def unregistered_tasks(app: Any, schedule: Schedule) -> list[str]:
+    """A warning per entry whose task this app does not register. Celery sends tasks by
+    name, so another worker may well run it; a typo, though, would never run."""
+    registered = app.tasks
+    return [
+        f"entry {entry.name!r}: task {entry.task!r} is not registered in this app; it runs "
+        f"only where another worker registers it (check the name if none does)"
+        for entry in schedule.entries
+        if entry.task not in registered
+    ]
 
 
 def read_entry(name: str, spec: Any, settings: CelerySettings) -> Entry:
@@ -139,7 +190,7 @@ def entry_settings(name: str, value: Any) -> dict[str, Any]:
 def trigger_of(name: str, value: Any, timezone: str) -> Trigger:
     """The beatless trigger of a Celery schedule value."""
     if isinstance(value, crontab):
-        return cron_of(value, timezone)
+        return cron_of(value, timezone, name)
     if isinstance(value, solar):
         raise ScheduleError(
             f"entry {name!r}: solar schedules are not supported by beatless: use a crontab "
@@ -166,10 +217,10 @@ def _every(name: str, interval: timedelta) -> Every:
         raise ScheduleError(f"entry {name!r}: {exc}") from None
 
 
-def cron_of(value: Any, timezone: str) -> Cron:
+def cron_of(value: Any, timezone: str, name: str = "crontab") -> Cron:
     """A crontab's expanded fields as a 5-field expression, with Celery's AND semantics."""
     fields = [_field(getattr(value, attr), full) for attr, full in _CRON_FIELDS]
-    return Cron(" ".join(fields), _own_zone(value) or timezone, day_and=True)
+    return Cron(" ".join(fields), _own_zone(value, name) or timezone, day_and=True)
 
 
 def _field(values: set[int], full: range) -> str:
@@ -178,15 +229,21 @@ def _field(values: set[int], full: range) -> str:
     return ",".join(str(v) for v in sorted(values))
 
 
-def _own_zone(value: Any) -> str | None:
+def _own_zone(value: Any, name: str) -> str | None:
     """The IANA zone of a crontab's ``nowfun``, when it returns an aware datetime."""
     if value.nowfun is None:
         return None
     tzinfo = value.nowfun().tzinfo
-    key = getattr(tzinfo, "key", None)
-    if key is None and tzinfo is not None and tzinfo.utcoffset(None) == timedelta(0):
-        return "UTC"
-    return key if isinstance(key, str) else None
+    if tzinfo is None:
+        return None
+    found = zone_name(tzinfo)
+    if found is None:
+        raise ScheduleError(
+            f"entry {name!r}: the crontab's nowfun returns datetimes in {tzinfo!r}, which "
+            f"has no IANA name every node would read alike; return datetimes in a ZoneInfo "
+            f"or pytz zone, or drop nowfun to use the app's timezone"
+        )
+    return found
 
 
 # -- the node's scheduler ----------------------------------------------------------------
@@ -250,6 +307,7 @@ def build_scheduler(
     clock: Callable[[], float] = time.time,
     on_decision: Callable[[Decision], None] | None = None,
     settings: CelerySettings | None = None,
+    schedule: Schedule | None = None,
 ) -> CeleryScheduler:
     """The scheduler of one node of ``app``, shared by the worker bootstep, the beat
     scheduler and tests. Reads the settings and ``beat_schedule``, opens the claim store,
@@ -259,10 +317,11 @@ def build_scheduler(
     host, port and db) and ``beatless_force_two_phase`` is off; every other case is
     two-phase, through ``app.send_task`` by a :class:`~beatless.celery.sending.Sender`
     whose every publish ends within :func:`~beatless.scheduler.send_deadline_s` of the
-    lease. Call :meth:`CeleryScheduler.close` when done.
+    lease. ``schedule`` is the one :func:`check_app` found, read again if not given.
+    Call :meth:`CeleryScheduler.close` when done.
     """
     settings = settings or CelerySettings.from_app(app)
-    schedule = read_schedule(app, settings)
+    schedule = schedule or read_schedule(app, settings)
     store = open_claim_store(settings)
     sender = Sender(
         app,
@@ -294,16 +353,8 @@ def build_scheduler(
 
 
 def open_claim_store(settings: CelerySettings) -> ClaimStore:
-    """The claim store of ``beatless_store_url``; Redis keys under the app's namespace."""
-    scheme = urlsplit(settings.store_url).scheme.lower()
-    if scheme in REDIS_SCHEMES:
-        from beatless.stores.redis import RedisStore
-
-        url = settings.store_url
-        if scheme == "redis+socket":
-            url = "unix" + url[len("redis+socket") :]
-        return RedisStore(url, namespace=settings.namespace)
-    return open_store(settings.store_url)
+    """The claim store of ``beatless_store_url``, keyed by the app's namespace."""
+    return open_store(settings.store_url, namespace=settings.namespace)
 
 
 def _two_phase_reason(settings: CelerySettings) -> str | None:

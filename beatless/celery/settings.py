@@ -4,8 +4,9 @@
 ``beatless_store_url``             The claim store. Default: the broker URL when the broker is
                                    Redis (``redis://``, ``rediss://``, ``unix://``,
                                    ``redis+socket://``); required with any other broker.
-``beatless_namespace``             The namespace of every address. Default: ``app.main``, or
-                                   ``"celery"`` when the app has no main name.
+``beatless_namespace``             The namespace of every address. Default: ``app.main``
+                                   (``Celery("proj")``); required when the app has no main
+                                   name, unless the claim store is ``memory://``.
 ``beatless_max_late``              Default ``max_late`` of an entry. Default: 60 s.
 ``beatless_jitter``                Default jitter window of an entry. Default: 0.
 ``beatless_lease``                 Lease of a pending claim on the two-phase path. Default: 30 s.
@@ -13,26 +14,40 @@
                                    own Redis (keeps the publish signals). Default: False.
 ``beatless_expires_from_lateness`` Give each message an ``expires`` at the end of its firing's
                                    lateness budget (jitter + max_late). Default: False.
+``beatless_on_schedule_error``     ``"refuse"`` (default): a worker whose schedule has
+                                   problems does not start. ``"consume"``: it consumes tasks
+                                   and schedules nothing (see :mod:`beatless.problems`).
 =================================  ==========================================================
+
+``timezone`` may be an IANA name, a ``zoneinfo.ZoneInfo``, a pytz zone,
+``datetime.timezone.utc`` or a dateutil zone read from the tz database; anything else
+(a fixed offset, the host's local zone) is refused, since nodes could disagree on it.
+A bad setting is reported with every other bad setting at once.
 
 Durations accept seconds, ``"90s"``, ``"2m"``, ISO 8601 ``"PT120S"`` or a ``timedelta``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any
+from datetime import timedelta, timezone
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
+from beatless.dispatch import DEFAULT_LEASE
 from beatless.durations import as_timedelta
 from beatless.entry import DEFAULT_MAX_LATE
-from beatless.errors import ConfigError
+from beatless.errors import ConfigError, ScheduleError
+from beatless.problems import REFUSE, on_schedule_error
+from beatless.triggers import zone
 from beatless.urls import mask_url
 
-DEFAULT_LEASE = timedelta(seconds=30)
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+socket")
 _DEFAULT_PORTS = {"redis": 6379, "rediss": 6379}
+ON_SCHEDULE_ERROR_SETTING = "beatless_on_schedule_error"
+CONSUME_WITH = f'app.conf.{ON_SCHEDULE_ERROR_SETTING} = "consume"'
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +63,7 @@ class CelerySettings:
     lease: timedelta = DEFAULT_LEASE
     force_two_phase: bool = False
     expires_from_lateness: bool = False
+    on_schedule_error: str = REFUSE
 
     def __repr__(self) -> str:
         return (
@@ -55,25 +71,45 @@ class CelerySettings:
             f"broker_url={mask_url(self.broker_url)!r}, namespace={self.namespace!r}, "
             f"timezone={self.timezone!r}, max_late={self.max_late!r}, jitter={self.jitter!r}, "
             f"lease={self.lease!r}, force_two_phase={self.force_two_phase!r}, "
-            f"expires_from_lateness={self.expires_from_lateness!r})"
+            f"expires_from_lateness={self.expires_from_lateness!r}, "
+            f"on_schedule_error={self.on_schedule_error!r})"
         )
 
     @classmethod
     def from_app(cls, app: Any) -> CelerySettings:
-        """Read and check the ``beatless_*`` settings of ``app.conf``."""
+        """Read and check the ``beatless_*`` settings of ``app.conf``: a
+        :class:`~beatless.errors.ScheduleError` lists every bad setting at once."""
         conf = app.conf
-        broker_url = broker_write_url(app)
-        return cls(
-            store_url=_store_url(conf.get("beatless_store_url"), broker_url),
+        errors: list[str] = []
+
+        def read(build: Callable[[], T], default: T) -> T:
+            try:
+                return build()
+            except ConfigError as exc:
+                errors.append(str(exc))
+                return default
+
+        broker_url = read(lambda: broker_write_url(app), "")
+        store_url = read(lambda: _store_url(conf.get("beatless_store_url"), broker_url), "")
+        settings = cls(
+            store_url=store_url,
             broker_url=broker_url,
-            namespace=_namespace(conf.get("beatless_namespace"), app.main),
-            timezone=app_timezone(app),
-            max_late=_duration(conf, "beatless_max_late", DEFAULT_MAX_LATE),
-            jitter=_duration(conf, "beatless_jitter", timedelta(0)),
-            lease=_duration(conf, "beatless_lease", DEFAULT_LEASE),
-            force_two_phase=_flag(conf, "beatless_force_two_phase"),
-            expires_from_lateness=_flag(conf, "beatless_expires_from_lateness"),
+            namespace=read(lambda: _namespace(conf.get("beatless_namespace"), app, store_url), ""),
+            timezone=read(lambda: app_timezone(app), "UTC"),
+            max_late=read(
+                lambda: _duration(conf, "beatless_max_late", DEFAULT_MAX_LATE), DEFAULT_MAX_LATE
+            ),
+            jitter=read(lambda: _duration(conf, "beatless_jitter", timedelta(0)), timedelta(0)),
+            lease=read(lambda: _duration(conf, "beatless_lease", DEFAULT_LEASE), DEFAULT_LEASE),
+            force_two_phase=read(lambda: _flag(conf, "beatless_force_two_phase"), False),
+            expires_from_lateness=read(
+                lambda: _flag(conf, "beatless_expires_from_lateness"), False
+            ),
+            on_schedule_error=read(lambda: on_schedule_error_of(app), REFUSE),
         )
+        if errors:
+            raise ScheduleError("; ".join(errors), errors)
+        return settings
 
     @property
     def store_is_broker(self) -> bool:
@@ -98,22 +134,34 @@ def broker_write_url(app: Any) -> str:
     return str(url).split(";")[0].strip()
 
 
+def on_schedule_error_of(app: Any) -> str:
+    """``beatless_on_schedule_error``: ``"refuse"`` (the default) or ``"consume"``."""
+    value = app.conf.get(ON_SCHEDULE_ERROR_SETTING)
+    return REFUSE if value is None else on_schedule_error(value, name=ON_SCHEDULE_ERROR_SETTING)
+
+
 def app_timezone(app: Any) -> str:
     """The IANA name of the app's time zone, as Celery decides it.
 
-    ``timezone`` when set; otherwise UTC when ``enable_utc`` (the default). With
-    ``enable_utc = False`` and no ``timezone``, Celery uses the host's local zone, which
-    may differ between nodes: beatless asks for an explicit ``timezone`` instead.
+    ``timezone`` when set (a name or a zone object, see :func:`zone_name`); otherwise UTC
+    when ``enable_utc`` (the default). With ``enable_utc = False`` and no ``timezone``,
+    Celery uses the host's local zone, which may differ between nodes: beatless asks for
+    an explicit ``timezone`` instead.
     """
     conf = app.conf
     configured = conf.get("timezone")
     if configured:
-        name = getattr(configured, "key", configured)
-        if not isinstance(name, str):
+        name = zone_name(configured)
+        if name is None:
             raise ConfigError(
-                f"Celery timezone {configured!r}: beatless needs an IANA name such as "
-                f"'Europe/Berlin' so that every node agrees on it"
+                f"Celery timezone {configured!r}: beatless needs a zone with an IANA name "
+                f"such as 'Europe/Berlin' (a name, a ZoneInfo, a pytz zone or "
+                f"datetime.timezone.utc), so that every node agrees on it"
             )
+        try:
+            zone(name)
+        except ConfigError as exc:
+            raise ConfigError(f"Celery timezone: {exc}") from None
         return name
     if conf.get("enable_utc", True):
         return "UTC"
@@ -121,6 +169,39 @@ def app_timezone(app: Any) -> str:
         "enable_utc is False and no timezone is set: Celery would use each host's local "
         "zone, and nodes could disagree; set app.conf.timezone to an IANA name"
     )
+
+
+def zone_name(value: Any) -> str | None:
+    """The IANA name of a time zone given as a name or a ``tzinfo``, else ``None``.
+
+    Read: a ``str``; ``zoneinfo.ZoneInfo`` (``key``); a pytz zone (``zone``, pytz's UTC
+    included); ``datetime.timezone.utc`` and dateutil's ``tzutc`` (``"UTC"``); a dateutil
+    ``tzfile`` loaded from the tz database (the path below ``zoneinfo/``). A fixed offset
+    other than UTC, a host's local zone or a zone loaded from elsewhere has no name
+    every node would read alike: ``None``.
+    """
+    if isinstance(value, str):
+        return value
+    for attribute in ("key", "zone"):  # zoneinfo, pytz
+        name = getattr(value, attribute, None)
+        if isinstance(name, str) and name:
+            return name
+    is_utc = isinstance(value, timezone) and value.utcoffset(None) == timedelta(0)
+    if is_utc or type(value).__name__ == "tzutc":  # the standard library's, dateutil's
+        return "UTC"
+    return _dateutil_name(value)
+
+
+def _dateutil_name(value: Any) -> str | None:
+    """The name of a dateutil ``tzfile`` read from the tz database, by its file's path."""
+    filename = getattr(value, "_filename", None)
+    if type(value).__name__ != "tzfile" or not isinstance(filename, str):
+        return None
+    if "/zoneinfo/" in filename:
+        return filename.rpartition("/zoneinfo/")[2]
+    if filename.startswith("/") or filename == "localtime":
+        return None
+    return filename  # from dateutil's own copy of the database, by name
 
 
 def normalise_redis_url(url: str) -> tuple[str, str, int, int] | None:
@@ -168,9 +249,25 @@ def _store_url(configured: Any, broker_url: str) -> str:
     )
 
 
-def _namespace(configured: Any, main: str | None) -> str:
+def _namespace(configured: Any, app: Any, store_url: str) -> str:
+    """``beatless_namespace``, else the app's main name.
+
+    The namespace keeps two apps on one claim store apart, so its default must differ
+    between apps and be the same on every node of one: ``Celery("proj")``'s main name
+    is. An app with no main name (or ``"__main__"``, which depends on how the process
+    was started) must set one, unless its store is ``memory://`` (one process)."""
     if configured is None:
-        return main or "celery"
+        main = app.main
+        if isinstance(main, str) and main and main != "__main__":
+            return main
+        if urlsplit(store_url).scheme.lower() == "memory":
+            return "celery"
+        raise ConfigError(
+            f"beatless_namespace is required: the app has no main name ({main!r}), and two "
+            f"apps on one claim store with the same entry names would claim each other's "
+            f"firings; name the app (Celery('proj')) or set app.conf.beatless_namespace, "
+            f"the same on every node of this app"
+        )
     if not isinstance(configured, str) or not configured.strip() or "/" in configured:
         raise ConfigError(
             f"beatless_namespace must be a non-empty name without '/', got {configured!r}"

@@ -7,14 +7,20 @@ Add it with one call, next to the app::
     app = Celery("proj")
     beatless.celery.install(app)
 
-or by hand with ``app.steps["worker"].add(beatless.celery.Beatless)``. ``install`` also
-adds the ``--without-beatless`` worker option, which leaves the scheduler off on that
-node (the node still consumes the tasks other nodes enqueue).
+or by hand with ``app.steps["worker"].add(beatless.celery.BeatlessStep)``. ``install``
+also adds the ``--without-beatless`` worker option, which leaves the scheduler off on
+that node (the node still consumes the tasks other nodes enqueue).
 
 The step runs in the worker's main process, after the pool has started (prefork
 children never run it), whatever the pool: prefork, threads or solo. The scheduler
 loop runs in a daemon thread; a warm shutdown stops it after the wake in progress and
 closes the claim store. The node name is the worker's hostname and process id.
+
+Before it schedules, the step checks the whole schedule (:func:`~beatless.celery.
+schedule.check_app`). With problems, the worker does not start: it exits non-zero with
+one error listing every problem. With ``beatless_on_schedule_error = "consume"`` it
+starts, consumes tasks, schedules nothing, says so once at ERROR, and keeps the list in
+:attr:`BeatlessStep.schedule_problems`.
 """
 
 from __future__ import annotations
@@ -26,7 +32,14 @@ from typing import Any
 import click
 from celery import bootsteps
 
-from beatless.celery.schedule import CeleryScheduler, build_scheduler
+from beatless.celery.schedule import (
+    CeleryScheduler,
+    build_scheduler,
+    check_app,
+    unregistered_tasks,
+)
+from beatless.celery.settings import CONSUME_WITH, on_schedule_error_of
+from beatless.problems import REFUSE, refusal, report_consuming
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +48,7 @@ STOP_TIMEOUT = 5.0
 """Seconds a warm shutdown waits for the wake in progress to end."""
 
 
-class Beatless(bootsteps.StartStopStep):  # type: ignore[misc]
+class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
     """Runs the beatless scheduler of this worker node in its main process."""
 
     label = "Beatless"
@@ -44,6 +57,8 @@ class Beatless(bootsteps.StartStopStep):  # type: ignore[misc]
     def __init__(self, worker: Any, without_beatless: bool = False, **kwargs: Any) -> None:
         self.enabled = not without_beatless
         self.scheduler: CeleryScheduler | None = None
+        self.schedule_problems: tuple[str, ...] = ()
+        """What keeps this node from scheduling (``"consume"`` only); empty otherwise."""
         super().__init__(worker, **kwargs)
 
     def include_if(self, worker: Any) -> bool:
@@ -51,14 +66,27 @@ class Beatless(bootsteps.StartStopStep):  # type: ignore[misc]
             logger.info("beatless is off on this node (%s)", DISABLE_OPTION)
         return self.enabled
 
-    def create(self, worker: Any) -> Beatless:
+    def create(self, worker: Any) -> BeatlessStep:
         return self
 
     def start(self, worker: Any) -> None:
-        if self.scheduler is not None:
+        """Check the schedule, then start the scheduler; raising here makes Celery stop
+        the worker with a failure exit code, before it consumes anything."""
+        if self.scheduler is not None or self.schedule_problems:
             return
+        app = worker.app
+        mode = on_schedule_error_of(app)
+        found = check_app(app)
+        if found.schedule is None:
+            if mode == REFUSE:
+                raise refusal(found.problems, consume_with=CONSUME_WITH)
+            self.schedule_problems = found.problems
+            report_consuming(logger, found.problems, consume_with=CONSUME_WITH)
+            return
+        for warning in unregistered_tasks(app, found.schedule):
+            logger.warning("beatless: %s", warning)
         node = f"{worker.hostname}:{os.getpid()}"
-        self.scheduler = build_scheduler(worker.app, node=node)
+        self.scheduler = build_scheduler(app, node=node, schedule=found.schedule)
         self.scheduler.start()
 
     def stop(self, worker: Any) -> None:
@@ -77,8 +105,8 @@ def install(app: Any) -> None:
     """Run a beatless scheduler in every worker of ``app``; ``--without-beatless`` opts a
     node out. Call it where the app is defined, before the worker command line is read."""
     steps = app.steps["worker"]
-    if Beatless not in steps:
-        steps.add(Beatless)
+    if BeatlessStep not in steps:
+        steps.add(BeatlessStep)
     options = app.user_options["worker"]
     if not any(DISABLE_OPTION in getattr(option, "opts", ()) for option in options):
         options.add(

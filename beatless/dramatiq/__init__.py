@@ -5,13 +5,16 @@ Add one middleware to the broker and declare periodic actors next to their code:
     import dramatiq
     from beatless.dramatiq import Beatless, cron, every
 
-    broker.add_middleware(Beatless(store="redis://localhost:6379/0"))
+    broker.add_middleware(Beatless(store="redis://localhost:6379/0", namespace="myapp"))
 
-    @dramatiq.actor(periodic=cron("0 2 * * *", jitter="2m"))
+    @dramatiq.actor(periodic=cron("0 2 * * *", jitter="2m", max_late="5m"))
     def nightly_report() -> None: ...
 
 Every worker node runs one scheduler; the claim store lets exactly one node enqueue
 each firing. The message id is the firing id, ``message_timestamp`` the occurrence.
+A schedule with problems stops the worker with :class:`ScheduleRefused`, listing every
+problem (``on_schedule_error="consume"``: the node consumes and schedules nothing).
+Before a deploy: ``beatless check --dramatiq myapp.broker myapp.tasks``.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from beatless.dramatiq.messages import (
     occurrence,
     tenant,
 )
-from beatless.dramatiq.middleware import Beatless
+from beatless.dramatiq.middleware import Beatless, ScheduleRefused
 from beatless.dramatiq.periodic import Periodic, cron, every
 
 __all__ = [
@@ -33,6 +36,7 @@ __all__ = [
     "TENANT_OPTION",
     "Beatless",
     "Periodic",
+    "ScheduleRefused",
     "cron",
     "every",
     "message_for",

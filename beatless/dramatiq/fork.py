@@ -6,12 +6,19 @@ is neither restarted nor reported, and the workers go on. So the fork beatless r
 is a small supervisor. It forks the scheduler process; when that process dies it logs
 the death at CRITICAL and starts a new one, after 1 s, doubling up to 60 s while deaths
 come quickly. The node's workers are never touched. A configuration error (a bad
-schedule, an actor that does not exist) stops the supervisor at once, loudly, instead.
+schedule, an actor that does not exist) stops the supervisor at once, loudly, instead;
+the worker processes refuse such a schedule too, so the node does not start. With
+``on_schedule_error="consume"`` the scheduler process says once that the node schedules
+nothing, and the supervisor ends quietly.
 
 The scheduler process reads the broker and the modules from the command line, as a
 worker process does, finds the :class:`~beatless.dramatiq.Beatless` middleware and runs
 its loop. If the supervisor dies, the scheduler process notices its new parent and stops
 within a second; if the CLI's main process dies, the supervisor does the same.
+
+This module does not import :mod:`beatless.dramatiq.middleware` (which imports it for
+``forks``): the middleware is found on the broker as the one whose fork is
+:func:`run_scheduler`.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from beatless.errors import BeatlessError, ConfigError
 
@@ -36,7 +43,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 3
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_CONSUME = 0, 1, 3, 4
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 60.0
 STABLE_S = 60.0
@@ -67,6 +74,9 @@ class Supervisor:
                 code = self._run_once()
                 if code is None:
                     return EXIT_OK
+                if code == EXIT_CONSUME:
+                    logger.info("beatless supervisor: this node schedules nothing; stopping")
+                    return code
                 if code == EXIT_CONFIG:
                     logger.critical(
                         "beatless scheduler stopped on a configuration error (above); it is not "
@@ -146,6 +156,9 @@ def serve(parent: int) -> int:
     except Exception:
         logger.exception("beatless scheduler failed to start")
         return EXIT_FAILED
+    if scheduler is None:  # on_schedule_error="consume": said once, at ERROR
+        broker.close()
+        return EXIT_CONSUME
     logger.info(
         "beatless scheduler process %d: node %s, %d entries",
         os.getpid(),
@@ -168,8 +181,6 @@ def load() -> tuple[Broker, Beatless]:
     command line's modules imported (so their actors are declared)."""
     from dramatiq import cli
 
-    from beatless.dramatiq.middleware import find
-
     # Typed views of the CLI's own helpers, so the command line is read as it reads it.
     make_parser: Callable[[], argparse.ArgumentParser] = cli.make_argument_parser
     import_broker: Callable[[str], tuple[object, Broker]] = cli.import_broker
@@ -185,13 +196,13 @@ def load() -> tuple[Broker, Beatless]:
     _, broker = import_broker(args.broker)
     for module in args.modules:
         importlib.import_module(module)
-    found = find(broker)
+    found = [m for m in broker.middleware if run_scheduler in m.forks]
     if len(found) != 1:
         raise ConfigError(
             f"beatless scheduler: the broker {args.broker!r} has {len(found)} Beatless "
             f"middleware; add exactly one"
         )
-    return broker, found[0]
+    return broker, cast("Beatless", found[0])
 
 
 def _describe_exit(code: int) -> str:

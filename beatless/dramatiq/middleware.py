@@ -4,6 +4,13 @@ Under the ``dramatiq`` CLI the scheduler runs in the middleware's fork (see
 :mod:`beatless.dramatiq.fork`); with a :class:`dramatiq.Worker` started in your own
 process it runs in a thread started and stopped with the worker. Never both: the CLI's
 worker processes emit ``after_process_boot``, and from then on the thread is not started.
+
+Every worker process checks the whole schedule before it consumes (``before_worker_boot``)
+and collects every problem (:mod:`beatless.problems`). By default a schedule with
+problems stops the worker: :class:`ScheduleRefused` ends ``Worker.start``, so the
+``dramatiq`` command exits non-zero with the list. With ``on_schedule_error="consume"``
+the workers consume, the node schedules nothing, and the list is in
+:attr:`Beatless.schedule_problems`.
 """
 
 from __future__ import annotations
@@ -12,22 +19,38 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import urlsplit
 
-from dramatiq import Middleware
+from dramatiq import Middleware, get_encoder
+from dramatiq.middleware import MiddlewareError
 
-from beatless.dispatch import Dispatcher
+from beatless.dispatch import DEFAULT_LEASE, Dispatcher
+from beatless.dramatiq.fork import run_scheduler
 from beatless.dramatiq.messages import message_for
 from beatless.dramatiq.periodic import OPTION, declarations
 from beatless.dramatiq.sending import Sender, is_broker
 from beatless.durations import DurationLike, as_timedelta, to_ms
-from beatless.entry import DEFAULT_MAX_LATE, Entry, Schedule
-from beatless.errors import ConfigError
+from beatless.entry import DEFAULT_MAX_LATE, Entry, Schedule, address_segment
+from beatless.errors import ConfigError, ScheduleError
 from beatless.firing import Firing
+from beatless.problems import (
+    REFUSE,
+    Checked,
+    argument_problems,
+    checked,
+    collect,
+    on_schedule_error,
+    one_line,
+    refusal,
+    report_consuming,
+)
 from beatless.scheduler import Scheduler, send_deadline_s
 from beatless.stores import open_store
 from beatless.stores.base import ClaimStore
+from beatless.stores.memory import MemoryStore
+from beatless.triggers import zone
 from beatless.urls import mask_url
 
 if TYPE_CHECKING:
@@ -35,6 +58,15 @@ if TYPE_CHECKING:
     from dramatiq.brokers.redis import RedisBroker
 
 logger = logging.getLogger(__name__)
+
+MEMORY_NAMESPACE = "default"
+"""The namespace of a middleware on the memory store (one process) that names none."""
+CONSUME_WITH = 'Beatless(..., on_schedule_error="consume")'
+
+
+class ScheduleRefused(ScheduleError, MiddlewareError):
+    """The schedule has problems and the node refuses to start. A middleware error, so
+    that Dramatiq lets it end ``Worker.start`` instead of logging it and going on."""
 
 
 class Beatless(Middleware):
@@ -45,11 +77,19 @@ class Beatless(Middleware):
     the Redis of a ``RedisBroker`` (same server and database), claim and enqueue are one
     script; otherwise a firing is claimed, enqueued with ``broker.enqueue`` and committed.
 
+    ``namespace`` is the first part of every address, so it keeps two apps on one claim
+    store apart: give each app its own, the same on every node of the app. Nothing a
+    middleware can see tells apps apart reliably (two apps may share a Redis broker's
+    namespace, and one app's nodes may name their servers differently), so a store other
+    than the memory store (one process) needs it: without it the node does not start.
+
     ``entries`` are :class:`~beatless.Entry` values whose ``task`` is an actor name;
     actors declared with the ``periodic`` option are added to them when the scheduler
     starts. ``jitter`` and ``max_late`` are the defaults of those declarations.
     ``tenant_kwarg`` is the keyword argument a fan-out firing passes its tenant in
-    (``None``: only in the message options).
+    (``None``: only in the message options). ``on_schedule_error`` is ``"refuse"`` (a
+    schedule with problems stops the worker) or ``"consume"`` (the worker consumes and
+    the node schedules nothing; see :attr:`schedule_problems`).
     """
 
     def __init__(
@@ -57,12 +97,13 @@ class Beatless(Middleware):
         *,
         store: Any,
         entries: Iterable[Entry] = (),
-        namespace: str = "default",
+        namespace: str | None = None,
         timezone: str = "UTC",
         jitter: DurationLike = 0,
         max_late: DurationLike = DEFAULT_MAX_LATE,
-        lease: DurationLike = timedelta(seconds=30),
+        lease: DurationLike = DEFAULT_LEASE,
         tenant_kwarg: str | None = "tenant",
+        on_schedule_error: str = REFUSE,
         node: str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -71,16 +112,24 @@ class Beatless(Middleware):
         for entry in self.entries:
             if not isinstance(entry, Entry):
                 raise ConfigError(f"Beatless entries must be Entry values, got {entry!r}")
+        if namespace is not None and (
+            not isinstance(namespace, str) or not namespace.strip() or "/" in namespace
+        ):
+            raise ConfigError(f"Beatless: namespace must be a name without '/', got {namespace!r}")
         self.namespace = namespace
+        zone(timezone)
         self.timezone = timezone
         self.jitter = as_timedelta(jitter, name="Beatless: jitter")
         self.max_late = as_timedelta(max_late, name="Beatless: max_late")
         self.lease = as_timedelta(lease, name="Beatless: lease")
         self.tenant_kwarg = tenant_kwarg
+        self.on_schedule_error = _on_schedule_error(on_schedule_error)
         self.node = node
         self.clock = clock
-        Schedule(self.entries, namespace=namespace, timezone=timezone)  # fail early
+        self.schedule_problems: tuple[str, ...] = ()
+        """What keeps this node from scheduling (``"consume"`` only); empty otherwise."""
         self._under_cli = False
+        self._reported = False
         self._scheduler: Scheduler | None = None
         self._opened: list[Any] = []
         self._lock = threading.Lock()
@@ -97,16 +146,18 @@ class Beatless(Middleware):
 
     @property
     def forks(self) -> list[Callable[[], int]]:
-        from beatless.dramatiq.fork import run_scheduler
-
         return [run_scheduler]
 
     def after_process_boot(self, broker: Broker) -> None:
         # Only the dramatiq CLI's worker processes emit this: the fork runs the scheduler.
         self._under_cli = True
 
+    def before_worker_boot(self, broker: Broker, worker: Worker) -> None:
+        # Under the CLI the fork's scheduler process says it once, not every worker.
+        self.checked_at_start(broker, report=not self._under_cli)
+
     def after_worker_boot(self, broker: Broker, worker: Worker) -> None:
-        if self._under_cli:
+        if self._under_cli or self.schedule_problems:
             return
         self.start(broker)
 
@@ -115,42 +166,106 @@ class Beatless(Middleware):
 
     # -- the schedule --------------------------------------------------------------------
 
-    def schedule(self, broker: Broker) -> Schedule:
-        """The node's schedule: ``entries`` and the broker's periodic actors, checked."""
-        found = list(self.entries)
-        for actor in list(broker.actors.values()):
-            value = actor.options.get(OPTION)
-            if value is None:
-                continue
-            for declared in declarations(actor.actor_name, value):
-                found.append(
-                    declared.entry(actor.actor_name, jitter=self.jitter, max_late=self.max_late)
-                )
-        schedule = Schedule(found, namespace=self.namespace, timezone=self.timezone)
-        for entry in schedule.entries:
-            self._check_message(schedule, entry, _actor(broker, entry.task, entry.name))
-        return schedule
+    @property
+    def address_namespace(self) -> str:
+        """The namespace of every address: ``namespace``, or ``"default"`` on the memory
+        store; a :class:`~beatless.errors.ConfigError` for a shared store without one."""
+        if self.namespace is not None:
+            return self.namespace
+        if _is_memory(self.store):
+            return MEMORY_NAMESPACE
+        where = mask_url(self.store) if isinstance(self.store, str) else type(self.store).__name__
+        raise ConfigError(
+            f"Beatless: namespace is required with the claim store {where}: two apps on one "
+            f"store with the same entry names would claim each other's firings; give "
+            f'Beatless(namespace="myapp"), the same on every node of this app (nodes that '
+            f'ran without one used "default": give namespace="default" to keep their ids)'
+        )
 
-    def _check_message(self, schedule: Schedule, entry: Entry, actor: Actor[Any, Any]) -> None:
+    def check(self, broker: Broker) -> Checked:
+        """Every problem of the node's schedule at once, each naming its entry: what the
+        node refuses to start with, and what ``beatless check --dramatiq`` reports.
+        Connects to nothing."""
+        problems: list[str] = []
+        namespace = collect(lambda: self.address_namespace, problems)
+        found = list(self.entries)
+        for declaring in list(broker.actors.values()):
+            value = declaring.options.get(OPTION)
+            if value is not None:
+                found += self._declared(declaring, value, problems)
+        for entry in found:
+            actor = collect(partial(_actor, broker, entry.task, entry.name), problems)
+            if actor is not None:
+                problems += self._message_problems(entry, actor, namespace or MEMORY_NAMESPACE)
+        return checked(
+            found, problems, namespace=namespace or MEMORY_NAMESPACE, timezone=self.timezone
+        )
+
+    def schedule(self, broker: Broker) -> Schedule:
+        """The node's schedule: ``entries`` and the broker's periodic actors, checked; a
+        :class:`~beatless.errors.ScheduleError` lists every problem."""
+        found = self.check(broker)
+        if found.schedule is None:
+            raise ScheduleError("; ".join(found.problems), list(found.problems))
+        return found.schedule
+
+    def checked_at_start(self, broker: Broker, *, report: bool = True) -> Schedule | None:
+        """The schedule when it is sound. Otherwise :class:`ScheduleRefused` with every
+        problem, or, with ``on_schedule_error="consume"``, ``None``: the problems go to
+        :attr:`schedule_problems`, and to the log at ERROR once if ``report``."""
+        found = self.check(broker)
+        if found.schedule is not None:
+            return found.schedule
+        if self.on_schedule_error == REFUSE:
+            error = refusal(found.problems, consume_with=CONSUME_WITH)
+            logger.critical("%s", error)
+            raise ScheduleRefused(str(error), error.errors)
+        self.schedule_problems = found.problems
+        if report and not self._reported:
+            self._reported = True
+            report_consuming(logger, found.problems, consume_with=CONSUME_WITH)
+        return None
+
+    def _declared(self, actor: Actor[Any, Any], value: object, problems: list[str]) -> list[Entry]:
+        """The entries an actor declares; what is wrong with any goes to ``problems``."""
+        entries: list[Entry] = []
+        for declared in collect(partial(declarations, actor.actor_name, value), problems) or ():
+            entry = collect(
+                partial(
+                    declared.entry, actor.actor_name, jitter=self.jitter, max_late=self.max_late
+                ),
+                problems,
+            )
+            if entry is not None:
+                entries.append(entry)
+        return entries
+
+    def _message_problems(self, entry: Entry, actor: Actor[Any, Any], namespace: str) -> list[str]:
         """Encode one message of the entry now, so that arguments the encoder refuses
-        fail at start-up rather than at every firing."""
+        fail at start-up, named, rather than at every firing."""
         tenants = entry.tenants if isinstance(entry.tenants, tuple) else (None,)
         tenant = tenants[0] if tenants else None
-        firing = Firing.of(entry, tenant, schedule.address(entry, tenant), 0)
+        address = f"{namespace}/{address_segment(entry.name)}"
+        firing = Firing.of(entry, tenant, address if tenant is None else f"{address}/{tenant}", 0)
         try:
             message_for(firing, actor, tenant_kwarg=self.tenant_kwarg).encode()
-        except Exception as exc:
-            raise ConfigError(
-                f"entry {entry.name!r}: its message cannot be encoded ({exc}); give it "
-                f"arguments and options the broker's encoder accepts"
-            ) from None
+        except Exception as exc:  # any refusal of the encoder is the answer
+            encoder = get_encoder()
+            named = argument_problems(
+                entry, lambda value: encoder.encode({"value": value}), type(encoder).__name__
+            )
+            return named or [
+                f"entry {entry.name!r}: its message cannot be encoded ({one_line(str(exc))}); "
+                f"give it options the broker's encoder accepts"
+            ]
+        return []
 
     # -- running -------------------------------------------------------------------------
 
-    def scheduler(self, broker: Broker) -> Scheduler:
+    def scheduler(self, broker: Broker, schedule: Schedule | None = None) -> Scheduler:
         """A scheduler for this node over ``broker`` (not started); it is closed with
-        :meth:`close`."""
-        schedule = self.schedule(broker)
+        :meth:`close`. ``schedule`` defaults to :meth:`schedule`."""
+        schedule = schedule or self.schedule(broker)
         sender = self.sender(broker)
         store = self._open_store(broker, sender)
         return Scheduler(
@@ -176,11 +291,15 @@ class Beatless(Middleware):
         self._opened.append(sender)
         return sender
 
-    def start(self, broker: Broker) -> Scheduler:
-        """Start the scheduler thread of this process (once)."""
+    def start(self, broker: Broker) -> Scheduler | None:
+        """Start the scheduler thread of this process (once), after
+        :meth:`checked_at_start`: ``None`` when the node consumes without scheduling."""
         with self._lock:
             if self._scheduler is None:
-                self._scheduler = self.scheduler(broker)
+                schedule = self.checked_at_start(broker)
+                if schedule is None:
+                    return None
+                self._scheduler = self.scheduler(broker, schedule)
                 self._scheduler.start()
             return self._scheduler
 
@@ -211,7 +330,7 @@ class Beatless(Middleware):
         elif _is_redis_client(store):
             from beatless.stores.redis import RedisStore
 
-            store = RedisStore(store, namespace=self.namespace)
+            store = RedisStore(store, namespace=self.address_namespace)
             self._opened.append(store)
         if not isinstance(store, ClaimStore | Dispatcher):
             raise ConfigError(
@@ -222,7 +341,8 @@ class Beatless(Middleware):
 
     def _store_options(self, url: str) -> dict[str, Any]:
         scheme = url.split(":", 1)[0].lower()
-        return {"namespace": self.namespace} if scheme in ("redis", "rediss", "unix") else {}
+        redis = scheme in ("redis", "rediss", "unix")
+        return {"namespace": self.address_namespace} if redis else {}
 
     def _atomic_store(self, any_broker: Broker, sender: Sender) -> Dispatcher | None:
         """The one-script store when ``store`` is the Redis of a ``RedisBroker``."""
@@ -241,7 +361,7 @@ class Beatless(Middleware):
             )
             return None
         given = self.store if isinstance(self.store, RedisStore) else None
-        redis_store = given or RedisStore(broker.client, namespace=self.namespace)
+        redis_store = given or RedisStore(broker.client, namespace=self.address_namespace)
         return RedisBrokerStore(
             broker,
             redis_store,
@@ -298,6 +418,16 @@ def _encodes_text() -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+def _on_schedule_error(value: str) -> str:
+    return on_schedule_error(value, name="Beatless: on_schedule_error")
+
+
+def _is_memory(store: Any) -> bool:
+    if isinstance(store, str):
+        return urlsplit(store).scheme.lower() == "memory"
+    return isinstance(store, MemoryStore)
 
 
 def find(broker: Broker) -> Sequence[Beatless]:

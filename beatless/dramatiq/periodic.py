@@ -1,20 +1,23 @@
 """Periodic declarations next to the actor: ``periodic=cron(...)`` or ``periodic=every(...)``.
 
-A declaration is a frozen value checked when it is made (durations, the expression, the
-jitter against the trigger's shortest gap, in UTC), so a typo fails at import; the
-middleware checks it again, with every other entry, when it builds the schedule.
+A declaration is a frozen value. What is wrong with it (an expression that does not
+parse, a duration that cannot be read) is kept in it rather than raised at import, and
+reported when the node starts, with every other problem of the schedule and naming the
+entry (see :mod:`beatless.problems`); the timing rules are checked then too, once the
+middleware's defaults are known. ``beatless check --dramatiq`` reports the same list.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from beatless.durations import DurationLike, as_timedelta
-from beatless.entry import DEFAULT_MAX_LATE, Entry, Tenants, check_timing
+from beatless.entry import DEFAULT_MAX_LATE, Entry, Tenants
 from beatless.errors import ConfigError, ScheduleError
+from beatless.problems import collect
 from beatless.triggers import Cron, Every, Trigger
 
 OPTION = "periodic"
@@ -27,10 +30,11 @@ class Periodic:
 
     ``jitter`` and ``max_late`` left as ``None`` take the middleware's defaults. ``name``
     names the entry (the actor's name by default); an actor with several declarations
-    gives each a name.
+    gives each a name. ``problems`` holds what is wrong with the declaration (``trigger``
+    is ``None`` when it could not be built); :meth:`entry` raises them, naming the entry.
     """
 
-    trigger: Trigger
+    trigger: Trigger | None
     jitter: timedelta | None = None
     max_late: timedelta | None = None
     args: tuple[Any, ...] = ()
@@ -38,6 +42,7 @@ class Periodic:
     options: Mapping[str, Any] = field(default_factory=dict)
     tenants: Tenants = None
     name: str | None = None
+    problems: tuple[str, ...] = ()
 
     def entry(
         self,
@@ -47,8 +52,12 @@ class Periodic:
         max_late: DurationLike = DEFAULT_MAX_LATE,
     ) -> Entry:
         """The entry of this declaration on ``actor_name``, with the defaults given."""
+        name = self.name or actor_name
+        if self.problems or self.trigger is None:
+            errors = [f"entry {name!r}: {problem}" for problem in self.problems]
+            raise ScheduleError("; ".join(errors), errors)
         return Entry(
-            name=self.name or actor_name,
+            name=name,
             task=actor_name,
             trigger=self.trigger,
             args=self.args,
@@ -75,9 +84,8 @@ def cron(
 ) -> Periodic:
     """Run the actor on a cron expression, in ``tz`` (the middleware's time zone if
     ``None``): ``periodic=cron("0 2 * * *", jitter="2m")``."""
-    trigger = Cron(expr, tz, day_and=day_and)
     return _periodic(
-        trigger,
+        lambda: Cron(expr, tz, day_and=day_and),
         jitter=jitter,
         max_late=max_late,
         args=args,
@@ -102,9 +110,8 @@ def every(
 ) -> Periodic:
     """Run the actor every ``interval`` (``"30s"``, ``90``, ``timedelta``), on slots
     anchored to ``anchor`` (the Unix epoch): ``periodic=every("30s")``."""
-    trigger = Every(interval, anchor)
     return _periodic(
-        trigger,
+        lambda: Every(interval, anchor),
         jitter=jitter,
         max_late=max_late,
         args=args,
@@ -116,7 +123,7 @@ def every(
 
 
 def _periodic(
-    trigger: Cron | Every,
+    trigger: Callable[[], Trigger],
     *,
     jitter: DurationLike | None,
     max_late: DurationLike | None,
@@ -126,43 +133,22 @@ def _periodic(
     tenants: Tenants,
     name: str | None,
 ) -> Periodic:
-    what = f"periodic {trigger.describe()}"
-    return _checked(
-        Periodic(
-            trigger=trigger,
-            jitter=_duration(jitter, f"{what}: jitter"),
-            max_late=_duration(max_late, f"{what}: max_late"),
-            args=tuple(args),
-            kwargs=dict(kwargs or {}),
-            options=dict(options or {}),
-            tenants=tenants,
-            name=name,
-        )
+    problems: list[str] = []
+    return Periodic(
+        trigger=collect(trigger, problems),
+        jitter=collect(lambda: _duration(jitter, "jitter"), problems),
+        max_late=collect(lambda: _duration(max_late, "max_late"), problems),
+        args=tuple(args),
+        kwargs=dict(kwargs or {}),
+        options=dict(options or {}),
+        tenants=tenants,
+        name=name,
+        problems=tuple(problems),
     )
 
 
 def _duration(value: DurationLike | None, name: str) -> timedelta | None:
     return None if value is None else as_timedelta(value, name=name)
-
-
-def _checked(declared: Periodic) -> Periodic:
-    """Check now what can be checked without the actor: durations, names, jitter vs gap."""
-    probe = declared.entry(
-        declared.name or "periodic declaration", max_late=_probe_max_late(declared)
-    )
-    errors = check_timing([probe])
-    if errors:
-        raise ScheduleError("; ".join(errors), errors)
-    return declared
-
-
-def _probe_max_late(declared: Periodic) -> timedelta:
-    """A max_late that lets a declaration with no max_late of its own be checked alone."""
-    if declared.max_late is not None:
-        return declared.max_late
-    if declared.jitter is None:
-        return DEFAULT_MAX_LATE
-    return max(DEFAULT_MAX_LATE, declared.jitter + timedelta(seconds=1))
 
 
 def declarations(actor_name: str, value: object) -> Sequence[Periodic]:

@@ -26,6 +26,7 @@ Settings (read here, at the app's edge):
 
 from __future__ import annotations
 
+import logging
 import os
 
 from celery import Celery
@@ -35,6 +36,9 @@ from integrations.celery_redis.schedule import BEAT_SCHEDULE
 
 BROKER_URL = os.environ.get("BEATLESS_DEMO_BROKER", "redis://127.0.0.1:6379/0")
 NAMESPACE = os.environ.get("BEATLESS_DEMO_NAMESPACE", "demo")
+
+# Each firing's decision (won, lost, ...) on its own DEBUG logger: shown here, per firing.
+logging.getLogger("beatless.decisions").setLevel(logging.DEBUG)
 
 app = Celery(NAMESPACE, include=["integrations.celery_redis.tasks"])
 app.conf.update(

@@ -30,7 +30,7 @@ def record(task: Any, **fields: Any) -> None:
     row = {
         "task": task.name,
         "id": request.id,
-        "firing_id": beatless.celery.firing_id(request),
+        "firing_id": beatless.celery.task_firing_id(request),
         "occurrence": None if when is None else when.isoformat(),
         "occurrence_ms": None if when is None else round(when.timestamp() * 1000),
         "address": getattr(request, "beatless_address", None),

@@ -188,7 +188,7 @@ def worker_args(name: str, *extra: str) -> list[str]:
 
 
 def beat_args() -> list[str]:
-    return ["beat", "-S", "beatless.celery:Scheduler", "-l", "INFO"]
+    return ["beat", "-S", "beatless.celery:BeatScheduler", "-l", "INFO"]
 
 
 def stop_all(nodes: Iterable[Node], timeout: float = 15.0) -> None:

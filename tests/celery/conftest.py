@@ -32,6 +32,7 @@ APP_MODULE = '''
 
 import importlib.util
 import json
+import logging
 import os
 
 import redis
@@ -54,6 +55,7 @@ app.conf.update(
 if os.environ.get("BT_INSTALL") == "1":
     beatless.celery.install(app)
 
+logging.getLogger("beatless.decisions").setLevel(logging.DEBUG)  # the tests read who won
 _runs = redis.Redis.from_url(os.environ["BT_RECORD"])
 
 
@@ -62,7 +64,7 @@ def record(self, *args):
     occurrence = beatless.celery.occurrence(self.request)
     _runs.rpush(PREFIX + ":runs", json.dumps({
         "id": self.request.id,
-        "firing_id": beatless.celery.firing_id(self.request),
+        "firing_id": beatless.celery.task_firing_id(self.request),
         "occurrence": occurrence.isoformat() if occurrence else None,
         "header": getattr(self.request, "beatless_occurrence", None),
         "address": getattr(self.request, "beatless_address", None),

@@ -14,8 +14,9 @@ from celery import Celery
 from kombu import Queue
 
 import beatless.celery
-from beatless.celery import Scheduler, build_scheduler
+from beatless.celery import BeatScheduler, build_scheduler
 from beatless.celery.messages import ADDRESS_HEADER, OCCURRENCE_HEADER
+from beatless.errors import ScheduleError
 from beatless.firing import firing_id, from_datetime, iso
 from beatless.scheduler import Decision
 
@@ -82,7 +83,7 @@ def tick_until_won(scheduler: Any, timeout: float = 4.0) -> list[Decision]:
 
 def test_beat_tick_returns_at_most_one_second_and_max_interval() -> None:
     app = memory_app("q-unused")
-    beat = Scheduler(app=app, max_interval=0.3)
+    beat = BeatScheduler(app=app, max_interval=0.3)
     try:
         waits = [beat.tick() for _ in range(5)]
         assert all(0 <= w <= 0.3 for w in waits)
@@ -95,7 +96,7 @@ def test_beat_tick_returns_at_most_one_second_and_max_interval() -> None:
 
 def test_beat_info_names_the_store_and_path_without_the_password() -> None:
     app = Celery("proj", broker="redis://:hunter2@127.0.0.1:6379/13", set_as_current=False)
-    beat = Scheduler(app=app, lazy=True)
+    beat = BeatScheduler(app=app, lazy=True)
     assert "redis://:***@127.0.0.1:6379/13" in beat.info
     assert "hunter2" not in beat.info
     assert beat.beatless is None  # lazy: nothing opened
@@ -104,7 +105,7 @@ def test_beat_info_names_the_store_and_path_without_the_password() -> None:
 def test_beat_sends_each_firing_with_the_firing_id_as_task_id_and_its_occurrence() -> None:
     queue = f"bltest-{uuid.uuid4().hex[:8]}"
     app = memory_app(queue)
-    beat = Scheduler(app=app)
+    beat = BeatScheduler(app=app)
     try:
         assert beat.beatless is not None
         won = tick_until_won(beat.beatless)
@@ -267,4 +268,58 @@ def test_import_of_beatless_celery_opens_no_broker_driver() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=30
     )
     assert out.stdout.strip() == "[]"
-    assert beatless.celery.Scheduler is Scheduler
+    assert beatless.celery.BeatScheduler is BeatScheduler
+
+
+def test_the_first_documented_name_of_the_beat_scheduler_still_loads() -> None:
+    from celery.utils.imports import symbol_by_name
+
+    assert symbol_by_name("beatless.celery:Scheduler") is BeatScheduler
+    assert symbol_by_name("beatless.celery:BeatScheduler") is BeatScheduler
+
+
+# -- a schedule with problems ----------------------------------------------------------
+
+BAD_SCHEDULE = {
+    "odd": {"task": "proj.work", "schedule": "every day"},
+    "tight": {"task": "proj.work", "schedule": 10, "options": {"beatless": {"jitter": 8}}},
+}
+
+
+def test_beat_refuses_a_schedule_with_problems_listing_them_even_in_consume_mode() -> None:
+    app = memory_app("q-unused", beatless_on_schedule_error="consume")
+    app.conf.beat_schedule = BAD_SCHEDULE
+    with pytest.raises(ScheduleError) as caught:
+        BeatScheduler(app=app)
+    message = str(caught.value)
+    assert message.startswith("beatless: 2 problems in the schedule; this node refuses to start")
+    assert "entry 'odd': unsupported schedule" in message
+    assert "entry 'tight': jitter 8s must be under half" in message
+    assert "consume" not in message
+    lazy = BeatScheduler(app=app, lazy=True)
+    with pytest.raises(ScheduleError):
+        lazy.tick()
+
+
+@pytest.mark.slow
+def test_a_beat_process_with_a_bad_schedule_exits_non_zero_with_the_list(project: Any) -> None:
+    project.configure(BAD_SCHEDULE)
+    beat = project.start(
+        "beat-bad",
+        "beat",
+        "-S",
+        "beatless.celery:BeatScheduler",
+        "-l",
+        "INFO",
+        "--pidfile",
+        str(project.dir / "beat-bad.pid"),
+    )
+    try:
+        beat.process.wait(30)
+    finally:
+        code = beat.stop()
+    log = beat.output()
+    assert code not in (0, None), log
+    assert "beatless: 2 problems in the schedule; this node refuses to start" in log
+    assert "entry 'odd': unsupported schedule" in log
+    assert "entry 'tight': jitter 8s must be under half" in log

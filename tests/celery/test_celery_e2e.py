@@ -167,7 +167,7 @@ def test_three_workers_and_no_beat_run_every_occurrence_exactly_once(
 def test_three_beatless_beats_and_one_worker_run_every_occurrence_exactly_once(
     tmp_path: Path, namespace: str, nodes: list[Node]
 ) -> None:
-    """``celery beat -S beatless.celery:Scheduler`` three times; the worker runs with
+    """``celery beat -S beatless.celery:BeatScheduler`` three times; the worker runs with
     ``--without-beatless``, so only the beats schedule."""
     env = environment(namespace, REDIS_URL)
     beats = [start(f"beat{i}", beat_args(), env, tmp_path) for i in range(3)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -14,8 +14,15 @@ from celery.beat import Scheduler as StockScheduler
 from celery.schedules import crontab, schedule, solar
 from kombu import Queue
 
-from beatless.celery import CelerySettings, read_schedule
-from beatless.celery.messages import OCCURRENCE_HEADER, firing_id, occurrence, tenant
+from beatless.celery import (
+    CelerySettings,
+    check_app,
+    occurrence,
+    read_schedule,
+    task_firing_id,
+    tenant,
+)
+from beatless.celery.messages import OCCURRENCE_HEADER
 from beatless.errors import ConfigError, ScheduleError
 from beatless.firing import EPOCH, from_datetime, iso
 from beatless.triggers import Cron, Every
@@ -230,6 +237,159 @@ def test_unsafe_timings_fail_when_the_schedule_is_read() -> None:
         read_schedule(app)
 
 
+# -- every problem at once --------------------------------------------------------------
+
+
+class Opaque:
+    """An argument no JSON encoder takes."""
+
+
+def test_check_app_reports_every_problem_at_once_each_naming_its_entry() -> None:
+    app = make_app(
+        {
+            **entry("fine", 60),
+            **entry("odd-trigger", "every day"),
+            **entry("typo", 60, options={"beatless": {"jiter": 5}}),
+            **entry("tight", 10, options={"beatless": {"jitter": 8}}),
+            **entry("late", 60, options={"beatless": {"jitter": 20, "max_late": 10}}),
+            **entry("opaque", 60, args=[1, Opaque()], kwargs={"when": Opaque(), "n": 2}),
+            "no-task": {"schedule": 60},
+        }
+    )
+    found = check_app(app)
+    assert found.schedule is None
+    named = {problem.split("'")[1] for problem in found.problems}
+    assert named == {"odd-trigger", "typo", "tight", "late", "opaque", "no-task"}
+    assert len(found.problems) == 7  # two arguments of 'opaque'
+    opaque = [p for p in found.problems if p.startswith("entry 'opaque'")]
+    assert any("args[1] (a Opaque) cannot be encoded as JSON" in p for p in opaque)
+    assert any("kwargs['when'] (a Opaque)" in p for p in opaque)
+    with pytest.raises(ScheduleError) as caught:
+        read_schedule(app)
+    assert caught.value.errors == list(found.problems)
+
+
+def test_check_app_is_sound_and_gives_the_schedule_when_nothing_is_wrong() -> None:
+    found = check_app(make_app({**entry("a", 60), **entry("b", crontab(minute=0))}))
+    assert found.is_sound
+    assert found.problems == ()
+    assert found.schedule is not None
+    assert [e.name for e in found.schedule.entries] == ["a", "b"]
+
+
+def test_arguments_are_checked_only_where_the_serializer_is_json() -> None:
+    pickled = entry("pickled", 60, args=[Opaque()], options={"serializer": "pickle"})
+    assert check_app(make_app(pickled)).is_sound
+    assert check_app(make_app(entry("all", 60, args=[Opaque()]), task_serializer="pickle")).is_sound
+    dates = entry("dates", 60, args=[date(2026, 1, 1)], kwargs={"at": datetime.now(UTC)})
+    assert check_app(make_app(dates)).is_sound  # kombu's JSON takes dates
+
+
+def test_settings_report_every_bad_setting_at_once() -> None:
+    app = make_app(
+        beatless_max_late="soon",
+        beatless_jitter="wide",
+        beatless_force_two_phase="yes",
+        beatless_on_schedule_error="ignore",
+        timezone="Europe/Berln",
+    )
+    with pytest.raises(ScheduleError) as caught:
+        CelerySettings.from_app(app)
+    assert [e.split(":")[0].split(" ")[0] for e in caught.value.errors] == [
+        "Celery",
+        "beatless_max_late",
+        "beatless_jitter",
+        "beatless_force_two_phase",
+        "beatless_on_schedule_error",
+    ]
+    assert check_app(app).problems == tuple(caught.value.errors)
+
+
+def test_on_schedule_error_is_refuse_by_default_or_consume() -> None:
+    assert CelerySettings.from_app(make_app()).on_schedule_error == "refuse"
+    consume = make_app(beatless_on_schedule_error="consume")
+    assert CelerySettings.from_app(consume).on_schedule_error == "consume"
+
+
+def test_unregistered_tasks_are_warnings_since_another_worker_may_run_them() -> None:
+    from beatless.celery.schedule import unregistered_tasks
+
+    app = make_app({**entry("known", 60), **entry("elsewhere", 60, task="other.work")})
+
+    @app.task(name="proj.tasks.work")
+    def work() -> None: ...
+
+    schedule = read_schedule(app)
+    (warning,) = unregistered_tasks(app, schedule)
+    assert warning.startswith("entry 'elsewhere': task 'other.work' is not registered")
+
+
+# -- time zones given as objects --------------------------------------------------------
+
+
+def test_a_pytz_timezone_is_read_as_its_iana_name() -> None:
+    pytz = pytest.importorskip("pytz")
+    app = make_app(entry("e", crontab(minute=0, hour=2)), timezone=pytz.timezone("Europe/Berlin"))
+    assert CelerySettings.from_app(app).timezone == "Europe/Berlin"
+    (read,) = read_schedule(app).entries
+    assert read.trigger == Cron("0 2 * * *", "Europe/Berlin", day_and=True)
+    assert CelerySettings.from_app(make_app(timezone=pytz.utc)).timezone == "UTC"
+
+
+def test_a_crontab_nowfun_in_a_pytz_zone_keeps_that_zone() -> None:
+    pytz = pytest.importorskip("pytz")
+    tokyo = pytz.timezone("Asia/Tokyo")
+    app = make_app(entry("e", crontab(minute=0, hour=9, nowfun=lambda: datetime.now(tokyo))))
+    (read,) = read_schedule(app).entries
+    assert read.trigger.tz == "Asia/Tokyo"
+
+
+@pytest.mark.parametrize(
+    ("given", "name"),
+    [
+        (ZoneInfo("America/New_York"), "America/New_York"),
+        (UTC, "UTC"),
+        (timezone(timedelta(0)), "UTC"),
+        ("Asia/Kolkata", "Asia/Kolkata"),
+    ],
+)
+def test_zone_objects_with_a_name_every_node_reads_alike_are_accepted(
+    given: Any, name: str
+) -> None:
+    assert CelerySettings.from_app(make_app(timezone=given)).timezone == name
+
+
+def test_dateutil_zones_from_the_tz_database_are_accepted() -> None:
+    from dateutil import tz
+
+    berlin = tz.gettz("Europe/Berlin")
+    assert CelerySettings.from_app(make_app(timezone=berlin)).timezone == "Europe/Berlin"
+    assert CelerySettings.from_app(make_app(timezone=tz.tzutc())).timezone == "UTC"
+
+
+@pytest.mark.parametrize(
+    "given",
+    [timezone(timedelta(hours=1)), "local", "Europe/Berln"],
+    ids=["fixed-offset", "host-local", "unknown-name"],
+)
+def test_a_zone_without_a_name_every_node_agrees_on_is_refused_naming_the_setting(
+    given: Any,
+) -> None:
+    if given == "local":
+        from dateutil import tz
+
+        given = tz.tzlocal()
+    with pytest.raises(ConfigError, match="Celery timezone"):
+        CelerySettings.from_app(make_app(timezone=given))
+
+
+def test_a_crontab_nowfun_in_a_fixed_offset_is_refused_naming_the_entry() -> None:
+    plus_one = timezone(timedelta(hours=1))
+    app = make_app(entry("offset", crontab(minute=0, nowfun=lambda: datetime.now(plus_one))))
+    with pytest.raises(ScheduleError, match="entry 'offset': the crontab's nowfun returns"):
+        read_schedule(app)
+
+
 # -- settings -------------------------------------------------------------------------
 
 
@@ -245,9 +405,16 @@ def test_settings_defaults_follow_the_app_and_a_redis_broker() -> None:
     assert settings.atomic
 
 
-def test_namespace_defaults_to_celery_when_the_app_has_no_main_name() -> None:
-    app = Celery(broker="redis://localhost/0")
-    assert CelerySettings.from_app(app).namespace == "celery"
+def test_an_app_without_a_main_name_must_name_its_namespace_unless_its_store_is_memory() -> None:
+    for main in (None, "__main__"):
+        app = Celery(main, broker="redis://localhost/0", set_as_current=False)
+        with pytest.raises(ConfigError, match="beatless_namespace is required"):
+            CelerySettings.from_app(app)
+        app.conf.beatless_namespace = "billing"
+        assert CelerySettings.from_app(app).namespace == "billing"
+    alone = Celery(broker="memory://", set_as_current=False)
+    alone.conf.beatless_store_url = "memory://"
+    assert CelerySettings.from_app(alone).namespace == "celery"
 
 
 def test_store_url_is_required_with_a_non_redis_broker() -> None:
@@ -302,7 +469,7 @@ def test_settings_repr_masks_passwords() -> None:
 # -- the task side --------------------------------------------------------------------
 
 
-def test_occurrence_and_firing_id_are_read_from_an_eager_request() -> None:
+def test_occurrence_and_task_firing_id_are_read_from_an_eager_request() -> None:
     app = Celery("proj", set_as_current=False)
     seen: dict[str, Any] = {}
 
@@ -310,7 +477,7 @@ def test_occurrence_and_firing_id_are_read_from_an_eager_request() -> None:
     def work(self: Any) -> None:
         seen.update(
             occurrence=occurrence(self.request),
-            firing_id=firing_id(self.request),
+            firing_id=task_firing_id(self.request),
             tenant=tenant(self.request),
         )
 

@@ -216,7 +216,7 @@ def test_redis_receives_the_firing_with_its_id_as_task_id(redis_prefix: str) -> 
     assert "socket_timeout" not in app.connection_for_write().transport_options
     ((context, name),) = received(app, redis_prefix)
     assert name == TASK
-    assert context.id == beatless.celery.firing_id(context) == firing.id
+    assert context.id == beatless.celery.task_firing_id(context) == firing.id
     assert beatless.celery.occurrence(context) == firing.occurrence
 
 
@@ -235,7 +235,7 @@ def test_rabbitmq_receives_the_firing_with_its_id_as_task_id(rabbitmq_queue: str
     assert "confirm_publish" not in app.connection_for_write().transport_options
     ((context, name),) = received(app, rabbitmq_queue)
     assert name == TASK
-    assert context.id == beatless.celery.firing_id(context) == firing.id
+    assert context.id == beatless.celery.task_firing_id(context) == firing.id
     assert beatless.celery.occurrence(context) == firing.occurrence
 
 

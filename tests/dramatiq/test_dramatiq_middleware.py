@@ -53,20 +53,68 @@ def test_periodic_option_is_refused_without_the_middleware_as_dramatiq_refuses_a
         dramatiq.actor(lambda: None, broker=bare, periodic=bd.every("1m"))
 
 
-def test_a_jitter_too_wide_for_the_trigger_fails_where_it_is_declared() -> None:
-    with pytest.raises(ScheduleError, match=r"jitter 6s must be under half .* at most 4s999ms"):
-        bd.every("10s", jitter="6s")
-    with pytest.raises(ScheduleError, match="jitter 40s must be under half"):
-        bd.cron("* * * * *", jitter="40s")
+def test_a_declaration_keeps_its_problems_for_the_start_naming_no_entry_yet() -> None:
+    declared = bd.cron("61 * * * *", jitter="2 minutes")
+    assert declared.trigger is None
+    assert len(declared.problems) == 2
+    assert declared.problems[0].startswith("cron '61 * * * *'")
+    assert "cannot read duration '2 minutes'" in declared.problems[1]
+    with pytest.raises(ScheduleError) as caught:
+        declared.entry("report")
+    assert [e.split(":")[0] for e in caught.value.errors] == ["entry 'report'"] * 2
 
 
-def test_bad_durations_and_expressions_fail_where_they_are_declared() -> None:
-    with pytest.raises(ConfigError, match="cannot read duration '2 minutes'"):
-        bd.cron("0 2 * * *", jitter="2 minutes")
-    with pytest.raises(ScheduleError, match="cron '61 \\* \\* \\* \\*'"):
-        bd.cron("61 * * * *")
-    with pytest.raises(ScheduleError, match="max_late 1m must be longer than jitter 2m"):
-        bd.cron("0 2 * * *", jitter="2m", max_late="1m")
+def test_declaration_problems_are_reported_at_start_with_every_other_problem(
+    broker: StubBroker,
+) -> None:
+    dramatiq.actor(lambda: None, actor_name="typo", broker=broker, periodic=bd.cron("61 * * * *"))
+    dramatiq.actor(
+        lambda: None, actor_name="wide", broker=broker, periodic=bd.every("10s", jitter="6s")
+    )
+    dramatiq.actor(
+        lambda: None,
+        actor_name="late",
+        broker=broker,
+        periodic=bd.cron("0 2 * * *", jitter="2m", max_late="1m"),
+    )
+    dramatiq.actor(lambda: None, actor_name="fine", broker=broker, periodic=bd.every("1m"))
+    found = middleware(broker).check(broker)
+    assert found.schedule is None
+    by_entry = {p.split(":")[0]: p for p in found.problems}
+    assert set(by_entry) == {"entry 'typo'", "entry 'late'", "entry 'wide'"}
+    assert len(found.problems) == 3
+    assert "jitter 6s must be under half" in by_entry["entry 'wide'"]
+    assert "max_late 1m must be longer than jitter 2m" in by_entry["entry 'late'"]
+    with pytest.raises(ScheduleError) as caught:
+        middleware(broker).schedule(broker)
+    assert caught.value.errors == list(found.problems)
+
+
+def test_check_lists_unknown_actors_bad_arguments_and_bad_options_at_once() -> None:
+    stub = StubBroker()
+    stub.add_middleware(
+        bd.Beatless(
+            store="memory://",
+            entries=[
+                Entry(name="ghost", task="nobody", trigger=Every(60)),
+                Entry(name="bad-args", task="takes", trigger=Every(60), args=[object()]),
+                Entry(name="bad-kwargs", task="takes", trigger=Every(60), kwargs={"x": {1, 2}}),
+            ],
+        )
+    )
+    dramatiq.actor(lambda x=None: None, actor_name="takes", broker=stub)
+    dramatiq.actor(lambda: None, actor_name="odd", broker=stub, periodic="*/5 * * * *")
+    dramatiq.actor(
+        lambda: None, actor_name="twice", broker=stub, periodic=[bd.every("1m"), bd.every("1h")]
+    )
+    problems = middleware(stub).check(stub).problems
+    assert len(problems) == 5, problems
+    text = "\n".join(problems)
+    assert "actor 'odd': the periodic option takes cron(...), every(...)" in text
+    assert "actor 'twice': 2 periodic declarations share the entry name" in text
+    assert "entry 'ghost': task 'nobody' is not an actor of this broker" in text
+    assert "entry 'bad-args': args[0] (a object) cannot be encoded as JSONEncoder" in text
+    assert "entry 'bad-kwargs': kwargs['x'] (a set) cannot be encoded" in text
 
 
 def test_schedule_gathers_periodic_actors_and_entries_with_the_middleware_defaults(
@@ -123,6 +171,36 @@ def test_an_entry_for_an_actor_that_does_not_exist_is_refused() -> None:
     stub.add_middleware(bd.Beatless(store="memory://", entries=[entry]))
     with pytest.raises(ConfigError, match="task 'nobody' is not an actor of this broker"):
         middleware(stub).schedule(stub)
+
+
+# -- the namespace ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("store", ["redis://127.0.0.1:6379/12", "sqlite:///claims.db"])
+def test_a_shared_store_needs_a_namespace_so_two_apps_never_claim_each_others_firings(
+    store: str,
+) -> None:
+    stub = StubBroker()
+    stub.add_middleware(bd.Beatless(store=store))
+    dramatiq.actor(lambda: None, actor_name="nightly", broker=stub, periodic=bd.every("1h"))
+    (problem,) = middleware(stub).check(stub).problems
+    assert problem.startswith("Beatless: namespace is required with the claim store")
+    assert 'give namespace="default" to keep their ids' in problem
+    named = bd.Beatless(store=store, namespace="billing")
+    assert named.address_namespace == "billing"
+
+
+def test_the_memory_store_serves_one_process_and_needs_no_namespace() -> None:
+    assert bd.Beatless(store="memory://").address_namespace == "default"
+    assert bd.Beatless(store=MemoryStore()).address_namespace == "default"
+    assert bd.Beatless(store="memory://", namespace="unit").address_namespace == "unit"
+
+
+def test_a_namespace_with_a_slash_or_a_bad_on_schedule_error_is_refused_at_once() -> None:
+    with pytest.raises(ConfigError, match="namespace must be a name without '/'"):
+        bd.Beatless(store="memory://", namespace="a/b")
+    with pytest.raises(ConfigError, match="on_schedule_error must be 'refuse'"):
+        bd.Beatless(store="memory://", on_schedule_error="ignore")
 
 
 # -- messages -------------------------------------------------------------------------------
@@ -307,12 +385,12 @@ def test_the_supervisor_restarts_a_dead_scheduler_and_stops_on_a_config_error(
     assert "not restarted" in caplog.records[-1].getMessage()
 
 
-def test_an_entry_whose_message_cannot_be_encoded_fails_at_start() -> None:
+def test_an_entry_whose_options_cannot_be_encoded_is_named_at_start() -> None:
     stub = StubBroker()
-    dramatiq.actor(lambda x: None, actor_name="takes", broker=stub)
-    entry = Entry(name="bad-args", task="takes", trigger=Every(60), args=[object()])
+    dramatiq.actor(lambda: None, actor_name="plain", broker=stub)
+    entry = Entry(name="bad-options", task="plain", trigger=Every(60), options={"x": object()})
     stub.add_middleware(bd.Beatless(store="memory://", entries=[entry]))
-    with pytest.raises(ConfigError, match="entry 'bad-args': its message cannot be encoded"):
+    with pytest.raises(ConfigError, match="entry 'bad-options': its message cannot be encoded"):
         middleware(stub).schedule(stub)
 
 
@@ -321,7 +399,7 @@ def test_the_middleware_closes_the_stores_it_opened_and_not_one_given(
 ) -> None:
     dramatiq.actor(lambda: None, actor_name="t", broker=broker, periodic=bd.every("1h"))
     given = middleware(broker).store
-    opened = bd.Beatless(store=f"sqlite:///{tmp_path / 'claims.db'}")
+    opened = bd.Beatless(store=f"sqlite:///{tmp_path / 'claims.db'}", namespace="app")
     first = opened.scheduler(broker).store
     opened.scheduler(broker)
     opened.close()
@@ -331,3 +409,109 @@ def test_the_middleware_closes_the_stores_it_opened_and_not_one_given(
     middleware(broker).scheduler(broker)
     middleware(broker).close()
     assert given.claim([request], node="n", lease_ms=1_000) == [Outcome.LATE]
+
+
+# -- refuse or consume at start ---------------------------------------------------------
+
+
+def bad_broker(**options: Any) -> StubBroker:
+    stub = StubBroker()
+    stub.add_middleware(CurrentMessage())
+    stub.add_middleware(bd.Beatless(store="memory://", **options))
+    dramatiq.actor(lambda: None, actor_name="typo", broker=stub, periodic=bd.cron("61 * * * *"))
+    dramatiq.actor(
+        lambda: None, actor_name="wide", broker=stub, periodic=bd.every("10s", jitter="6s")
+    )
+    return stub
+
+
+def test_a_worker_with_a_bad_schedule_refuses_to_start_with_every_problem(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stub = bad_broker()
+    worker = Worker(stub, worker_timeout=50)
+    with (
+        caplog.at_level(logging.CRITICAL, logger="beatless"),
+        pytest.raises(bd.ScheduleRefused) as caught,
+    ):
+        worker.start()
+    worker.stop()
+    stub.close()
+    message = str(caught.value)
+    assert message.startswith("beatless: 2 problems in the schedule; this node refuses to start")
+    assert "\n  entry 'typo': cron '61 * * * *'" in message
+    assert "\n  entry 'wide': jitter 6s must be under half" in message
+    assert 'Beatless(..., on_schedule_error="consume")' in message
+    assert isinstance(caught.value, ScheduleError)
+    assert [f"  {e}" for e in caught.value.errors] == message.splitlines()[1:3]
+    assert message in caplog.text
+    assert middleware(stub)._scheduler is None
+
+
+def test_in_consume_mode_the_worker_consumes_schedules_nothing_and_says_so_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stub = bad_broker(on_schedule_error="consume")
+    ran: list[str] = []
+    plain = dramatiq.actor(lambda: ran.append("ran"), actor_name="plain", broker=stub)
+    worker = Worker(stub, worker_timeout=50)
+    with caplog.at_level(logging.INFO, logger="beatless"):
+        worker.start()
+        try:
+            plain.send()
+            stub.join("default", timeout=5_000)
+            worker.join()
+            assert middleware(stub).start(stub) is None
+        finally:
+            worker.stop()
+            stub.close()
+    assert ran == ["ran"]
+    beat = middleware(stub)
+    assert beat._scheduler is None
+    assert [p.split(":")[0] for p in beat.schedule_problems] == ["entry 'typo'", "entry 'wide'"]
+    (said,) = [r for r in ours(caplog.records) if r.levelno >= logging.WARNING]
+    assert said.levelno == logging.ERROR
+    assert "This node schedules nothing: it consumes tasks only" in said.getMessage()
+
+
+def test_under_the_cli_the_worker_processes_check_quietly_and_the_fork_reports(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stub = bad_broker(on_schedule_error="consume")
+    stub.emit_after("process_boot")
+    worker = Worker(stub, worker_timeout=50)
+    with caplog.at_level(logging.INFO, logger="beatless"):
+        worker.start()
+        worker.stop()
+        assert not [r for r in ours(caplog.records) if r.levelno >= logging.WARNING]
+        assert len(middleware(stub).schedule_problems) == 2
+        assert middleware(stub).start(stub) is None  # what the fork's process runs
+    stub.close()
+    assert len([r for r in ours(caplog.records) if r.levelno == logging.ERROR]) == 1
+
+
+def test_the_fork_module_does_not_import_the_middleware_module_at_run_time() -> None:
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(fork))
+    checked_only = {
+        id(node)
+        for branch in ast.walk(tree)
+        if isinstance(branch, ast.If) and "TYPE_CHECKING" in ast.unparse(branch.test)
+        for node in ast.walk(branch)
+    }
+    imported = [
+        (node.module or "") if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in checked_only
+        for alias in node.names
+    ]
+    assert "beatless.errors" in imported
+    assert not [name for name in imported if "middleware" in name], imported
+
+
+def ours(records: list[logging.LogRecord]) -> list[logging.LogRecord]:
+    """beatless's own records: Dramatiq's middleware (its Prometheus exporter on 1.x)
+    logs on its own loggers."""
+    return [r for r in records if r.name.startswith("beatless")]

@@ -1,0 +1,151 @@
+"""Real ``dramatiq`` command lines with a schedule that has problems: refuse or consume."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from service_check import require_service
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+REDIS_URL = "redis://127.0.0.1:6379/12"
+
+APP = """
+import os
+
+import dramatiq
+import redis
+from dramatiq.brokers.redis import RedisBroker
+
+import beatless.dramatiq as bd
+
+NS = os.environ["BT_NS"]
+broker = RedisBroker(url=os.environ["BT_REDIS"], namespace=NS)
+broker.add_middleware(
+    bd.Beatless(store=os.environ["BT_REDIS"], namespace=NS, on_schedule_error=os.environ["BT_MODE"])
+)
+dramatiq.set_broker(broker)
+
+
+@dramatiq.actor(queue_name=NS, periodic=bd.cron("61 * * * *"))
+def typo():
+    pass
+
+
+@dramatiq.actor(queue_name=NS, periodic=bd.every("10s", jitter="6s"))
+def wide():
+    pass
+
+
+@dramatiq.actor(queue_name=NS)
+def record():
+    redis.Redis.from_url(os.environ["BT_REDIS"]).rpush(NS + ":runs", "ran")
+"""
+
+
+@pytest.fixture
+def namespace() -> Iterator[str]:
+    require_service("Redis", "127.0.0.1", 6379)
+    import redis
+
+    name = f"bl-start-{uuid.uuid4().hex[:10]}"
+    yield name
+    client = redis.Redis.from_url(REDIS_URL)
+    for key in client.scan_iter(match=f"*{name}*", count=1_000):
+        client.delete(key)
+    client.close()
+
+
+def start(tmp_path: Path, namespace: str, mode: str) -> tuple[subprocess.Popen[bytes], Path]:
+    (tmp_path / "bt_dramatiq_app.py").write_text(textwrap.dedent(APP))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+        "BT_NS": namespace,
+        "BT_REDIS": REDIS_URL,
+        "BT_MODE": mode,
+    }
+    log = tmp_path / f"{mode}.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "dramatiq", "bt_dramatiq_app", "-p", "2", "-t", "1"],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return process, log
+
+
+def stop(process: subprocess.Popen[bytes]) -> int:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(15)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    return process.wait(5)
+
+
+def wait_for(predicate: object, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_the_dramatiq_command_exits_non_zero_listing_every_problem(
+    tmp_path: Path, namespace: str
+) -> None:
+    process, log = start(tmp_path, namespace, "refuse")
+    try:
+        process.wait(30)
+    finally:
+        code = stop(process)
+    text = log.read_text(errors="replace")
+    assert code != 0, text
+    assert "beatless: 2 problems in the schedule; this node refuses to start" in text
+    assert "entry 'typo': cron '61 * * * *'" in text
+    assert "entry 'wide': jitter 6s must be under half" in text
+    assert "Worker process is ready" not in text
+
+
+def test_in_consume_mode_the_dramatiq_command_runs_tasks_and_schedules_nothing(
+    tmp_path: Path, namespace: str
+) -> None:
+    import dramatiq
+    import redis
+    from dramatiq.brokers.redis import RedisBroker
+
+    process, log = start(tmp_path, namespace, "consume")
+    client = redis.Redis.from_url(REDIS_URL)
+    sender = RedisBroker(url=REDIS_URL, namespace=namespace)
+    try:
+        assert wait_for(lambda: "This node schedules nothing" in log.read_text(), 30)
+        assert wait_for(lambda: log.read_text().count("Worker process is ready") == 2, 30)
+        dramatiq.actor(lambda: None, actor_name="record", queue_name=namespace, broker=sender)
+        sender.get_actor("record").send()
+        assert wait_for(lambda: client.llen(f"{namespace}:runs") == 1, 15)
+    finally:
+        code = stop(process)
+        sender.close()
+        client.close()
+    text = log.read_text(errors="replace")
+    assert code == 0, text
+    assert text.count("This node schedules nothing") == 1, text
+    assert "entry 'typo': cron '61 * * * *'" in text
+    assert "CRITICAL" not in text, text
