@@ -41,9 +41,10 @@ from celery.schedules import crontab, solar
 from celery.schedules import schedule as interval_schedule
 from celery.utils.imports import symbol_by_name
 
+from beatless._logtext import shown
 from beatless.celery.messages import SETTINGS_OPTION
 from beatless.celery.sending import Sender
-from beatless.celery.settings import CelerySettings, zone_name
+from beatless.celery.settings import CelerySettings, normalise_redis_url, zone_name
 from beatless.durations import to_ms
 from beatless.entry import Entry, Schedule
 from beatless.errors import ConfigError, ScheduleError, StoreError
@@ -52,6 +53,7 @@ from beatless.scheduler import Decision, Enqueue, Scheduler, send_deadline_s
 from beatless.stores import open_store
 from beatless.stores.base import ClaimStore
 from beatless.triggers import Cron, Every, Trigger
+from beatless.urls import mask_url
 
 logger = logging.getLogger(__name__)
 
@@ -283,7 +285,9 @@ class CeleryScheduler(Scheduler):
         parts = [f"store {self.claim_store!r}, namespace {self.schedule.namespace!r}"]
         for is_atomic, label in ((True, "atomic claim-and-enqueue"), (False, "two-phase")):
             names = [
-                f"{name} ({why})" for name, (kind, why) in self.paths.items() if kind is is_atomic
+                f"{shown(name)} ({why})"
+                for name, (kind, why) in self.paths.items()
+                if kind is is_atomic
             ]
             if names:
                 parts.append(f"{label}: {', '.join(names)}")
@@ -348,21 +352,33 @@ def build_scheduler(
         sender.close()
         store.close()
         raise
-    logger.info("beatless node %s: %s", scheduler.node, scheduler.describe())
+    logger.info("beatless node %s: %s", shown(scheduler.node, quoted=False), scheduler.describe())
+    _warn_if_weaker(settings, scheduler.paths)
     return scheduler
+
+
+def _warn_if_weaker(settings: CelerySettings, paths: dict[str, tuple[bool, str]]) -> None:
+    """A WARNING when the broker is Redis but the claim store is not its own database:
+    every firing then goes two-phase where one script could claim and enqueue it."""
+    if settings.force_two_phase or normalise_redis_url(settings.broker_url) is None:
+        return
+    elsewhere = [
+        name for name, (atomic, why) in paths.items() if not atomic and "not the broker's" in why
+    ]
+    if elsewhere:
+        logger.warning(
+            "beatless: the broker is Redis but the claim store %s is not its own database, so "
+            "%d entr%s go two-phase; leave beatless_store_url unset (or point it at the "
+            "broker's Redis database) for claim and enqueue in one step",
+            mask_url(settings.store_url),
+            len(elsewhere),
+            "y" if len(elsewhere) == 1 else "ies",
+        )
 
 
 def open_claim_store(settings: CelerySettings) -> ClaimStore:
     """The claim store of ``beatless_store_url``, keyed by the app's namespace."""
     return open_store(settings.store_url, namespace=settings.namespace)
-
-
-def _two_phase_reason(settings: CelerySettings) -> str | None:
-    if not settings.store_is_broker:
-        return "the claim store is not the broker's Redis"
-    if settings.force_two_phase:
-        return "beatless_force_two_phase is set"
-    return None
 
 
 def _atomic_store(
@@ -371,7 +387,7 @@ def _atomic_store(
     """The atomic wrapper around ``store`` when this node may use it, else ``None``."""
     from beatless.stores.redis import RedisStore
 
-    if _two_phase_reason(settings) is not None or not isinstance(store, RedisStore):
+    if settings.two_phase_reason is not None or not isinstance(store, RedisStore):
         return None
     from beatless.celery.atomic import CeleryRedisAtomic
 
@@ -387,7 +403,7 @@ def _atomic_store(
 def _paths(
     schedule: Schedule, settings: CelerySettings, atomic: Any | None
 ) -> dict[str, tuple[bool, str]]:
-    reason = _two_phase_reason(settings)
+    reason = settings.two_phase_reason
     if atomic is None:
         return {entry.name: (False, reason or "two-phase") for entry in schedule.entries}
     paths = {}

@@ -113,14 +113,30 @@ class CelerySettings:
 
     @property
     def store_is_broker(self) -> bool:
-        """Whether the claim store is the broker's own Redis (same server and db)."""
+        """Whether the claim store's URL names the broker's Redis (same server and db, as
+        far as URLs tell). Only a first guess, for messages: the atomic path asks the
+        servers themselves (``run_id`` and db), so a store URL spelt another way still
+        takes it."""
         store = normalise_redis_url(self.store_url)
         return store is not None and store == normalise_redis_url(self.broker_url)
 
     @property
+    def two_phase_reason(self) -> str | None:
+        """Why no entry can be atomic, from the settings alone; ``None`` when the atomic
+        path may be tried (both on Redis, not forced off)."""
+        if self.force_two_phase:
+            return "beatless_force_two_phase is set"
+        if normalise_redis_url(self.broker_url) is None:
+            return "the broker is not Redis"
+        if normalise_redis_url(self.store_url) is None:
+            return "the claim store is not the broker's Redis"
+        return None
+
+    @property
     def atomic(self) -> bool:
-        """Whether claim and enqueue may be one step: the broker's own Redis, not forced off."""
-        return self.store_is_broker and not self.force_two_phase
+        """Whether claim and enqueue may be one step: both on Redis, not forced off (the
+        servers decide whether the store is the broker's own)."""
+        return self.two_phase_reason is None
 
 
 def broker_write_url(app: Any) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -554,3 +555,29 @@ def test_stock_worker_runs_the_pushed_task_with_firing_id_and_occurrence(
         assert runs[f.id]["occurrence"] == iso(f.occurrence_ms)
         assert runs[f.id]["args"] == [1, "two"]
         assert runs[f.id]["kwargs"] == {"three": 3}
+
+
+def test_a_store_url_spelt_another_way_takes_the_atomic_path_and_one_elsewhere_warns(
+    db: int, token: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Settings leave the decision to the servers: ``localhost`` for the store and
+    ``127.0.0.1`` for the broker is atomic; a store on another database is two-phase,
+    with a WARNING that one script could have claimed and enqueued."""
+    from beatless.celery.schedule import build_scheduler
+
+    schedule = {"tick": {"task": TASK, "schedule": 60.0}}
+    paths = {}
+    for name, store_db in (("same", db), ("other", next(n for n in CANDIDATE_DBS if n != db))):
+        app = make_app(db, token, beat_schedule=schedule, beatless_namespace=f"{token}-{name}")
+        app.conf.beatless_store_url = f"redis://localhost:{PORT}/{store_db}"
+        with caplog.at_level(logging.WARNING, logger="beatless"):
+            scheduler = build_scheduler(app, node=name)
+        try:
+            paths[name] = scheduler.paths["tick"]
+        finally:
+            scheduler.close()
+    assert paths["same"][0] is True
+    assert paths["other"][0] is False
+    assert "is not the broker's Redis" in paths["other"][1]
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "go two-phase" in warning.getMessage()

@@ -148,7 +148,7 @@ def test_rabbitmq_broker_with_a_redis_store_claims_in_redis_and_sends_with_send_
     scheduler = build_scheduler(app, node="rabbit-node")
     try:
         assert scheduler.atomic is None
-        assert scheduler.paths == {"tick": (False, "the claim store is not the broker's Redis")}
+        assert scheduler.paths == {"tick": (False, "the broker is not Redis")}
         won = tick_until_won(scheduler)
     finally:
         scheduler.close()
