@@ -100,10 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--store", metavar="URL", help="claim store URL (env BEATLESS_STORE)")
     run.add_argument("--node", metavar="NAME", help="node name (env BEATLESS_NODE)")
 
-    demo = commands.add_parser("demo", help="race local nodes on a temporary SQLite store")
+    demo = commands.add_parser("demo", help="race local nodes on a claim store (SQLite default)")
     demo.add_argument("--nodes", type=int, default=3, help="node processes (3)")
     demo.add_argument("--seconds", type=float, default=30.0, help="how long to run (30)")
     demo.add_argument("--json", action="store_true", help="JSON lines; summary last")
+    demo.add_argument(
+        "--store", metavar="URL", help="race on this claim store (default: a temporary SQLite file)"
+    )
     return parser
 
 
@@ -451,7 +454,7 @@ def _probed(store: ClaimStore) -> ClaimStore:
 def cmd_demo(args: argparse.Namespace) -> int:
     from beatless.demo import run_demo
 
-    return run_demo(nodes=args.nodes, seconds=args.seconds, as_json=args.json)
+    return run_demo(nodes=args.nodes, seconds=args.seconds, as_json=args.json, store=args.store)
 
 
 def _instant_ms(text: str, what: str) -> int:

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from beatless.entry import Entry, Schedule
 from beatless.errors import ConfigError
 from beatless.firing import Firing, iso
 from beatless.triggers import Cron, Every
+from beatless.urls import mask_url
 
 WARMUP_MS = 2_000
 """Occurrences this soon after the start are not counted: the nodes are still starting."""
@@ -42,7 +44,7 @@ GRACE_S = 5.0
 FANOUT = "fanout"
 
 
-def demo_schedule() -> Schedule:
+def demo_schedule(namespace: str = "demo") -> Schedule:
     """The built-in schedule: plain, jittered, cron and fan-out entries, all short."""
     common: dict[str, Any] = {"max_late": "8s"}
     return Schedule(
@@ -60,7 +62,7 @@ def demo_schedule() -> Schedule:
                 **common,
             ),
         ],
-        namespace="demo",
+        namespace=namespace,
     )
 
 
@@ -85,24 +87,38 @@ class _Run:
     open_streams: int = 0
 
 
-def run_demo(*, nodes: int = 3, seconds: float = 30.0, as_json: bool = False) -> int:
-    """Run the demo; 0 when every expected firing was won exactly once, 1 otherwise."""
+def run_demo(
+    *, nodes: int = 3, seconds: float = 30.0, as_json: bool = False, store: str | None = None
+) -> int:
+    """Run the demo; 0 when every expected firing was won exactly once, 1 otherwise.
+
+    The nodes share a temporary SQLite file, or the claim store at ``store`` (any URL
+    :func:`~beatless.stores.open_store` takes), where the run has a namespace of its own
+    (``demo-`` and a random token), so that runs never share a firing; its claims expire
+    with the store's memory of them.
+    """
     if not 1 <= nodes <= 32:
         raise ConfigError(f"--nodes must be between 1 and 32, got {nodes}")
     if not 5 <= seconds <= 3_600:
         raise ConfigError(f"--seconds must be between 5 and 3600, got {seconds:g}")
-    schedule = demo_schedule()
     workdir = Path(tempfile.mkdtemp(prefix="beatless-demo-"))
-    url = f"sqlite:///{(workdir / 'claims.db').as_posix()}"
+    if store is None:
+        url, namespace = f"sqlite:///{(workdir / 'claims.db').as_posix()}", "demo"
+    else:
+        url, namespace = store, f"demo-{uuid.uuid4().hex[:8]}"
+        _probe(url, namespace)
+    schedule = demo_schedule(namespace)
     start_ms = int(time.time() * 1_000)
     run = _Run(start_ms, start_ms + int(seconds * 1_000))
     children: list[_Node] = []
     previous = _interrupt_on_sigterm()
     try:
         if not as_json:
-            print(f"beatless demo: {nodes} nodes, {seconds:g}s, store {url}")
+            print(f"beatless demo: {nodes} nodes, {seconds:g}s, store {mask_url(url)}")
             _print_schedule(schedule)
-        children = [_spawn(f"node-{i}", url, run.end_ms, workdir) for i in range(1, nodes + 1)]
+        children = [
+            _spawn(f"node-{i}", url, namespace, run.end_ms, workdir) for i in range(1, nodes + 1)
+        ]
         _collect(children, run, as_json)
     finally:
         _kill(children)
@@ -133,10 +149,18 @@ DEMO_LEASE = "1s"
 """Time a winner has to enqueue and commit: short, so a takeover fits in ``max_late``."""
 
 
-def _spawn(name: str, url: str, until_ms: int, workdir: Path) -> _Node:
+def _probe(url: str, namespace: str) -> None:
+    """Reach the store once before starting nodes: one line, not a traceback per node."""
+    from beatless.stores import open_store
+
+    with open_store(url, namespace=namespace) as store:
+        store.probe()
+
+
+def _spawn(name: str, url: str, namespace: str, until_ms: int, workdir: Path) -> _Node:
     log = workdir / f"{name}.log"
     command = [sys.executable, "-m", "beatless.demo", "node", "--store", url, "--node", name]
-    command += ["--until", str(until_ms)]
+    command += ["--until", str(until_ms), "--namespace", namespace]
     with log.open("w") as err:
         process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
             command,
@@ -243,6 +267,7 @@ def summarize(
     lost = {n: sum(s.get("lost", 0) for s in run.stats.get(n, {}).values()) for n in nodes}
     return {
         "event": "summary",
+        "namespace": schedule.namespace,
         "nodes": len(nodes),
         "seconds": (run.end_ms - run.start_ms) / 1_000,
         "firings": len(run.firings),
@@ -376,7 +401,7 @@ def _spread_lines(spread: dict[str, Any]) -> Iterator[str]:
 # -- a node -----------------------------------------------------------------------------
 
 
-def run_node(*, store_url: str, node: str, until_ms: int) -> int:
+def run_node(*, store_url: str, node: str, until_ms: int, namespace: str = "demo") -> int:
     """One demo node: schedule until ``until_ms``, stdin closing, or SIGTERM."""
     from beatless.scheduler import Decision, Scheduler
     from beatless.stores import open_store
@@ -390,9 +415,9 @@ def run_node(*, store_url: str, node: str, until_ms: int) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     threading.Thread(target=_wait_for_eof, args=(sys.stdin, stop), daemon=True).start()
-    with open_store(store_url) as store:
+    with open_store(store_url, namespace=namespace) as store:
         scheduler = Scheduler(
-            demo_schedule(),
+            demo_schedule(namespace),
             store=store,
             enqueue=_discard,
             node=node,
@@ -446,8 +471,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     node.add_argument("--store", required=True)
     node.add_argument("--node", required=True)
     node.add_argument("--until", required=True, type=int, help="epoch milliseconds")
+    node.add_argument("--namespace", default="demo")
     args = parser.parse_args(argv)
-    return run_node(store_url=args.store, node=args.node, until_ms=args.until)
+    return run_node(
+        store_url=args.store, node=args.node, until_ms=args.until, namespace=args.namespace
+    )
 
 
 if __name__ == "__main__":

@@ -7,20 +7,27 @@ import subprocess
 import sys
 
 import pytest
+from service_check import require_service
 
 from beatless.demo import MARGIN_MS, WARMUP_MS, demo_schedule, expected_firings
 from beatless.firing import firing_id
 
+STORES = {
+    "sqlite (the default)": (None, None),
+    "redis": ("redis://127.0.0.1:6379/5", ("Redis", "127.0.0.1", 6379)),
+}
+"""``--store`` of each run, and the service it needs."""
+
 
 @pytest.mark.slow
-def test_three_node_demo_wins_every_expected_firing_exactly_once() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "beatless", "demo", "--nodes", "3", "--seconds", "8", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+@pytest.mark.parametrize("store", list(STORES))
+def test_three_node_demo_wins_every_expected_firing_exactly_once(store: str) -> None:
+    url, service = STORES[store]
+    if service is not None:
+        require_service(*service)
+    command = [sys.executable, "-m", "beatless", "demo", "--nodes", "3", "--seconds", "8"]
+    command += ["--json", *(["--store", url] if url else [])]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     lines = result.stdout.strip().splitlines()
     summary = json.loads(lines[-1])
     firings = [json.loads(line) for line in lines[:-1]]
@@ -33,11 +40,22 @@ def test_three_node_demo_wins_every_expected_firing_exactly_once() -> None:
     assert summary["node_failures"] == {}
     assert summary["firings"] == len(firings)
     assert sum(summary["wins_per_node"].values()) == summary["firings"]
+    namespace = summary["namespace"]
+    assert (namespace == "demo") is (url is None)  # a shared store: a namespace of the run's own
     ids = [f["id"] for f in firings]
     assert len(ids) == len(set(ids))
     for firing in firings:
-        address = "demo/" + firing["entry"] + (f"/{firing['tenant']}" if firing["tenant"] else "")
+        tenant = f"/{firing['tenant']}" if firing["tenant"] else ""
+        address = f"{namespace}/{firing['entry']}{tenant}"
         assert firing["id"] == firing_id(address, firing["occurrence_ms"])
+
+
+def test_demo_says_in_one_line_when_its_store_cannot_be_reached() -> None:
+    command = [sys.executable, "-m", "beatless", "demo", "--store", "redis://127.0.0.1:1/0"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "cannot probe" in result.stderr
 
 
 def test_expected_firings_cover_each_address_inside_the_window_only() -> None:
