@@ -230,13 +230,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         _print_offset(offset)
     _print_load(schedule)
     _print_table(
-        ["entry", "trigger", "jitter", "max_late", "tenants"],
+        ["entry", "trigger", "jitter", "max_late", "catch_up", "tenants"],
         [
             [
                 e.name,
                 e.trigger.describe(),
                 describe(e.jitter),
                 describe(e.max_late),
+                e.catch_up,
                 str(len(e.tenant_list() or ())),
             ]
             for e in schedule.entries
@@ -356,8 +357,19 @@ def explanation(schedule: Schedule, entry: Entry, tenant: str | None, at_ms: int
             f"occurrence + max_late {describe(entry.max_late)} = "
             f"{iso(at_ms + entry.max_late_ms)}: no node enqueues it past that",
         ),
+        ("  catch_up", _catch_up_line(entry)),
     ]
     return [f"{label:<13} {value}" for label, value in steps]
+
+
+def _catch_up_line(entry: Entry) -> str:
+    """What a node that starts after this occurrence does with it."""
+    said = {
+        "latest": "claimed only if it is the most recent occurrence before the node's start",
+        "all": "claimed while not late",
+        "none": "not claimed",
+    }
+    return f"{entry.catch_up!r}: by a node that starts after it, {said[entry.catch_up]}"
 
 
 def previous_occurrence(trigger: Trigger, at_ms: int) -> int | None:

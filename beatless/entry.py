@@ -23,6 +23,11 @@ TASK_TAG_LENGTH = 8
 
 Tenants = Sequence[str] | Callable[[], Iterable[str]] | None
 
+CATCH_UP = ("latest", "all", "none")
+"""What a node that starts does with the occurrences before its start, within
+``max_late``: claim only the latest of them (coalescing the others), all of them, or none."""
+DEFAULT_CATCH_UP = "latest"
+
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Entry:
@@ -42,6 +47,7 @@ class Entry:
     jitter: timedelta = timedelta(0)
     max_late: timedelta = DEFAULT_MAX_LATE
     tenants: Tenants = None
+    catch_up: str = DEFAULT_CATCH_UP
 
     def __init__(
         self,
@@ -55,6 +61,7 @@ class Entry:
         jitter: DurationLike = 0,
         max_late: DurationLike = DEFAULT_MAX_LATE,
         tenants: Tenants = None,
+        catch_up: str = DEFAULT_CATCH_UP,
     ) -> None:
         setter = object.__setattr__
         setter(self, "name", _name(name, "entry name"))
@@ -78,6 +85,7 @@ class Entry:
             if len(set(tenants)) != len(tenants):
                 raise ConfigError(f"entry {name!r}: tenants must not repeat")
         setter(self, "tenants", tenants)
+        setter(self, "catch_up", catch_up_policy(catch_up, f"entry {name!r}"))
         self._check_durations()
 
     def _check_durations(self) -> None:
@@ -132,6 +140,15 @@ class Entry:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         values.update(changes)
         return Entry(**values)
+
+
+def catch_up_policy(value: object, where: str) -> str:
+    """``value`` if it is one of :data:`CATCH_UP`, else a :class:`ConfigError` naming
+    ``where`` and the choices."""
+    if value not in CATCH_UP:
+        choices = ", ".join(repr(c) for c in CATCH_UP)
+        raise ConfigError(f"{where}: catch_up must be one of {choices}, got {value!r}")
+    return str(value)
 
 
 def _name(value: str, what: str, *, slash: bool = True) -> str:

@@ -6,6 +6,7 @@ A TOML schedule file looks like this::
     timezone = "Europe/Berlin"     # zone of crons that name none; default "UTC"
     max_late = "60s"               # default for entries that do not set it
     jitter = 0                     # default for entries that do not set it
+    catch_up = "latest"            # default: "latest", "all" or "none"
 
     [[entry]]
     name = "nightly-report"
@@ -36,11 +37,17 @@ from pathlib import Path
 from typing import Any
 
 from beatless.durations import as_timedelta
-from beatless.entry import DEFAULT_MAX_LATE, Entry, Schedule
+from beatless.entry import (
+    DEFAULT_CATCH_UP,
+    DEFAULT_MAX_LATE,
+    Entry,
+    Schedule,
+    catch_up_policy,
+)
 from beatless.errors import ConfigError, ScheduleError
 from beatless.triggers import Cron, Every, Trigger, zone
 
-TOP_KEYS = ("namespace", "timezone", "max_late", "jitter", "entry")
+TOP_KEYS = ("namespace", "timezone", "max_late", "jitter", "catch_up", "entry")
 ENTRY_KEYS = (
     "name",
     "task",
@@ -51,6 +58,7 @@ ENTRY_KEYS = (
     "day_and",
     "jitter",
     "max_late",
+    "catch_up",
     "tenants",
     "args",
     "kwargs",
@@ -129,6 +137,13 @@ def schedule_from_mapping(data: Mapping[str, Any], *, source: str = "schedule") 
             as_timedelta(value, name=f"top level: {key}")
         except ConfigError as exc:
             errors.append(str(exc))
+    catch_up = data.get("catch_up", DEFAULT_CATCH_UP)
+    try:
+        catch_up_policy(catch_up, "top level")
+    except ConfigError as exc:
+        errors.append(str(exc))
+        catch_up = DEFAULT_CATCH_UP
+    defaults["catch_up"] = catch_up
     tables = data.get("entry", [])
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         errors.append("top level: 'entry' must be a list of tables, written [[entry]]")
@@ -176,6 +191,7 @@ def _entry(table: Mapping[str, Any], index: int, defaults: Mapping[str, Any]) ->
             jitter=table.get("jitter", defaults["jitter"]),
             max_late=table.get("max_late", defaults["max_late"]),
             tenants=_tenants(table.get("tenants")),
+            catch_up=table.get("catch_up", defaults["catch_up"]),
         )
     except ConfigError as exc:
         message = str(exc)

@@ -202,6 +202,9 @@ class Scheduler:
         self.on_decision = on_decision
         self._check_store()
         self.stats = {entry.name: EntryStats() for entry in schedule.entries}
+        self._entries = {entry.name: entry for entry in schedule.entries}
+        self._caught_up: dict[str, list[int]] = {}
+        """Per entry: occurrences left by the catch-up policy, first and last, not said yet."""
         self.clockwatch = ClockWatch(self.store, clock, self.node)
         self._heap: list[tuple[int, int, Any]] = []
         self._seq = itertools.count()
@@ -258,10 +261,12 @@ class Scheduler:
             group.occurrences = group.trigger.after(now_ms - group.reach_ms)
             self._queue_next(group)
 
-    def _queue_next(self, group: _Group) -> None:
+    def _queue_next(self, group: _Group) -> int | None:
+        """Queue the group's next occurrence, and return it."""
         occurrence = next(group.occurrences, None)
         if occurrence is not None:
             self._push(occurrence - self._expand_ahead_ms(group), (group, occurrence))
+        return occurrence
 
     def _expand_ahead_ms(self, group: _Group) -> int:
         """Big fan-outs start preparing early enough to be ready at their occurrence."""
@@ -273,10 +278,12 @@ class Scheduler:
 
     def _expand(self, group: _Group, occurrence: int) -> None:
         """Turn one occurrence of a trigger into the firings of every entry and tenant."""
-        self._queue_next(group)
+        following = self._queue_next(group)
         for entry in group.entries:
             if occurrence < self._start_ms - entry.max_late_ms:
                 continue  # before this node's time: not ours to judge
+            if occurrence < self._start_ms and self._not_caught_up(entry, occurrence, following):
+                continue
             base = self.schedule.address(entry)
             tenants = self._tenants_of(entry)
             if tenants is None:
@@ -291,6 +298,42 @@ class Scheduler:
                 )
             elif tenants:
                 self._push(self.now_ms(), FanOut(entry, base, occurrence, tenants))
+
+    def _not_caught_up(self, entry: Entry, occurrence: int, following: int | None) -> bool:
+        """Whether the entry's catch-up policy leaves this occurrence, from before the
+        node's start, unclaimed: ``none`` leaves every such occurrence, ``latest`` all but
+        the last of them (the others are coalesced into it), ``all`` none. Counted as
+        ``missed`` and said once per entry (:meth:`_say_catch_up`)."""
+        policy = entry.catch_up
+        if policy == "all":
+            return False
+        if policy == "latest" and (following is None or following >= self._start_ms):
+            return False
+        known = entry.tenants if isinstance(entry.tenants, tuple) else None
+        count = len(known or self._tenants.get(entry.name) or (None,))
+        self.stats[entry.name].missed += count
+        self._summary["missed"] += count
+        skipped = self._caught_up.setdefault(entry.name, [0, occurrence, occurrence])
+        skipped[0] += 1
+        skipped[2] = occurrence
+        return True
+
+    def _say_catch_up(self) -> None:
+        """One INFO line per entry whose catch-up policy left occurrences unclaimed."""
+        for name, (count, first, last) in self._caught_up.items():
+            entry = self._entries[name]
+            kept = "the latest is claimed" if entry.catch_up == "latest" else "none is claimed"
+            logger.info(
+                "entry %s: %d occurrence(s) from %s to %s, before this node started, left "
+                "unclaimed by catch_up=%r (%s); counted as missed",
+                shown(name),
+                count,
+                iso(first),
+                iso(last),
+                entry.catch_up,
+                kept,
+            )
+        self._caught_up.clear()
 
     def _skip_late(self, group: _Group, occurrence: int | None, now: int) -> int | None:
         """After a clock jump or a long freeze, skip in one step all but the last of the
@@ -351,6 +394,8 @@ class Scheduler:
                 self.decide(firing, "clock_skew")
         elif due:
             self._dispatch(due)
+        if self._caught_up:
+            self._say_catch_up()
         self._warn_trouble(now)
         self._log_summary(now)
         decisions, self._decisions = self._decisions, []

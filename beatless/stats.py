@@ -47,6 +47,7 @@ _COUNTERS = {
     "corrupt": "corrupt",
     "foreign": "foreign",
     "clock_skew": "skipped_clock",
+    "missed": "missed",
     "enqueue_failed": "enqueue_failures",
     "stale_claim": "stale_claims",
     "unavailable": "store_unavailable",
@@ -71,6 +72,9 @@ class EntryStats:
     """Firings lost to a claim of another task under the same address (two apps sharing
     one store and namespace); each is counted in ``lost`` too."""
     skipped_clock: int = 0
+    missed: int = 0
+    """Firings of occurrences before the node's start that its catch-up policy left
+    unclaimed (``latest``: coalesced into the last one; ``none``: all of them)."""
     enqueue_failures: int = 0
     stale_claims: int = 0
     store_unavailable: int = 0

@@ -9,6 +9,7 @@ parent process can count the firings of every node, even one it kills.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -16,10 +17,12 @@ from beatless import Entry, Every, Firing, Schedule
 from beatless.scheduler import Scheduler
 from beatless.stores import open_store
 
+CATCH_UP = os.environ.get("BEATLESS_TEST_CATCH_UP", "latest")
+"""The entries' catch-up policy: a test of the policies sets it."""
 SCHEDULE = Schedule(
     [
-        Entry(name="every-1s", task="tests.one", trigger=Every(1)),
-        Entry(name="every-2s", task="tests.two", trigger=Every(2)),
+        Entry(name="every-1s", task="tests.one", trigger=Every(1), catch_up=CATCH_UP),
+        Entry(name="every-2s", task="tests.two", trigger=Every(2), catch_up=CATCH_UP),
     ],
     namespace="multiprocess",
 )

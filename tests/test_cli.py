@@ -359,6 +359,21 @@ def test_explain_shows_numbers_an_operator_can_recompute_with_hashlib(
     assert release_iso.replace("+00:00", "Z") in out
 
 
+def test_explain_and_check_show_the_catch_up_policy(
+    schedule_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        ["explain", schedule_file, "nightly", "--at", "2026-11-29T02:00:00Z", "--tenant", "globex"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "  catch_up    'latest': by a node that starts after it, claimed only if it is" in out
+    assert main(["check", schedule_file]) == 0
+    table = capsys.readouterr().out
+    assert "catch_up" in table
+    assert "latest" in table
+
+
 def test_explain_of_an_instant_that_is_no_occurrence_names_the_nearest_ones(
     schedule_file: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

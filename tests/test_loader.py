@@ -343,3 +343,32 @@ def test_anchor_may_be_a_toml_offset_date_time_but_not_a_local_one(tmp_path: Pat
     (error,) = errors_of(write(tmp_path, base + "anchor = 2026-01-01T00:30:00\n", "local.toml"))
     assert "entry 'a'" in error
     assert "timezone-aware" in error
+
+
+def test_catch_up_has_a_file_default_an_entry_override_and_names_a_bad_value(
+    tmp_path: Path,
+) -> None:
+    target = write(
+        tmp_path,
+        """
+        catch_up = "all"
+
+        [[entry]]
+        name = "inherits"
+        task = "t.a"
+        every = "1m"
+
+        [[entry]]
+        name = "overrides"
+        task = "t.b"
+        every = "1m"
+        catch_up = "none"
+        """,
+    )
+    inherits, overrides = load_schedule(target).entries
+    assert (inherits.catch_up, overrides.catch_up) == ("all", "none")
+    plain = write(tmp_path, '[[entry]]\nname = "a"\ntask = "t"\nevery = "1m"\n')
+    assert load_schedule(plain).entries[0].catch_up == "latest"
+    bad = write(tmp_path, 'catch_up = "some"\n[[entry]]\nname = "a"\ntask = "t"\nevery = "1m"\n')
+    with pytest.raises(ScheduleError, match="top level: catch_up must be one of"):
+        load_schedule(bad)

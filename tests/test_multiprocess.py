@@ -79,3 +79,38 @@ def test_three_processes_on_one_sqlite_file_win_every_occurrence_exactly_once(
         assert expected, "the window is empty: the machine is too slow for this test"
         assert expected <= seen, f"{name} missed {sorted(expected - seen)}"
     assert {f["node"] for f in firings} <= {"n0", "n1", "n2"}
+
+
+@pytest.mark.parametrize("policy", ["latest", "all", "none"])
+def test_a_fresh_fleet_catches_up_as_its_policy_says(tmp_path: Path, policy: str) -> None:
+    """Three node processes start together on an empty store: of the occurrences before
+    their start, ``latest`` sends one per address, ``all`` every one within max_late (60
+    of the 1 s entry), ``none`` nothing; after the start, every occurrence, once."""
+    url = f"sqlite:///{tmp_path / 'claims.db'}"
+    started_ms = time.time() * 1_000
+    os.environ["BEATLESS_TEST_CATCH_UP"] = policy
+    try:
+        processes = start_nodes(url, tmp_path, count=3, seconds=6)
+    finally:
+        del os.environ["BEATLESS_TEST_CATCH_UP"]
+    try:
+        reap(processes, timeout=30)
+    finally:
+        reap(processes, timeout=0)
+    firings = read_firings(tmp_path)
+    ids = Counter(f["id"] for f in firings)
+    assert max(ids.values()) == 1, "a duplicate"
+    # "Before the start": before the first node could have started (the processes start
+    # within a second of started_ms, so the boundary second is left out).
+    before = [f for f in firings if int(f["occurrence_ms"]) < started_ms - 1_000]
+    per_address = Counter(str(f["entry"]) for f in before)
+    if policy == "latest":
+        assert set(per_address.values()) <= {1}, per_address
+    elif policy == "all":
+        assert per_address["every-1s"] >= 58, per_address
+        assert per_address["every-2s"] >= 29, per_address
+    else:
+        assert per_address == Counter(), per_address
+    after = {int(f["occurrence_ms"]) // 1_000 for f in firings if f["entry"] == "every-1s"}
+    low, high = int(started_ms / 1_000) + 3, int(started_ms / 1_000) + 5
+    assert set(range(low, high)) <= after, sorted(after)

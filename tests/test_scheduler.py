@@ -86,8 +86,14 @@ def test_three_nodes_on_one_store_enqueue_every_firing_exactly_once() -> None:
     store = MemoryStore(clock=clock)
     schedule = Schedule(
         [
-            entry("one", trigger=Every(1)),
-            entry("fan", trigger=Every(5), jitter="2s", tenants=[f"t{i}" for i in range(30)]),
+            entry("one", trigger=Every(1), catch_up="all"),
+            entry(
+                "fan",
+                trigger=Every(5),
+                jitter="2s",
+                tenants=[f"t{i}" for i in range(30)],
+                catch_up="all",
+            ),
         ]
     )
     sent: list[Firing] = []
@@ -318,7 +324,7 @@ def test_occurrences_are_computed_once_per_trigger_shared_by_its_entries() -> No
     clock = Clock()
     log: list[int] = []
     trigger = CountingTrigger(Every(10), log)
-    schedule = Schedule([entry(f"e{i}", trigger=trigger) for i in range(50)])
+    schedule = Schedule([entry(f"e{i}", trigger=trigger, catch_up="all") for i in range(50)])
     node = Scheduler(schedule, store=MemoryStore(clock=clock), clock=clock)
     run_nodes([node], clock, 60, step=1)
     assert len(log) == len(set(log))
@@ -491,3 +497,103 @@ def test_an_entry_name_with_a_slash_keeps_the_address_unambiguous() -> None:
     assert schedule.address(percent) == "app/100%25"
     with pytest.raises(ConfigError, match="namespace 'a/b'"):
         Schedule([entry()], namespace="a/b")
+
+
+# -- catch-up policy -------------------------------------------------------------------
+
+
+def catch_up_run(policy: str) -> tuple[list[Firing], Scheduler]:
+    """A fresh node, empty store, entries every 1 s and 2 s and a 5-tenant fan-out every
+    5 s with jitter: what it sends of the occurrences before its start, with
+    ``catch_up=policy``. The node starts
+    half a second after a whole second, so that no occurrence falls on its start."""
+    clock = Clock(T0 - 5 + 0.5)
+    sent: list[Firing] = []
+    tenants = [f"t{i}" for i in range(5)]
+    schedule = Schedule(
+        [
+            entry("one", trigger=Every(1), catch_up=policy),
+            entry("two", trigger=Every(2), catch_up=policy),
+            entry("fan", trigger=Every(5), jitter="2s", tenants=tenants, catch_up=policy),
+        ]
+    )
+    node = Scheduler(schedule, store=MemoryStore(clock=clock), clock=clock, enqueue=sent.append)
+    start = node.now_ms()
+    node.tick()
+    run_nodes([node], clock, 3)  # the fan-out's tenants come at their offsets
+    return [f for f in sent if f.occurrence_ms < start], node
+
+
+def before_start(node: Scheduler, every_s: int) -> list[int]:
+    """The occurrences within max_late (60 s) before the node's start."""
+    start = node.now_ms() - 3_000
+    return [o for o in range(start - 60_000, start) if o % (every_s * 1_000) == 0]
+
+
+def test_catch_up_latest_claims_one_occurrence_per_address_and_counts_the_rest() -> None:
+    sent, node = catch_up_run("latest")
+    by_address = Counter(f.address for f in sent)
+    assert len(by_address) == 2 + 5
+    assert max(by_address.values()) == 1
+    for name, every in (("one", 1), ("two", 2)):
+        latest = [f.occurrence_ms for f in sent if f.entry.name == name]
+        assert latest == before_start(node, every)[-1:]
+        assert node.stats[name].missed == len(before_start(node, every)) - 1
+    # The fan-out's latest occurrence: every tenant's firing, each at its offset.
+    fan = [f for f in sent if f.entry.name == "fan"]
+    assert {f.occurrence_ms for f in fan} == set(before_start(node, 5)[-1:])
+    assert node.stats["fan"].missed == (len(before_start(node, 5)) - 1) * 5
+
+
+def test_catch_up_all_claims_every_occurrence_within_max_late_and_none_claims_none() -> None:
+    sent_all, node_all = catch_up_run("all")
+    assert len([f for f in sent_all if f.entry.name == "one"]) == len(before_start(node_all, 1))
+    assert sum(s.missed for s in node_all.stats.values()) == 0
+    sent_none, node_none = catch_up_run("none")
+    assert sent_none == []
+    assert node_none.stats["one"].missed == len(before_start(node_none, 1))
+    assert node_none.stats["fan"].missed == len(before_start(node_none, 5)) * 5
+
+
+def test_catch_up_policy_leaves_the_occurrences_after_the_start_alone() -> None:
+    for policy in ("latest", "none"):
+        clock = Clock()
+        sent: list[Firing] = []
+        schedule = Schedule([entry("one", trigger=Every(1), catch_up=policy)])
+        node = Scheduler(schedule, store=MemoryStore(clock=clock), clock=clock, enqueue=sent.append)
+        start = node.now_ms()
+        node.tick()
+        sent.clear()
+        run_nodes([node], clock, 10)
+        after = [f.occurrence_ms for f in sent]
+        assert after == list(range(start - start % 1_000 + 1_000, clock.ms + 1, 1_000))
+
+
+def test_a_node_joining_a_running_fleet_makes_no_one_skip_anything() -> None:
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+    sent: list[Firing] = []
+    schedule = Schedule([entry("one", trigger=Every(1), catch_up="none")])
+    first = Scheduler(schedule, store=store, clock=clock, node="a", enqueue=sent.append)
+    first.tick()
+    run_nodes([first], clock, 5)
+    joining = Scheduler(schedule, store=store, clock=clock, node="b", enqueue=sent.append)
+    run_nodes([first, joining], clock, 10)
+    occurrences = sorted(f.occurrence_ms for f in sent)
+    assert occurrences == list(range(occurrences[0], occurrences[-1] + 1, 1_000))
+
+
+def test_catch_up_is_said_once_per_entry(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="beatless"):
+        _, node = catch_up_run("latest")
+        node.tick()
+    said = [
+        r.getMessage() for r in caplog.records if "left unclaimed by catch_up" in r.getMessage()
+    ]
+    assert len(said) == 3
+    assert any(line.startswith("entry 'one': 59 occurrence(s)") for line in said)
+
+
+def test_catch_up_must_be_one_of_the_policies() -> None:
+    with pytest.raises(ConfigError, match="catch_up must be one of 'latest', 'all', 'none'"):
+        entry("bad", catch_up="some")

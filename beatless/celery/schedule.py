@@ -57,7 +57,7 @@ from beatless.urls import mask_url
 
 logger = logging.getLogger(__name__)
 
-ENTRY_SETTINGS = ("jitter", "max_late", "tenants")
+ENTRY_SETTINGS = ("jitter", "max_late", "tenants", "catch_up")
 """The keys allowed in an entry's ``options["beatless"]``."""
 
 _CRON_FIELDS = (  # attribute, the full range as Celery expands it
@@ -147,6 +147,7 @@ def read_entry(name: str, spec: Any, settings: CelerySettings) -> Entry:
         jitter=beatless.get("jitter", settings.jitter),
         max_late=beatless.get("max_late", settings.max_late),
         tenants=_tenants(name, beatless.get("tenants")),
+        catch_up=beatless.get("catch_up", settings.catch_up),
     )
 
 

@@ -9,6 +9,8 @@
                                    name, unless the claim store is ``memory://``.
 ``beatless_max_late``              Default ``max_late`` of an entry. Default: 60 s.
 ``beatless_jitter``                Default jitter window of an entry. Default: 0.
+``beatless_catch_up``              Default catch-up policy of an entry: ``"latest"``
+                                   (default), ``"all"`` or ``"none"``.
 ``beatless_lease``                 Lease of a pending claim on the two-phase path. Default: 30 s.
 ``beatless_force_two_phase``       Claim, then ``send_task``, then commit, even on the broker's
                                    own Redis (keeps the publish signals). Default: False.
@@ -37,7 +39,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from beatless.dispatch import DEFAULT_LEASE
 from beatless.durations import as_timedelta
-from beatless.entry import DEFAULT_MAX_LATE
+from beatless.entry import DEFAULT_CATCH_UP, DEFAULT_MAX_LATE, catch_up_policy
 from beatless.errors import ConfigError, ScheduleError
 from beatless.problems import REFUSE, on_schedule_error
 from beatless.triggers import zone
@@ -60,6 +62,7 @@ class CelerySettings:
     timezone: str
     max_late: timedelta = DEFAULT_MAX_LATE
     jitter: timedelta = timedelta(0)
+    catch_up: str = DEFAULT_CATCH_UP
     lease: timedelta = DEFAULT_LEASE
     force_two_phase: bool = False
     expires_from_lateness: bool = False
@@ -70,6 +73,7 @@ class CelerySettings:
             f"CelerySettings(store_url={mask_url(self.store_url)!r}, "
             f"broker_url={mask_url(self.broker_url)!r}, namespace={self.namespace!r}, "
             f"timezone={self.timezone!r}, max_late={self.max_late!r}, jitter={self.jitter!r}, "
+            f"catch_up={self.catch_up!r}, "
             f"lease={self.lease!r}, force_two_phase={self.force_two_phase!r}, "
             f"expires_from_lateness={self.expires_from_lateness!r}, "
             f"on_schedule_error={self.on_schedule_error!r})"
@@ -100,6 +104,12 @@ class CelerySettings:
                 lambda: _duration(conf, "beatless_max_late", DEFAULT_MAX_LATE), DEFAULT_MAX_LATE
             ),
             jitter=read(lambda: _duration(conf, "beatless_jitter", timedelta(0)), timedelta(0)),
+            catch_up=read(
+                lambda: catch_up_policy(
+                    conf.get("beatless_catch_up", DEFAULT_CATCH_UP), "beatless_catch_up"
+                ),
+                DEFAULT_CATCH_UP,
+            ),
             lease=read(lambda: _duration(conf, "beatless_lease", DEFAULT_LEASE), DEFAULT_LEASE),
             force_two_phase=read(lambda: _flag(conf, "beatless_force_two_phase"), False),
             expires_from_lateness=read(

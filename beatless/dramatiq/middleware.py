@@ -32,7 +32,14 @@ from beatless.dramatiq.messages import message_for
 from beatless.dramatiq.periodic import OPTION, declarations
 from beatless.dramatiq.sending import Sender, is_broker
 from beatless.durations import DurationLike, as_timedelta, to_ms
-from beatless.entry import DEFAULT_MAX_LATE, Entry, Schedule, address_segment
+from beatless.entry import (
+    DEFAULT_CATCH_UP,
+    DEFAULT_MAX_LATE,
+    Entry,
+    Schedule,
+    address_segment,
+    catch_up_policy,
+)
 from beatless.errors import ConfigError, ScheduleError
 from beatless.firing import Firing
 from beatless.problems import (
@@ -85,7 +92,7 @@ class Beatless(Middleware):
 
     ``entries`` are :class:`~beatless.Entry` values whose ``task`` is an actor name;
     actors declared with the ``periodic`` option are added to them when the scheduler
-    starts. ``jitter`` and ``max_late`` are the defaults of those declarations.
+    starts. ``jitter``, ``max_late`` and ``catch_up`` are the defaults of those declarations.
     ``tenant_kwarg`` is the keyword argument a fan-out firing passes its tenant in
     (``None``: only in the message options). ``on_schedule_error`` is ``"refuse"`` (a
     schedule with problems stops the worker) or ``"consume"`` (the worker consumes and
@@ -101,6 +108,7 @@ class Beatless(Middleware):
         timezone: str = "UTC",
         jitter: DurationLike = 0,
         max_late: DurationLike = DEFAULT_MAX_LATE,
+        catch_up: str = DEFAULT_CATCH_UP,
         lease: DurationLike = DEFAULT_LEASE,
         tenant_kwarg: str | None = "tenant",
         on_schedule_error: str = REFUSE,
@@ -121,6 +129,7 @@ class Beatless(Middleware):
         self.timezone = timezone
         self.jitter = as_timedelta(jitter, name="Beatless: jitter")
         self.max_late = as_timedelta(max_late, name="Beatless: max_late")
+        self.catch_up = catch_up_policy(catch_up, "Beatless")
         self.lease = as_timedelta(lease, name="Beatless: lease")
         self.tenant_kwarg = tenant_kwarg
         self.on_schedule_error = _on_schedule_error(on_schedule_error)
@@ -232,7 +241,11 @@ class Beatless(Middleware):
         for declared in collect(partial(declarations, actor.actor_name, value), problems) or ():
             entry = collect(
                 partial(
-                    declared.entry, actor.actor_name, jitter=self.jitter, max_late=self.max_late
+                    declared.entry,
+                    actor.actor_name,
+                    jitter=self.jitter,
+                    max_late=self.max_late,
+                    catch_up=self.catch_up,
                 ),
                 problems,
             )

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from beatless.durations import DurationLike, as_timedelta
-from beatless.entry import DEFAULT_MAX_LATE, Entry, Tenants
+from beatless.entry import DEFAULT_CATCH_UP, DEFAULT_MAX_LATE, Entry, Tenants, catch_up_policy
 from beatless.errors import ConfigError, ScheduleError
 from beatless.problems import collect
 from beatless.triggers import Cron, Every, Trigger
@@ -28,7 +28,8 @@ OPTION = "periodic"
 class Periodic:
     """When an actor runs on its own: a trigger, its timing, and what to send it.
 
-    ``jitter`` and ``max_late`` left as ``None`` take the middleware's defaults. ``name``
+    ``jitter``, ``max_late`` and ``catch_up`` left as ``None`` take the middleware's
+    defaults. ``name``
     names the entry (the actor's name by default); an actor with several declarations
     gives each a name. ``problems`` holds what is wrong with the declaration (``trigger``
     is ``None`` when it could not be built); :meth:`entry` raises them, naming the entry.
@@ -42,6 +43,7 @@ class Periodic:
     options: Mapping[str, Any] = field(default_factory=dict)
     tenants: Tenants = None
     name: str | None = None
+    catch_up: str | None = None
     problems: tuple[str, ...] = ()
 
     def entry(
@@ -50,6 +52,7 @@ class Periodic:
         *,
         jitter: DurationLike = 0,
         max_late: DurationLike = DEFAULT_MAX_LATE,
+        catch_up: str = DEFAULT_CATCH_UP,
     ) -> Entry:
         """The entry of this declaration on ``actor_name``, with the defaults given."""
         name = self.name or actor_name
@@ -66,6 +69,7 @@ class Periodic:
             jitter=jitter if self.jitter is None else self.jitter,
             max_late=max_late if self.max_late is None else self.max_late,
             tenants=self.tenants,
+            catch_up=catch_up if self.catch_up is None else self.catch_up,
         )
 
 
@@ -81,6 +85,7 @@ def cron(
     options: Mapping[str, Any] | None = None,
     tenants: Tenants = None,
     name: str | None = None,
+    catch_up: str | None = None,
 ) -> Periodic:
     """Run the actor on a cron expression, in ``tz`` (the middleware's time zone if
     ``None``): ``periodic=cron("0 2 * * *", jitter="2m")``."""
@@ -93,6 +98,7 @@ def cron(
         options=options,
         tenants=tenants,
         name=name,
+        catch_up=catch_up,
     )
 
 
@@ -107,6 +113,7 @@ def every(
     options: Mapping[str, Any] | None = None,
     tenants: Tenants = None,
     name: str | None = None,
+    catch_up: str | None = None,
 ) -> Periodic:
     """Run the actor every ``interval`` (``"30s"``, ``90``, ``timedelta``), on slots
     anchored to ``anchor`` (the Unix epoch): ``periodic=every("30s")``."""
@@ -119,6 +126,7 @@ def every(
         options=options,
         tenants=tenants,
         name=name,
+        catch_up=catch_up,
     )
 
 
@@ -132,6 +140,7 @@ def _periodic(
     options: Mapping[str, Any] | None,
     tenants: Tenants,
     name: str | None,
+    catch_up: str | None,
 ) -> Periodic:
     problems: list[str] = []
     return Periodic(
@@ -143,8 +152,13 @@ def _periodic(
         options=dict(options or {}),
         tenants=tenants,
         name=name,
+        catch_up=collect(lambda: _policy(catch_up), problems),
         problems=tuple(problems),
     )
+
+
+def _policy(value: str | None) -> str | None:
+    return None if value is None else catch_up_policy(value, "catch_up")
 
 
 def _duration(value: DurationLike | None, name: str) -> timedelta | None:

@@ -530,3 +530,15 @@ def test_stock_celery_beat_loads_and_sends_a_schedule_carrying_beatless_options(
                 Queue(queue).bind(connection.default_channel).delete()
     finally:
         stock.close()
+
+
+def test_catch_up_comes_from_the_app_setting_or_the_entry_and_is_checked() -> None:
+    app = make_app(
+        {**entry("plain", 600), **entry("own", 600, options={"beatless": {"catch_up": "none"}})},
+        beatless_catch_up="all",
+    )
+    by_name = {e.name: e.catch_up for e in read_schedule(app).entries}
+    assert by_name == {"plain": "all", "own": "none"}
+    assert {e.catch_up for e in read_schedule(make_app(entry("d", 600))).entries} == {"latest"}
+    with pytest.raises(ConfigError, match="beatless_catch_up: catch_up must be one of"):
+        CelerySettings.from_app(make_app(entry("d", 600), beatless_catch_up="some"))

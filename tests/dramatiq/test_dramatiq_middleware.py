@@ -515,3 +515,17 @@ def ours(records: list[logging.LogRecord]) -> list[logging.LogRecord]:
     """beatless's own records: Dramatiq's middleware (its Prometheus exporter on 1.x)
     logs on its own loggers."""
     return [r for r in records if r.name.startswith("beatless")]
+
+
+def test_catch_up_comes_from_the_middleware_or_the_declaration() -> None:
+    stub = StubBroker()
+    beat = bd.Beatless(store="memory://", namespace="app", catch_up="none")
+    stub.add_middleware(beat)
+    dramatiq.actor(lambda: None, actor_name="a", broker=stub, periodic=bd.every("1m"))
+    dramatiq.actor(
+        lambda: None, actor_name="b", broker=stub, periodic=bd.every("1m", catch_up="all")
+    )
+    by_name = {e.name: e.catch_up for e in beat.schedule(stub).entries}
+    assert by_name == {"a": "none", "b": "all"}
+    with pytest.raises(ConfigError, match="catch_up must be one of"):
+        bd.Beatless(store="memory://", namespace="app", catch_up="some")
