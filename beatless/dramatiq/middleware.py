@@ -394,7 +394,7 @@ class Beatless(Middleware):
             scheme = store.split(":", 1)[0].lower()
             return scheme in SCHEMES and url_is_broker_redis(store, broker)
         if isinstance(store, RedisStore):
-            return same_redis(store._client, broker.client)
+            return same_redis(store.client, broker.client)
         return _is_redis_client(store) and same_redis(store, broker.client)
 
     @staticmethod
