@@ -338,7 +338,7 @@ class Beatless(Middleware):
             return atomic
         store = self.store
         if isinstance(store, str):
-            store = open_store(store, **self._store_options(store))
+            store = open_store(store, namespace=self.address_namespace)
             self._opened.append(store)
         elif _is_redis_client(store):
             from beatless.stores.redis import RedisStore
@@ -351,11 +351,6 @@ class Beatless(Middleware):
             )
         logger.info("beatless: two-phase claim and enqueue through %r", store)
         return store
-
-    def _store_options(self, url: str) -> dict[str, Any]:
-        scheme = url.split(":", 1)[0].lower()
-        redis = scheme in ("redis", "rediss", "unix")
-        return {"namespace": self.address_namespace} if redis else {}
 
     def _atomic_store(self, any_broker: Broker, sender: Sender) -> Dispatcher | None:
         """The one-script store when ``store`` is the Redis of a ``RedisBroker``."""

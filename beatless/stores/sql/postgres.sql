@@ -1,0 +1,238 @@
+-- beatless: the PostgreSQL claim store's tables and functions, schema version 1.
+--
+-- Run by the store, in one transaction holding an advisory lock on the schema's name,
+-- with search_path set to the store's schema (default "beatless"): every name below is
+-- created there, and each function keeps that search_path (SET search_path FROM
+-- CURRENT), so a caller's own search_path changes nothing. Every statement is
+-- idempotent: a node that finds the schema at an older version, or missing a function,
+-- runs the whole file again. The caller then writes the version row.
+--
+-- Times are epoch milliseconds on the server's clock, clock_timestamp(), read once at
+-- the start of each function call. Each function's last argument, p_now_ms, is NULL
+-- but in tests, which pass the reading of a clock they move by hand instead. Identifiers are compared in the "C" collation, and
+-- every function locks rows in that order of (namespace, id), so that two calls never
+-- wait on each other in a cycle.
+
+CREATE TABLE IF NOT EXISTS version (
+    only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    version integer NOT NULL
+);
+
+-- One row per namespace: the identity of the store's memory for that namespace. Written
+-- by the first claim that finds it absent; a dropped schema (or a deleted row) means a
+-- new token, and every store object that saw the old one reports what it may have lost.
+CREATE TABLE IF NOT EXISTS epochs (
+    namespace text COLLATE "C" PRIMARY KEY,
+    token text NOT NULL,
+    started_ms bigint NOT NULL
+);
+
+-- One row per claim. format: the row's layout version (1); a row of any other format
+-- fails its firing as corrupt and is never overwritten. committed: false while pending.
+-- until_ms: the end of the lease (pending) or of the memory (committed), inclusive.
+-- forget_ms: when the row may be deleted, never before until_ms + memory_ms for a
+-- pending claim (so that a claim taken over after its lease ran out is still reported
+-- as a takeover) nor before until_ms for a committed one. A claim sets it to the end of
+-- its lease + memory_ms; commit and release leave it as it is whenever that is enough
+-- (a committed claim is then kept up to one lease longer than its memory), so that they
+-- change no indexed column and PostgreSQL can update the row in place (HOT).
+CREATE TABLE IF NOT EXISTS claims (
+    until_ms bigint NOT NULL,
+    forget_ms bigint NOT NULL,
+    memory_ms bigint NOT NULL,
+    claimed_ms bigint NOT NULL,
+    occurrence_ms bigint NOT NULL,
+    format smallint NOT NULL,
+    committed boolean NOT NULL,
+    namespace text COLLATE "C" NOT NULL,
+    id text COLLATE "C" NOT NULL,
+    tag text NOT NULL,
+    node text NOT NULL,
+    address text NOT NULL,
+    PRIMARY KEY (namespace, id)
+) WITH (fillfactor = 80);
+CREATE INDEX IF NOT EXISTS claims_forget_ms ON claims (forget_ms);
+
+-- claim_v1: judge and write a batch of claims; one call is one transaction.
+--
+-- Each request is judged by the contract's rules (beatless/stores/base.py), in the
+-- order of its id (then its place in the batch), against the row as it stands once
+-- locked. Returns one letter per request, in request order: W won, T takeover, L lost,
+-- H held, X late, E early, F forgotten, C corrupt, A foreign; and the namespace's epoch
+-- (written now if absent). p_seen is the epoch token the caller last saw ('' if none);
+-- when the epoch is another, the horizon is its start + p_tolerance_ms, else p_horizon
+-- (NULL: none): a firing nobody holds and released before the horizon is written
+-- committed and answered F. Afterwards, at most p_sweep rows past their forget_ms are
+-- deleted, skipping rows another call has locked.
+CREATE OR REPLACE FUNCTION claim_v1(
+    p_namespace text, p_node text, p_lease_ms bigint, p_tolerance_ms bigint,
+    p_seen text, p_horizon bigint, p_new_token text, p_sweep integer,
+    p_ids text[], p_addresses text[], p_occurrences bigint[], p_max_lates bigint[],
+    p_memories bigint[], p_releases bigint[], p_tags text[], p_now_ms bigint
+) RETURNS TABLE (outcomes text, epoch_token text, epoch_started_ms bigint)
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    now_ms bigint := coalesce(p_now_ms, floor(extract(epoch FROM clock_timestamp()) * 1000));
+    forgot_before bigint := p_horizon;
+    letters text[] := array_fill(''::text, ARRAY[cardinality(p_ids)]);
+    r record;
+    h claims%ROWTYPE;
+    letter text;
+    tries integer;
+BEGIN
+    SELECT e.token, e.started_ms INTO epoch_token, epoch_started_ms
+        FROM epochs e WHERE e.namespace = p_namespace;
+    IF NOT FOUND THEN
+        INSERT INTO epochs (namespace, token, started_ms)
+            VALUES (p_namespace, p_new_token, now_ms) ON CONFLICT DO NOTHING;
+        SELECT e.token, e.started_ms INTO epoch_token, epoch_started_ms
+            FROM epochs e WHERE e.namespace = p_namespace;
+    END IF;
+    IF p_seen <> '' AND epoch_token <> p_seen THEN
+        forgot_before := epoch_started_ms + p_tolerance_ms;
+    END IF;
+
+    FOR r IN
+        SELECT q.* FROM unnest(p_ids, p_addresses, p_occurrences, p_max_lates, p_memories,
+            p_releases, p_tags) WITH ORDINALITY
+            AS q(id, address, occurrence_ms, max_late_ms, memory_ms, release_ms, tag, ord)
+        ORDER BY q.id COLLATE "C", q.ord
+    LOOP
+        tries := 0;
+        LOOP
+            tries := tries + 1;
+            IF tries > 3 THEN
+                RAISE EXCEPTION 'beatless: claim of % kept changing under the lock', r.id;
+            END IF;
+            -- As if nobody held it: late, early, forgotten or a first win. A win is
+            -- written at once if the row is absent, which is the common case.
+            IF now_ms - r.occurrence_ms > r.max_late_ms + p_tolerance_ms THEN
+                letter := 'X';
+            ELSIF r.release_ms - now_ms > p_tolerance_ms THEN
+                letter := 'E';
+            ELSIF forgot_before IS NOT NULL AND r.release_ms < forgot_before THEN
+                letter := 'F';
+                INSERT INTO claims (until_ms, forget_ms, memory_ms, claimed_ms, occurrence_ms,
+                    format, committed, namespace, id, tag, node, address)
+                    VALUES (now_ms + r.memory_ms, now_ms + r.memory_ms, r.memory_ms, now_ms,
+                    r.occurrence_ms, 1, true, p_namespace, r.id, r.tag, p_node, r.address)
+                    ON CONFLICT DO NOTHING;
+                EXIT WHEN FOUND;
+            ELSE
+                letter := 'W';
+                INSERT INTO claims (until_ms, forget_ms, memory_ms, claimed_ms, occurrence_ms,
+                    format, committed, namespace, id, tag, node, address)
+                    VALUES (now_ms + p_lease_ms, now_ms + p_lease_ms + r.memory_ms,
+                    r.memory_ms, now_ms, r.occurrence_ms, 1, false, p_namespace, r.id, r.tag,
+                    p_node, r.address)
+                    ON CONFLICT DO NOTHING;
+                EXIT WHEN FOUND;
+            END IF;
+            -- A row stands there (or a late or early firing's may): judge it, locked.
+            SELECT * INTO h FROM claims c
+                WHERE c.namespace = p_namespace AND c.id = r.id FOR UPDATE;
+            IF NOT FOUND THEN
+                -- Late or early with no row: refused, nothing written. Otherwise the
+                -- row went between the insert and the look: try again.
+                EXIT WHEN letter IN ('X', 'E');
+                CONTINUE;
+            ELSIF h.format <> 1 THEN
+                letter := 'C';
+            ELSIF h.until_ms >= now_ms THEN
+                -- A live claim decides first.
+                IF h.tag <> r.tag AND h.tag <> '' AND r.tag <> '' THEN
+                    letter := 'A';
+                ELSIF h.committed THEN
+                    letter := 'L';
+                ELSIF h.node = p_node THEN
+                    letter := 'W';
+                    UPDATE claims c SET until_ms = now_ms + p_lease_ms,
+                        forget_ms = now_ms + p_lease_ms + r.memory_ms,
+                        memory_ms = r.memory_ms, tag = r.tag
+                        WHERE c.namespace = p_namespace AND c.id = r.id;
+                ELSE
+                    letter := 'H';
+                END IF;
+            ELSIF letter IN ('X', 'E') THEN
+                NULL;  -- a record whose lease or memory ran out refuses nothing itself
+            ELSE
+                -- A record whose lease or memory ran out: free, whatever its tag; a win
+                -- after it is never forgotten, and after a pending one is a takeover.
+                letter := CASE WHEN h.committed THEN 'W' ELSE 'T' END;
+                UPDATE claims c SET until_ms = now_ms + p_lease_ms,
+                    forget_ms = now_ms + p_lease_ms + r.memory_ms, memory_ms = r.memory_ms,
+                    claimed_ms = now_ms, occurrence_ms = r.occurrence_ms, committed = false,
+                    tag = r.tag, node = p_node, address = r.address
+                    WHERE c.namespace = p_namespace AND c.id = r.id;
+            END IF;
+            EXIT;
+        END LOOP;
+        letters[r.ord] := letter;
+    END LOOP;
+
+    -- Last, so that it never waits while holding the claims' locks out of order.
+    IF p_sweep > 0 THEN
+        DELETE FROM claims WHERE ctid = ANY (ARRAY(
+            SELECT c.ctid FROM claims c WHERE c.forget_ms < now_ms
+                ORDER BY c.forget_ms LIMIT p_sweep FOR UPDATE SKIP LOCKED));
+    END IF;
+    outcomes := array_to_string(letters, '');
+    RETURN NEXT;
+END
+$$;
+
+-- commit_v1: make this node's live claims committed, remembered for their memory_ms
+-- from now. Returns one '1' per id that was this node's (now committed), '0' for any
+-- other, in request order, and the namespace's epoch (NULL if none): read only. Each id
+-- is one lookup by primary key, in id order, so the cost follows the batch, not the
+-- table.
+CREATE OR REPLACE FUNCTION commit_v1(
+    p_namespace text, p_node text, p_ids text[], p_now_ms bigint
+)
+RETURNS TABLE (flags text, epoch_token text, epoch_started_ms bigint)
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    now_ms bigint := coalesce(p_now_ms, floor(extract(epoch FROM clock_timestamp()) * 1000));
+    letters text[] := array_fill('0'::text, ARRAY[cardinality(p_ids)]);
+    r record;
+BEGIN
+    FOR r IN
+        SELECT q.id, q.ord FROM unnest(p_ids) WITH ORDINALITY AS q(id, ord)
+        ORDER BY q.id COLLATE "C", q.ord
+    LOOP
+        UPDATE claims c SET committed = true, until_ms = now_ms + c.memory_ms,
+            forget_ms = greatest(c.forget_ms, now_ms + c.memory_ms)
+            WHERE c.namespace = p_namespace AND c.id = r.id AND c.node = p_node
+                AND c.format = 1 AND c.until_ms >= now_ms;
+        IF FOUND THEN
+            letters[r.ord] := '1';
+        END IF;
+    END LOOP;
+    flags := array_to_string(letters, '');
+    SELECT e.token, e.started_ms INTO epoch_token, epoch_started_ms
+        FROM epochs e WHERE e.namespace = p_namespace;
+    RETURN NEXT;
+END
+$$;
+
+-- release_v1: end this node's pending claims now. A released claim is kept with its
+-- lease ended (until_ms = now - 1) and forgotten memory_ms later, as a pending claim
+-- whose lease ran out is, so that the next claim that is not late is a takeover.
+-- Committed claims, other nodes' claims and rows of another format are left alone.
+CREATE OR REPLACE FUNCTION release_v1(
+    p_namespace text, p_node text, p_ids text[], p_now_ms bigint
+)
+RETURNS void
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    now_ms bigint := coalesce(p_now_ms, floor(extract(epoch FROM clock_timestamp()) * 1000));
+    r record;
+BEGIN
+    FOR r IN SELECT DISTINCT q.id COLLATE "C" AS id FROM unnest(p_ids) AS q(id) ORDER BY 1 LOOP
+        UPDATE claims c SET until_ms = least(c.until_ms, now_ms - 1),
+            forget_ms = greatest(c.forget_ms, least(c.until_ms, now_ms - 1) + c.memory_ms)
+            WHERE c.namespace = p_namespace AND c.id = r.id AND c.node = p_node
+                AND c.format = 1 AND NOT c.committed;
+    END LOOP;
+END
+$$;
