@@ -57,3 +57,22 @@ def test_bench_reports_celery_beat_side_by_side_or_says_why_not() -> None:
         assert {"load", "rss_after_load_mb", "first_wake_cpu_s", "idle_wake_cpu_s"} <= set(beat)
     else:
         assert beat["reason"]
+
+
+def test_stores_bench_prints_every_figure_for_the_stores_it_measures() -> None:
+    command = [sys.executable, str(BENCH.with_name("stores.py")), "--only", "memory,sqlite"]
+    done = subprocess.run(
+        [*command, "--seconds", "0.2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    stores = json.loads(done.stdout)["stores"]
+    assert [s["store"] for s in stores] == ["memory", "sqlite"]
+    for store in stores:
+        assert store["claims_per_s_batch_1"] > 0
+        assert store["claims_per_s_batch_1000"] > store["claims_per_s_batch_1"]
+        assert store["ops_per_firing_batch_1000"] == 0.002
+    assert stores[1]["bytes_per_claim"] > 0
