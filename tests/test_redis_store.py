@@ -870,7 +870,7 @@ def test_missing_driver_raises_config_error_with_install_hint(
 ) -> None:
     monkeypatch.setitem(sys.modules, "redis", None)
 
-    with pytest.raises(ConfigError, match=r"pip install 'beatless\[redis\]'"):
+    with pytest.raises(ConfigError, match=r"redis extra\): pip install 'redis>=5.0.1'"):
         RedisStore(URL)
 
 

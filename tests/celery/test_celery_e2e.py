@@ -204,7 +204,7 @@ def test_three_workers_on_rabbitmq_with_a_redis_claim_store_run_every_occurrence
     runs = read_list(f"{namespace}:runs")
     assert_exactly_once(judge(runs, expected_firings(namespace, low, high)), "RabbitMQ")
     for node in nodes:
-        assert "two-phase: tick-1s (the claim store is not the broker's Redis)" in node.text()
+        assert "two-phase: tick-1s (the broker is not Redis)" in node.text()
         assert won_by(node) > 0, f"{node.name} never won a firing"
         assert "Traceback" not in node.text(), logs(nodes)
 

@@ -1,0 +1,779 @@
+"""The NATS JetStream store against a real server: what the contract suite cannot see.
+
+The shared server at 127.0.0.1:4222 is used with a bucket of the test's own (a random
+name), and only that bucket is deleted afterwards. Cases that restart the server, wipe
+its storage, need a password or run without JetStream start a private ``nats-server``
+of their own on a free port and stop it by its pid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("nats", reason="the nats store needs: pip install 'beatless[nats]'")
+
+import nats
+from service_check import require_service
+from stores import NATS, NATS_URL, delete_nats_bucket, free_port
+
+from beatless import Entry, Every, Firing, Schedule
+from beatless.errors import ConfigError, StoreError, StoreUnavailable
+from beatless.scheduler import Scheduler
+from beatless.stores import ClaimRequest, Outcome, open_store
+from beatless.stores._jetstream import BucketInfo, bucket_info, parse_stamp_ms
+from beatless.stores.base import TOLERANCE_MS
+from beatless.stores.nats import DEFAULT_TTL, NATSStore
+
+MAX_LATE_MS = 60_000
+MEMORY_MS = 80_000
+LEASE_MS = 5_000
+TAG = "5eed7a95"
+NODE = Path(__file__).with_name("node_process.py")
+
+
+def firing(occurrence_ms: int, *, release_ms: int | None = None) -> ClaimRequest:
+    id_ = uuid.uuid4().hex
+    release = occurrence_ms if release_ms is None else release_ms
+    return ClaimRequest(id_, f"test/{id_[:8]}", occurrence_ms, MAX_LATE_MS, MEMORY_MS, release, TAG)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1_000)
+
+
+def admin(
+    url: str, subject: str, payload: Any = None, headers: dict[str, str] | None = None
+) -> Any:
+    """One request to the server behind the store's back; a JSON reply is decoded."""
+
+    async def run() -> Any:
+        client = await nats.connect(url, max_reconnect_attempts=1)
+        try:
+            if isinstance(payload, bytes):
+                body = payload
+            else:
+                body = b"" if payload is None else json.dumps(payload).encode()
+            reply = await client.request(subject, body, timeout=5, headers=headers)
+        finally:
+            await client.close()
+        try:
+            return json.loads(reply.data)
+        except ValueError:
+            return reply
+
+    return asyncio.run(run())
+
+
+def stream_info(bucket: str, url: str = NATS_URL) -> dict[str, Any]:
+    info: dict[str, Any] = admin(url, f"$JS.API.STREAM.INFO.KV_{bucket}")
+    return info
+
+
+def value_of(bucket: str, key: str, url: str = NATS_URL) -> tuple[str, int]:
+    """The value of a key as stored (bytes that are not UTF-8 kept as surrogates), and
+    its stamp on the server's clock."""
+    reply = admin(
+        url, f"$JS.API.STREAM.MSG.GET.KV_{bucket}", {"last_by_subj": f"$KV.{bucket}.{key}"}
+    )
+    message = reply["message"]
+    return base64.b64decode(message.get("data", "")).decode(
+        errors="surrogateescape"
+    ), parse_stamp_ms(message["time"])
+
+
+@pytest.fixture
+def bucket() -> Iterator[str]:
+    """A bucket of the test's own on the shared server; deleted afterwards, no other."""
+    require_service(*NATS)
+    name = f"beatless_test_{uuid.uuid4().hex[:12]}"
+    yield name
+    delete_nats_bucket(name)
+
+
+@pytest.fixture
+def store(bucket: str) -> Iterator[NATSStore]:
+    opened = NATSStore(NATS_URL, bucket=bucket)
+    yield opened
+    opened.close()
+
+
+class PrivateNats:
+    """A ``nats-server`` of the test's own on a free port, storing in ``directory``."""
+
+    def __init__(self, directory: Path, *, jetstream: bool = True, auth: str = "") -> None:
+        binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
+        if not os.path.exists(binary):
+            pytest.skip("nats-server is not installed; this case starts a private server")
+        self.args = [binary, "-a", "127.0.0.1", "-p", str(free_port()), "-sd", str(directory)]
+        self.args += ["-js"] if jetstream else []
+        self.args += auth.split()
+        self.directory = directory
+        self.port = int(self.args[4])
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def url(self, userinfo: str = "") -> str:
+        return f"nats://{userinfo}127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + 10
+        while not _answers(self.port):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"private nats-server on port {self.port} did not start")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def _answers(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            return sock.recv(4).startswith(b"INFO")
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def private_nats(tmp_path: Path) -> Iterator[PrivateNats]:
+    server = PrivateNats(tmp_path / "js")
+    server.start()
+    yield server
+    server.stop()
+
+
+# -- what is written, on whose clock -------------------------------------------------------
+
+
+def test_a_pending_claim_is_a_versioned_value_whose_lease_ends_on_the_server_clock(
+    store: NATSStore, bucket: str
+) -> None:
+    request = firing(store.time_ms())
+
+    assert store.claim([request], node="node|1", lease_ms=LEASE_MS) == [Outcome.WON]
+
+    value, stamp = value_of(bucket, f"claim.{request.id}")
+    version, state, until, memory, tag, node = value.split("|", 5)
+    assert (version, state, memory, tag, node) == ("v=1", "pending", str(MEMORY_MS), TAG, "node|1")
+    # The lease starts at the server's clock read at the start of the call: just before
+    # the claim's own stamp.
+    assert stamp - 1_000 <= int(until) - LEASE_MS <= stamp
+
+
+def test_commit_keeps_the_claim_for_its_memory_and_release_ends_the_lease_at_once(
+    store: NATSStore, bucket: str
+) -> None:
+    committed, released = firing(store.time_ms()), firing(store.time_ms())
+    store.claim([committed, released], node="a", lease_ms=LEASE_MS)
+
+    assert store.commit([committed.id], node="a") == [True]
+    store.release([released.id], node="a")
+
+    value, stamp = value_of(bucket, f"claim.{committed.id}")
+    assert value.startswith("v=1|committed|")
+    assert stamp - 1_000 <= int(value.split("|")[2]) - MEMORY_MS <= stamp
+    value, stamp = value_of(bucket, f"claim.{released.id}")
+    assert value.startswith("v=1|pending|")
+    assert stamp - 1_000 <= int(value.split("|")[2]) + 1 <= stamp
+    assert store.claim([released], node="b", lease_ms=LEASE_MS) == [Outcome.TAKEOVER]
+
+
+def test_time_ms_is_the_stamp_the_server_gives_a_message_written_for_it(
+    store: NATSStore, bucket: str
+) -> None:
+    before = now_ms()
+    reading = store.time_ms()
+
+    _value, stamp = value_of(bucket, "clock")
+    assert reading == stamp
+    assert before - 1_000 < reading < now_ms() + 1_000
+
+
+def test_a_late_claim_is_refused_on_the_server_clock_and_writes_no_claim(
+    store: NATSStore, bucket: str
+) -> None:
+    late = firing(store.time_ms() - MAX_LATE_MS - TOLERANCE_MS - 1_000)
+    early = firing(store.time_ms(), release_ms=store.time_ms() + TOLERANCE_MS + 5_000)
+
+    assert store.claim([late, early], node="a", lease_ms=LEASE_MS) == [Outcome.LATE, Outcome.EARLY]
+
+    assert stream_info(bucket)["state"]["num_subjects"] == 1  # the clock key only
+
+
+def test_a_value_it_cannot_read_fails_only_its_own_firing_and_is_never_overwritten(
+    store: NATSStore, bucket: str
+) -> None:
+    now = store.time_ms()
+    foreign, fine = firing(now), firing(now)
+    for junk in (b"another program's value", b"v=2|pending|1|2||a", b"\xff\xfe"):
+        admin(NATS_URL, f"$KV.{bucket}.claim.{foreign.id}", junk)
+
+        assert store.claim([foreign, fine], node="a", lease_ms=LEASE_MS) == [
+            Outcome.CORRUPT,
+            Outcome.WON,
+        ]
+        assert store.commit([foreign.id], node="a") == [False]
+        store.release([foreign.id], node="a")
+        stored, _stamp = value_of(bucket, f"claim.{foreign.id}")
+        assert stored == junk.decode(errors="surrogateescape")
+
+
+def test_a_deleted_claim_key_is_free_again(store: NATSStore, bucket: str) -> None:
+    request = firing(store.time_ms())
+    assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    admin(NATS_URL, f"$KV.{bucket}.claim.{request.id}", b"", headers={"KV-Operation": "DEL"})
+
+    assert store.claim([request], node="b", lease_ms=LEASE_MS) == [Outcome.WON]
+
+
+# -- the bucket: memory, rule 5, identity --------------------------------------------------
+
+
+def test_the_bucket_is_created_with_the_ttl_as_max_age_and_cannot_be_purged(
+    store: NATSStore, bucket: str
+) -> None:
+    store.claim([firing(store.time_ms())], node="a", lease_ms=LEASE_MS)
+
+    info = stream_info(bucket)
+    config = info["config"]
+    assert config["max_age"] == 300 * 10**9
+    assert (config["deny_purge"], config["deny_delete"], config["allow_rollup_hdrs"]) == (
+        True,
+        True,
+        False,
+    )
+    assert config["max_msgs_per_subject"] == 1
+    assert store.epoch is not None
+    assert re.fullmatch(r"beatless claims \(format 1\), epoch [0-9a-f]{32}", config["description"])
+    assert store.epoch.started_ms == parse_stamp_ms(info["created"])
+    purge = admin(NATS_URL, f"$JS.API.STREAM.PURGE.KV_{bucket}")
+    assert purge["error"]["description"] == "stream purge not permitted"
+
+
+def test_remembers_is_the_ttl_so_rule_5_is_checked_against_it(bucket: str) -> None:
+    schedule = Schedule([Entry(name="e", task="t", trigger=Every(300), jitter=30)])
+    default, short = NATSStore(NATS_URL, bucket=bucket), NATSStore(NATS_URL, ttl="60s")
+
+    assert default.remembers == DEFAULT_TTL == timedelta(minutes=5)
+    assert schedule.check_store(default.remembers, default.name) == []
+    (error,) = schedule.check_store(short.remembers, short.name)
+    assert "entry 'e'" in error
+    assert "1m" in error or "60" in error
+    for opened in (default, short):
+        opened.close()
+
+
+def test_an_existing_bucket_that_forgets_sooner_than_the_ttl_is_refused_with_the_numbers(
+    bucket: str,
+) -> None:
+    short = NATSStore(NATS_URL, bucket=bucket, ttl="90s")
+    short.probe()
+    short.close()
+    store = NATSStore(NATS_URL, bucket=bucket, ttl="5m")
+
+    with pytest.raises(StoreError, match="keeps claims for 1m30s") as caught:
+        store.claim([firing(now_ms())], node="a", lease_ms=LEASE_MS)
+
+    assert not isinstance(caught.value, StoreUnavailable)
+    assert "ttl 5m" in str(caught.value)
+    assert NATSStore(NATS_URL, bucket=bucket, ttl="60s").time_ms() > 0
+    store.close()
+
+
+def test_a_bucket_made_without_beatless_is_used_and_its_purges_warned_of(
+    bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="beatless")
+    config = {"name": f"KV_{bucket}", "subjects": [f"$KV.{bucket}.>"], "max_age": 600 * 10**9}
+    config |= {"max_msgs_per_subject": 1, "allow_rollup_hdrs": True, "allow_direct": True}
+    admin(NATS_URL, f"$JS.API.STREAM.CREATE.KV_{bucket}", config)
+    store = NATSStore(NATS_URL, bucket=bucket)
+
+    assert store.claim([firing(store.time_ms())], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+
+    assert "allows purges or roll-ups" in caplog.text
+    assert store.epoch is not None
+    assert store.epoch.started_ms == parse_stamp_ms(stream_info(bucket)["created"])
+    store.close()
+
+
+def test_a_bucket_with_a_limit_that_discards_old_claims_is_refused(bucket: str) -> None:
+    config = {"name": f"KV_{bucket}", "subjects": [f"$KV.{bucket}.>"], "max_age": 600 * 10**9}
+    config |= {"max_msgs": 1_000, "discard": "old"}
+    admin(NATS_URL, f"$JS.API.STREAM.CREATE.KV_{bucket}", config)
+    store = NATSStore(NATS_URL, bucket=bucket)
+
+    with pytest.raises(StoreError, match="discards old messages"):
+        store.time_ms()
+    store.close()
+
+
+def test_a_deleted_bucket_is_created_again_and_a_store_object_that_saw_it_reports_forgotten(
+    store: NATSStore, bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="beatless")
+    request = firing(store.time_ms())
+    assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    assert store.commit([request.id], node="a") == [True]
+    seen = store.epoch
+
+    delete_nats_bucket(bucket)
+
+    assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.FORGOTTEN]
+    assert store.epoch is not None
+    assert store.epoch != seen
+    assert "lost its memory" in caplog.text
+    # Written committed: no other node sends it either; a new store object adopts the
+    # new epoch with no cut-off, and a firing released after the horizon is won.
+    other = NATSStore(NATS_URL, bucket=bucket)
+    assert other.claim([request], node="b", lease_ms=LEASE_MS) == [Outcome.LOST]
+    assert other.epoch == store.epoch
+    horizon = store.epoch.started_ms + TOLERANCE_MS
+    later = firing(horizon - 5_000, release_ms=horizon)
+    assert store.claim([later], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    other.close()
+
+
+def test_a_commit_does_not_adopt_a_changed_epoch(store: NATSStore, bucket: str) -> None:
+    request = firing(store.time_ms())
+    assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    seen = store.epoch
+    delete_nats_bucket(bucket)
+
+    assert store.commit([request.id], node="a") == [False]
+
+    assert store.epoch == seen
+    assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.FORGOTTEN]
+
+
+def test_a_server_restart_keeps_the_claims_and_the_epoch(private_nats: PrivateNats) -> None:
+    store = NATSStore(private_nats.url(), bucket="restart")
+    request = firing(store.time_ms())
+    assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    assert store.commit([request.id], node="a") == [True]
+    seen = store.epoch
+
+    private_nats.stop()
+    with pytest.raises(StoreUnavailable):
+        store.claim([request], node="a", lease_ms=LEASE_MS)
+    private_nats.start()
+
+    assert store.claim([request], node="b", lease_ms=LEASE_MS) == [Outcome.LOST]
+    assert store.epoch == seen
+    store.close()
+
+
+def test_a_server_that_lost_its_storage_gives_forgotten(private_nats: PrivateNats) -> None:
+    store = NATSStore(private_nats.url(), bucket="wiped")
+    request = firing(store.time_ms())
+    assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    assert store.commit([request.id], node="a") == [True]
+
+    private_nats.stop()
+    shutil.rmtree(private_nats.directory)
+    private_nats.start()
+
+    assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.FORGOTTEN]
+    store.close()
+
+
+# -- batches and round trips --------------------------------------------------------------
+
+
+def test_a_batch_of_fresh_firings_is_one_create_each_sent_together(
+    store: NATSStore,
+) -> None:
+    now = store.time_ms()
+    requests = [firing(now) for _ in range(1_000)]
+    sent = store.requests
+
+    started = time.monotonic()
+    assert store.claim(requests, node="a", lease_ms=60_000) == [Outcome.WON] * 1_000
+    claimed = time.monotonic() - started
+    assert store.commit([r.id for r in requests], node="a") == [True] * 1_000
+
+    # The clock and the bucket's info, one create per firing; a commit needs no read.
+    assert store.requests - sent == 2 + 1_000 + 2 + 1_000
+    assert claimed < 5.0
+
+
+def test_a_node_that_loses_reads_once_and_writes_nothing(store: NATSStore, bucket: str) -> None:
+    now = store.time_ms()
+    requests = [firing(now) for _ in range(50)]
+    assert store.claim(requests, node="a", lease_ms=60_000) == [Outcome.WON] * 50
+    other = NATSStore(NATS_URL, bucket=bucket)
+    other.time_ms()
+    sent = other.requests
+
+    assert other.claim(requests, node="b", lease_ms=60_000) == [Outcome.HELD] * 50
+
+    assert other.requests - sent == 2 + 50 * 2  # a refused create and a read each
+    other.close()
+
+
+def test_threads_sharing_one_store_object_each_get_their_own_answers(store: NATSStore) -> None:
+    now = store.time_ms()
+    batches = [[firing(now) for _ in range(20)] for _ in range(6)]
+    results: list[list[Outcome]] = [[] for _ in batches]
+
+    def run(index: int) -> None:
+        results[index] = store.claim(batches[index], node=f"n{index}", lease_ms=60_000)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(batches))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert results == [[Outcome.WON] * 20] * 6
+
+
+# -- probe, connection, failures ----------------------------------------------------------
+
+
+def test_probe_writes_reads_back_and_deletes_a_key_and_leaves_the_claims(
+    store: NATSStore, bucket: str
+) -> None:
+    request = firing(store.time_ms())
+    assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+
+    store.probe()
+
+    subjects = admin(NATS_URL, f"$JS.API.STREAM.INFO.KV_{bucket}", {"subjects_filter": ">"})
+    probes = [s for s in subjects["state"]["subjects"] if ".probe." in s]
+    assert len(probes) == 1
+    reply = admin(NATS_URL, f"$JS.API.DIRECT.GET.KV_{bucket}.{probes[0]}")
+    assert reply.headers["KV-Operation"] == "DEL"
+    assert store.commit([request.id], node="a") == [True]
+
+
+def test_a_server_at_a_closed_port_is_unavailable_quickly_and_tried_again_later(
+    bucket: str,
+) -> None:
+    port = free_port()
+    store = NATSStore(f"nats://127.0.0.1:{port}", bucket=bucket, timeout=1)
+    started = time.monotonic()
+
+    with pytest.raises(StoreUnavailable, match="cannot connect"):
+        store.claim([firing(now_ms())], node="a", lease_ms=LEASE_MS)
+    with pytest.raises(StoreUnavailable):
+        store.probe()
+
+    assert time.monotonic() - started < 5.0
+    store.close()
+
+
+def test_wrong_password_is_a_store_error_that_does_not_show_it(tmp_path: Path) -> None:
+    server = PrivateNats(tmp_path / "js", auth="--user app --pass s3cret-pass")
+    server.start()
+    try:
+        wrong = open_store(server.url("app:hunter2-secret@"))
+        with pytest.raises(StoreError) as caught:
+            wrong.probe()
+        assert not isinstance(caught.value, StoreUnavailable)
+        assert "Authorization Violation" in str(caught.value)
+        assert "hunter2" not in str(caught.value)
+        assert "***" in str(caught.value)
+        right = open_store(server.url("app:s3cret-pass@"))
+        right.probe()
+        for opened in (wrong, right):
+            opened.close()
+    finally:
+        server.stop()
+
+
+def test_a_user_denied_the_bucket_s_subjects_gets_a_store_error_naming_them(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "nats.conf"
+    config.write_text(
+        "authorization { users = [ {user: app, password: pw, permissions: {publish: {deny: "
+        '["$KV.>"]}}} ] }\n'
+    )
+    server = PrivateNats(tmp_path / "js", auth=f"-c {config}")
+    server.start()
+    try:
+        store = NATSStore(server.url("app:pw@"), timeout=1)
+        with pytest.raises(StoreError, match=r"(?i)permissions violation") as caught:
+            store.probe()
+        assert not isinstance(caught.value, StoreUnavailable)
+        assert "$KV.beatless_default.>" in str(caught.value)
+        store.close()
+    finally:
+        server.stop()
+
+
+def test_a_server_without_jetstream_is_a_store_error_saying_so(tmp_path: Path) -> None:
+    server = PrivateNats(tmp_path / "js", jetstream=False)
+    server.start()
+    try:
+        store = NATSStore(server.url(), timeout=2)
+        with pytest.raises(StoreError, match="JetStream") as caught:
+            store.probe()
+        assert not isinstance(caught.value, StoreUnavailable)
+        store.close()
+    finally:
+        server.stop()
+
+
+def test_passwords_and_tokens_are_masked_in_repr_and_errors() -> None:
+    port = free_port()
+    with_password = open_store(f"nats://app:hunter2-secret@127.0.0.1:{port}/?timeout=1")
+    with_token = open_store(f"nats://s3cr3t-token@127.0.0.1:{port},127.0.0.1:{port}?timeout=1")
+
+    assert (
+        repr(with_password)
+        == f"NATSStore('nats://app:***@127.0.0.1:{port}', bucket='beatless_default')"
+    )
+    assert "s3cr3t" not in repr(with_token)
+    for opened in (with_password, with_token):
+        with pytest.raises(StoreUnavailable) as caught:
+            opened.time_ms()
+        assert "hunter2" not in str(caught.value)
+        assert "s3cr3t" not in str(caught.value)
+        opened.close()
+
+
+def test_close_closes_the_connection_and_the_thread_and_a_closed_store_refuses_calls(
+    store: NATSStore,
+) -> None:
+    store.time_ms()
+    link = store._link
+    assert link.alive()
+
+    store.close()
+    store.close()
+
+    assert not link.alive()
+    with pytest.raises(StoreError, match="closed"):
+        store.time_ms()
+
+
+# -- URLs and options ---------------------------------------------------------------------
+
+
+def test_open_store_routes_nats_urls_without_connecting() -> None:
+    port = free_port()
+    store = open_store(f"nats://127.0.0.1:{port}", namespace="app")
+    named = open_store(
+        "nats://h1:4222,h2:4223/?bucket=claims&ttl=10m&timeout=2s&replicas=3", ttl="15m"
+    )
+
+    assert isinstance(store, NATSStore)
+    assert isinstance(named, NATSStore)
+    assert store.name == "nats"
+    assert store.bucket == "beatless_app"
+    assert (named.bucket, named.ttl, named.timeout, named.replicas) == (
+        "claims",
+        timedelta(minutes=15),
+        2.0,
+        3,
+    )
+    assert named._servers == ["nats://h1:4222", "nats://h2:4223"]
+    assert named.remembers == timedelta(minutes=15)
+    for opened in (store, named):
+        opened.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("nats://127.0.0.1:4222/claims", "write nats://host:4222"),
+        ("nats://127.0.0.1:4222?ttl=5m&bucket=a&retries=3", "unknown option retries"),
+        ("nats://127.0.0.1:4222?bucket=has.dot", "letters, digits, - and _ only"),
+        ("nats://127.0.0.1:4222?ttl=0s", "ttl must be positive"),
+        ("nats://127.0.0.1:4222?ttl=soon", "ttl"),
+        ("nats://127.0.0.1:4222?replicas=7", "replicas must be 1 to 5"),
+        ("nats://", "write nats://host:4222"),
+    ],
+)
+def test_a_bad_url_is_a_config_error_that_says_what_to_write(url: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        open_store(url)
+
+
+def test_a_namespace_that_cannot_name_a_bucket_asks_for_one() -> None:
+    with pytest.raises(ConfigError, match=r"name one with \?bucket="):
+        open_store("nats://127.0.0.1:4222", namespace="team.reports")
+    store = open_store("nats://127.0.0.1:4222?bucket=reports", namespace="team.reports")
+    assert isinstance(store, NATSStore)
+    assert store.bucket == "reports"
+    store.close()
+
+
+def test_a_firing_id_that_cannot_be_a_key_is_refused(store: NATSStore) -> None:
+    request = ClaimRequest("has space", "ns/e", now_ms(), MAX_LATE_MS, MEMORY_MS, now_ms())
+
+    with pytest.raises(ConfigError, match="cannot be a key"):
+        store.claim([request], node="a", lease_ms=LEASE_MS)
+
+
+def test_missing_driver_raises_config_error_with_install_hint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "nats", None)
+
+    with pytest.raises(ConfigError, match=r"pip install 'beatless\[nats\]'"):
+        NATSStore("nats://127.0.0.1:4222")
+
+
+def test_a_server_that_tells_its_time_in_the_stream_info_is_read_without_a_clock_write() -> None:
+    # Servers newer than 2.9 put their time ("ts") in the stream info; 2.9 does not.
+    info = {
+        "config": {"description": "d", "max_age": 300 * 10**9, "deny_purge": True},
+        "created": "2026-12-01T11:00:00.000000001Z",
+        "state": {"messages": 1, "last_ts": "2026-12-01T11:03:50.5Z"},
+        "ts": "2026-12-01T11:03:51.25Z",
+    }
+    told = bucket_info(info)
+    assert (told.server_ms, told.last_ms) == (1796123031250, 1796123030500)
+    assert told.max_age_ms == 300_000
+    assert not told.purgeable
+    store = NATSStore(NATS_URL)
+    calls: list[bool] = []
+
+    class Told:
+        async def reading(self, _new: object, *, write_clock: bool) -> BucketInfo:
+            calls.append(write_clock)
+            return told
+
+    first = asyncio.run(store._state(Told()))  # type: ignore[arg-type]
+    second = asyncio.run(store._state(Told()))  # type: ignore[arg-type]
+
+    assert first.now_ms == second.now_ms == 1796123031250
+    assert calls == [True, False]
+    store.close()
+
+
+def test_server_stamps_are_read_to_the_millisecond() -> None:
+    assert parse_stamp_ms("2026-12-01T11:03:50.663014776Z") == 1796123030663
+    assert parse_stamp_ms("2026-12-01T11:03:50Z") == 1796123030000
+    assert parse_stamp_ms("2026-12-01T12:03:50.5+01:00") == 1796123030500
+
+
+# -- the two-phase path over the store ------------------------------------------------------
+
+
+def test_two_schedulers_whose_broker_fails_often_send_every_firing_exactly_once(
+    bucket: str,
+) -> None:
+    tenants = [f"t{i}" for i in range(20)]
+    schedule = Schedule([Entry(name="fan", task="t", trigger=Every(1), tenants=tenants)])
+    sent: list[Firing] = []
+    lock = threading.Lock()
+    failures = iter([True, False, False] * 10_000)
+
+    def enqueue(firing: Firing) -> None:
+        with lock:
+            if next(failures):
+                raise ConnectionError("the broker refused the message")
+            sent.append(firing)
+
+    stores = [NATSStore(NATS_URL, bucket=bucket) for _ in range(2)]
+    nodes = [
+        Scheduler(schedule, store=store, enqueue=enqueue, node=f"n{i}")
+        for i, store in enumerate(stores)
+    ]
+    started = time.time()
+    for node in nodes:
+        node.start()
+    time.sleep(6)
+    for node in nodes:
+        node.stop(timeout=5)
+    ended = time.time()
+    for store in stores:
+        store.close()
+
+    counts = Counter(f.id for f in sent)
+    assert max(counts.values()) == 1
+    window = range(int(started) + 2, int(ended) - 2)
+    seen = Counter(f.occurrence_ms // 1_000 for f in sent)
+    assert all(seen[second] == len(tenants) for second in window), seen
+
+
+# -- real node processes, one killed ------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_three_node_processes_one_killed_win_every_occurrence_exactly_once(
+    bucket: str, tmp_path: Path
+) -> None:
+    url = f"{NATS_URL}/?bucket={bucket}"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    seconds = 45.0  # a pending claim of the killed node is taken over after the 30 s lease
+    started = time.time()
+    processes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(NODE),
+                url,
+                str(tmp_path / f"node{i}.jsonl"),
+                str(seconds),
+                f"n{i}",
+            ],
+            env=env,
+        )
+        for i in range(3)
+    ]
+    try:
+        time.sleep(10)
+        os.kill(processes[0].pid, signal.SIGKILL)
+        deadline = time.monotonic() + seconds + 30
+        for process in processes:
+            process.wait(max(deadline - time.monotonic(), 0.1))
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait()
+    ended = time.time()
+
+    firings = [
+        json.loads(line)
+        for path in sorted(tmp_path.glob("node*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+    ids = Counter(f["id"] for f in firings)
+    assert max(ids.values()) == 1, f"duplicates: {[i for i, n in ids.items() if n > 1]}"
+    assert [p.returncode for p in processes[1:]] == [0, 0]
+    assert {f["node"] for f in firings} >= {"n1", "n2"}
+    # Every occurrence in the window both survivors covered, the kill included.
+    low, high = int(started) + 3, int(ended) - 8
+    for name, step in (("every-1s", 1), ("every-2s", 2)):
+        seen = {int(f["occurrence_ms"]) // 1000 for f in firings if f["entry"] == name}
+        expected = {s for s in range(low, high) if s % step == 0}
+        assert expected, "the window is empty: the machine is too slow for this test"
+        assert expected <= seen, f"{name} missed {sorted(expected - seen)}"
