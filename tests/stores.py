@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from beatless.stores import ClaimStore, MemoryStore
+from beatless.stores import ClaimStore, MemoryStore, Outcome
 from beatless.stores.redis import RedisStore
 from beatless.stores.sqlite import SQLiteStore
 
@@ -71,6 +71,9 @@ class Backend:
     server_clock: bool = False
     service: tuple[str, str, int] | None = None
     """``(name, host, port)`` of the server the store needs, checked before preparing."""
+    sees_foreign: bool = True
+    """Whether the store reads another node's claim to tell ``FOREIGN``; a store that
+    cannot read it without disturbing it answers ``HELD`` or ``LOST`` instead."""
 
 
 def _memory(_tmp: Path, clock: ManualClock) -> Opener:
@@ -105,10 +108,122 @@ def _redis(_tmp: Path, _clock: ManualClock) -> Opener:
     return lambda: _RedisTestStore(f"redis://{REDIS[1]}:{REDIS[2]}/0", prefix=prefix)
 
 
+POSTGRES = ("PostgreSQL", "127.0.0.1", 5432)
+POSTGRES_URL = f"postgresql://{POSTGRES[1]}:{POSTGRES[2]}/test"
+
+
+def drop_postgres_schema(schema: str) -> None:
+    """Drop one schema a test created (and only that one) on the shared server."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def _postgres(_tmp: Path, _clock: ManualClock) -> Opener:
+    pytest.importorskip(
+        "psycopg", reason="the postgres store needs: pip install 'beatless[postgres]'"
+    )
+    from beatless.stores.postgres import PostgresStore
+
+    schema = f"beatless_test_{uuid.uuid4().hex[:12]}"
+
+    class _PostgresTestStore(PostgresStore):
+        """A PostgreSQL store that drops the test's own schema, and no other, on close."""
+
+        def close(self) -> None:
+            super().close()
+            drop_postgres_schema(schema)
+
+    return lambda: _PostgresTestStore(POSTGRES_URL, schema=schema)
+
+
+NATS = ("NATS", "127.0.0.1", 4222)
+NATS_URL = f"nats://{NATS[1]}:{NATS[2]}"
+
+
+def delete_nats_bucket(bucket: str) -> None:
+    """Delete one key-value bucket a test created (and only that one) on the shared server."""
+    import asyncio
+
+    import nats
+
+    async def delete() -> None:
+        client = await nats.connect(NATS_URL, max_reconnect_attempts=1)
+        try:
+            await client.request(f"$JS.API.STREAM.DELETE.KV_{bucket}", b"", timeout=5)
+        finally:
+            await client.close()
+
+    asyncio.run(delete())
+
+
+def _nats(_tmp: Path, _clock: ManualClock) -> Opener:
+    pytest.importorskip("nats", reason="the nats store needs: pip install 'beatless[nats]'")
+    from beatless.stores.nats import NATSStore
+
+    bucket = f"beatless_test_{uuid.uuid4().hex[:12]}"
+
+    class _NATSTestStore(NATSStore):
+        """A NATS store that deletes the test's own bucket, and no other, on close."""
+
+        def close(self) -> None:
+            super().close()
+            delete_nats_bucket(bucket)
+
+    return lambda: _NATSTestStore(NATS_URL, bucket=bucket)
+
+
+RABBITMQ = ("RabbitMQ", "127.0.0.1", 5672)
+RABBITMQ_URL = f"amqp://guest:guest@{RABBITMQ[1]}:{RABBITMQ[2]}/%2F"
+
+
+def delete_rabbitmq_names(queues: list[str], exchanges: list[str]) -> None:
+    """Delete queues and exchanges a test created (and only those) on the shared broker."""
+    import pika
+
+    conn = pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL))
+    try:
+        channel = conn.channel()
+        for queue in queues:
+            channel.queue_delete(queue)
+        for exchange in exchanges:
+            channel.exchange_delete(exchange)
+    finally:
+        conn.close()
+
+
+def _rabbitmq(_tmp: Path, _clock: ManualClock) -> Opener:
+    pytest.importorskip("pika", reason="the rabbitmq store needs: pip install 'beatless[rabbitmq]'")
+    from beatless.stores.rabbitmq import RabbitMQStore
+
+    prefix = f"beatless-test.{uuid.uuid4().hex[:12]}."
+    claimed: set[str] = set()
+
+    class _RabbitMQTestStore(RabbitMQStore):
+        """A RabbitMQ store that deletes the queues of the firings it claimed, its epoch
+        queue and its exchange, and no others, on close."""
+
+        def claim(self, requests, *, node, lease_ms):  # type: ignore[no-untyped-def]
+            claimed.update(r.id for r in requests)
+            return super().claim(requests, node=node, lease_ms=lease_ms)
+
+        def close(self) -> None:
+            super().close()
+            queues = [f"{prefix}c.{id_}" for id_ in claimed] + [f"{prefix}epoch"]
+            delete_rabbitmq_names(queues, [f"{prefix}slots"])
+
+    return lambda: _RabbitMQTestStore(RABBITMQ_URL, prefix=prefix)
+
+
 BACKENDS: list[Backend] = [
     Backend("memory", _memory),
     Backend("sqlite", _sqlite),
     Backend("redis", _redis, server_clock=True, service=REDIS),
+    Backend("postgres", _postgres, server_clock=True, service=POSTGRES),
+    Backend("nats", _nats, server_clock=True, service=NATS),
+    Backend("rabbitmq", _rabbitmq, server_clock=True, service=RABBITMQ, sees_foreign=False),
 ]
 
 
@@ -137,6 +252,10 @@ class StoreFactory:
 
     def now_ms(self) -> int:
         return self.clock.now_ms() if self.exact_clock else int(time.time() * 1_000)
+
+    def foreign(self, otherwise: Outcome) -> Outcome:
+        """``FOREIGN``, or what a store that does not read other nodes' claims answers."""
+        return Outcome.FOREIGN if self.backend.sees_foreign else otherwise
 
     def advance(self, ms: int) -> None:
         if self.exact_clock:

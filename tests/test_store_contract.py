@@ -462,9 +462,9 @@ def test_a_live_claim_of_another_task_is_foreign_whether_pending_or_committed(
     request = firing(store_factory.now_ms(), tag=THEIRS)
     assert claim_one(theirs, request, "theirs") is WON
 
-    assert claim_one(ours, of_task(request, OURS), "ours") is FOREIGN
+    assert claim_one(ours, of_task(request, OURS), "ours") is store_factory.foreign(HELD)
     assert theirs.commit([request.id], node="theirs") == [True]
-    assert claim_one(ours, of_task(request, OURS), "ours") is FOREIGN
+    assert claim_one(ours, of_task(request, OURS), "ours") is store_factory.foreign(LOST)
     assert claim_one(ours, request, "ours") is LOST
 
 
@@ -473,7 +473,7 @@ def test_a_foreign_claim_writes_nothing(store_factory: StoreFactory) -> None:
     request = firing(store_factory.now_ms(), tag=THEIRS)
     assert claim_one(theirs, request, "theirs") is WON
 
-    assert claim_one(ours, of_task(request, OURS), "ours") is FOREIGN
+    assert claim_one(ours, of_task(request, OURS), "ours") is store_factory.foreign(HELD)
     assert ours.commit([request.id], node="ours") == [False]
 
     assert claim_one(store_factory(), request, "third") is HELD
@@ -512,7 +512,7 @@ def test_a_claim_of_another_task_whose_lease_ran_out_is_free_and_taken_over(
     store_factory.advance(LEASE_MS + 100)
 
     assert claim_one(ours, of_task(request, OURS), "ours") is TAKEOVER
-    assert claim_one(theirs, request, "theirs") is FOREIGN
+    assert claim_one(theirs, request, "theirs") is store_factory.foreign(HELD)
     assert ours.commit([request.id], node="ours") == [True]
 
 
@@ -544,7 +544,8 @@ def test_foreign_outcomes_follow_request_order_in_a_mixed_batch(
     batch = [of_task(r, OURS) for r in (pending, fresh, committed)] + [same_task]
     outcomes = ours.claim(batch, node="ours", lease_ms=LEASE_MS)
 
-    assert outcomes == [FOREIGN, WON, FOREIGN, HELD]
+    foreign = store_factory.foreign
+    assert outcomes == [foreign(HELD), WON, foreign(LOST), HELD]
 
 
 @pytest.mark.parametrize("tag", ["not hex", "0123456789abcdef0", "ab|cd"])

@@ -16,7 +16,11 @@ __all__ = ["ClaimRequest", "ClaimStore", "MemoryStore", "Outcome", "open_store"]
 def open_store(url: str, *, namespace: str | None = None, **options: Any) -> ClaimStore:
     """Open a claim store from a URL: ``memory://``, ``sqlite:///path/to/file.db``,
     ``redis://host:port/db`` (also ``rediss://``, ``unix:///path/to/redis.sock`` and
-    kombu's spelling ``redis+socket:///path``).
+    kombu's spelling ``redis+socket:///path``), ``postgresql://user@host:port/database``
+    (also ``postgres://``; ``?schema=`` names the schema, ``beatless`` by default),
+    ``nats://host:4222`` (``?bucket=``, ``beatless_{namespace}`` by default),
+    ``amqp://user:password@host:5672/vhost`` (also ``amqps://``; RabbitMQ, queues under
+    ``beatless.{namespace}.``; ``?durable=false`` for transient ones).
 
     The one place a URL becomes a store: the CLI, the Celery and Dramatiq integrations
     and embedders all open stores here. ``namespace`` names the keys of a store that
@@ -39,7 +43,26 @@ def open_store(url: str, *, namespace: str | None = None, **options: Any) -> Cla
         if namespace is not None:
             options["namespace"] = namespace
         return RedisStore(url, **options)
+    if scheme in ("postgresql", "postgres"):
+        from beatless.stores.postgres import PostgresStore
+
+        if namespace is not None:
+            options["namespace"] = namespace
+        return PostgresStore(url, **options)
+    if scheme == "nats":
+        from beatless.stores.nats import NATSStore
+
+        if namespace is not None:
+            options["namespace"] = namespace
+        return NATSStore.from_url(url, **options)
+    if scheme in ("amqp", "amqps"):
+        from beatless.stores.rabbitmq import RabbitMQStore
+
+        if namespace is not None:
+            options["namespace"] = namespace
+        return RabbitMQStore(url, **options)
     raise ConfigError(
-        f"unknown store URL scheme {scheme!r} in {mask_url(url)!r}: use memory://, sqlite:///path "
-        f"or redis://host:port/db"
+        f"unknown store URL scheme {scheme!r} in {mask_url(url)!r}: use memory://, sqlite:///path, "
+        f"redis://host:port/db, postgresql://user@host:port/database, nats://host:4222 "
+        f"or amqp://user:password@host:5672/vhost"
     )

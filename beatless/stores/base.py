@@ -42,7 +42,9 @@ pending or committed, whichever node holds it (even the same node name): another
 holds this address, so two apps share one store and namespace. ``FOREIGN`` is never won
 and counts as lost. A record without a tag (written by an earlier beatless) or a
 request without one is never foreign. A record whose lease or memory ran out is free,
-whatever its tag.
+whatever its tag. A store that cannot read another node's claim without disturbing it
+(RabbitMQ: fetching a slot's message opens the slot to a second claim) answers ``HELD``
+or ``LOST`` there instead: the firing is lost all the same, only the warning is missing.
 
 A live claim decides first: ``FOREIGN``, ``LOST``, ``HELD`` (or ``WON`` for the holder's
 own pending claim) take precedence over ``LATE``, ``EARLY`` and ``FORGOTTEN``.

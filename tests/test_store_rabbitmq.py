@@ -1,0 +1,521 @@
+"""The RabbitMQ claim store against a real broker: what the contract suite cannot see.
+
+The shared broker at 127.0.0.1:5672 is used with a random queue prefix per test, and
+only the queues and the exchange under that prefix are deleted afterwards (they expire
+anyway). A broker that lost its definitions is simulated by deleting them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pika", reason="the rabbitmq store needs: pip install 'beatless[rabbitmq]'")
+
+import pika
+from service_check import require_service
+from stores import RABBITMQ, RABBITMQ_URL, delete_rabbitmq_names, free_port
+
+from beatless import Entry, Every, Firing, Schedule
+from beatless.dispatch import Recorder, TwoPhase
+from beatless.errors import ConfigError, StoreError, StoreUnavailable
+from beatless.stores import ClaimRequest, Outcome, open_store
+from beatless.stores.base import TOLERANCE_MS
+from beatless.stores.rabbitmq import RabbitMQStore
+
+ROOT = Path(__file__).parent.parent
+MAX_LATE_MS = 60_000
+MEMORY_MS = 80_000
+LEASE_MS = 800
+TAG = "5eed7a95"
+
+
+class Namespace:
+    """A queue prefix of the test's own; opens stores under it and deletes, on cleanup,
+    the slot of every firing claimed, the epoch queue and the exchange: nothing else."""
+
+    def __init__(self) -> None:
+        self.prefix = f"beatless-test.{uuid.uuid4().hex[:12]}."
+        self.ids: set[str] = set()
+        self.stores: list[RabbitMQStore] = []
+
+    def store(self, **options: object) -> RabbitMQStore:
+        store = RabbitMQStore(RABBITMQ_URL, prefix=self.prefix, **options)  # type: ignore[arg-type]
+        self.stores.append(store)
+        return store
+
+    def firing(self, occurrence_ms: int | None = None, **kw: int) -> ClaimRequest:
+        id_ = uuid.uuid4().hex
+        self.ids.add(id_)
+        occurrence = int(time.time() * 1_000) if occurrence_ms is None else occurrence_ms
+        release = kw.get("release_ms", occurrence)
+        return ClaimRequest(id_, f"t/{id_[:8]}", occurrence, MAX_LATE_MS, MEMORY_MS, release, TAG)
+
+    def forget_everything(self) -> None:
+        """What a broker that lost its definitions looks like to this namespace."""
+        queues = [f"{self.prefix}c.{i}" for i in self.ids] + [f"{self.prefix}epoch"]
+        delete_rabbitmq_names(queues, [f"{self.prefix}slots"])
+
+    def cleanup(self) -> None:
+        for store in self.stores:
+            store.close()
+        self.forget_everything()
+
+
+@pytest.fixture
+def ns() -> Iterator[Namespace]:
+    require_service(*RABBITMQ)
+    space = Namespace()
+    yield space
+    space.cleanup()
+
+
+def one(
+    store: RabbitMQStore, request: ClaimRequest, node: str, lease_ms: int = LEASE_MS
+) -> Outcome:
+    (outcome,) = store.claim([request], node=node, lease_ms=lease_ms)
+    return outcome
+
+
+@pytest.fixture
+def channel() -> Iterator[pika.adapters.blocking_connection.BlockingChannel]:
+    """A channel of the shared broker, for looking behind the store's back."""
+    require_service(*RABBITMQ)
+    conn = pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL))
+    yield conn.channel()
+    conn.close()
+
+
+# -- the broker behaviour the design rests on ----------------------------------------------
+
+
+def test_a_message_got_and_not_acknowledged_leaves_a_full_slot_open_to_another_publish(
+    channel: pika.adapters.blocking_connection.BlockingChannel,
+) -> None:
+    # Why no node ever reads another node's claim with basic.get: RabbitMQ counts only
+    # ready messages against x-max-length, so the slot takes a second claim meanwhile.
+    queue = f"beatless-test.{uuid.uuid4().hex}"
+    channel.queue_declare(queue, arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    channel.confirm_delivery()
+    try:
+        channel.basic_publish("", queue, b"first", mandatory=True)
+        with pytest.raises(pika.exceptions.NackError):
+            channel.basic_publish("", queue, b"second", mandatory=True)
+        method, _props, _body = channel.basic_get(queue)
+        channel.basic_publish("", queue, b"third", mandatory=True)  # taken: no NackError
+        channel.basic_nack(method.delivery_tag, requeue=True)
+        assert channel.queue_declare(queue, passive=True).method.message_count == 2
+    finally:
+        channel.queue_delete(queue)
+
+
+# -- outcomes the contract suite does not reach ---------------------------------------------
+
+
+def test_a_node_that_saw_a_firing_held_takes_it_over_when_the_lease_runs_out(
+    ns: Namespace,
+) -> None:
+    a, b, c = ns.store(), ns.store(), ns.store()
+    request = ns.firing()
+    assert one(a, request, "a") is Outcome.WON
+    assert one(b, request, "b") is Outcome.HELD
+
+    time.sleep(LEASE_MS / 1_000 + 0.2)
+
+    outcomes = [one(b, request, "b"), one(c, request, "c")]
+    assert outcomes == [Outcome.TAKEOVER, Outcome.HELD]
+    assert b.commit([request.id], node="b") == [True]
+    assert one(a, request, "a") is Outcome.LOST
+
+
+def test_a_claimant_frozen_past_its_lease_cannot_commit_and_exactly_one_node_took_over(
+    ns: Namespace,
+) -> None:
+    frozen, *others = ns.store(), ns.store(), ns.store(), ns.store()
+    request = ns.firing()
+    assert one(frozen, request, "frozen") is Outcome.WON
+
+    time.sleep(LEASE_MS / 1_000 + 0.2)  # the claimant is frozen past its lease
+    barrier = threading.Barrier(len(others))
+    got: dict[str, Outcome] = {}
+
+    def claim(index: int) -> None:
+        barrier.wait(timeout=10)
+        got[f"n{index}"] = one(others[index], request, f"n{index}")
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(len(others))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert frozen.commit([request.id], node="frozen") == [False]
+    assert sorted(o.value for o in got.values()) == ["held", "held", "takeover"]
+    (winner,) = [n for n, o in got.items() if o is Outcome.TAKEOVER]
+    assert others[int(winner[1:])].commit([request.id], node=winner) == [True]
+    assert one(frozen, request, "frozen") is Outcome.LOST
+
+
+def test_two_phase_node_frozen_mid_send_commits_false_and_one_other_node_sent_it(
+    ns: Namespace, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The documented residual: a node frozen after its send and before its commit,
+    # longer than its lease. Another node sends the firing again under the same id; the
+    # frozen node's commit says so (False, a WARNING), and nobody sends it a third time.
+    entry = Entry(name="job", task="tasks.job", trigger=Every(60), max_late="5m")
+    schedule = Schedule([entry], namespace=f"rmq{uuid.uuid4().hex[:8]}")
+    occurrence = (int(time.time()) // 60) * 60_000
+    firing = Firing.of(entry, None, schedule.address(entry), occurrence)
+    ns.ids.add(firing.id)
+    sent: list[str] = []
+
+    def frozen_send(f: Firing) -> None:
+        sent.append("frozen")
+        time.sleep(LEASE_MS / 1_000 + 0.3)
+
+    frozen = TwoPhase(ns.store(), frozen_send, lease=f"{LEASE_MS}ms")
+    others = [
+        TwoPhase(ns.store(), lambda f, n=n: sent.append(n), lease=f"{LEASE_MS}ms") for n in "bc"
+    ]
+    caplog.set_level(logging.WARNING, logger="beatless.dispatch")
+    results: dict[str, list[str]] = {}
+    thread = threading.Thread(
+        target=lambda: results.__setitem__("frozen", dispatch(frozen, firing, "frozen"))
+    )
+    thread.start()
+    time.sleep(LEASE_MS / 1_000 + 0.1)  # the frozen node's claim ran out meanwhile
+    results["b"] = dispatch(others[0], firing, "b")
+    results["c"] = dispatch(others[1], firing, "c")
+    thread.join(timeout=30)
+
+    assert sorted(sent) == ["b", "frozen"]
+    assert results["b"] == ["takeover"]
+    assert results["c"] == ["lost"]  # b committed before c asked
+    assert "claim ran out before commit" in caplog.text
+
+
+def dispatch(dispatcher: TwoPhase, firing: Firing, node: str) -> list[str]:
+    recorder = Recorder(node)
+    dispatcher.dispatch([firing], recorder)
+    return [recorder.outcomes[firing.id]]
+
+
+def test_a_commit_after_the_lease_ran_out_is_refused_even_if_nobody_took_over(
+    ns: Namespace,
+) -> None:
+    a, b = ns.store(), ns.store()
+    request = ns.firing()
+    assert one(a, request, "a") is Outcome.WON
+
+    time.sleep(LEASE_MS / 1_000 + 0.1)
+
+    assert a.commit([request.id], node="a") == [False]
+    assert one(b, request, "b") is Outcome.TAKEOVER
+
+
+def test_a_pending_claim_of_this_node_from_another_process_is_held_until_its_lease_ends(
+    ns: Namespace,
+) -> None:
+    # What a node cannot see in RabbitMQ: a claim it made from another process (or
+    # whose confirm was lost with a connection) reads as another node's.
+    other_process = subprocess.run(
+        [sys.executable, "-c", CLAIM_ONE, RABBITMQ_URL, ns.prefix, str(LEASE_MS)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    id_, occurrence = other_process.stdout.split()
+    ns.ids.add(id_)
+    request = ClaimRequest(
+        id_, "t/x", int(occurrence), MAX_LATE_MS, MEMORY_MS, int(occurrence), TAG
+    )
+    store = ns.store()
+
+    assert one(store, request, "n1") is Outcome.HELD
+    time.sleep(LEASE_MS / 1_000 + 0.1)
+    assert one(store, request, "n1") is Outcome.TAKEOVER
+
+
+CLAIM_ONE = """
+import sys, time, uuid
+from beatless.stores import ClaimRequest
+from beatless.stores.rabbitmq import RabbitMQStore
+url, prefix, lease = sys.argv[1], sys.argv[2], int(sys.argv[3])
+now = int(time.time() * 1000)
+request = ClaimRequest(uuid.uuid4().hex, "t/x", now, 60000, 80000, now, "5eed7a95")
+with RabbitMQStore(url, prefix=prefix) as store:
+    assert store.claim([request], node="n1", lease_ms=lease)[0].value == "won"
+print(request.id, now)
+"""
+
+
+def test_a_release_frees_the_slot_at_once_and_the_released_claim_cannot_be_committed(
+    ns: Namespace,
+) -> None:
+    a, b = ns.store(), ns.store()
+    request = ns.firing()
+    assert one(a, request, "a", lease_ms=60_000) is Outcome.WON
+
+    a.release([request.id], node="a")
+
+    assert a.commit([request.id], node="a") == [False]
+    assert one(b, request, "b", lease_ms=60_000) is Outcome.TAKEOVER
+
+
+def test_a_batch_of_a_thousand_fresh_firings_is_won_in_a_few_round_trips(ns: Namespace) -> None:
+    store = ns.store()
+    requests = [ns.firing() for _ in range(1_000)]
+    started = time.monotonic()
+    outcomes = store.claim(requests, node="a", lease_ms=60_000)
+    assert outcomes == [Outcome.WON] * 1_000
+    assert store.commit([r.id for r in requests], node="a") == [True] * 1_000
+    assert time.monotonic() - started < 30
+    assert ns.store().claim(requests[:10], node="b", lease_ms=60_000) == [Outcome.LOST] * 10
+
+
+def test_transient_slots_work_the_same(ns: Namespace) -> None:
+    a, b = ns.store(durable=False), ns.store(durable=False)
+    request = ns.firing()
+    assert one(a, request, "a") is Outcome.WON
+    assert one(b, request, "b") is Outcome.HELD
+    assert a.commit([request.id], node="a") == [True]
+    assert one(b, request, "b") is Outcome.LOST
+
+
+def test_nodes_that_disagree_on_durable_get_an_error_that_says_so(ns: Namespace) -> None:
+    assert one(ns.store(), ns.firing(), "a") is Outcome.WON
+
+    with pytest.raises(StoreError, match="durable="):
+        one(ns.store(durable=False), ns.firing(), "b")
+
+
+# -- the epoch: a broker that lost its definitions -------------------------------------------
+
+
+def test_a_broker_that_lost_its_definitions_gets_a_new_epoch_and_old_firings_are_forgotten(
+    ns: Namespace, caplog: pytest.LogCaptureFixture
+) -> None:
+    shift = [0.0]
+    a = ns.store(clock=lambda: time.time() + shift[0])
+    before = ns.firing()
+    assert one(a, before, "a") is Outcome.WON
+    assert a.commit([before.id], node="a") == [True]
+    old = a.epoch
+    assert old is not None
+
+    ns.forget_everything()
+    caplog.set_level(logging.WARNING, logger="beatless.stores.rabbitmq")
+    outcomes = a.claim([before, ns.firing()], node="a", lease_ms=LEASE_MS)
+
+    # Released before the new epoch's start + 10 s and held by nobody: they may have
+    # been sent before the loss, so they are written committed and not sent again.
+    assert outcomes == [Outcome.FORGOTTEN, Outcome.FORGOTTEN]
+    assert a.epoch is not None
+    assert a.epoch.token != old.token
+    assert "lost its memory" in caplog.text
+    assert one(ns.store(), before, "b") is Outcome.LOST
+    # A firing released after that horizon is claimed as usual.
+    shift[0] = (TOLERANCE_MS + 1_000) / 1_000
+    later = ns.firing(int(a.time_ms()))
+    assert one(a, later, "a") is Outcome.WON
+
+
+def test_store_objects_agree_on_the_epoch_and_a_commit_first_adopts_it(ns: Namespace) -> None:
+    a, b = ns.store(), ns.store()
+    request = ns.firing()
+    assert one(a, request, "a") is Outcome.WON
+    assert b.commit([request.id], node="a") == [True]  # same process, same node: its claim
+    assert b.epoch == a.epoch
+
+
+# -- URLs, errors, probe -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("http://127.0.0.1:5672/", "unknown URL scheme"),
+        ("amqp:///vhost", "names no host"),
+        ("amqp://guest:s3cret@127.0.0.1/?durable=maybe", "durable must be true or false"),
+        ("amqp://guest:s3cret@127.0.0.1/?channels=0", "channels must be 1 to 256"),
+        ("amqp://guest:s3cret@127.0.0.1/?nonsense=1", "bad URL"),
+        ("amqp://guest:s3cret@127.0.0.1/?timeout=0", "timeout must be positive"),
+    ],
+)
+def test_a_bad_url_is_refused_with_its_password_masked(url: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as caught:
+        RabbitMQStore(url)
+    assert "s3cret" not in str(caught.value)
+
+
+def test_a_prefix_that_makes_queue_names_too_long_is_refused() -> None:
+    with pytest.raises(ConfigError, match="prefix"):
+        RabbitMQStore("amqp://127.0.0.1/", namespace="n" * 200)
+
+
+def test_repr_and_errors_never_show_the_password() -> None:
+    url = f"amqp://guest:s3cret-pass@127.0.0.1:{free_port()}/%2F?timeout=2s"
+    store = open_store(url, namespace="masked")
+    assert "s3cret" not in repr(store)
+    with pytest.raises(StoreUnavailable) as caught:
+        store.probe()
+    assert "s3cret" not in str(caught.value)
+    assert "***" in str(caught.value)
+    store.close()
+
+
+def test_a_wrong_password_is_a_store_error_that_says_to_check_it() -> None:
+    require_service(*RABBITMQ)
+    store = RabbitMQStore("amqp://guest:wrong-pass@127.0.0.1:5672/%2F")
+    with pytest.raises(StoreError, match="user name and password") as caught:
+        store.probe()
+    assert not isinstance(caught.value, StoreUnavailable)
+    assert "wrong-pass" not in str(caught.value)
+
+
+def test_an_unknown_virtual_host_is_a_store_error_that_names_it() -> None:
+    require_service(*RABBITMQ)
+    store = RabbitMQStore(f"amqp://guest:guest@127.0.0.1:5672/no-such-{uuid.uuid4().hex[:6]}")
+    with pytest.raises(StoreError, match="virtual host"):
+        store.probe()
+
+
+def test_probe_passes_on_a_healthy_broker_and_a_closed_store_refuses_calls(ns: Namespace) -> None:
+    store = ns.store()
+    store.probe()
+    store.close()
+    with pytest.raises(StoreError, match="closed"):
+        store.probe()
+
+
+def test_a_lost_connection_is_opened_again_at_the_next_call(ns: Namespace) -> None:
+    store = ns.store()
+    request = ns.firing()
+    assert one(store, request, "a") is Outcome.WON
+    store._session.close()  # as if the broker had closed an idle connection
+
+    assert store.commit([request.id], node="a") == [True]
+    assert one(ns.store(), request, "b") is Outcome.LOST
+
+
+def test_open_store_reads_the_namespace_and_the_options_of_the_url() -> None:
+    store = open_store("amqp://127.0.0.1/?durable=false&channels=4", namespace="shop")
+    assert isinstance(store, RabbitMQStore)
+    assert store.prefix == "beatless.shop."
+    assert store.durable is False
+    store.close()
+
+
+# -- real node processes, one killed -------------------------------------------------------------
+
+
+NODE = Path(__file__).with_name("node_process.py")
+SQUATTER = """
+import sys, time
+sys.path.insert(0, sys.argv[3])
+from node_process import SCHEDULE
+from beatless.firing import Firing
+from beatless.stores import ClaimRequest, Outcome, open_store
+
+url, first_s = sys.argv[1], int(sys.argv[2])
+entry = SCHEDULE.entry("every-1s")
+address = SCHEDULE.address(entry)
+firings = [Firing.of(entry, None, address, s * 1000) for s in range(first_s, first_s + 3)]
+store = open_store(url)
+outcomes = store.claim([ClaimRequest.of(f) for f in firings], node="squatter", lease_ms=30_000)
+assert outcomes == [Outcome.WON] * 3, outcomes
+print(" ".join(f.id for f in firings), flush=True)
+time.sleep(600)
+"""
+
+
+def squat(url: str, first_s: int) -> tuple[subprocess.Popen[str], list[str]]:
+    """A process that claims three coming firings pending (lease 30 s), says which, and
+    waits to be killed before it sends or commits anything."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-c", SQUATTER, url, str(first_s), str(NODE.parent)]
+    process = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line:
+        process.kill()
+        process.wait()
+        pytest.fail("the squatter process claimed nothing")
+    return process, line.split()
+
+
+@pytest.mark.slow
+def test_three_node_processes_with_one_killed_win_every_occurrence_exactly_once(
+    ns: Namespace, tmp_path: Path
+) -> None:
+    # Each node runs Every(1) and Every(2) (lease 30 s, max_late 60 s) for 48 s; n2 is
+    # killed with SIGKILL after 8 s, in the middle of its work. A fourth process claims
+    # three coming firings pending, as a node that dies between its claim and its send
+    # would, and is killed too: the survivors take those over once the lease runs out.
+    # Nothing is sent twice, nothing is missed in the window both survivors covered.
+    url = f"{RABBITMQ_URL}?prefix={ns.prefix}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    started = time.time()
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(NODE), url, str(tmp_path / f"node{i}.jsonl"), "48", f"n{i}"],
+            env=env,
+        )
+        for i in range(3)
+    ]
+    squatter: subprocess.Popen[str] | None = None
+    try:
+        squatter, squatted = squat(url, int(time.time()) + 5)
+        ns.ids.update(squatted)
+        os.kill(squatter.pid, signal.SIGKILL)
+        time.sleep(max(0.0, started + 8 - time.time()))
+        os.kill(processes[2].pid, signal.SIGKILL)
+        killed_at = time.time()
+        deadline = time.monotonic() + 70
+        for process in processes[:2]:
+            process.wait(max(deadline - time.monotonic(), 0.1))
+    finally:
+        for process in [*processes, *([squatter] if squatter else [])]:
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+    ended = time.time()
+    assert processes[2].returncode == -signal.SIGKILL
+    assert processes[0].returncode == processes[1].returncode == 0
+
+    firings = [
+        json.loads(line)
+        for path in sorted(tmp_path.glob("node*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+    ns.ids.update(str(f["id"]) for f in firings)
+    ids = Counter(f["id"] for f in firings)
+    assert ids, "no node enqueued anything"
+    assert max(ids.values()) == 1, f"duplicates: {[i for i, n in ids.items() if n > 1]}"
+    low, high = int(started) + 3, int(ended) - 8
+    for name, step in (("every-1s", 1), ("every-2s", 2)):
+        seen = {int(f["occurrence_ms"]) // 1000 for f in firings if f["entry"] == name}
+        expected = {s for s in range(low, high) if s % step == 0}
+        assert expected, "the window is empty: the machine is too slow for this test"
+        assert expected <= seen, f"{name} missed {sorted(expected - seen)}"
+    taken_over = [f for f in firings if f["id"] in squatted]
+    assert len(taken_over) == 3
+    assert all(f["node"] in ("n0", "n1") for f in taken_over)
+    assert all(f["at"] * 1000 - f["occurrence_ms"] >= 25_000 for f in taken_over)
+    by_killed = [f for f in firings if f["node"] == "n2"]
+    assert by_killed, "the killed node won nothing before it was killed"
+    assert all(f["at"] <= killed_at for f in by_killed)
