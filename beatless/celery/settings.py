@@ -1,9 +1,11 @@
 """beatless settings of a Celery app, read once from ``app.conf``.
 
 =================================  ==========================================================
-``beatless_store_url``             The claim store. Default: the broker URL when the broker is
-                                   Redis (``redis://``, ``rediss://``, ``unix://``,
-                                   ``redis+socket://``); required with any other broker.
+``beatless_store_url``             The claim store. Default: the broker's own server when the
+                                   broker is Redis (``redis://``, ``rediss://``, ``unix://``,
+                                   ``redis+socket://``: atomic claim-and-enqueue) or RabbitMQ
+                                   (``amqp://``, ``pyamqp://``: the RabbitMQ store); required
+                                   with any other broker.
 ``beatless_namespace``             The namespace of every address. Default: ``app.main``
                                    (``Celery("proj")``); required when the app has no main
                                    name, unless the claim store is ``memory://``.
@@ -94,7 +96,7 @@ class CelerySettings:
                 return default
 
         broker_url = read(lambda: broker_write_url(app), "")
-        store_url = read(lambda: _store_url(conf.get("beatless_store_url"), broker_url), "")
+        store_url = read(lambda: _store_url(conf.get("beatless_store_url"), broker_url, app), "")
         settings = cls(
             store_url=store_url,
             broker_url=broker_url,
@@ -258,7 +260,14 @@ def _db(value: str | None, url: str) -> int:
         raise ConfigError(f"Redis URL {mask_url(url)!r}: the db must be a number") from None
 
 
-def _store_url(configured: Any, broker_url: str) -> str:
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp", "librabbitmq")
+"""Celery's spellings of a RabbitMQ broker: its default claim store is the RabbitMQ store."""
+
+
+def _store_url(configured: Any, broker_url: str, app: Any) -> str:
+    """``beatless_store_url``, else the store that follows the broker: a Redis broker's
+    own Redis (atomic claim-and-enqueue), a RabbitMQ broker's own RabbitMQ (the RabbitMQ
+    store: no other server needed)."""
     if configured:
         if not isinstance(configured, str):
             raise ConfigError(f"beatless_store_url must be a URL string, got {configured!r}")
@@ -268,10 +277,17 @@ def _store_url(configured: Any, broker_url: str) -> str:
         if scheme == "redis+socket":
             return "unix" + broker_url[len("redis+socket") :]
         return broker_url
+    if scheme in AMQP_SCHEMES:
+        # kombu fills in what the URL leaves out (guest's password, the port) as it
+        # connects; the store gets the same, under the plain AMQP spelling.
+        full = str(app.connection_for_write().as_uri(include_password=True))
+        rest = full.split("://", 1)[1]
+        return f"{'amqps' if scheme == 'amqps' or full.startswith('amqps') else 'amqp'}://{rest}"
     raise ConfigError(
         f"beatless_store_url is required with a {scheme or 'non-Redis'} broker "
         f"({mask_url(broker_url)}): set it to a claim store every node shares, e.g. "
-        f"'redis://host:6379/0' (or 'sqlite:///path' when all nodes run on one host)"
+        f"'redis://host:6379/0', 'postgresql://host/db' (or 'sqlite:///path' when all "
+        f"nodes run on one host)"
     )
 
 

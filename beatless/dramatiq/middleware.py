@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from dramatiq import Middleware, get_encoder
 from dramatiq.middleware import MiddlewareError
@@ -79,10 +79,13 @@ class ScheduleRefused(ScheduleError, MiddlewareError):
 class Beatless(Middleware):
     """Periodic tasks for a Dramatiq broker: ``broker.add_middleware(Beatless(store=...))``.
 
-    ``store`` is a claim-store URL (``redis://``, ``sqlite:///``, ``memory://``), a
-    :class:`~beatless.stores.base.ClaimStore`, or a ``redis.Redis`` client. When it is
-    the Redis of a ``RedisBroker`` (same server and database), claim and enqueue are one
-    script; otherwise a firing is claimed, enqueued with ``broker.enqueue`` and committed.
+    ``store`` is a claim-store URL (``redis://``, ``postgresql://``, ``nats://``,
+    ``amqp://``, ``sqlite:///``, ``memory://``), a
+    :class:`~beatless.stores.base.ClaimStore`, or a ``redis.Redis`` client; left out, it
+    follows the broker: a ``RedisBroker``'s own Redis, a ``RabbitmqBroker``'s own
+    RabbitMQ (the RabbitMQ store), so no other server is needed. When it is the Redis of a
+    ``RedisBroker`` (same server and database), claim and enqueue are one script;
+    otherwise a firing is claimed, enqueued with ``broker.enqueue`` and committed.
 
     ``namespace`` is the first part of every address, so it keeps two apps on one claim
     store apart: give each app its own, the same on every node of the app. Nothing a
@@ -102,7 +105,7 @@ class Beatless(Middleware):
     def __init__(
         self,
         *,
-        store: Any,
+        store: Any = None,
         entries: Iterable[Entry] = (),
         namespace: str | None = None,
         timezone: str = "UTC",
@@ -183,7 +186,7 @@ class Beatless(Middleware):
             return self.namespace
         if _is_memory(self.store):
             return MEMORY_NAMESPACE
-        where = mask_url(self.store) if isinstance(self.store, str) else type(self.store).__name__
+        where = _where(self.store)
         raise ConfigError(
             f"Beatless: namespace is required with the claim store {where}: two apps on one "
             f"store with the same entry names would claim each other's firings; give "
@@ -337,6 +340,8 @@ class Beatless(Middleware):
             logger.info("beatless: claim and enqueue in one script on the broker's Redis")
             return atomic
         store = self.store
+        if store is None:
+            store = _broker_store_url(broker)
         if isinstance(store, str):
             store = open_store(store, namespace=self.address_namespace)
             self._opened.append(store)
@@ -385,6 +390,8 @@ class Beatless(Middleware):
         from beatless.stores.redis import SCHEMES, RedisStore
 
         store = self.store
+        if store is None:
+            return True  # the store follows the broker
         if isinstance(store, str):
             scheme = store.split(":", 1)[0].lower()
             return scheme in SCHEMES and url_is_broker_redis(store, broker)
@@ -395,6 +402,31 @@ class Beatless(Middleware):
     @staticmethod
     def _actor_getter(broker: Broker) -> Callable[[str], Actor[Any, Any]]:
         return lambda task: _actor(broker, task, task)
+
+
+def _where(store: Any) -> str:
+    if store is None:
+        return "of the broker's own server"
+    return mask_url(store) if isinstance(store, str) else type(store).__name__
+
+
+def _broker_store_url(broker: Broker) -> str:
+    """The claim store that follows a broker with no ``store`` given: a RabbitMQ broker's
+    own server, as an ``amqp://`` URL of its first connection parameters. (A
+    ``RedisBroker`` never gets here: its own Redis is the atomic path.)"""
+    if not is_broker(broker, "dramatiq.brokers.rabbitmq", "RabbitmqBroker"):
+        raise ConfigError(
+            f"Beatless: give store= with a {type(broker).__name__}: only a RedisBroker's or "
+            f"a RabbitmqBroker's own server can be the claim store without one"
+        )
+    parameters = broker.parameters  # type: ignore[attr-defined]
+    first = parameters[0] if isinstance(parameters, list) else parameters
+    credentials = first.credentials
+    user = quote(str(getattr(credentials, "username", "guest")), safe="")
+    password = quote(str(getattr(credentials, "password", "guest")), safe="")
+    scheme = "amqps" if first.ssl_options is not None else "amqp"
+    vhost = quote(str(first.virtual_host), safe="")
+    return f"{scheme}://{user}:{password}@{first.host}:{first.port}/{vhost}"
 
 
 def _actor(broker: Broker, task: str, entry: str) -> Actor[Any, Any]:

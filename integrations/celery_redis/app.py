@@ -54,6 +54,7 @@ app.conf.update(
     beat_schedule=BEAT_SCHEDULE,
     beatless_namespace=NAMESPACE,
     beatless_max_late=os.environ.get("BEATLESS_DEMO_MAX_LATE", "30s"),
+    beatless_lease=os.environ.get("BEATLESS_DEMO_LEASE", "30s"),
 )
 if os.environ.get("BEATLESS_DEMO_STORE"):
     app.conf.beatless_store_url = os.environ["BEATLESS_DEMO_STORE"]

@@ -11,8 +11,10 @@ Settings (read here, at the app's edge):
     ``RedisBroker``, or ``amqp://user:password@host:port/`` for its ``RabbitmqBroker``
     (publisher confirms on).
 ``BEATLESS_DEMO_STORE``
-    The claim store; the broker's URL by default with Redis, so that claim and enqueue
-    are one script.
+    The claim store. Unset, it follows the broker: the broker's own Redis (claim and
+    enqueue in one script), or the broker's own RabbitMQ (the RabbitMQ store).
+``BEATLESS_DEMO_LEASE``
+    The pending lease of the two-phase path (``30s``).
 ``BEATLESS_DEMO_NAMESPACE``
     The beatless namespace (``demo``); the Redis broker's namespace and the queue name
     derive from it, so several copies can share one server.
@@ -41,9 +43,7 @@ logger = logging.getLogger(__name__)
 
 BROKER_URL = os.environ.get("BEATLESS_DEMO_BROKER", "redis://127.0.0.1:6379/0")
 NAMESPACE = os.environ.get("BEATLESS_DEMO_NAMESPACE", "demo")
-STORE_URL = os.environ.get(
-    "BEATLESS_DEMO_STORE", BROKER_URL if BROKER_URL.startswith("redis") else ""
-)
+STORE_URL = os.environ.get("BEATLESS_DEMO_STORE") or None
 RECORD_URL = os.environ.get("BEATLESS_DEMO_RECORD")
 QUEUE = "beatless_" + "".join(c if c.isalnum() else "_" for c in NAMESPACE)
 TENANTS = ["acme", "globex", "initech", "umbrella", "hooli"]
@@ -55,9 +55,10 @@ else:
 broker.add_middleware(CurrentMessage())
 broker.add_middleware(
     bd.Beatless(
-        store=STORE_URL or "sqlite:///beatless-demo.db",
+        store=STORE_URL,
         namespace=NAMESPACE,
         max_late="10s",
+        lease=os.environ.get("BEATLESS_DEMO_LEASE", "30s"),
         # An entry declared beside the middleware rather than on the actor.
         entries=[
             Entry(

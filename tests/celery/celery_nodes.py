@@ -276,6 +276,9 @@ def delete_rabbitmq(namespace: str) -> None:
         channel = connection.channel()
         channel.queue_delete(queue=namespace)
         channel.exchange_delete(exchange=namespace)
+        # the RabbitMQ claim store's own names (its slot queues expire with its memory)
+        channel.queue_delete(queue=f"beatless.{namespace}.epoch")
+        channel.exchange_delete(exchange=f"beatless.{namespace}.slots")
     finally:
         connection.close()
 
@@ -344,6 +347,7 @@ def _connect_receipts() -> None:
                 {
                     "id": request.id,
                     "delivery_tag": request.message.delivery_tag,
+                    "redelivered": bool(request.message.delivery_info.get("redelivered")),
                     "worker": request.hostname,
                     "at": time.time(),
                 }

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery_nodes import (
@@ -158,7 +159,7 @@ def test_three_workers_and_no_beat_run_every_occurrence_exactly_once(
     assert_exactly_once(judge(runs, expected_firings(namespace, low, high)), "3 workers")
     assert {r["worker"].split("@")[0] for r in runs} == {"one", "two", "three"}
     for node in nodes:
-        assert "atomic claim-and-enqueue: tick-1s" in node.text(), logs(nodes)
+        assert "atomic claim-and-enqueue: 'tick-1s'" in node.text(), logs(nodes)
         assert won_by(node) > 0, f"{node.name} never won a firing"
         assert "Traceback" not in node.text(), logs(nodes)
 
@@ -204,9 +205,54 @@ def test_three_workers_on_rabbitmq_with_a_redis_claim_store_run_every_occurrence
     runs = read_list(f"{namespace}:runs")
     assert_exactly_once(judge(runs, expected_firings(namespace, low, high)), "RabbitMQ")
     for node in nodes:
-        assert "two-phase: tick-1s (the broker is not Redis)" in node.text()
+        assert "two-phase: 'tick-1s' (the broker is not Redis)" in node.text()
         assert won_by(node) > 0, f"{node.name} never won a firing"
         assert "Traceback" not in node.text(), logs(nodes)
+
+
+@pytest.mark.slow
+def test_three_workers_on_rabbitmq_alone_survive_a_kill_and_run_every_occurrence(
+    tmp_path: Path, namespace: str, nodes: list[Node]
+) -> None:
+    """RabbitMQ broker and no claim store configured: the store follows the broker (the
+    RabbitMQ store), so no Redis is involved in scheduling (runs are recorded in Redis by
+    the test's tasks only). Worker ``two`` is killed with SIGKILL 25 s into the window.
+
+    Judged on what reached the workers (``task_received``, with RabbitMQ's
+    ``redelivered`` flag): every firing of the window was received, and no firing id was
+    delivered fresh twice (a message the killed worker had taken and not acknowledged is
+    delivered again, flagged ``redelivered``: the broker's doing, not a second publish).
+    The lease is 5 s, so a claim the killed node held pending is taken over within the
+    15 s ``max_late``.
+    """
+    require_service("RabbitMQ", "127.0.0.1", 5672)
+    env = {**environment(namespace, AMQP_URL), "BEATLESS_E2E_RECEIPTS": "1"}
+    env["BEATLESS_DEMO_LEASE"] = "5s"
+    try:
+        for name in ("one", "two", "three"):
+            args = worker_args(name, "--include", "celery_nodes")
+            nodes.append(start(name, args, env, tmp_path))
+        victim = nodes[1]
+        low, high = run(nodes, nodes, [(KILL_AT_S, lambda _: victim.kill())])
+        ids = {f.id for f in expected_firings(namespace, low, high)}
+
+        def received() -> list[dict[str, Any]]:
+            return read_list(f"{namespace}:received")
+
+        drain_and_stop(nodes, lambda: ids <= {m["id"] for m in received()})
+    finally:
+        stop_all(nodes)
+        delete_rabbitmq(namespace)
+
+    fresh = [m["id"] for m in received() if not m["redelivered"] and m["id"] in ids]
+    report = judge([{"id": i} for i in fresh], expected_firings(namespace, low, high))
+    assert_exactly_once(report, "RabbitMQ alone, kill -9 one of 3 workers (deliveries)")
+    assert ids <= {m["id"] for m in received()}
+    for node in nodes:
+        if node is not victim:
+            assert "store RabbitMQStore(" in node.text(), logs(nodes)
+            assert "two-phase: 'tick-1s' (the broker is not Redis)" in node.text()
+            assert "Traceback" not in node.text(), logs(nodes)
 
 
 @pytest.mark.slow

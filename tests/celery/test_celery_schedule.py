@@ -417,11 +417,25 @@ def test_an_app_without_a_main_name_must_name_its_namespace_unless_its_store_is_
     assert CelerySettings.from_app(alone).namespace == "celery"
 
 
-def test_store_url_is_required_with_a_non_redis_broker() -> None:
-    app = make_app(broker="amqp://guest:secret@rabbit:5672//")
+def test_store_url_is_required_with_a_broker_that_is_neither_redis_nor_rabbitmq() -> None:
+    app = make_app(broker="sqla+postgresql://user:secret@db/celery")
     with pytest.raises(ConfigError, match="beatless_store_url is required") as caught:
         CelerySettings.from_app(app)
     assert "secret" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("broker", "store"),
+    [
+        ("amqp://guest:secret@rabbit:5672//", "amqp://guest:secret@rabbit:5672//"),
+        ("pyamqp://app@rabbit/vh", "amqp://app:guest@rabbit:5672/vh"),
+        ("amqps://app:pw@rabbit:5671/", "amqps://app:pw@rabbit:5671//"),
+    ],
+)
+def test_a_rabbitmq_broker_is_its_own_claim_store_by_default(broker: str, store: str) -> None:
+    settings = CelerySettings.from_app(make_app(broker=broker))
+    assert settings.store_url == store
+    assert settings.two_phase_reason == "the broker is not Redis"
 
 
 def test_a_store_beside_another_broker_is_two_phase() -> None:

@@ -264,7 +264,7 @@ def test_workers_on_rabbitmq_claim_in_redis_and_enqueue_through_send_task(
         occurrence = from_datetime(datetime.fromisoformat(run["occurrence"]))
         assert run["id"] == firing_id(run["address"], occurrence)
     for log in logs:
-        assert "two-phase: tick (the broker is not Redis)" in log, log
+        assert "two-phase: 'tick' (the broker is not Redis)" in log, log
     won = [m.group(1) for log in logs for m in WON.finditer(log)]
     assert len(won) == len(set(won))
     assert set(per_firing) <= set(won)

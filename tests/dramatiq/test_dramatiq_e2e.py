@@ -107,6 +107,48 @@ def test_two_cli_nodes_on_rabbitmq_with_a_redis_claim_store_run_every_occurrence
     assert "Traceback" not in text
 
 
+def test_two_cli_nodes_on_rabbitmq_alone_survive_a_killed_scheduler(
+    tmp_path: Path, namespace: str
+) -> None:
+    """RabbitMQ broker and no store given: the claim store follows the broker (the
+    RabbitMQ store), so no Redis is involved in scheduling (the test's actors record
+    their runs in Redis). At 20 s node 0's scheduler process is killed with SIGKILL (its
+    supervisor starts another); the lease is 5 s, so a claim it held pending is taken
+    over within the 10 s max_late."""
+    require_service("RabbitMQ", "127.0.0.1", 5672)
+    env = {**environment(namespace, AMQP_URL, ""), "BEATLESS_DEMO_LEASE": "5s"}
+    killed: list[int] = []
+
+    def kill_scheduler(nodes: list[Node]) -> None:
+        (victim,) = nodes[0].schedulers()
+        killed.append(victim.pid)
+        victim.send_signal(signal.SIGKILL)
+
+    try:
+        nodes, low, high = run_two_nodes(tmp_path, env, [(20.0, kill_scheduler)])
+    finally:
+        delete_queues(namespace)
+        delete_store_names(namespace)
+    assert killed, "the scheduler was not killed"
+    assert_exactly_once(namespace, env, low, high)
+    text = logs(nodes)
+    assert "two-phase claim and enqueue through RabbitMQStore(" in text
+    assert "beatless scheduler process died (killed by SIGKILL)" in text
+
+
+def delete_store_names(namespace: str) -> None:
+    """The RabbitMQ claim store's own names (its slot queues expire with its memory)."""
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    try:
+        channel = connection.channel()
+        channel.queue_delete(queue=f"beatless.{namespace}.epoch")
+        channel.exchange_delete(exchange=f"beatless.{namespace}.slots")
+    finally:
+        connection.close()
+
+
 def test_killing_one_nodes_scheduler_leaves_every_occurrence_running_exactly_once(
     tmp_path: Path, namespace: str
 ) -> None:
