@@ -22,7 +22,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -93,19 +92,21 @@ def run_demo(
     """Run the demo; 0 when every expected firing was won exactly once, 1 otherwise.
 
     The nodes share a temporary SQLite file, or the claim store at ``store`` (any URL
-    :func:`~beatless.stores.open_store` takes), where the run has a namespace of its own
-    (``demo-`` and a random token), so that runs never share a firing; its claims expire
-    with the store's memory of them.
+    :func:`~beatless.stores.open_store` takes), under the namespace ``demo``: a store
+    keeps one bucket, queue set or epoch per namespace, so runs share them rather than
+    leave one behind each; two runs never share a firing unless they overlap in time.
+    The claims expire with the store's memory of them.
     """
     if not 1 <= nodes <= 32:
         raise ConfigError(f"--nodes must be between 1 and 32, got {nodes}")
     if not 5 <= seconds <= 3_600:
         raise ConfigError(f"--seconds must be between 5 and 3600, got {seconds:g}")
     workdir = Path(tempfile.mkdtemp(prefix="beatless-demo-"))
+    namespace = "demo"
     if store is None:
-        url, namespace = f"sqlite:///{(workdir / 'claims.db').as_posix()}", "demo"
+        url = f"sqlite:///{(workdir / 'claims.db').as_posix()}"
     else:
-        url, namespace = store, f"demo-{uuid.uuid4().hex[:8]}"
+        url = store
         _probe(url, namespace)
     schedule = demo_schedule(namespace)
     start_ms = int(time.time() * 1_000)

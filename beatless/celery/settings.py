@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta, timezone
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, quote, urlsplit
 
 from beatless.dispatch import DEFAULT_LEASE
 from beatless.durations import as_timedelta
@@ -280,9 +280,11 @@ def _store_url(configured: Any, broker_url: str, app: Any) -> str:
     if scheme in AMQP_SCHEMES:
         # kombu fills in what the URL leaves out (guest's password, the port) as it
         # connects; the store gets the same, under the plain AMQP spelling.
-        full = str(app.connection_for_write().as_uri(include_password=True))
-        rest = full.split("://", 1)[1]
-        return f"{'amqps' if scheme == 'amqps' or full.startswith('amqps') else 'amqp'}://{rest}"
+        full = urlsplit(str(app.connection_for_write().as_uri(include_password=True)))
+        secure = scheme == "amqps" or full.scheme == "amqps"
+        vhost = quote(full.path[1:] or "/", safe="")  # kombu writes the vhost "/" as "//"
+        query = f"?{full.query}" if full.query else ""
+        return f"{'amqps' if secure else 'amqp'}://{full.netloc}/{vhost}{query}"
     raise ConfigError(
         f"beatless_store_url is required with a {scheme or 'non-Redis'} broker "
         f"({mask_url(broker_url)}): set it to a claim store every node shares, e.g. "

@@ -427,9 +427,9 @@ def test_store_url_is_required_with_a_broker_that_is_neither_redis_nor_rabbitmq(
 @pytest.mark.parametrize(
     ("broker", "store"),
     [
-        ("amqp://guest:secret@rabbit:5672//", "amqp://guest:secret@rabbit:5672//"),
+        ("amqp://guest:secret@rabbit:5672//", "amqp://guest:secret@rabbit:5672/%2F"),
         ("pyamqp://app@rabbit/vh", "amqp://app:guest@rabbit:5672/vh"),
-        ("amqps://app:pw@rabbit:5671/", "amqps://app:pw@rabbit:5671//"),
+        ("amqps://app:pw@rabbit:5671/", "amqps://app:pw@rabbit:5671/%2F"),
     ],
 )
 def test_a_rabbitmq_broker_is_its_own_claim_store_by_default(broker: str, store: str) -> None:
