@@ -8,7 +8,7 @@ Redis's command statistics count the benchmark alone. Then, one after the other:
 
 * **steady**: ``--entries`` entries, entry ``i`` every ``1 + i % 5`` seconds, for
   ``--seconds``: first one stock ``celery beat`` process (``PersistentScheduler``), then
-  three ``celery beat -S beatless.celery:Scheduler`` processes (the beatless scheduler
+  three ``celery beat -S beatless.celery:BeatScheduler`` processes (the beatless scheduler
   with no worker around it: the same process shape as stock beat, three times). Nobody
   consumes the tasks; the benchmark pops each message from the queue as it lands
   (``BRPOP``) and reads when it was due from its headers.
@@ -43,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 TASK = "bench.noop"
 DUE_HEADER = "bench_due_ms"
-BEATLESS_BEAT = "beatless.celery:Scheduler"
+BEATLESS_BEAT = "beatless.celery:BeatScheduler"
 STOCK_BEAT = "celery_redis:StampingScheduler"
 NO_PERSISTENCE = ("--save", "", "--appendonly", "no", "--dir")
 DRAIN_S = 2.0

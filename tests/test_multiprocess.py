@@ -2,57 +2,22 @@
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from fleet import (
+    assert_every_occurrence_exactly_once,
+    assert_the_kill_was_survived,
+    kill_one_of_three,
+    read_firings,
+    reap,
+    start_nodes,
+)
 
-NODE = Path(__file__).with_name("node_process.py")
 pytestmark = pytest.mark.slow
-
-
-def start_nodes(
-    url: str, tmp_path: Path, count: int, seconds: float
-) -> list[subprocess.Popen[bytes]]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
-    return [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(NODE),
-                url,
-                str(tmp_path / f"node{i}.jsonl"),
-                str(seconds),
-                f"n{i}",
-            ],
-            env=env,
-        )
-        for i in range(count)
-    ]
-
-
-def reap(processes: list[subprocess.Popen[bytes]], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    for process in processes:
-        try:
-            process.wait(max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-def read_firings(tmp_path: Path) -> list[dict[str, object]]:
-    return [
-        json.loads(line)
-        for path in sorted(tmp_path.glob("node*.jsonl"))
-        for line in path.read_text().splitlines()
-    ]
 
 
 def test_three_processes_on_one_sqlite_file_win_every_occurrence_exactly_once(
@@ -65,20 +30,17 @@ def test_three_processes_on_one_sqlite_file_win_every_occurrence_exactly_once(
         reap(processes, timeout=40)
     finally:
         reap(processes, timeout=0)
-    ended = time.time()
     firings = read_firings(tmp_path)
-    ids = Counter(f["id"] for f in firings)
-    assert ids, "no node enqueued anything"
-    assert max(ids.values()) == 1, f"duplicates: {[i for i, n in ids.items() if n > 1]}"
-    # Judge the window every node covered fully: from a little after the last start
-    # to a little before the first stop.
-    low, high = int(started) + 3, int(ended) - 8
-    for name, step in (("every-1s", 1), ("every-2s", 2)):
-        seen = {int(f["occurrence_ms"]) // 1000 for f in firings if f["entry"] == name}
-        expected = {s for s in range(low, high) if s % step == 0}
-        assert expected, "the window is empty: the machine is too slow for this test"
-        assert expected <= seen, f"{name} missed {sorted(expected - seen)}"
+    assert_every_occurrence_exactly_once(firings, started, time.time())
     assert {f["node"] for f in firings} <= {"n0", "n1", "n2"}
+
+
+def test_three_processes_on_one_sqlite_file_survive_a_kill(tmp_path: Path) -> None:
+    """n2 killed with SIGKILL after 8 s, and a squatter holding three coming firings
+    pending, killed too: the survivors take those over once the 30 s lease runs out."""
+    url = f"sqlite:///{tmp_path / 'claims.db'}"
+    run = kill_one_of_three(url, tmp_path, seconds=45, kill_at_s=8, squatter=True)
+    assert_the_kill_was_survived(run)
 
 
 @pytest.mark.parametrize("policy", ["latest", "all", "none"])

@@ -8,11 +8,8 @@ The last case runs three real node processes and kills one with SIGKILL.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -28,6 +25,7 @@ import pytest
 pytest.importorskip("psycopg", reason="the postgres store needs: pip install 'beatless[postgres]'")
 
 import psycopg
+from fleet import assert_the_kill_was_survived, kill_one_of_three
 from psycopg import sql
 from service_check import require_service
 from stores import POSTGRES, POSTGRES_URL, ManualClock, drop_postgres_schema, free_port
@@ -825,101 +823,14 @@ def test_a_missing_driver_is_a_config_error_with_the_install_hint(
 # -- real processes, one killed -------------------------------------------------------------
 
 
-NODE = Path(__file__).with_name("node_process.py")
-SQUATTER = """
-import sys, time
-sys.path.insert(0, sys.argv[3])
-from node_process import SCHEDULE
-from beatless.firing import Firing
-from beatless.stores import ClaimRequest, Outcome, open_store
-
-url, first_s = sys.argv[1], int(sys.argv[2])
-entry = SCHEDULE.entry("every-1s")
-address = SCHEDULE.address(entry)
-firings = [Firing.of(entry, None, address, s * 1000) for s in range(first_s, first_s + 3)]
-store = open_store(url)
-outcomes = store.claim([ClaimRequest.of(f) for f in firings], node="squatter", lease_ms=30_000)
-assert outcomes == [Outcome.WON] * 3, outcomes
-print(" ".join(f.id for f in firings), flush=True)
-time.sleep(600)
-"""
-
-
-def squat(url: str, first_s: int) -> tuple[subprocess.Popen[str], list[str]]:
-    """A process that claims three firings of every-1s pending (lease 30 s), says which,
-    and then waits to be killed before it commits or sends anything."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = [sys.executable, "-c", SQUATTER, url, str(first_s), str(NODE.parent)]
-    process = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True)
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    if not line:
-        process.kill()
-        process.wait()
-        pytest.fail("the squatter process claimed nothing")
-    return process, line.split()
-
-
 @pytest.mark.slow
 def test_three_node_processes_with_one_killed_win_every_occurrence_exactly_once(
     conn: psycopg.Connection[Any], schema: str, tmp_path: Path
 ) -> None:
-    # Each node runs Every(1) and Every(2) (lease 30 s, max_late 60 s) for 50 s; n2 is
-    # killed with SIGKILL after 8 s. A fourth process claims three coming firings
-    # pending, as a node that dies between its claim and its send would, and is killed
-    # with SIGKILL too: the survivors take those over once the lease runs out, well
-    # within max_late. Nothing is sent twice, nothing is missed.
+    """Three nodes for 50 s, n2 killed with SIGKILL after 8 s, and a squatter holding
+    three coming firings pending, killed too: the survivors take those over once the
+    lease runs out, well within max_late. Nothing is sent twice, nothing is missed."""
     url = url_of(schema)
     PostgresStore(url).probe()  # the schema exists before the nodes race to it
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    started = time.time()
-    processes = [
-        subprocess.Popen(
-            [sys.executable, str(NODE), url, str(tmp_path / f"node{i}.jsonl"), "50", f"n{i}"],
-            env=env,
-        )
-        for i in range(3)
-    ]
-    squatter: subprocess.Popen[str] | None = None
-    try:
-        squatter, squatted = squat(url, int(time.time()) + 5)
-        os.kill(squatter.pid, signal.SIGKILL)
-        time.sleep(max(0.0, started + 8 - time.time()))
-        os.kill(processes[2].pid, signal.SIGKILL)
-        killed_at = time.time()
-        deadline = time.monotonic() + 75
-        for process in processes:
-            process.wait(max(deadline - time.monotonic(), 0.1))
-    finally:
-        for process in [*processes, *([squatter] if squatter else [])]:
-            if process.poll() is None:
-                os.kill(process.pid, signal.SIGKILL)
-            process.wait()
-    ended = time.time()
-    assert processes[2].returncode == -signal.SIGKILL
-    assert processes[0].returncode == processes[1].returncode == 0
-
-    firings = [
-        json.loads(line)
-        for path in sorted(tmp_path.glob("node*.jsonl"))
-        for line in path.read_text().splitlines()
-    ]
-    ids = Counter(f["id"] for f in firings)
-    assert ids, "no node enqueued anything"
-    duplicates = [i for i, n in ids.items() if n > 1]
-    assert not duplicates, f"duplicates: {duplicates}"
-    # The window the survivors covered fully: from a little after the last start to a
-    # little before the first stop; the killed processes' claims were taken over in it.
-    low, high = int(started) + 3, int(ended) - 8
-    for name, step in (("every-1s", 1), ("every-2s", 2)):
-        seen = {int(f["occurrence_ms"]) // 1000 for f in firings if f["entry"] == name}
-        expected = {s for s in range(low, high) if s % step == 0}
-        assert expected, "the window is empty: the machine is too slow for this test"
-        assert expected <= seen, f"{name} missed {sorted(expected - seen)}"
-    taken_over = [f for f in firings if f["id"] in squatted]
-    assert len(taken_over) == 3
-    assert all(f["node"] in ("n0", "n1") for f in taken_over)
-    assert all(f["at"] * 1000 - f["occurrence_ms"] >= 25_000 for f in taken_over)
-    by_killed = [f for f in firings if f["node"] == "n2"]
-    assert by_killed, "the killed node won nothing before it was killed"
-    assert all(f["at"] <= killed_at for f in by_killed)
+    run = kill_one_of_three(url, tmp_path, seconds=50, kill_at_s=8, squatter=True)
+    assert_the_kill_was_survived(run)

@@ -7,16 +7,13 @@ anyway). A broker that lost its definitions is simulated by deleting them.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +22,7 @@ import pytest
 pytest.importorskip("pika", reason="the rabbitmq store needs: pip install 'beatless[rabbitmq]'")
 
 import pika
+from fleet import assert_the_kill_was_survived, kill_one_of_three
 from service_check import require_service
 from stores import RABBITMQ, RABBITMQ_URL, delete_rabbitmq_names, free_port
 
@@ -423,99 +421,16 @@ def test_open_store_reads_the_namespace_and_the_options_of_the_url() -> None:
 # -- real node processes, one killed -------------------------------------------------------------
 
 
-NODE = Path(__file__).with_name("node_process.py")
-SQUATTER = """
-import sys, time
-sys.path.insert(0, sys.argv[3])
-from node_process import SCHEDULE
-from beatless.firing import Firing
-from beatless.stores import ClaimRequest, Outcome, open_store
-
-url, first_s = sys.argv[1], int(sys.argv[2])
-entry = SCHEDULE.entry("every-1s")
-address = SCHEDULE.address(entry)
-firings = [Firing.of(entry, None, address, s * 1000) for s in range(first_s, first_s + 3)]
-store = open_store(url)
-outcomes = store.claim([ClaimRequest.of(f) for f in firings], node="squatter", lease_ms=30_000)
-assert outcomes == [Outcome.WON] * 3, outcomes
-print(" ".join(f.id for f in firings), flush=True)
-time.sleep(600)
-"""
-
-
-def squat(url: str, first_s: int) -> tuple[subprocess.Popen[str], list[str]]:
-    """A process that claims three coming firings pending (lease 30 s), says which, and
-    waits to be killed before it sends or commits anything."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = [sys.executable, "-c", SQUATTER, url, str(first_s), str(NODE.parent)]
-    process = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True)
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    if not line:
-        process.kill()
-        process.wait()
-        pytest.fail("the squatter process claimed nothing")
-    return process, line.split()
-
-
 @pytest.mark.slow
 def test_three_node_processes_with_one_killed_win_every_occurrence_exactly_once(
     ns: Namespace, tmp_path: Path
 ) -> None:
-    # Each node runs Every(1) and Every(2) (lease 30 s, max_late 60 s) for 48 s; n2 is
-    # killed with SIGKILL after 8 s, in the middle of its work. A fourth process claims
-    # three coming firings pending, as a node that dies between its claim and its send
-    # would, and is killed too: the survivors take those over once the lease runs out.
-    # Nothing is sent twice, nothing is missed in the window both survivors covered.
+    """Three nodes for 48 s, n2 killed with SIGKILL after 8 s in the middle of its work,
+    and a squatter holding three coming firings pending, killed too: the survivors take
+    those over once the lease runs out. Nothing is sent twice, nothing is missed in the
+    window both survivors covered."""
     url = f"{RABBITMQ_URL}?prefix={ns.prefix}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    started = time.time()
-    processes = [
-        subprocess.Popen(
-            [sys.executable, str(NODE), url, str(tmp_path / f"node{i}.jsonl"), "48", f"n{i}"],
-            env=env,
-        )
-        for i in range(3)
-    ]
-    squatter: subprocess.Popen[str] | None = None
-    try:
-        squatter, squatted = squat(url, int(time.time()) + 5)
-        ns.ids.update(squatted)
-        os.kill(squatter.pid, signal.SIGKILL)
-        time.sleep(max(0.0, started + 8 - time.time()))
-        os.kill(processes[2].pid, signal.SIGKILL)
-        killed_at = time.time()
-        deadline = time.monotonic() + 70
-        for process in processes[:2]:
-            process.wait(max(deadline - time.monotonic(), 0.1))
-    finally:
-        for process in [*processes, *([squatter] if squatter else [])]:
-            if process.poll() is None:
-                os.kill(process.pid, signal.SIGKILL)
-            process.wait()
-    ended = time.time()
-    assert processes[2].returncode == -signal.SIGKILL
-    assert processes[0].returncode == processes[1].returncode == 0
-
-    firings = [
-        json.loads(line)
-        for path in sorted(tmp_path.glob("node*.jsonl"))
-        for line in path.read_text().splitlines()
-    ]
-    ns.ids.update(str(f["id"]) for f in firings)
-    ids = Counter(f["id"] for f in firings)
-    assert ids, "no node enqueued anything"
-    assert max(ids.values()) == 1, f"duplicates: {[i for i, n in ids.items() if n > 1]}"
-    low, high = int(started) + 3, int(ended) - 8
-    for name, step in (("every-1s", 1), ("every-2s", 2)):
-        seen = {int(f["occurrence_ms"]) // 1000 for f in firings if f["entry"] == name}
-        expected = {s for s in range(low, high) if s % step == 0}
-        assert expected, "the window is empty: the machine is too slow for this test"
-        assert expected <= seen, f"{name} missed {sorted(expected - seen)}"
-    taken_over = [f for f in firings if f["id"] in squatted]
-    assert len(taken_over) == 3
-    assert all(f["node"] in ("n0", "n1") for f in taken_over)
-    assert all(f["at"] * 1000 - f["occurrence_ms"] >= 25_000 for f in taken_over)
-    by_killed = [f for f in firings if f["node"] == "n2"]
-    assert by_killed, "the killed node won nothing before it was killed"
-    assert all(f["at"] <= killed_at for f in by_killed)
+    run = kill_one_of_three(url, tmp_path, seconds=48, kill_at_s=8, squatter=True)
+    ns.ids.update(run.squatted)
+    ns.ids.update(str(f["id"]) for f in run.firings)
+    assert_the_kill_was_survived(run)

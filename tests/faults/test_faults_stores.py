@@ -1,0 +1,147 @@
+"""The fault scenarios that apply to every claim store, on PostgreSQL, NATS and RabbitMQ.
+
+Three real node processes each (``fault_node``), on the shared servers of this machine,
+under names of the test's own (a schema, a bucket, a queue prefix) that are removed at
+the end. The scenarios are the ones of ``test_faults.py`` that do not need to restart or
+own the store's server: a frozen node holding pending claims, and every node's link to
+the store paused through a TCP proxy that holds the bytes and delivers them late.
+Restarting a store empty (a private server of each kind) and skewed clocks are covered
+for Redis in ``test_faults.py``; the RabbitMQ store judges lateness on each node's own
+clock (RabbitMQ has none to offer), which docs/stores.md says.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from harness import Fleet, next_whole_second, sleep_until
+from proxy import Proxy
+from service_check import require_service
+from test_faults import GRACE_S, NODES, assert_clean, every, fanout, schedule, wait_for_sender
+
+pytestmark = [pytest.mark.slow, pytest.mark.faults]
+
+FleetFactory = Callable[[dict[str, Any]], Fleet]
+ProxyFactory = Callable[[tuple[str, int]], Proxy]
+
+
+@dataclass(frozen=True)
+class Store:
+    """One kind of store on its shared server: a URL of the test's own, and how to
+    reach it through a proxy."""
+
+    name: str
+    service: tuple[str, str, int]
+    url: str
+
+    def through(self, proxy: Proxy) -> str:
+        """The same store, through ``proxy``."""
+        parts = urlsplit(self.url)
+        netloc = parts.netloc.rsplit("@", 1)
+        where = f"{proxy.host}:{proxy.port}"
+        netloc[-1] = where
+        return parts._replace(netloc="@".join(netloc)).geturl()
+
+
+def postgres(token: str) -> Store:
+    return Store(
+        "postgres",
+        ("PostgreSQL", "127.0.0.1", 5432),
+        f"postgresql://127.0.0.1:5432/test?schema=beatless_faults_{token}",
+    )
+
+
+def nats(token: str) -> Store:
+    return Store(
+        "nats", ("NATS", "127.0.0.1", 4222), f"nats://127.0.0.1:4222/?bucket=faults_{token}"
+    )
+
+
+def rabbitmq(token: str) -> Store:
+    url = f"amqp://guest:guest@127.0.0.1:5672/%2F?prefix=beatless.faults.{token}."
+    return Store("rabbitmq", ("RabbitMQ", "127.0.0.1", 5672), url)
+
+
+def remove(store: Store, token: str) -> None:
+    """What the store created under the test's names, and nothing else."""
+    if store.name == "postgres":
+        from stores import drop_postgres_schema
+
+        drop_postgres_schema(f"beatless_faults_{token}")
+    elif store.name == "nats":
+        from stores import delete_nats_bucket
+
+        delete_nats_bucket(f"faults_{token}")
+    else:
+        from stores import delete_rabbitmq_names
+
+        prefix = f"beatless.faults.{token}."
+        delete_rabbitmq_names([f"{prefix}epoch"], [f"{prefix}slots"])  # slots expire
+
+
+@pytest.fixture(params=[postgres, nats, rabbitmq], ids=["postgres", "nats", "rabbitmq"])
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    token = uuid.uuid4().hex[:10]
+    made: Store = request.param(token)
+    require_service(*made.service)
+    try:
+        yield made
+    finally:
+        remove(made, token)
+
+
+def test_frozen_node_never_sends_its_pending_claims_late(store: Store, fleet: FleetFactory) -> None:
+    """Fault: SIGSTOP for 30 s (> max_late 20 s) of the node sending a 100-tenant fan-out
+    all due at once (50 ms per send, lease 6 s), three sends in; then SIGCONT. The others
+    may take its pending claims over; the thawed node must not send them. Misses allowed
+    only if reported."""
+    anchor = next_whole_second(10)
+    run = fleet(
+        schedule(anchor, every("tick", 1, 20), fanout(30, jitter_s=0, max_late_s=20, tenants=100))
+    )
+    until = anchor + 60 + 20 + GRACE_S
+    run.start({"store": store.url, "send_delay_s": 0.05, "lease_s": 6, "until": until}, NODES)
+    victim = wait_for_sender(run, anchor, count=3, timeout=anchor + 10 - time.time())
+    frozen = time.time()
+    run.freeze(victim)
+    time.sleep(30)
+    run.thaw(victim)
+    run.fault(f"{victim} frozen", frozen, time.time())
+    run.wait(timeout=until - time.time() + 30)
+    assert_clean(run.report((anchor, anchor + 60)), misses="reported")
+
+
+def test_paused_store_link_never_makes_a_late_or_second_send(
+    store: Store, proxy: ProxyFactory, fleet: FleetFactory
+) -> None:
+    """Fault: every node's link to the store paused for 30 s through a TCP proxy that
+    holds the bytes and delivers them late (claims answered, or won, after the client
+    gave up). max_late 20 s, lease 10 s, a 50-tenant fan-out every 10 s. Misses allowed
+    only where the pause held from release until late, and reported."""
+    _, host, port = store.service
+    links = [proxy((host, port)) for _ in NODES]
+    anchor = next_whole_second(10)
+    run = fleet(
+        schedule(anchor, every("tick", 1, 20), fanout(10, jitter_s=3, max_late_s=20, tenants=50))
+    )
+    pause_s = 30
+    until = anchor + 4 + pause_s + 5 + 20 + GRACE_S
+    nodes = [{**n, "store": store.through(link)} for n, link in zip(NODES, links, strict=True)]
+    run.start({"send_delay_s": 0.01, "lease_s": 10, "until": until}, nodes)
+    sleep_until(anchor + 4)
+    paused = time.time()
+    for link in links:
+        link.pause()
+    time.sleep(pause_s)
+    for link in links:
+        link.resume()
+    resumed = time.time()
+    run.fault("store link paused", paused, resumed)
+    run.wait(timeout=until - time.time() + 30)
+    assert_clean(run.report((anchor, resumed + 5)), misses="excused")
