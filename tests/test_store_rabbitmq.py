@@ -114,7 +114,13 @@ def test_a_message_got_and_not_acknowledged_leaves_a_full_slot_open_to_another_p
         method, _props, _body = channel.basic_get(queue)
         channel.basic_publish("", queue, b"third", mandatory=True)  # taken: no NackError
         channel.basic_nack(method.delivery_tag, requeue=True)
-        assert channel.queue_declare(queue, passive=True).method.message_count == 2
+        # The requeue is the queue's own work, done after the channel's nack: wait for it.
+        counts = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and counts[-1:] != [2]:
+            counts.append(channel.queue_declare(queue, passive=True).method.message_count)
+            time.sleep(0.02)
+        assert counts[-1] == 2, counts
     finally:
         channel.queue_delete(queue)
 
