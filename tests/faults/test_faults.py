@@ -129,13 +129,17 @@ def test_frozen_node_never_sends_its_pending_claims_late(
     so that it holds pending claims; then SIGCONT. With no fault one node sends them all
     within its lease; here the others may take them over, and the thawed node must not
     send them. Counted over three occurrences: misses allowed only if reported."""
-    store = redis_server("store")
-    anchor = next_whole_second(8)  # the occurrence before is late already: no catch-up
+    frozen_node_scenario(redis_server("store").url, fleet, lead_s=8)
+
+
+def frozen_node_scenario(store_url: str, fleet: FleetFactory, *, lead_s: int) -> None:
+    """The frozen-node scenario on the store at ``store_url`` (every store runs it)."""
+    anchor = next_whole_second(lead_s)  # the occurrence before is late already: no catch-up
     run = fleet(
         schedule(anchor, every("tick", 1, 20), fanout(30, jitter_s=0, max_late_s=20, tenants=100))
     )
     until = anchor + 60 + 20 + GRACE_S
-    run.start({"store": store.url, "send_delay_s": 0.05, "lease_s": 6, "until": until}, NODES)
+    run.start({"store": store_url, "send_delay_s": 0.05, "lease_s": 6, "until": until}, NODES)
     victim = wait_for_sender(run, anchor, count=3, timeout=anchor + 10 - time.time())
     frozen = time.time()
     run.freeze(victim)
@@ -184,12 +188,20 @@ def test_paused_store_link_never_makes_a_late_or_second_send(
     Misses allowed only where the pause held from release until late, and reported."""
     store = redis_server("store")
     links = [proxy(store.address) for _ in NODES]
-    anchor = next_whole_second(8)
+    paused_link_scenario([link.url for link in links], links, pause_s, fleet, lead_s=8)
+
+
+def paused_link_scenario(
+    urls: list[str], links: list[Proxy], pause_s: int, fleet: FleetFactory, *, lead_s: int
+) -> None:
+    """The paused-link scenario: node ``i`` reaches the store at ``urls[i]``, through
+    ``links[i]`` (every store runs it)."""
+    anchor = next_whole_second(lead_s)
     run = fleet(
         schedule(anchor, every("tick", 1, 20), fanout(10, jitter_s=3, max_late_s=20, tenants=50))
     )
     until = anchor + 4 + pause_s + 5 + 20 + GRACE_S
-    nodes = [{**node, "store": link.url} for node, link in zip(NODES, links, strict=True)]
+    nodes = [{**node, "store": url} for node, url in zip(NODES, urls, strict=True)]
     run.start({"send_delay_s": 0.01, "lease_s": 10, "until": until}, nodes)
     sleep_until(anchor + 4)
     paused = time.time()
@@ -211,8 +223,13 @@ def test_skewed_clocks_leave_every_firing_to_the_node_with_the_right_clock(
     fast node must not send early, the slow one must not send late; the right node sends
     every firing. (A copy sent early by the fast node and again on time by the right
     node would only show as a duplicate after 5 min; here it shows as an early send.)"""
-    store = redis_server("store")
-    anchor = next_whole_second(5)
+    skewed_clocks_scenario(redis_server("store").url, fleet, lead_s=5)
+
+
+def skewed_clocks_scenario(store_url: str, fleet: FleetFactory, *, lead_s: int) -> None:
+    """The skewed-clocks scenario on the store at ``store_url`` (every store with a clock
+    of its own runs it)."""
+    anchor = next_whole_second(lead_s)
     run = fleet(
         schedule(
             anchor,
@@ -227,7 +244,7 @@ def test_skewed_clocks_leave_every_firing_to_the_node_with_the_right_clock(
         {"node": "slow", "clock_offset_s": -300},
         {"node": "right"},
     ]
-    run.start({"store": store.url, "send_delay_s": 0.005, "until": until}, nodes)
+    run.start({"store": store_url, "send_delay_s": 0.005, "until": until}, nodes)
     run.wait(timeout=until - time.time() + 30)
     report = run.report((anchor, anchor + 40))
     assert_clean(report, misses="none")

@@ -12,7 +12,6 @@ server of each kind; it is covered for Redis in ``test_faults.py``.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,10 +19,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from harness import Fleet, next_whole_second, sleep_until
+from harness import Fleet
 from proxy import Proxy
 from service_check import require_service
-from test_faults import GRACE_S, NODES, assert_clean, every, fanout, schedule, wait_for_sender
+from test_faults import (
+    NODES,
+    frozen_node_scenario,
+    paused_link_scenario,
+    skewed_clocks_scenario,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
@@ -112,20 +116,7 @@ def test_frozen_node_never_sends_its_pending_claims_late(store: Store, fleet: Fl
     all due at once (50 ms per send, lease 6 s), three sends in; then SIGCONT. The others
     may take its pending claims over; the thawed node must not send them. Misses allowed
     only if reported."""
-    anchor = next_whole_second(10)
-    run = fleet(
-        schedule(anchor, every("tick", 1, 20), fanout(30, jitter_s=0, max_late_s=20, tenants=100))
-    )
-    until = anchor + 60 + 20 + GRACE_S
-    run.start({"store": store.url, "send_delay_s": 0.05, "lease_s": 6, "until": until}, NODES)
-    victim = wait_for_sender(run, anchor, count=3, timeout=anchor + 10 - time.time())
-    frozen = time.time()
-    run.freeze(victim)
-    time.sleep(30)
-    run.thaw(victim)
-    run.fault(f"{victim} frozen", frozen, time.time())
-    run.wait(timeout=until - time.time() + 30)
-    assert_clean(run.report((anchor, anchor + 60)), misses="reported")
+    frozen_node_scenario(store.url, fleet, lead_s=10)
 
 
 def test_paused_store_link_never_makes_a_late_or_second_send(
@@ -137,25 +128,8 @@ def test_paused_store_link_never_makes_a_late_or_second_send(
     only where the pause held from release until late, and reported."""
     _, host, port = store.service
     links = [proxy((host, port)) for _ in NODES]
-    anchor = next_whole_second(10)
-    run = fleet(
-        schedule(anchor, every("tick", 1, 20), fanout(10, jitter_s=3, max_late_s=20, tenants=50))
-    )
-    pause_s = 30
-    until = anchor + 4 + pause_s + 5 + 20 + GRACE_S
-    nodes = [{**n, "store": store.through(link)} for n, link in zip(NODES, links, strict=True)]
-    run.start({"send_delay_s": 0.01, "lease_s": 10, "until": until}, nodes)
-    sleep_until(anchor + 4)
-    paused = time.time()
-    for link in links:
-        link.pause()
-    time.sleep(pause_s)
-    for link in links:
-        link.resume()
-    resumed = time.time()
-    run.fault("store link paused", paused, resumed)
-    run.wait(timeout=until - time.time() + 30)
-    assert_clean(run.report((anchor, resumed + 5)), misses="excused")
+    urls = [store.through(link) for link in links]
+    paused_link_scenario(urls, links, 30, fleet, lead_s=10)
 
 
 def test_skewed_clocks_leave_every_firing_to_the_node_with_the_right_clock(
@@ -164,24 +138,4 @@ def test_skewed_clocks_leave_every_firing_to_the_node_with_the_right_clock(
     """Fault: one node's clock 5 min fast, one 5 min slow (injected), one right. The
     store judges lateness and earliness on its own clock, so the fast node must not send
     early, the slow one must not send late, and the right node sends every firing."""
-    store = clocked_store
-    anchor = next_whole_second(6)
-    run = fleet(
-        schedule(
-            anchor,
-            every("tick", 1, 20),
-            every("tock", 2, 20),
-            fanout(10, jitter_s=3, max_late_s=20, tenants=50),
-        )
-    )
-    until = anchor + 40 + 3 + 20 + GRACE_S
-    nodes = [
-        {"node": "fast", "clock_offset_s": 300},
-        {"node": "slow", "clock_offset_s": -300},
-        {"node": "right"},
-    ]
-    run.start({"store": store.url, "send_delay_s": 0.005, "until": until}, nodes)
-    run.wait(timeout=until - time.time() + 30)
-    report = run.report((anchor, anchor + 40))
-    assert_clean(report, misses="none")
-    assert set(report.window_sends_by_node) == {"right"}, report.details()
+    skewed_clocks_scenario(clocked_store.url, fleet, lead_s=6)
