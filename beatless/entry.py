@@ -28,6 +28,15 @@ CATCH_UP = ("latest", "all", "none")
 ``max_late``: claim only the latest of them (coalescing the others), all of them, or none."""
 DEFAULT_CATCH_UP = "latest"
 
+OVERLAP = ("allow", "skip")
+"""What a firing does while a run of its address is still in progress: run on top of it
+(``allow``), or not be enqueued, counted ``skipped_overlap`` (``skip``)."""
+DEFAULT_OVERLAP = "allow"
+DEFAULT_RUN_LEASE = timedelta(seconds=30)
+"""How long a run lease lives without a heartbeat: a worker killed mid-run frees its
+address this long after its last heartbeat."""
+DEFAULT_HEARTBEAT = timedelta(seconds=5)
+
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Entry:
@@ -48,6 +57,10 @@ class Entry:
     max_late: timedelta = DEFAULT_MAX_LATE
     tenants: Tenants = None
     catch_up: str = DEFAULT_CATCH_UP
+    overlap: str = DEFAULT_OVERLAP
+    run_lease: timedelta = DEFAULT_RUN_LEASE
+    heartbeat: timedelta = DEFAULT_HEARTBEAT
+    once_only: bool = True
 
     def __init__(
         self,
@@ -62,6 +75,10 @@ class Entry:
         max_late: DurationLike = DEFAULT_MAX_LATE,
         tenants: Tenants = None,
         catch_up: str = DEFAULT_CATCH_UP,
+        overlap: str = DEFAULT_OVERLAP,
+        run_lease: DurationLike = DEFAULT_RUN_LEASE,
+        heartbeat: DurationLike = DEFAULT_HEARTBEAT,
+        once_only: bool = True,
     ) -> None:
         setter = object.__setattr__
         setter(self, "name", _name(name, "entry name"))
@@ -86,6 +103,12 @@ class Entry:
                 raise ConfigError(f"entry {name!r}: tenants must not repeat")
         setter(self, "tenants", tenants)
         setter(self, "catch_up", catch_up_policy(catch_up, f"entry {name!r}"))
+        setter(self, "overlap", overlap_policy(overlap, f"entry {name!r}"))
+        setter(self, "run_lease", as_timedelta(run_lease, name=f"entry {name!r}: run_lease"))
+        setter(self, "heartbeat", as_timedelta(heartbeat, name=f"entry {name!r}: heartbeat"))
+        if not isinstance(once_only, bool):
+            raise ConfigError(f"entry {name!r}: once_only must be true or false, got {once_only!r}")
+        setter(self, "once_only", once_only)
         self._check_durations()
 
     def _check_durations(self) -> None:
@@ -102,6 +125,18 @@ class Entry:
                 f"entry {self.name!r}: max_late {describe(self.max_late)} must be longer than "
                 f"jitter {describe(self.jitter)}, or a node waiting its full offset is already "
                 f"late; raise max_late above {describe(self.jitter)} or lower the jitter"
+            )
+        if self.run_lease <= timedelta(0) or self.heartbeat <= timedelta(0):
+            raise ScheduleError(
+                f"entry {self.name!r}: run_lease {describe(self.run_lease)} and heartbeat "
+                f"{describe(self.heartbeat)} must be positive"
+            )
+        if 2 * self.heartbeat >= self.run_lease:
+            raise ScheduleError(
+                f"entry {self.name!r}: heartbeat {describe(self.heartbeat)} must be under half "
+                f"the run_lease {describe(self.run_lease)} (rule 6: a run lease is renewed at "
+                f"least twice before it can run out); lower the heartbeat under "
+                f"{describe(self.run_lease / 2)} or lengthen the run_lease"
             )
 
     @cached_property
@@ -148,6 +183,21 @@ def catch_up_policy(value: object, where: str) -> str:
     if value not in CATCH_UP:
         choices = ", ".join(repr(c) for c in CATCH_UP)
         raise ConfigError(f"{where}: catch_up must be one of {choices}, got {value!r}")
+    return str(value)
+
+
+def overlap_policy(value: object, where: str) -> str:
+    """``value`` if it is one of :data:`OVERLAP`, else a :class:`ConfigError` naming
+    ``where`` and the choices (``buffer_one`` is named as not offered, and why)."""
+    if value == "buffer_one":
+        raise ConfigError(
+            f"{where}: overlap 'buffer_one' is not offered: holding one firing back until "
+            f"the running one ends needs a node to keep it claimed past max_late, which no "
+            f"firing may be; use 'skip' (the firing is counted skipped_overlap) or 'allow'"
+        )
+    if value not in OVERLAP:
+        choices = ", ".join(repr(c) for c in OVERLAP)
+        raise ConfigError(f"{where}: overlap must be one of {choices}, got {value!r}")
     return str(value)
 
 

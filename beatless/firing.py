@@ -28,12 +28,14 @@ __all__ = [
     "EPOCH",
     "Firing",
     "digest",
+    "executed_id",
     "firing_id",
     "from_datetime",
     "id_from_digest",
     "iso",
     "offset_from_digest",
     "offset_ms",
+    "run_lease_id",
     "to_datetime",
 ]
 
@@ -46,6 +48,17 @@ def digest(address: str, occurrence_ms: int) -> bytes:
 def firing_id(address: str, occurrence_ms: int) -> str:
     """The firing id: the first 16 bytes of the digest, written as a UUID."""
     return id_from_digest(digest(address, occurrence_ms))
+
+
+def run_lease_id(address: str) -> str:
+    """The id of an address's run-lease record: held while a run of it is in progress."""
+    return id_from_digest(hashlib.sha256(f"run|{address}".encode()).digest())
+
+
+def executed_id(firing_id: str, attempt: int = 0) -> str:
+    """The id of the record that a firing's ``attempt`` (a framework retry is the next
+    attempt) was executed: a second copy of the same attempt is refused."""
+    return id_from_digest(hashlib.sha256(f"executed|{firing_id}|{attempt}".encode()).digest())
 
 
 def id_from_digest(d: bytes) -> str:

@@ -517,6 +517,14 @@ class Scheduler:
         self._summary[outcome] += 1
         if outcome == "foreign":
             self._warn_foreign(firing)
+        elif outcome == "skipped_overlap":
+            logger.info(
+                "firing %s of %s (occurrence %s) not sent: a run of it is in progress and "
+                "its overlap policy is 'skip'",
+                firing.id,
+                shown(firing.address),
+                iso(firing.occurrence_ms),
+            )
         elif outcome in _WARNINGS:
             self._trouble.add((outcome, firing.entry.name, firing.occurrence_ms), 1, now)
             if outcome == "corrupt":

@@ -46,6 +46,7 @@ _COUNTERS = {
     "forgotten": "forgotten",
     "corrupt": "corrupt",
     "foreign": "foreign",
+    "skipped_overlap": "skipped_overlap",
     "clock_skew": "skipped_clock",
     "missed": "missed",
     "enqueue_failed": "enqueue_failures",
@@ -71,6 +72,9 @@ class EntryStats:
     foreign: int = 0
     """Firings lost to a claim of another task under the same address (two apps sharing
     one store and namespace); each is counted in ``lost`` too."""
+    skipped_overlap: int = 0
+    """Firings not enqueued because a run of their address was in progress (overlap
+    ``skip``)."""
     skipped_clock: int = 0
     missed: int = 0
     """Firings of occurrences before the node's start that its catch-up policy left

@@ -47,7 +47,21 @@ whatever its tag. A store that cannot read another node's claim without disturbi
 or ``LOST`` there instead: the firing is lost all the same, only the warning is missing.
 
 A live claim decides first: ``FOREIGN``, ``LOST``, ``HELD`` (or ``WON`` for the holder's
-own pending claim) take precedence over ``LATE``, ``EARLY`` and ``FORGOTTEN``.
+own pending claim) take precedence over ``LATE``, ``EARLY``, ``FORGOTTEN`` and
+``OVERLAP``.
+
+**Renewal.** A node that claims a firing it holds pending gets ``WON`` with its lease
+renewed: it lasts ``lease_ms`` from this claim. Run leases are built on this.
+
+**Run leases and overlap.** A request may name the record of its address's run lease
+(:attr:`ClaimRequest.run_id`, set when the entry's overlap policy is ``skip``). Workers
+hold that record as a pending claim while a run of the address is in progress
+(:mod:`beatless.runs`). A claim that would be won while that record is a live pending
+claim is answered :attr:`Outcome.OVERLAP` instead, and the firing is written committed,
+so no other node enqueues it either. A store that cannot read a record without
+disturbing it (RabbitMQ) does not check and never answers ``OVERLAP``: the worker's own
+run-lease check (which every store supports, being made of claims) then refuses the
+run, so two runs still never overlap, but the message is enqueued.
 
 A record the store cannot read (a corrupt value, a newer format, another program's key)
 fails only its own firing, with :attr:`Outcome.CORRUPT`; nothing is written for it.
@@ -72,6 +86,7 @@ from typing import TYPE_CHECKING, Protocol, Self
 from beatless.durations import to_ms
 from beatless.entry import STORE_TOLERANCE
 from beatless.errors import ConfigError
+from beatless.firing import run_lease_id
 
 if TYPE_CHECKING:
     from beatless.firing import Firing
@@ -108,6 +123,9 @@ class Outcome(enum.Enum):
     """Lost: a live claim of another task holds the firing (its record's tag is not the
     request's), pending or committed. Two apps share one store and namespace, and an
     entry of each has the same name and occurrence; nothing written."""
+    OVERLAP = "skipped_overlap"
+    """Not enqueued: the entry's overlap policy is ``skip`` and a run of its address is in
+    progress (its run lease is live). Written committed, so no other node enqueues it."""
 
     @property
     def is_won(self) -> bool:
@@ -130,6 +148,10 @@ class ClaimRequest:
     """A short tag of the entry's task (:attr:`~beatless.entry.Entry.task_tag`), up to
     ``TAG_LENGTH`` hex digits: a live claim with another tag is :attr:`Outcome.FOREIGN`.
     Empty: never foreign."""
+    run_id: str = ""
+    """The id of the address's run-lease record (:func:`beatless.firing.run_lease_id`) when
+    the entry's overlap policy is ``skip``: while that record is a live pending claim, the
+    claim is answered :attr:`Outcome.OVERLAP`. Empty: no overlap check."""
 
     def __post_init__(self) -> None:
         tag = self.tag
@@ -150,6 +172,7 @@ class ClaimRequest:
             memory_ms=entry.memory_ms,
             release_ms=firing.release_ms,
             tag=entry.task_tag,
+            run_id=run_lease_id(firing.address) if entry.overlap == "skip" else "",
         )
 
     def is_late(self, store_now_ms: int) -> bool:
@@ -177,13 +200,17 @@ def judge(
     node: str,
     now_ms: int,
     forgot_before_ms: int | None = None,
+    *,
+    running: Held | None = None,
 ) -> Outcome:
     """The contract's outcome for one claim, for stores that decide outside the server.
 
     ``forgot_before_ms`` is set when the store's epoch changed since the store object
     last saw it: the new epoch's start plus the tolerance. A won outcome means the store
     must now write the claim as pending for the lease (for ``node``'s own pending claim:
-    extend it); :attr:`Outcome.FORGOTTEN` means it must write the claim committed.
+    extend it); :attr:`Outcome.FORGOTTEN` and :attr:`Outcome.OVERLAP` mean it must write
+    the claim committed. ``running`` is the record of the request's
+    :attr:`~ClaimRequest.run_id`, if it has one and the store holds it.
     """
     if held is not None and held.until_ms >= now_ms:
         return _judge_live(request, held, node)
@@ -193,7 +220,14 @@ def judge(
         return Outcome.EARLY
     if held is None and forgot_before_ms is not None and request.release_ms < forgot_before_ms:
         return Outcome.FORGOTTEN
+    if is_running(running, now_ms):
+        return Outcome.OVERLAP
     return Outcome.WON if held is None or held.committed else Outcome.TAKEOVER
+
+
+def is_running(record: Held | None, now_ms: int) -> bool:
+    """Whether a run-lease record is held: a live pending claim."""
+    return record is not None and not record.committed and record.until_ms >= now_ms
 
 
 def _judge_live(request: ClaimRequest, held: Held, node: str) -> Outcome:
@@ -250,6 +284,9 @@ class ClaimStore(ABC):
         a wrong password or an unreachable server is one line at start, not a traceback
         at every wake.
         """
+
+    checks_overlap: bool = True
+    """Whether :meth:`claim` answers :attr:`Outcome.OVERLAP` (see the module docstring)."""
 
     @abstractmethod
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:

@@ -69,11 +69,16 @@ class MemoryStore(ClaimStore):
 
     def _claim_one(self, request: ClaimRequest, node: str, lease_ms: int, now: int) -> Outcome:
         held = self._claims.get(request.id)
-        outcome = judge(request, held, node, now)
+        running = self._claims.get(request.run_id) if request.run_id else None
+        outcome = judge(request, held, node, now, running=running)
         if outcome.is_won:
             claim = _Claim(node, False, now + lease_ms, request.memory_ms, request.tag)
-            self._claims[request.id] = claim
-            self._expire_at(claim, request.id)
+        elif outcome is Outcome.OVERLAP:
+            claim = _Claim(node, True, now + request.memory_ms, request.memory_ms, request.tag)
+        else:
+            return outcome
+        self._claims[request.id] = claim
+        self._expire_at(claim, request.id)
         return outcome
 
     def commit(self, ids: Sequence[str], *, node: str) -> list[bool]:

@@ -158,7 +158,16 @@ def test_store_restarted_empty_never_makes_a_firing_sent_twice(
     5 s, max_late 20 s), while firings are held pending and others were seen held.
     Counted over four occurrences: misses (forgotten claims) allowed only if reported."""
     store = redis_server("store")
-    anchor = next_whole_second(10)
+    restarted_empty_scenario(store.url, fleet, store.restart, lead_s=10)
+
+
+def restarted_empty_scenario(
+    store_url: str, fleet: FleetFactory, restart: Callable[[], None], *, lead_s: int
+) -> None:
+    """The restarted-empty scenario on the store at ``store_url``: ``restart()`` makes
+    the store lose everything it held (and returns once it answers again), three times
+    while the nodes run (every store with a server of the test's own runs it)."""
+    anchor = next_whole_second(lead_s)
     run = fleet(
         schedule(
             anchor,
@@ -168,11 +177,11 @@ def test_store_restarted_empty_never_makes_a_firing_sent_twice(
         )
     )
     until = anchor + 45 + 5 + 20 + GRACE_S
-    run.start({"store": store.url, "send_delay_s": 0.02, "lease_s": 5, "until": until}, NODES)
+    run.start({"store": store_url, "send_delay_s": 0.02, "lease_s": 5, "until": until}, NODES)
     for k in range(3):
         sleep_until(anchor + 15 * k + 3)
         killed = time.time()
-        store.restart()
+        restart()
         run.fault("store restarted empty", killed, time.time())
     run.wait(timeout=until - time.time() + 30)
     assert_clean(run.report((anchor, anchor + 45)), misses="reported")

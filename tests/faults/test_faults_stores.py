@@ -12,20 +12,26 @@ server of each kind; it is covered for Redis in ``test_faults.py``.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import postgres_server
 import pytest
 from harness import Fleet
+from nats_server import NatsServer, nats_server_binary
 from proxy import Proxy
+from rabbitmq_vhost import Vhost, VhostError, rabbitmqctl_binary
 from service_check import require_service
 from test_faults import (
     NODES,
     frozen_node_scenario,
     paused_link_scenario,
+    restarted_empty_scenario,
     skewed_clocks_scenario,
 )
 
@@ -139,3 +145,83 @@ def test_skewed_clocks_leave_every_firing_to_the_node_with_the_right_clock(
     store judges lateness and earliness on its own clock, so the fast node must not send
     early, the slow one must not send late, and the right node sends every firing."""
     skewed_clocks_scenario(clocked_store.url, fleet, lead_s=6)
+
+
+@dataclass(frozen=True)
+class Restartable:
+    """A store of the test's own whose memory the test can wipe while the nodes use it:
+    ``restart()`` returns once the store answers again, empty."""
+
+    url: str
+    restart: Callable[[], None]
+
+
+def missing(reason: str) -> None:
+    """Skip the test; fail it instead with ``BEATLESS_REQUIRE_SERVICES=1`` (as in CI)."""
+    if os.environ.get("BEATLESS_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"{reason}; BEATLESS_REQUIRE_SERVICES=1 requires it")
+    pytest.skip(reason)
+
+
+def private_postgres(tmp_path: Path, token: str) -> Iterator[Restartable]:
+    """A PostgreSQL cluster of the test's own (see ``postgres_server``): a restart kills
+    it, runs ``initdb`` again and starts it on the same port."""
+    reason = postgres_server.unavailable()
+    if reason is not None:
+        missing(f"{reason}; this case starts a private PostgreSQL")
+    server = postgres_server.PostgresServer(tmp_path / "postgres")
+    try:
+        server.start()
+        yield Restartable(server.url(f"schema=beatless_faults_{token}"), server.restart)
+    finally:
+        server.stop()
+
+
+def private_nats(tmp_path: Path, token: str) -> Iterator[Restartable]:
+    """A ``nats-server -js`` of the test's own: a restart kills it, deletes its
+    JetStream store and starts it on the same port."""
+    if nats_server_binary() is None:
+        missing("nats-server is not installed; this case starts a private server")
+    server = NatsServer(tmp_path / "nats")
+    try:
+        server.start()
+        yield Restartable(server.url(f"bucket=faults_{token}"), server.restart)
+    finally:
+        server.kill()
+
+
+def own_vhost(_tmp_path: Path, token: str) -> Iterator[Restartable]:
+    """A virtual host of the test's own on the shared broker: a restart deletes it and
+    makes it again, empty (see ``rabbitmq_vhost``)."""
+    require_service("RabbitMQ", "127.0.0.1", 5672)
+    if rabbitmqctl_binary() is None:
+        missing("rabbitmqctl is not installed; this case makes a virtual host of its own")
+    vhost = Vhost(f"beatless-faults-{token}")
+    try:
+        try:
+            vhost.create()
+        except VhostError as exc:
+            missing(f"cannot make a virtual host: {exc}")
+        yield Restartable(vhost.url(), vhost.restart)
+    finally:
+        vhost.delete()
+
+
+@pytest.fixture(
+    params=[private_postgres, private_nats, own_vhost], ids=["postgres", "nats", "rabbitmq"]
+)
+def restartable_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Restartable]:
+    yield from request.param(tmp_path, uuid.uuid4().hex[:10])
+
+
+def test_store_restarted_empty_never_makes_a_firing_sent_twice(
+    restartable_store: Restartable, fleet: FleetFactory
+) -> None:
+    """Fault: the store loses everything it held, three times, each 3 s into a fan-out of
+    200 tenants (20 ms per send, lease 5 s, max_late 20 s), while firings are held
+    pending and others were seen held: a private PostgreSQL killed and initialised again
+    (``initdb``), a private NATS killed and restarted without its JetStream store, the
+    test's RabbitMQ virtual host deleted and made again. Counted over four occurrences:
+    misses (forgotten claims) allowed only if reported."""
+    store = restartable_store
+    restarted_empty_scenario(store.url, fleet, store.restart, lead_s=10)

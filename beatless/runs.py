@@ -1,0 +1,406 @@
+"""The worker's side of a firing: run leases (overlap) and once-only execution.
+
+A beatless message carries its entry's run policy in one header, :data:`RUN_HEADER`
+(:meth:`RunPolicy.encode`), beside its firing id and address. When a worker starts such
+a task it asks the claim store, in one claim of up to two records:
+
+* **once-only** (``once_only``, on by default): the record of this firing's attempt
+  (:func:`~beatless.firing.executed_id`). Won: this is the first copy to run. Held by a
+  live claim, or committed: another copy runs or ran; this one is refused, counted
+  ``duplicate``. Taken over: an earlier copy started and stopped renewing (its worker
+  died); this one runs, counted ``rerun``. Committed when the run ends and remembered for
+  the entry's memory (``jitter + max_late + 10 s``).
+* **run lease** (``overlap = "skip"``): the record of the address
+  (:func:`~beatless.firing.run_lease_id`). Won: no other run of the address is in
+  progress; held until the run ends. Held by another run: this one is refused, counted
+  ``skipped_overlap`` (and its once-only record committed, so that a later copy of the
+  same firing is refused too).
+
+Both records are claims in the claim store (:mod:`beatless.stores.base`), pending while
+the run goes on and renewed every ``heartbeat`` by one thread per worker process. A
+worker killed mid-run stops renewing: its records lapse ``run_lease`` after the last
+heartbeat, and the address is free again.
+
+When the store cannot be reached at the start of a run, a once-only check is given up
+(the task runs, counted ``unchecked``: the firing was claimed before it was enqueued, so
+only the rare unknown-send case could make it a second copy) while a run lease is not
+(the task is refused, counted ``skipped_overlap``: two runs at once is what ``skip``
+promises never to allow).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from beatless.durations import to_ms
+from beatless.errors import StoreError
+from beatless.firing import executed_id, run_lease_id
+from beatless.stores.base import ClaimRequest, ClaimStore, Outcome
+
+if TYPE_CHECKING:
+    from beatless.entry import Entry
+
+logger = logging.getLogger("beatless.runs")
+
+RUN_HEADER = "beatless_run"
+"""The message header (Celery) or option (Dramatiq) that carries a :class:`RunPolicy`."""
+
+RUN_RECORD_MEMORY_MS = 1_000
+"""How long a released run lease is kept: it only needs to outlive the release."""
+
+NEVER_LATE_MS = 7 * 86_400_000
+"""A run's records are claimed "now": they are never late on any sane clock."""
+
+_VERSION = "v1"
+
+
+@dataclass(frozen=True, slots=True)
+class RunPolicy:
+    """What a worker must check for the firings of one entry; travels with the message."""
+
+    overlap: str
+    lease_ms: int
+    heartbeat_ms: int
+    once_only: bool
+    memory_ms: int
+    """How long the once-only record is remembered once the run ends."""
+
+    @classmethod
+    def of_entry(cls, entry: Entry) -> RunPolicy:
+        return cls(
+            overlap=entry.overlap,
+            lease_ms=to_ms(entry.run_lease),
+            heartbeat_ms=to_ms(entry.heartbeat),
+            once_only=entry.once_only,
+            memory_ms=entry.memory_ms,
+        )
+
+    @property
+    def guarded(self) -> bool:
+        """Whether a worker has anything to check."""
+        return self.once_only or self.overlap == "skip"
+
+    def encode(self) -> str:
+        once = "1" if self.once_only else "0"
+        return (
+            f"{_VERSION}|{self.overlap}|{self.lease_ms}|{self.heartbeat_ms}|{once}|{self.memory_ms}"
+        )
+
+    @classmethod
+    def decode(cls, text: object) -> RunPolicy | None:
+        """The policy in a header, or ``None`` when the header is absent or unreadable
+        (a message of an older beatless, or not a beatless firing)."""
+        if not isinstance(text, str):
+            return None
+        parts = text.split("|")
+        if len(parts) != 6 or parts[0] != _VERSION:
+            return None
+        _, overlap, lease, heartbeat, once, memory = parts
+        try:
+            return cls(overlap, int(lease), int(heartbeat), once == "1", int(memory))
+        except ValueError:
+            return None
+
+
+@dataclass(eq=False)
+class Run:
+    """One task run a worker asked about: whether it may proceed, and what it holds."""
+
+    firing_id: str
+    address: str
+    policy: RunPolicy
+    token: str
+    verdict: str
+    """``run``, ``rerun``, ``unchecked`` (may proceed) or ``duplicate``, ``skipped_overlap``."""
+    held: tuple[str, ...] = ()
+    """Ids of the records this run holds pending: the once-only record first, if held."""
+    executed: str = ""
+    """The id of the once-only record, if this run holds it."""
+    next_renewal: float = 0.0
+    lost: bool = False
+    _ended: bool = field(default=False, repr=False)
+
+    @property
+    def proceed(self) -> bool:
+        return self.verdict in ("run", "rerun", "unchecked")
+
+
+_PROCEED = {Outcome.WON: "run", Outcome.TAKEOVER: "rerun"}
+_ANOTHER_COPY = (Outcome.HELD, Outcome.LOST, Outcome.FORGOTTEN)
+
+
+class Runs:
+    """The runs of one worker process: checked at start, renewed, ended.
+
+    ``open_store`` is called in the process that first needs a store (and again after a
+    fork), so a prefork child never shares its parent's connection.
+    """
+
+    def __init__(self, open_store: Callable[[], ClaimStore], node: str) -> None:
+        self._open_store = open_store
+        self.node = node
+        self._store: ClaimStore | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+        self._active: dict[str, Run] = {}
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.counts: dict[str, int] = {}
+
+    # -- the process's store and heartbeat ---------------------------------------------
+
+    def _ensure(self) -> ClaimStore:
+        """The store of this process, opened (with its heartbeat thread) on first use."""
+        if self._store is None or self._pid != os.getpid():
+            self._store = self._open_store()
+            self._pid = os.getpid()
+            self._active = {}
+            self._thread = threading.Thread(target=self._beat, name="beatless-runs", daemon=True)
+            self._thread.start()
+        return self._store
+
+    def _count(self, name: str) -> None:
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+    # -- start ---------------------------------------------------------------------------
+
+    def start(self, firing_id: str, address: str, policy: RunPolicy, attempt: int = 0) -> Run:
+        """Check a run of ``firing_id`` (of ``address``) before the task body: the
+        returned run says
+        whether it may :attr:`~Run.proceed`. Every run that proceeds must be
+        :meth:`end`-ed, however the task ends."""
+        token = f"{self.node}#{uuid.uuid4().hex[:8]}"
+        requests = _requests(firing_id, address, attempt, policy, _now_ms())
+        with self._lock:
+            store = self._ensure()
+            try:
+                outcomes = store.claim(requests, node=token, lease_ms=policy.lease_ms)
+            except StoreError as exc:
+                return self._unreachable(Run(firing_id, address, policy, token, "run"), exc)
+            run = Run(firing_id, address, policy, token, "run")
+            self._judge(run, requests, outcomes, attempt)
+            self._count(run.verdict)
+            if run.held and run.proceed:
+                run.next_renewal = time.monotonic() + policy.heartbeat_ms / 1_000
+                self._active[token] = run
+                self._wake.set()
+            return run
+
+    def _unreachable(self, run: Run, exc: Exception) -> Run:
+        verdict = "skipped_overlap" if run.policy.overlap == "skip" else "unchecked"
+        self._count(verdict)
+        said = (
+            "not run: its overlap policy is 'skip' and no run lease can be taken"
+            if verdict == "skipped_overlap"
+            else "run without its once-only check"
+        )
+        logger.warning(
+            "beatless: firing %s of %s %s; the claim store cannot be reached: %s",
+            run.firing_id,
+            run.address,
+            said,
+            exc,
+        )
+        run.verdict = verdict
+        return run
+
+    def _judge(
+        self, run: Run, requests: list[ClaimRequest], outcomes: list[Outcome], attempt: int
+    ) -> Run:
+        by_id = {r.id: o for r, o in zip(requests, outcomes, strict=True)}
+        firing_id, policy = run.firing_id, run.policy
+        executed = executed_id(firing_id, attempt) if policy.once_only else ""
+        lease = run_lease_id(run.address) if policy.overlap == "skip" else ""
+        run.held = tuple(i for i in (executed, lease) if i and by_id[i].is_won)
+        run.executed = executed if executed in run.held else ""
+        if executed:
+            said = by_id[executed]
+            if said in _ANOTHER_COPY:
+                logger.warning(
+                    "beatless: firing %s of %s (attempt %d) not run: another copy of it %s",
+                    firing_id,
+                    run.address,
+                    attempt,
+                    "ran or runs"
+                    if said is not Outcome.FORGOTTEN
+                    else "may have run before the claim store lost its memory",
+                )
+                return self._refuse(run, "duplicate", commit=False)
+            if said is Outcome.TAKEOVER:
+                run.verdict = "rerun"
+                logger.warning(
+                    "beatless: firing %s of %s (attempt %d) runs again: an earlier copy "
+                    "started and its worker stopped renewing its run (killed?)",
+                    firing_id,
+                    run.address,
+                    attempt,
+                )
+            elif not said.is_won:
+                run.verdict = "unchecked"
+                logger.warning(
+                    "beatless: firing %s of %s runs without its once-only check: the claim "
+                    "store answered %s",
+                    firing_id,
+                    run.address,
+                    said.value,
+                )
+        if lease and not by_id[lease].is_won:
+            logger.info(
+                "beatless: firing %s of %s not run: a run of %s is in progress "
+                "(overlap 'skip'; store: %s)",
+                firing_id,
+                run.address,
+                run.address,
+                by_id[lease].value,
+            )
+            return self._refuse(run, "skipped_overlap", commit=True)
+        return run
+
+    def _refuse(self, run: Run, verdict: str, *, commit: bool) -> Run:
+        """Refuse ``run``: release the run lease it won; commit its once-only record when
+        ``commit`` (the firing is handled: skipped), else release it."""
+        store = self._ensure()
+        run.verdict = verdict
+        lease = [i for i in run.held if i != run.executed]
+        try:
+            if lease:
+                store.release(lease, node=run.token)
+            if run.executed:
+                if commit:
+                    store.commit([run.executed], node=run.token)
+                else:
+                    store.release([run.executed], node=run.token)
+        except StoreError as exc:
+            logger.warning("beatless: %s: %s", run.firing_id, exc)
+        run.held, run.executed = (), ""
+        return run
+
+    # -- end -----------------------------------------------------------------------------
+
+    def end(self, run: Run) -> None:
+        """The run is over (whatever its result): commit its once-only record, release its
+        run lease. Calling it twice, or for a refused run, does nothing."""
+        if run._ended or not run.held:
+            run._ended = True
+            return
+        run._ended = True
+        with self._lock:
+            self._active.pop(run.token, None)
+            store = self._ensure()
+            lease = [i for i in run.held if i != run.executed]
+            try:
+                if run.executed and not all(store.commit([run.executed], node=run.token)):
+                    logger.warning(
+                        "beatless: firing %s of %s ended after its once-only record lapsed: "
+                        "another copy may have run",
+                        run.firing_id,
+                        run.address,
+                    )
+                if lease:
+                    store.release(lease, node=run.token)
+            except StoreError as exc:
+                logger.warning(
+                    "beatless: firing %s of %s ended, but its records were not updated (%s): "
+                    "they lapse %d ms after the last heartbeat",
+                    run.firing_id,
+                    run.address,
+                    exc,
+                    run.policy.lease_ms,
+                )
+
+    # -- heartbeat -----------------------------------------------------------------------
+
+    def _beat(self) -> None:
+        while not self._closed:
+            self._wake.wait(timeout=self._renew_due())
+            self._wake.clear()
+
+    def _renew_due(self) -> float:
+        """Renew every run whose heartbeat is due; the seconds until the next one."""
+        now = time.monotonic()
+        with self._lock:
+            due = [r for r in self._active.values() if r.next_renewal <= now]
+            for run in due:
+                self._renew(run)
+            upcoming = [r.next_renewal for r in self._active.values()]
+        return max(0.05, min(upcoming, default=now + 1.0) - time.monotonic())
+
+    def _renew(self, run: Run) -> None:
+        store = self._ensure()
+        run.next_renewal = time.monotonic() + run.policy.heartbeat_ms / 1_000
+        now = _now_ms()
+        requests = [
+            _record(i, run.address, now, run.policy.memory_ms if i == run.executed else None)
+            for i in run.held
+        ]
+        try:
+            outcomes = store.claim(requests, node=run.token, lease_ms=run.policy.lease_ms)
+        except StoreError as exc:
+            logger.warning(
+                "beatless: heartbeat of firing %s of %s failed (%s); its run lease lapses "
+                "%d ms after the last one that succeeded",
+                run.firing_id,
+                run.address,
+                exc,
+                run.policy.lease_ms,
+            )
+            return
+        if not all(o.is_won for o in outcomes) and not run.lost:
+            run.lost = True
+            self._count("lease_lost")
+            logger.error(
+                "beatless: firing %s of %s still runs but lost its run records (%s): the "
+                "worker paused longer than the run_lease of %d ms; another run of it may "
+                "start",
+                run.firing_id,
+                run.address,
+                ", ".join(o.value for o in outcomes),
+                run.policy.lease_ms,
+            )
+
+    def active(self) -> int:
+        """Runs in progress in this process that hold records."""
+        return len(self._active)
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        store, self._store = self._store, None
+        if store is not None and self._pid == os.getpid():
+            store.close()
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1_000)
+
+
+def _record(id_: str, address: str, now_ms: int, memory_ms: int | None) -> ClaimRequest:
+    """A claim of a run's record, made now: never late; ``memory_ms`` for a once-only
+    record, a short memory for a run lease."""
+    return ClaimRequest(
+        id=id_,
+        address=address,
+        occurrence_ms=now_ms,
+        max_late_ms=NEVER_LATE_MS,
+        memory_ms=RUN_RECORD_MEMORY_MS if memory_ms is None else memory_ms,
+        release_ms=now_ms,
+    )
+
+
+def _requests(
+    firing_id: str, address: str, attempt: int, policy: RunPolicy, now_ms: int
+) -> list[ClaimRequest]:
+    requests = []
+    if policy.once_only:
+        requests.append(_record(executed_id(firing_id, attempt), address, now_ms, policy.memory_ms))
+    if policy.overlap == "skip":
+        requests.append(_record(run_lease_id(address), address, now_ms, None))
+    return requests

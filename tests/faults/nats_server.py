@@ -1,0 +1,119 @@
+"""A private ``nats-server`` with JetStream for the fault tests, never the shared one on 4222.
+
+The server listens on a free loopback port and keeps its JetStream store in a directory
+of the test's own; it is stopped or killed by its pid. :meth:`NatsServer.restart` kills
+it (SIGKILL), deletes that store directory and starts a new server on the same port: a
+NATS whose JetStream storage was lost, so the claim store's bucket (and its epoch, the
+bucket's stream) is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from redis_server import free_port
+
+START_TIMEOUT_S = 10.0
+
+
+def nats_server_binary() -> str | None:
+    """The path of ``nats-server`` (Debian installs it in ``/usr/sbin``), or ``None``."""
+    return shutil.which("nats-server") or shutil.which("nats-server", path="/usr/sbin")
+
+
+def jetstream_ready(port: int, timeout: float = 0.5) -> bool:
+    """True when a NATS server on ``port`` greets with an ``INFO`` saying JetStream is on."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+            greeting = sock.recv(8_192)
+    except OSError:
+        return False
+    if not greeting.startswith(b"INFO "):
+        return False
+    try:
+        info = json.loads(greeting[5:].split(b"\r\n", 1)[0])
+    except ValueError:
+        return False
+    return bool(info.get("jetstream"))
+
+
+class NatsServer:
+    """One private ``nats-server -js``: start, kill, restart (empty), stop."""
+
+    def __init__(self, workdir: Path, name: str = "nats") -> None:
+        self.workdir = workdir
+        self.name = name
+        self.store_dir = workdir / "jetstream"
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    def url(self, query: str = "") -> str:
+        return f"nats://127.0.0.1:{self.port}/" + (f"?{query}" if query else "")
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def start(self) -> NatsServer:
+        """Start the server on :attr:`port` and wait until it answers with JetStream on."""
+        binary = nats_server_binary()
+        if binary is None:
+            raise RuntimeError("nats-server is not installed")
+        self.starts += 1
+        log = self.workdir / f"{self.name}.log"
+        command = [
+            binary,
+            *("-a", "127.0.0.1", "-p", str(self.port)),
+            *("-js", "-sd", str(self.store_dir)),
+        ]
+        with log.open("ab") as out:
+            out.write(f"--- start {self.starts}: {' '.join(command)}\n".encode())
+            out.flush()
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        self._wait_ready(log)
+        return self
+
+    def _wait_ready(self, log: Path) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if jetstream_ready(self.port):
+                return
+            if self.process is not None and self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        tail = log.read_text(errors="replace")[-2_000:] if log.exists() else ""
+        self.kill()
+        raise RuntimeError(f"{self.name} did not start on port {self.port}:\n{tail}")
+
+    def kill(self) -> None:
+        """SIGKILL the server by its pid (its store directory stays as it was)."""
+        self._signal_and_wait(signal.SIGKILL, timeout=5)
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after a few seconds)."""
+        self._signal_and_wait(signal.SIGTERM, timeout=5)
+        self.kill()
+
+    def restart(self) -> None:
+        """Kill the server, delete its JetStream store, start a new one on the same port."""
+        self.kill()
+        shutil.rmtree(self.store_dir, ignore_errors=True)
+        self.start()
+
+    def _signal_and_wait(self, signum: int, timeout: float) -> None:
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signum)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout)
