@@ -143,9 +143,16 @@ class Runs:
     fork), so a prefork child never shares its parent's connection.
     """
 
-    def __init__(self, open_store: Callable[[], ClaimStore], node: str) -> None:
+    def __init__(
+        self,
+        open_store: Callable[[], ClaimStore],
+        node: str,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._open_store = open_store
         self.node = node
+        self._clock = clock
         self._store: ClaimStore | None = None
         self._pid = 0
         self._lock = threading.Lock()
@@ -178,7 +185,7 @@ class Runs:
         whether it may :attr:`~Run.proceed`. Every run that proceeds must be
         :meth:`end`-ed, however the task ends."""
         token = f"{self.node}#{uuid.uuid4().hex[:8]}"
-        requests = _requests(firing_id, address, attempt, policy, _now_ms())
+        requests = _requests(firing_id, address, attempt, policy, self._now_ms())
         with self._lock:
             store = self._ensure()
             try:
@@ -336,7 +343,7 @@ class Runs:
     def _renew(self, run: Run) -> None:
         store = self._ensure()
         run.next_renewal = time.monotonic() + run.policy.heartbeat_ms / 1_000
-        now = _now_ms()
+        now = self._now_ms()
         requests = [
             _record(i, run.address, now, run.policy.memory_ms if i == run.executed else None)
             for i in run.held
@@ -366,6 +373,9 @@ class Runs:
                 run.policy.lease_ms,
             )
 
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1_000)
+
     def active(self) -> int:
         """Runs in progress in this process that hold records."""
         return len(self._active)
@@ -378,8 +388,6 @@ class Runs:
             store.close()
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1_000)
 
 
 def _record(id_: str, address: str, now_ms: int, memory_ms: int | None) -> ClaimRequest:
