@@ -23,7 +23,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from beatless import __version__
-from beatless.durations import describe
+from beatless.durations import describe, to_ms
 from beatless.entry import Entry, Schedule
 from beatless.errors import BeatlessError, ConfigError, ScheduleError, StoreUnavailable
 from beatless.firing import Firing, digest, from_datetime, iso
@@ -151,9 +151,16 @@ def cmd_next(args: argparse.Namespace) -> int:
             print(json.dumps(firing_json(firing)))
     else:
         _print_table(
-            ["release", "occurrence", "offset", "address", "id"],
+            ["release", "occurrence", "offset", "address", "id", "policies"],
             [
-                [iso(f.release_ms), iso(f.occurrence_ms), f"{f.offset_ms} ms", f.address, f.id]
+                [
+                    iso(f.release_ms),
+                    iso(f.occurrence_ms),
+                    f"{f.offset_ms} ms",
+                    f.address,
+                    f.id,
+                    policies(f.entry),
+                ]
                 for f in firings
             ],
         )
@@ -176,6 +183,7 @@ def upcoming(
 
 
 def firing_json(firing: Firing) -> dict[str, Any]:
+    entry = firing.entry
     return {
         "entry": firing.entry.name,
         "tenant": firing.tenant,
@@ -184,7 +192,18 @@ def firing_json(firing: Firing) -> dict[str, Any]:
         "id": firing.id,
         "offset_ms": firing.offset_ms,
         "release": iso(firing.release_ms),
+        "catch_up": entry.catch_up,
+        "overlap": entry.overlap,
+        "once_only": entry.once_only,
+        "run_lease_ms": to_ms(entry.run_lease),
+        "heartbeat_ms": to_ms(entry.heartbeat),
     }
+
+
+def policies(entry: Entry) -> str:
+    """The entry's policies in a few words: ``catch_up latest, overlap skip, once-only``."""
+    once = "once-only" if entry.once_only else "not once-only"
+    return f"catch_up {entry.catch_up}, overlap {entry.overlap}, {once}"
 
 
 def _print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
@@ -230,7 +249,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         _print_offset(offset)
     _print_load(schedule)
     _print_table(
-        ["entry", "trigger", "jitter", "max_late", "catch_up", "tenants"],
+        ["entry", "trigger", "jitter", "max_late", "catch_up", "overlap", "once", "tenants"],
         [
             [
                 e.name,
@@ -238,6 +257,8 @@ def cmd_check(args: argparse.Namespace) -> int:
                 describe(e.jitter),
                 describe(e.max_late),
                 e.catch_up,
+                e.overlap,
+                "yes" if e.once_only else "no",
                 str(len(e.tenant_list() or ())),
             ]
             for e in schedule.entries
@@ -358,6 +379,8 @@ def explanation(schedule: Schedule, entry: Entry, tenant: str | None, at_ms: int
             f"{iso(at_ms + entry.max_late_ms)}: no node enqueues it past that",
         ),
         ("  catch_up", _catch_up_line(entry)),
+        ("  overlap", _overlap_line(entry)),
+        ("  once_only", _once_only_line(entry)),
     ]
     return [f"{label:<13} {value}" for label, value in steps]
 
@@ -370,6 +393,26 @@ def _catch_up_line(entry: Entry) -> str:
         "none": "not claimed",
     }
     return f"{entry.catch_up!r}: by a node that starts after it, {said[entry.catch_up]}"
+
+
+def _overlap_line(entry: Entry) -> str:
+    """What this firing does if a run of its address is still in progress."""
+    if entry.overlap == "allow":
+        return "'allow': sent even if a run of this address is still in progress"
+    return (
+        f"'skip': not sent (counted skipped_overlap) while a run of this address holds its "
+        f"run lease ({describe(entry.run_lease)}, renewed every {describe(entry.heartbeat)}; "
+        f"a killed worker frees it {describe(entry.run_lease)} after its last heartbeat)"
+    )
+
+
+def _once_only_line(entry: Entry) -> str:
+    if not entry.once_only:
+        return "off: a second copy of this firing in the broker runs too"
+    return (
+        f"on: a second copy of this firing is refused by the worker (counted duplicate) "
+        f"while the first runs and for {describe(entry.memory_needed)} after it ends"
+    )
 
 
 def previous_occurrence(trigger: Trigger, at_ms: int) -> int | None:

@@ -7,6 +7,10 @@ A TOML schedule file looks like this::
     max_late = "60s"               # default for entries that do not set it
     jitter = 0                     # default for entries that do not set it
     catch_up = "latest"            # default: "latest", "all" or "none"
+    overlap = "allow"              # default: "allow" or "skip"
+    run_lease = "30s"              # run lease of entries with overlap "skip" or once-only
+    heartbeat = "5s"               # renewal of a run lease; under half the run_lease
+    once_only = true               # refuse a second execution of a firing (default)
 
     [[entry]]
     name = "nightly-report"
@@ -15,6 +19,7 @@ A TOML schedule file looks like this::
     jitter = "2m"
     tenants = ["acme", "globex"]
     kwargs = { format = "pdf" }
+    overlap = "skip"               # never two runs of one tenant's report at once
 
     [[entry]]
     name = "heartbeat"
@@ -39,15 +44,20 @@ from typing import Any
 from beatless.durations import as_timedelta
 from beatless.entry import (
     DEFAULT_CATCH_UP,
+    DEFAULT_HEARTBEAT,
     DEFAULT_MAX_LATE,
+    DEFAULT_OVERLAP,
+    DEFAULT_RUN_LEASE,
     Entry,
     Schedule,
     catch_up_policy,
+    overlap_policy,
 )
 from beatless.errors import ConfigError, ScheduleError
 from beatless.triggers import Cron, Every, Trigger, zone
 
-TOP_KEYS = ("namespace", "timezone", "max_late", "jitter", "catch_up", "entry")
+RUN_KEYS = ("overlap", "run_lease", "heartbeat", "once_only")
+TOP_KEYS = ("namespace", "timezone", "max_late", "jitter", "catch_up", *RUN_KEYS, "entry")
 ENTRY_KEYS = (
     "name",
     "task",
@@ -59,6 +69,7 @@ ENTRY_KEYS = (
     "jitter",
     "max_late",
     "catch_up",
+    *RUN_KEYS,
     "tenants",
     "args",
     "kwargs",
@@ -144,6 +155,7 @@ def schedule_from_mapping(data: Mapping[str, Any], *, source: str = "schedule") 
         errors.append(str(exc))
         catch_up = DEFAULT_CATCH_UP
     defaults["catch_up"] = catch_up
+    defaults.update(_run_defaults(data, errors))
     tables = data.get("entry", [])
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         errors.append("top level: 'entry' must be a list of tables, written [[entry]]")
@@ -192,12 +204,46 @@ def _entry(table: Mapping[str, Any], index: int, defaults: Mapping[str, Any]) ->
             max_late=table.get("max_late", defaults["max_late"]),
             tenants=_tenants(table.get("tenants")),
             catch_up=table.get("catch_up", defaults["catch_up"]),
+            **{key: table.get(key, defaults[key]) for key in RUN_KEYS},
         )
     except ConfigError as exc:
         message = str(exc)
         if message.startswith(label):
             raise
         raise type(exc)(f"{label}: {message}") from None
+
+
+def _run_defaults(data: Mapping[str, Any], errors: list[str]) -> dict[str, Any]:
+    """The top-level defaults of the run keys; a bad one is reported and replaced by the
+    built-in default, so that the entries are still checked."""
+    builtin = {
+        "overlap": DEFAULT_OVERLAP,
+        "run_lease": DEFAULT_RUN_LEASE,
+        "heartbeat": DEFAULT_HEARTBEAT,
+        "once_only": True,
+    }
+    checks: dict[str, Any] = {
+        "overlap": lambda v: overlap_policy(v, "top level"),
+        "run_lease": lambda v: as_timedelta(v, name="top level: run_lease"),
+        "heartbeat": lambda v: as_timedelta(v, name="top level: heartbeat"),
+        "once_only": _flag,
+    }
+    defaults = {}
+    for key, default in builtin.items():
+        value = data.get(key, default)
+        try:
+            checks[key](value)
+        except ConfigError as exc:
+            errors.append(str(exc))
+            value = default
+        defaults[key] = value
+    return defaults
+
+
+def _flag(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"top level: once_only must be true or false, got {value!r}")
+    return value
 
 
 def _unknown(keys: Iterable[str], allowed: Sequence[str]) -> str:

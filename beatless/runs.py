@@ -388,8 +388,6 @@ class Runs:
             store.close()
 
 
-
-
 def _record(id_: str, address: str, now_ms: int, memory_ms: int | None) -> ClaimRequest:
     """A claim of a run's record, made now: never late; ``memory_ms`` for a once-only
     record, a short memory for a run lease."""

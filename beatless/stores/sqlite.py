@@ -224,12 +224,13 @@ class SQLiteStore(ClaimStore):
             self._sweep(conn, now)
             epoch = _current_epoch(conn, now, self.path)
             forgot_before = horizon_ms(self.epoch, epoch, self._forgot_before_ms)
-            held = self._held(conn, [r.id for r in requests])
+            held = self._held(conn, [r.id for r in requests] + [r.run_id for r in requests])
             decide = _Decision(node, lease_ms, now, forgot_before)
             outcomes = []
             writes: dict[str, tuple[Any, ...]] = {}
             for request in requests:
-                outcome, row = decide(request, held.get(request.id))
+                running = held.get(request.run_id) if request.run_id else None
+                outcome, row = decide(request, held.get(request.id), running)
                 outcomes.append(outcome)
                 if row is not None:
                     writes[request.id] = row
@@ -428,13 +429,20 @@ class _Decision:
     forgot_before_ms: int | None
 
     def __call__(
-        self, request: ClaimRequest, held: _Held | _Unreadable | None
+        self,
+        request: ClaimRequest,
+        held: _Held | _Unreadable | None,
+        running: _Held | _Unreadable | None = None,
     ) -> tuple[Outcome, tuple[Any, ...] | None]:
+        """``running`` is the row of the request's run lease, if it has one: a row this
+        version cannot read fails the run lease's own claims, not this one's, and holds
+        nothing here."""
         if isinstance(held, _Unreadable):
             return Outcome.CORRUPT, None
         node, now = self.node, self.now
-        outcome = judge(request, held, node, now, self.forgot_before_ms)
-        if outcome is Outcome.FORGOTTEN:
+        run = None if isinstance(running, _Unreadable) else running
+        outcome = judge(request, held, node, now, self.forgot_before_ms, running=run)
+        if outcome in (Outcome.FORGOTTEN, Outcome.OVERLAP):
             return outcome, _row(request, node, True, now + request.memory_ms, now)
         if not outcome.is_won:
             return outcome, None
