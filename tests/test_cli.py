@@ -77,7 +77,11 @@ def test_next_json_has_one_object_per_firing_with_the_documented_fields(
     assert code == 0
     assert len(rows) == 2 + 3 * 2  # two heartbeats, two nights of three tenants
     assert all(
-        set(r) == {"entry", "tenant", "address", "occurrence", "id", "offset_ms", "release"}
+        set(r)
+        == {
+            *("entry", "tenant", "address", "occurrence", "id", "offset_ms", "release"),
+            *("catch_up", "overlap", "once_only", "run_lease_ms", "heartbeat_ms"),
+        }
         for r in rows
     )
     heartbeat = rows[0]
@@ -89,6 +93,11 @@ def test_next_json_has_one_object_per_firing_with_the_documented_fields(
         "id": str(uuid.UUID(bytes=hashlib.sha256(b"shop/heartbeat@1795917570000").digest()[:16])),
         "offset_ms": 0,
         "release": "2026-11-29T01:59:30.000Z",
+        "catch_up": "latest",
+        "overlap": "allow",
+        "once_only": True,
+        "run_lease_ms": 30_000,
+        "heartbeat_ms": 5_000,
     }
     nightly = [r for r in rows if r["entry"] == "nightly"]
     assert {r["tenant"] for r in nightly} == {"acme", "globex", "initech"}
@@ -151,9 +160,11 @@ def test_next_without_json_prints_an_aligned_table(
 ) -> None:
     main(["next", schedule_file, "--count", "1", "--after", "2026-11-29T01:59:00Z"])
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["release", "occurrence", "offset", "address", "id"]
+    assert lines[0].split() == ["release", "occurrence", "offset", "address", "id", "policies"]
     column = lines[0].index("address")
     assert all(line[column:].startswith("shop/") for line in lines[1:])
+    policies = lines[0].index("policies")
+    assert all(line[policies:] == "catch_up latest, overlap allow, once-only" for line in lines[1:])
 
 
 # -- check ------------------------------------------------------------------------------

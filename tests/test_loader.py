@@ -372,3 +372,51 @@ def test_catch_up_has_a_file_default_an_entry_override_and_names_a_bad_value(
     bad = write(tmp_path, 'catch_up = "some"\n[[entry]]\nname = "a"\ntask = "t"\nevery = "1m"\n')
     with pytest.raises(ScheduleError, match="top level: catch_up must be one of"):
         load_schedule(bad)
+
+
+def test_run_policies_have_file_defaults_entry_overrides_and_named_errors(
+    tmp_path: Path,
+) -> None:
+    target = write(
+        tmp_path,
+        """
+        overlap = "skip"
+        run_lease = "1m"
+        heartbeat = "10s"
+
+        [[entry]]
+        name = "inherits"
+        task = "t.a"
+        every = "1m"
+
+        [[entry]]
+        name = "overrides"
+        task = "t.b"
+        every = "1m"
+        overlap = "allow"
+        run_lease = "12s"
+        heartbeat = "5s"
+        once_only = false
+        """,
+    )
+    inherits, overrides = load_schedule(target).entries
+    assert (inherits.overlap, inherits.run_lease, inherits.heartbeat, inherits.once_only) == (
+        "skip",
+        timedelta(minutes=1),
+        timedelta(seconds=10),
+        True,
+    )
+    assert (overrides.overlap, overrides.run_lease, overrides.once_only) == (
+        "allow",
+        timedelta(seconds=12),
+        False,
+    )
+    bad = write(
+        tmp_path,
+        'overlap = "buffer_one"\nonce_only = "yes"\n'
+        '[[entry]]\nname = "a"\ntask = "t"\nevery = "1m"\nheartbeat = "20s"\n',
+    )
+    errors = errors_of(bad)
+    assert any("overlap 'buffer_one' is not offered" in e for e in errors)
+    assert any("once_only must be true or false" in e for e in errors)
+    assert any("entry 'a': heartbeat 20s must be under half the run_lease 30s" in e for e in errors)

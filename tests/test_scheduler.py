@@ -22,7 +22,7 @@ from beatless import (
     StoreUnavailable,
 )
 from beatless.dispatch import Dispatcher, Wake, decide_claimed
-from beatless.firing import from_datetime
+from beatless.firing import from_datetime, run_lease_id
 from beatless.scheduler import MAX_SLEEP_MS, Decision, Scheduler
 from beatless.stores.base import ClaimRequest, Outcome
 from beatless.stores.memory import MemoryStore
@@ -597,3 +597,32 @@ def test_catch_up_is_said_once_per_entry(caplog: pytest.LogCaptureFixture) -> No
 def test_catch_up_must_be_one_of_the_policies() -> None:
     with pytest.raises(ConfigError, match="catch_up must be one of 'latest', 'all', 'none'"):
         entry("bad", catch_up="some")
+
+
+def test_overlap_skip_sends_nothing_while_a_run_of_the_address_holds_its_lease() -> None:
+    """A worker holds the address's run lease (as beatless.runs does): the node counts
+    each firing due meanwhile ``skipped_overlap`` and sends it again once it is released."""
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+    schedule = Schedule([entry(trigger=Every(1), overlap="skip")])
+    sent: list[Firing] = []
+    node = Scheduler(schedule, store=store, clock=clock, enqueue=sent.append, node="n1")
+    node.tick()
+    sent.clear()
+    address = schedule.address(schedule.entries[0])
+    lease = ClaimRequest(
+        id=run_lease_id(address),
+        address=address,
+        occurrence_ms=clock.ms,
+        max_late_ms=86_400_000,
+        memory_ms=1_000,
+        release_ms=clock.ms,
+    )
+    assert store.claim([lease], node="worker", lease_ms=3_500) == [Outcome.WON]
+    run_nodes([node], clock, 3)
+    assert sent == []
+    assert node.stats["e"].skipped_overlap == 3
+    store.release([lease.id], node="worker")
+    run_nodes([node], clock, 2)
+    assert len(sent) == 2
+    assert node.stats["e"].skipped_overlap == 3
