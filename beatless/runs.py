@@ -187,8 +187,9 @@ class Runs:
         token = f"{self.node}#{uuid.uuid4().hex[:8]}"
         requests = _requests(firing_id, address, attempt, policy, self._now_ms())
         with self._lock:
-            store = self._ensure()
             try:
+                # Opening may fail too (an SQLite file locked past busy_timeout).
+                store = self._ensure()
                 outcomes = store.claim(requests, node=token, lease_ms=policy.lease_ms)
             except StoreError as exc:
                 return self._unreachable(Run(firing_id, address, policy, token, "run"), exc)
@@ -390,10 +391,13 @@ class Runs:
 
 def _record(id_: str, address: str, now_ms: int, memory_ms: int | None) -> ClaimRequest:
     """A claim of a run's record, made now: never late; ``memory_ms`` for a once-only
-    record, a short memory for a run lease."""
+    record, a short memory for a run lease. Its address is marked (``run:`` or
+    ``executed:``), so that a store's list of the last firing won per address
+    (``recent()``) is not taken over by the records of runs."""
+    kind = "run" if memory_ms is None else "executed"
     return ClaimRequest(
         id=id_,
-        address=address,
+        address=f"{kind}:{address}",
         occurrence_ms=now_ms,
         max_late_ms=NEVER_LATE_MS,
         memory_ms=RUN_RECORD_MEMORY_MS if memory_ms is None else memory_ms,

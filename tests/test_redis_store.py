@@ -31,6 +31,8 @@ from service_check import require_service
 from stores import PrivateRedis, free_port
 
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
+from beatless.firing import run_lease_id
+from beatless.runs import NEVER_LATE_MS
 from beatless.stores import ClaimRequest, Outcome, open_store
 from beatless.stores.base import TOLERANCE_MS
 from beatless.stores.redis import (
@@ -294,12 +296,14 @@ def test_a_version_1_record_written_by_an_earlier_beatless_is_read_as_untagged(
     store.close()
 
 
-def test_a_claim_request_sends_its_tag_in_the_one_argument_it_already_had() -> None:
+def test_a_claim_request_sends_its_tag_and_run_lease_in_the_one_argument_it_already_had() -> None:
     now = 1_800_000_000_000
     tagged, untagged = firing(now), ClaimRequest("u", "x|y", now, 1, 2, now)
 
-    assert _claim_arg(tagged) == f"{now}|{MAX_LATE_MS}|{MEMORY_MS}|{now}|{TAG}|{tagged.address}"
-    assert _claim_arg(untagged) == f"{now}|1|2|{now}||x|y"
+    assert _claim_arg(tagged, 0) == (
+        f"{now}|{MAX_LATE_MS}|{MEMORY_MS}|{now}|{TAG}|0|{tagged.address}"
+    )
+    assert _claim_arg(untagged, 3) == f"{now}|1|2|{now}||3|x|y"
 
 
 def test_release_keeps_the_record_with_its_lease_ended_and_its_memory_as_expiry(
@@ -1004,3 +1008,135 @@ def test_claim_and_push_of_another_task_under_a_claimed_address_is_foreign_and_p
     assert client.lrange(queue, 0, -1) == ["theirs"]
     for store in (ours, theirs):
         store.close()
+
+
+# -- renewal and run leases in the claim script ---------------------------------------------
+
+
+def skipping(request: ClaimRequest) -> ClaimRequest:
+    """The same firing, of an entry whose overlap policy is ``skip``."""
+    return dataclasses.replace(request, run_id=run_lease_id(request.address))
+
+
+def start_run(store: RedisStore, address: str, now: int, lease_ms: int = LEASE_MS) -> str:
+    """A worker holds ``address``'s run lease pending, as ``beatless.runs`` does; its key."""
+    run = ClaimRequest(run_lease_id(address), address, now, NEVER_LATE_MS, 1_000, now)
+    assert store.claim([run], node="worker", lease_ms=lease_ms) == [Outcome.WON]
+    return run.id
+
+
+def test_renewal_by_the_holder_writes_its_lease_from_now_in_the_script(
+    client: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(URL, prefix=prefix)
+    request = firing(server_now_ms(client))
+    assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    key = f"{prefix}claim:{request.id}"
+
+    before = server_now_ms(client)
+    assert store.claim([request], node="a", lease_ms=20_000) == [Outcome.WON]
+    after = server_now_ms(client)
+
+    record = client.get(key)
+    assert isinstance(record, str)
+    _version, state, until_ms, _memory, _tag, node = record.split("|", 5)
+    assert (state, node) == ("pending", "a")
+    assert before + 20_000 <= int(until_ms) <= after + 20_000
+    assert 20_000 + MEMORY_MS - 1_000 < client.pttl(key) <= 20_000 + MEMORY_MS
+    store.close()
+
+
+def test_claim_and_push_of_a_firing_whose_address_runs_is_overlap_and_pushes_nothing(
+    client: redis.Redis, prefix: str
+) -> None:
+    queue = f"{prefix}queue"
+    store, other = RedisStore(URL, prefix=prefix), RedisStore(URL, prefix=prefix)
+    now = server_now_ms(client)
+    address = f"test/{uuid.uuid4().hex[:8]}"
+    run_id = start_run(store, address, now, LEASE_MS * 4)
+    busy, idle = skipping(firing(now, address=address)), skipping(firing(now))
+    pushes = [[["RPUSH", queue, name]] for name in ("busy", "idle")]
+
+    assert store.claim_and_push([busy, idle], pushes, node="a") == [Outcome.OVERLAP, Outcome.WON]
+
+    assert client.lrange(queue, 0, -1) == ["idle"]
+    record = client.get(f"{prefix}claim:{busy.id}")
+    assert isinstance(record, str)
+    assert record.startswith("v=2|committed|")
+    assert MEMORY_MS < client.pttl(f"{prefix}claim:{busy.id}") <= MEMORY_MS + EXPIRY_SLACK_MS
+    assert other.claim_and_push([busy], pushes[:1], node="b") == [Outcome.LOST]
+    assert other.claim([busy], node="b", lease_ms=LEASE_MS) == [Outcome.LOST]
+    # The run lease is only read, and the last-winner hash names the firing won only.
+    assert str(client.get(f"{prefix}claim:{run_id}")).startswith("v=2|pending|")
+    assert {row["id"] for row in store.recent()} == {run_id, idle.id}
+    store.release([run_id], node="worker")
+    later = skipping(firing(server_now_ms(client), address=address))
+    assert store.claim_and_push([later], [[["RPUSH", queue, "later"]]], node="a") == [Outcome.WON]
+    assert client.lrange(queue, 0, -1) == ["idle", "later"]
+    for s in (store, other):
+        s.close()
+
+
+def test_run_lease_keys_follow_the_claim_keys_once_each_and_requests_number_them(
+    client: redis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = RedisStore(URL, prefix=prefix)
+    now = server_now_ms(client)
+    here, there = f"test/{uuid.uuid4().hex[:8]}", f"test/{uuid.uuid4().hex[:8]}"
+    batch = [
+        skipping(firing(now, address=here)),
+        firing(now, address=here),
+        skipping(firing(now, address=there)),
+        skipping(firing(now + 1, address=here)),
+    ]
+    sent: list[tuple[list[str], list[str | int]]] = []
+    run = store._run
+
+    def spy(script: Any, calls: list[tuple[list[str], list[str | int]]]) -> list[Any]:
+        sent.extend(calls)
+        return run(script, calls)
+
+    monkeypatch.setattr(store, "_run", spy)
+
+    assert store.claim(batch, node="a", lease_ms=LEASE_MS) == [Outcome.WON] * 4
+
+    ((keys, args),) = sent
+    claims = [f"{prefix}claim:{r.id}" for r in batch]
+    runs = [f"{prefix}claim:{run_lease_id(a)}" for a in (here, there)]
+    assert keys == [f"{prefix}last", f"{prefix}epoch", *claims, *runs]
+    assert args[11] == 4
+    assert [str(a).split("|")[5] for a in args[12:]] == ["1", "0", "2", "1"]
+    store.close()
+
+
+def test_overlap_is_checked_in_every_script_of_a_batch_larger_than_a_chunk(
+    client: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(URL, prefix=prefix)
+    now = server_now_ms(client)
+    address = f"test/{uuid.uuid4().hex[:8]}"
+    start_run(store, address, now, LEASE_MS * 4)
+    batch = [firing(now) for _ in range(CHUNK + 10)]
+    batch[0] = skipping(firing(now, address=address))
+    batch[-1] = skipping(firing(now + 1, address=address))
+
+    outcomes = store.claim(batch, node="a", lease_ms=LEASE_MS)
+
+    assert outcomes == [Outcome.OVERLAP] + [Outcome.WON] * (CHUNK + 8) + [Outcome.OVERLAP]
+    store.close()
+
+
+@pytest.mark.parametrize("value", ["garbage", "v=2|committed|1|1|x"])
+def test_a_run_lease_record_it_cannot_read_or_not_pending_holds_nothing_and_is_left_alone(
+    client: redis.Redis, prefix: str, value: str
+) -> None:
+    store = RedisStore(URL, prefix=prefix)
+    now = server_now_ms(client)
+    request = skipping(firing(now))
+    key = f"{prefix}claim:{request.run_id}"
+    client.set(key, value.replace("|1|1|", f"|{now + 60_000}|1|"), px=60_000)
+    before = client.get(key)
+
+    assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    assert client.get(key) == before
+    store.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ from stores import ManualClock
 
 import beatless.stores.sqlite as sqlite_module
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
+from beatless.firing import run_lease_id
 from beatless.stores import ClaimRequest, Outcome, open_store
 from beatless.stores.base import TOLERANCE_MS
 from beatless.stores.sqlite import SCHEMA_VERSION, SQLiteStore
@@ -675,4 +677,48 @@ def test_a_child_process_that_inherits_the_store_opens_a_connection_of_its_own(
     assert store.claim([request("forked", clock.now_ms())], node="parent", lease_ms=1) == [
         Outcome.HELD
     ]
+    store.close()
+
+
+# -- run leases -------------------------------------------------------------------------------
+
+
+def test_overlap_writes_the_firing_committed_for_its_memory_and_leaves_the_run_lease_alone(
+    path: Path, clock: ManualClock
+) -> None:
+    store = SQLiteStore(path, clock=clock)
+    now = clock.now_ms()
+    run = ClaimRequest(run_lease_id("sqlite/x"), "sqlite/x", now, 60_000, 1_000, now)
+    assert store.claim([run], node="worker", lease_ms=5_000) == [Outcome.WON]
+    lease_row = _row(path, run.id)
+    clock.advance(10)
+    firing = dataclasses.replace(request("f", now, tag="ab"), address="sqlite/x", run_id=run.id)
+
+    assert store.claim([firing], node="a", lease_ms=1_000) == [Outcome.OVERLAP]
+
+    (row,) = [r for r in store.recent() if r["id"] == "f"]
+    assert (row["node"], row["committed"]) == ("a", True)
+    assert row["until_ms"] == now + 10 + MEMORY_MS
+    assert _row(path, run.id) == lease_row
+    store.close()
+
+
+def test_a_run_lease_row_it_cannot_read_holds_nothing_and_is_left_alone(
+    path: Path, clock: ManualClock
+) -> None:
+    store = SQLiteStore(path, clock=clock)
+    now = clock.now_ms()
+    run_id = run_lease_id("sqlite/y")
+    with sqlite3.connect(path) as raw:
+        raw.execute(
+            "INSERT INTO claims (id, address, occurrence_ms, node, committed, until_ms,"
+            " memory_ms, claimed_ms) VALUES (?, 'sqlite/y', 0, 'w', 0, 'soon', 1000, 0)",
+            (run_id,),
+        )
+    raw.close()
+    before = _row(path, run_id)
+    firing = dataclasses.replace(request("g", now), address="sqlite/y", run_id=run_id)
+
+    assert store.claim([firing], node="a", lease_ms=1_000) == [Outcome.WON]
+    assert _row(path, run_id) == before
     store.close()

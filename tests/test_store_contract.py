@@ -19,10 +19,12 @@ from hypothesis import strategies as st
 from stores import StoreFactory
 
 from beatless.errors import ConfigError
+from beatless.firing import run_lease_id
+from beatless.runs import NEVER_LATE_MS, RUN_RECORD_MEMORY_MS
 from beatless.stores import ClaimRequest, ClaimStore, Outcome
 from beatless.stores.base import TOLERANCE_MS
 
-WON, TAKEOVER, LOST, HELD, LATE, EARLY, FOREIGN = (
+WON, TAKEOVER, LOST, HELD, LATE, EARLY, FOREIGN, OVERLAP = (
     Outcome.WON,
     Outcome.TAKEOVER,
     Outcome.LOST,
@@ -30,6 +32,7 @@ WON, TAKEOVER, LOST, HELD, LATE, EARLY, FOREIGN = (
     Outcome.LATE,
     Outcome.EARLY,
     Outcome.FOREIGN,
+    Outcome.OVERLAP,
 )
 LEASE_MS = 600
 LONG_LEASE_MS = 60_000
@@ -47,12 +50,14 @@ def firing(
     memory_ms: int = MEMORY_MS,
     release_ms: int | None = None,
     tag: str = OURS,
+    address: str | None = None,
 ) -> ClaimRequest:
     """A claim request for a firing no other test uses, released at its occurrence unless
-    ``release_ms`` says otherwise, of the task tagged ``tag``."""
+    ``release_ms`` says otherwise, of the task tagged ``tag``, at an address of its own
+    unless ``address`` names one."""
     id_ = str(uuid.uuid4())
     release = occurrence_ms if release_ms is None else release_ms
-    address = f"contract/{id_[:8]}"
+    address = f"contract/{id_[:8]}" if address is None else address
     return ClaimRequest(id_, address, occurrence_ms, max_late_ms, memory_ms, release, tag)
 
 
@@ -287,6 +292,40 @@ def test_reclaim_by_the_owner_of_a_pending_claim_is_won_again_and_renews_the_lea
 
     assert claim_one(b, request, "b") is HELD
     assert a.commit([request.id], node="a") == [True]
+
+
+def test_renewal_runs_the_lease_from_the_reclaim_so_no_node_takes_over_at_its_first_end(
+    store_factory: StoreFactory,
+) -> None:
+    a, b = store_factory(), store_factory()
+    request = firing(store_factory.now_ms())
+    assert claim_one(a, request, "a") is WON
+    store_factory.advance(LEASE_MS // 2)
+    assert claim_one(a, request, "a") is WON
+
+    # Past the end of the first lease, well inside the renewed one.
+    store_factory.advance(LEASE_MS // 2 + 100)
+    assert claim_one(b, request, "b") is HELD
+    # Past the end of the renewed one: free.
+    store_factory.advance(LEASE_MS // 2)
+    assert claim_one(b, request, "b") is TAKEOVER
+    assert a.commit([request.id], node="a") == [False]
+
+
+def test_a_renewed_lease_lasts_lease_ms_from_the_reclaim_to_the_millisecond(
+    clocked_store_factory: StoreFactory,
+) -> None:
+    a, b = clocked_store_factory(), clocked_store_factory()
+    request = firing(clocked_store_factory.now_ms())
+    assert claim_one(a, request, "a") is WON
+    clocked_store_factory.advance(LEASE_MS // 3)
+    assert claim_one(a, request, "a") is WON
+
+    # Neither the first lease's end nor that end plus a lease: the reclaim plus a lease.
+    clocked_store_factory.advance(LEASE_MS)
+    assert claim_one(b, request, "b") is HELD
+    clocked_store_factory.advance(1)
+    assert claim_one(b, request, "b") is TAKEOVER
 
 
 # -- commit ---------------------------------------------------------------------------------
@@ -552,6 +591,119 @@ def test_foreign_outcomes_follow_request_order_in_a_mixed_batch(
 def test_a_tag_that_is_not_at_most_16_hex_digits_is_refused(tag: str) -> None:
     with pytest.raises(ConfigError, match="hex digits"):
         ClaimRequest("id", "ns/e", 0, 1, 2, 0, tag)
+
+
+# -- run leases and overlap -----------------------------------------------------------------
+
+
+def skipping(request: ClaimRequest) -> ClaimRequest:
+    """The same firing, of an entry whose overlap policy is ``skip``: the request names
+    its address's run lease."""
+    return dataclasses.replace(request, run_id=run_lease_id(request.address))
+
+
+def run_lease(address: str, now_ms: int) -> ClaimRequest:
+    """The claim a worker makes of ``address``'s run lease while it runs a firing of it,
+    as :mod:`beatless.runs` makes it."""
+    return ClaimRequest(
+        run_lease_id(address), address, now_ms, NEVER_LATE_MS, RUN_RECORD_MEMORY_MS, now_ms
+    )
+
+
+def start_run(store: ClaimStore, address: str, now_ms: int, lease_ms: int = LONG_LEASE_MS) -> None:
+    """A worker starts a run of ``address``: it holds the run lease pending."""
+    assert claim_one(store, run_lease(address, now_ms), "worker", lease_ms) is WON
+
+
+def overlap(store: ClaimStore, otherwise: Outcome) -> Outcome:
+    """``OVERLAP``, or what a store that does not check the run lease answers."""
+    return OVERLAP if store.checks_overlap else otherwise
+
+
+def test_a_firing_whose_address_runs_is_overlap_and_written_committed(
+    store_factory: StoreFactory,
+) -> None:
+    worker, a, b = store_factory(), store_factory(), store_factory()
+    now = store_factory.now_ms()
+    request = skipping(firing(now))
+    start_run(worker, request.address, now)
+
+    assert claim_one(a, request, "a") is overlap(a, WON)
+    # Written committed: no other node enqueues it, even once the run is over.
+    lost = LOST if b.checks_overlap else HELD
+    assert claim_one(b, request, "b") is lost
+    worker.release([request.run_id], node="worker")
+    assert claim_one(b, request, "b") is lost
+    # The next firing of the address, once the run is over, is won.
+    assert claim_one(b, skipping(firing(now, address=request.address)), "b") is WON
+
+
+def test_overlap_is_answered_per_firing_in_a_mixed_batch(store_factory: StoreFactory) -> None:
+    worker, a = store_factory(), store_factory()
+    now = store_factory.now_ms()
+    runs, idle = f"contract/{uuid.uuid4().hex[:8]}", f"contract/{uuid.uuid4().hex[:8]}"
+    start_run(worker, runs, now)
+    first, second = (skipping(firing(now + i, address=runs)) for i in range(2))
+    allowed = firing(now + 2, address=runs)  # of an entry that allows overlap: no run_id
+    elsewhere = skipping(firing(now, address=idle))
+
+    outcomes = a.claim([first, elsewhere, allowed, second], node="a", lease_ms=LEASE_MS)
+
+    assert outcomes == [overlap(a, WON), WON, WON, overlap(a, WON)]
+
+
+@pytest.mark.parametrize("run", ["absent", "released", "lapsed", "committed"])
+def test_a_run_lease_that_is_not_a_live_pending_claim_is_no_overlap(
+    store_factory: StoreFactory, run: str
+) -> None:
+    worker, a, b = store_factory(), store_factory(), store_factory()
+    now = store_factory.now_ms()
+    request = skipping(firing(now))
+    if run != "absent":
+        start_run(worker, request.address, now, LEASE_MS)
+    if run == "released":
+        worker.release([request.run_id], node="worker")
+    elif run == "committed":
+        assert worker.commit([request.run_id], node="worker") == [True]
+    elif run == "lapsed":
+        store_factory.advance(LEASE_MS + 100)
+
+    assert claim_one(a, request, "a") is WON
+    assert claim_one(b, request, "b") is HELD
+
+
+def test_a_live_claim_of_the_firing_decides_before_overlap(store_factory: StoreFactory) -> None:
+    worker, a, b = store_factory(), store_factory(), store_factory()
+    now = store_factory.now_ms()
+    request = skipping(firing(now))
+    theirs = skipping(firing(now, tag=THEIRS, address=request.address))
+    assert claim_one(a, request, "a") is WON
+    assert claim_one(b, theirs, "b") is WON
+    start_run(worker, request.address, now)
+
+    # The holder's own pending claim is won again (renewed), not overlap.
+    assert claim_one(a, request, "a") is WON
+    assert claim_one(b, request, "b") is HELD
+    assert claim_one(a, of_task(theirs, OURS), "a") is store_factory.foreign(HELD)
+    assert a.commit([request.id], node="a") == [True]
+    assert claim_one(b, request, "b") is LOST
+
+
+def test_a_late_or_early_firing_is_refused_even_while_its_address_runs(
+    store_factory: StoreFactory,
+) -> None:
+    worker, a = store_factory(), store_factory()
+    now = store_factory.now_ms()
+    address = f"contract/{uuid.uuid4().hex[:8]}"
+    late_at = now - MAX_LATE_MS - TOLERANCE_MS - 2_000
+    late = skipping(firing(late_at, address=address))
+    early = skipping(firing(now, release_ms=now + TOLERANCE_MS + 5_000, address=address))
+    start_run(worker, address, now)
+
+    assert a.claim([late, early], node="a", lease_ms=LEASE_MS) == [LATE, EARLY]
+    # Nothing was written: for a node allowed more lateness, the firing overlaps.
+    lenient = dataclasses.replace(late, max_late_ms=MAX_LATE_MS + 10_000)
+    assert claim_one(a, lenient, "a") is overlap(a, WON)
 
 
 # -- identity, clock and probe --------------------------------------------------------------

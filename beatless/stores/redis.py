@@ -28,6 +28,13 @@ so two apps on one Redis never collide:
     form (another version, another program's value or type) fails its own firing as
     ``corrupt`` and is never overwritten; so does a version 2 record for a beatless that
     reads version 1 only: upgrade every node of a namespace together.
+``{prefix}claim:{run id}``
+    The run lease of an address (:func:`~beatless.firing.run_lease_id`): a claim record
+    like any other, held pending by a worker while a run of the address is in progress
+    (:mod:`beatless.runs`). A claim of a firing whose request names it
+    (:attr:`~beatless.stores.base.ClaimRequest.run_id`) reads it in the same script and
+    answers :attr:`~beatless.stores.base.Outcome.OVERLAP` while it is live and pending,
+    writing the firing committed (its enqueue commands, on the atomic path, not run).
 ``{prefix}epoch``
     A string ``v=1|{started_ms}|{token}`` written (``SET NX``, no expiry) by the first
     claim that finds it absent: the store's identity. A Redis that lost its data (a
@@ -119,6 +126,7 @@ _OUTCOMES = {
     "F": Outcome.FORGOTTEN,
     "C": Outcome.CORRUPT,
     "A": Outcome.FOREIGN,
+    "O": Outcome.OVERLAP,
 }
 
 
@@ -218,8 +226,10 @@ class RedisStore(ClaimStore):
         enqueue the message of ``requests[i]`` exactly as the broker's client would. A
         firing won this way is committed at once; there is nothing to commit or release.
         A live pending claim of a two-phase node (a fleet mid-rollout) gives ``HELD``.
-        A firing refused (``LATE``, ``EARLY``, ``CORRUPT``), held, lost, ``FOREIGN`` or
-        ``FORGOTTEN`` runs none of its commands.
+        A firing refused (``LATE``, ``EARLY``, ``CORRUPT``), held, lost, ``FOREIGN``,
+        ``FORGOTTEN`` or ``OVERLAP`` runs none of its commands; the overlap check reads
+        the run-lease record in the same script, so a firing is enqueued only if no run of
+        its address was in progress when it was won.
         """
         if len(commands) != len(requests):
             raise ValueError("claim_and_push: one list of commands per request")
@@ -241,8 +251,12 @@ class RedisStore(ClaimStore):
         calls = []
         for start in range(0, len(requests), CHUNK):
             chunk = requests[start : start + CHUNK]
+            # The distinct run-lease records of the chunk, numbered from 1 (0: none).
+            run_ids = dict.fromkeys(r.run_id for r in chunk if r.run_id)
+            runs = {run_id: j for j, run_id in enumerate(run_ids, 1)}
             keys = [self._last_key, self._epoch_key, *(self._claim_key(r.id) for r in chunk)]
-            args = head + [_claim_arg(r) for r in chunk]
+            keys += [self._claim_key(run_id) for run_id in runs]
+            args = head + [len(chunk)] + [_claim_arg(r, runs.get(r.run_id, 0)) for r in chunk]
             if commands is not None:
                 args += [json.dumps(c) for c in commands[start : start + CHUNK]]
             calls.append((keys, args))
@@ -441,14 +455,17 @@ def _describe_client(client: redis_module.Redis) -> str:
     return f"redis://{host}:{port}/{db}"
 
 
-def _claim_arg(request: ClaimRequest) -> str:
+def _claim_arg(request: ClaimRequest, run: int) -> str:
+    """Request ``request`` as the claim script reads it; ``run`` numbers its run-lease
+    key among the script's keys (``0``: none)."""
     r = request
     if r.memory_ms <= 0 or r.max_late_ms < 0:
         raise ConfigError(
             f"redis store: firing {r.id} ({r.address!r}): memory_ms must be positive and "
             f"max_late_ms not negative, got {r.memory_ms} and {r.max_late_ms}"
         )
-    return f"{r.occurrence_ms}|{r.max_late_ms}|{r.memory_ms}|{r.release_ms}|{r.tag}|{r.address}"
+    numbers = f"{r.occurrence_ms}|{r.max_late_ms}|{r.memory_ms}|{r.release_ms}"
+    return f"{numbers}|{r.tag}|{run}|{r.address}"
 
 
 def _parse_epoch(record: str) -> Epoch | None:

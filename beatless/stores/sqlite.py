@@ -5,6 +5,10 @@ atomic and two processes cannot both win a firing: SQLite lets one writer in at 
 and the others wait up to ``busy_timeout``. The file is in WAL mode, so readers such as
 ``beatless status`` never block the writers.
 
+A run lease (:attr:`~beatless.stores.base.ClaimRequest.run_id`) is a row like any
+claim's, read in the same transaction as the firings that name it, so the overlap check
+and the claim it decides are one atomic step.
+
 The store's clock is the ``clock`` callable, read once per transaction after the write
 lock is taken. Every process on the host shares the system clock, so leases are judged
 on one clock. The file must be on a local disk: SQLite's locks are not reliable over
@@ -224,7 +228,9 @@ class SQLiteStore(ClaimStore):
             self._sweep(conn, now)
             epoch = _current_epoch(conn, now, self.path)
             forgot_before = horizon_ms(self.epoch, epoch, self._forgot_before_ms)
-            held = self._held(conn, [r.id for r in requests] + [r.run_id for r in requests])
+            held = self._held(
+                conn, [r.id for r in requests] + [r.run_id for r in requests if r.run_id]
+            )
             decide = _Decision(node, lease_ms, now, forgot_before)
             outcomes = []
             writes: dict[str, tuple[Any, ...]] = {}

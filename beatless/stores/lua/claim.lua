@@ -8,6 +8,9 @@
 --              once (SET NX) by the first claim that finds it absent; its layout has a
 --              version of its own, independent of the claim records' version
 -- KEYS[2 + i]  {prefix}claim:{firing id}: the claim record of request i (see prelude.lua)
+-- KEYS[2 + n + j]  {prefix}claim:{run id}: the j-th distinct run-lease record the requests
+--              name (a claim record too, held pending by workers while a run of the
+--              address is in progress; see beatless.runs); read only
 --
 -- ARGV[1]   claim record format version
 -- ARGV[2]   expiry slack in ms: how long Redis keeps a committed record past until_ms
@@ -20,14 +23,19 @@
 -- ARGV[9]   the epoch token the caller last saw, '' if none
 -- ARGV[10]  the caller's forgetting horizon from an earlier epoch change, '' if none
 -- ARGV[11]  a fresh random token, for the epoch record if it is absent
--- ARGV[11 + i]      request i:
---                   {occurrence_ms}|{max_late_ms}|{memory_ms}|{release_ms}|{tag}|{address}
---                   (one argument rather than six makes a large batch cheaper to send)
--- ARGV[11 + n + i]  atomic only: the JSON list of commands that enqueue request i
+-- ARGV[12]  n, the number of requests
+-- ARGV[12 + i]      request i:
+--                   {occurrence_ms}|{max_late_ms}|{memory_ms}|{release_ms}|{tag}|{run}|{address}
+--                   where run is j for the run-lease record KEYS[2 + n + j], 0 for none
+--                   (one argument rather than seven makes a large batch cheaper to send)
+-- ARGV[12 + n + i]  atomic only: the JSON list of commands that enqueue request i
 --
 -- Returns {letters, epoch record}: one letter per request, W won, T takeover, L lost,
 -- H held, X late, E early, F forgotten, C corrupt, A foreign (a live claim of another
--- task: its record's tag and the request's are both set and differ). A firing won
+-- task: its record's tag and the request's are both set and differ), O overlap (the
+-- firing would be won, but its run-lease record is a live pending claim: a run of its
+-- address is in progress; the firing is written committed and its commands are not
+-- run; a run-lease record that cannot be read holds nothing). A firing won
 -- atomically is written committed and its commands run in this script: it is in the
 -- queue if and only if it was won. When the epoch token is not the one the caller saw
 -- (the store lost its memory), the horizon is the new epoch's start + tolerance: a
@@ -36,7 +44,7 @@
 
 local SLACK, node, lease = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local tolerance, id_from, atomic = tonumber(ARGV[5]), tonumber(ARGV[7]), ARGV[8] == '1'
-local n = #KEYS - 2
+local n = tonumber(ARGV[12])
 
 local function current_epoch()
   local record = redis.call('GET', KEYS[2])
@@ -68,18 +76,32 @@ local function win(i, key, r)
   if not atomic then
     return write(key, 'pending', now + lease, r.memory, r.tag, node, lease + r.memory)
   end
-  for _, command in ipairs(cjson.decode(ARGV[11 + n + i])) do
+  for _, command in ipairs(cjson.decode(ARGV[12 + n + i])) do
     redis.call(unpack(command))
   end
   return write(key, 'committed', now + r.memory, r.memory, r.tag, node, r.memory + SLACK)
 end
 
--- The letter for a firing nobody holds live: refused, forgotten or won.
+-- Every record the batch reads (claims and run leases), updated as the batch writes.
+local held
+
+-- Whether the request's run-lease record is held: a live pending claim.
+local function running(r)
+  if r.run == 0 then return false end
+  local h = held[KEYS[2 + n + r.run]]
+  return h and h ~= CORRUPT and h.state == 'pending' and h.until_ms >= now
+end
+
+-- The letter for a firing nobody holds live: refused, forgotten, overlapping or won.
 local function decide_free(i, key, h, r)
   if now - r.occurrence > r.max_late + tolerance then return 'X' end
   if r.release - now > tolerance then return 'E' end
   if not h and forgot_before and r.release < forgot_before then
     return 'F', write(key, 'committed', now + r.memory, r.memory, r.tag, node,
+      r.memory + SLACK)
+  end
+  if running(r) then
+    return 'O', write(key, 'committed', now + r.memory, r.memory, r.tag, node,
       r.memory + SLACK)
   end
   last[#last + 1] = r.address
@@ -100,13 +122,15 @@ local function decide(i, key, h, r)
   return 'H'
 end
 
-local held, out = read_all(3), {}
+local out = {}
+held = read_all(3)
 for i = 1, n do
   local key = KEYS[i + 2]
-  local occurrence, max_late, memory, release, tag, address =
-    string.match(ARGV[11 + i], '^(%-?%d+)|(%d+)|(%d+)|(%-?%d+)|(%x*)|(.*)$')
+  local occurrence, max_late, memory, release, tag, run, address =
+    string.match(ARGV[12 + i], '^(%-?%d+)|(%d+)|(%d+)|(%-?%d+)|(%x*)|(%d+)|(.*)$')
   local r = {occurrence = tonumber(occurrence), max_late = tonumber(max_late),
-    memory = tonumber(memory), release = tonumber(release), tag = tag, address = address}
+    memory = tonumber(memory), release = tonumber(release), tag = tag, run = tonumber(run),
+    address = address}
   local letter, written = decide(i, key, held[key], r)
   out[i] = letter
   if written then held[key] = written end
