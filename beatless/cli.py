@@ -29,6 +29,7 @@ from beatless.errors import BeatlessError, ConfigError, ScheduleError, StoreUnav
 from beatless.firing import Firing, digest, from_datetime, iso
 from beatless.loader import load_schedule, parse_instant
 from beatless.problems import Checked
+from beatless.triggers import tzdata_version
 
 if TYPE_CHECKING:
     from beatless._clockwatch import Sample
@@ -244,6 +245,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(
         f"{label}: sound — {len(schedule.entries)} entries, {addresses} addresses, "
         f"namespace {schedule.namespace!r}, timezone {schedule.timezone}{store_note}"
+    )
+    print(
+        f"  schedule fingerprint {schedule.fingerprint} (equal on every node that runs this "
+        f"schedule), tzdata {tzdata_version()}"
     )
     if offset is not None:
         _print_offset(offset)

@@ -252,6 +252,31 @@ class Schedule:
         base = f"{self.namespace}/{address_segment(entry.name)}"
         return base if tenant is None else tenant_address(base, tenant)
 
+    @cached_property
+    def fingerprint(self) -> str:
+        """16 hex digits of a SHA-256 over every entry's address with its trigger, jitter,
+        max_late, task, tenants and policies: equal on nodes that run the same schedule,
+        different when a node runs another version of it (a rollout in progress)."""
+        lines = sorted(
+            "|".join(
+                (
+                    self.address(e),
+                    repr(e.trigger),
+                    str(e.jitter_ms),
+                    str(e.max_late_ms),
+                    e.task,
+                    "callable" if callable(e.tenants) else ",".join(e.tenants or ()),
+                    e.catch_up,
+                    e.overlap,
+                    str(to_ms(e.run_lease)),
+                    str(to_ms(e.heartbeat)),
+                    str(e.once_only),
+                )
+            )
+            for e in self.entries
+        )
+        return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+
     def entry(self, name: str) -> Entry:
         for entry in self.entries:
             if entry.name == name:

@@ -11,9 +11,12 @@ expressions) follow real time. The evaluator is :mod:`beatless._cron`.
 
 from __future__ import annotations
 
+import importlib
+import zoneinfo
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -140,3 +143,23 @@ class Cron:
     def describe(self) -> str:
         text = f"cron {self.expr!r} in {self.tz or 'UTC'}"
         return text + (" (day-of-month AND day-of-week)" if self.day_and else "")
+
+
+def tzdata_version() -> str:
+    """The version of the time-zone database that ``zoneinfo`` reads (``2025b``), from the
+    first directory of ``zoneinfo.TZPATH`` that has ``tzdata.zi``, else the ``tzdata``
+    package; ``unknown`` when neither says. Nodes whose versions differ may place a cron
+    occurrence differently around a zone's rule change."""
+    for root in zoneinfo.TZPATH:
+        try:
+            with (Path(root) / "tzdata.zi").open(encoding="utf-8") as file:
+                first = file.readline()
+        except OSError:
+            continue
+        if first.startswith("# version "):
+            return first.removeprefix("# version ").strip()
+    try:
+        package = importlib.import_module("tzdata")
+    except ImportError:
+        return "unknown"
+    return str(getattr(package, "IANA_VERSION", "unknown"))

@@ -276,8 +276,9 @@ def test_check_with_a_store_probes_it_and_prints_the_clock_offset(
     lines = result.stdout.splitlines()
     assert "sound" in lines[0]
     assert "redis store keeps each claim as long as it asks" in lines[0]
-    assert lines[1].startswith("clock offset to the store: ")
-    offset_ms = int(lines[1].split(": ")[1].split(" ms")[0])
+    assert lines[1].startswith("  schedule fingerprint ")
+    assert lines[2].startswith("clock offset to the store: ")
+    offset_ms = int(lines[2].split(": ")[1].split(" ms")[0])
     assert abs(offset_ms) < 1_000
     assert result.stderr == ""
 
