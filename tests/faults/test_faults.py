@@ -183,6 +183,7 @@ def restarted_empty_scenario(
         killed = time.time()
         restart()
         run.fault("store restarted empty", killed, time.time())
+        print(f"store restart {k + 1}: answering again after {time.time() - killed:.1f}s")
     run.wait(timeout=until - time.time() + 30)
     assert_clean(run.report((anchor, anchor + 45)), misses="reported")
 

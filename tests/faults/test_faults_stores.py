@@ -1,13 +1,36 @@
-"""The fault scenarios that apply to every claim store, on PostgreSQL, NATS and RabbitMQ.
+"""The fault scenarios of ``test_faults.py``, on PostgreSQL, NATS and RabbitMQ.
 
-Three real node processes each (``fault_node``), on the shared servers of this machine,
-under names of the test's own (a schema, a bucket, a queue prefix) that are removed at
-the end. The scenarios are the ones of ``test_faults.py`` that do not need to restart or
-own the store's server: a frozen node holding pending claims, every node's link to the
-store paused through a TCP proxy that holds the bytes and delivers them late, and skewed
-node clocks (on the stores with a clock of their own: the RabbitMQ store judges time on
-each node's clock, which docs/stores.md says). Restarting a store empty needs a private
-server of each kind; it is covered for Redis in ``test_faults.py``.
+Three real node processes each (``fault_node``). The scenarios that do not need to own
+the store's server run on the shared servers of this machine, under names of the test's
+own (a schema, a bucket, a queue prefix) that are removed at the end: a frozen node
+holding pending claims, every node's link to the store paused through a TCP proxy that
+holds the bytes and delivers them late, and skewed node clocks (on the stores with a
+clock of their own: the RabbitMQ store judges time on each node's clock, which
+docs/stores.md says).
+
+The store restarted empty, three times while the nodes run, needs a store of the test's
+own: a private PostgreSQL (``postgres_server``: killed with its children, ``initdb``
+again, started on the same port, as a failover to a replica or a restore that lacks the
+store's schema), a private ``nats-server -js`` (``nats_server``: killed, its JetStream
+store deleted, started on the same port) and a RabbitMQ virtual host of the test's own
+(``rabbitmq_vhost``: deleted and made again, as a broker that lost its definitions).
+Measured on a 2-core machine, 869 firings expected per run, three runs per store (four
+on RabbitMQ), Redis (``test_faults.py``) in the same sessions:
+
+==========  ==========  ====================================  ==========================
+store       duplicates  misses, each one reported forgotten   new epoch after the fault
+==========  ==========  ====================================  ==========================
+PostgreSQL  0           290, 303, 266                         0.6 to 3.1 s
+NATS        0           281, 323, 290                         0.3 s
+RabbitMQ    0           396, 460, 373, 419                    2.9 to 6.1 s
+Redis       0           291, 285                              0.1 s
+==========  ==========  ====================================  ==========================
+
+No stale or early send; the latest send ended 7.9 s after its occurrence (max_late
+20 s). A store that forgot makes every firing released before its new epoch's start
+plus 10 s that nobody holds ``forgotten``, so the longer the store takes to answer
+again, the more it misses: deleting a virtual host that holds some hundreds of durable
+queues takes RabbitMQ seconds, and its nodes are refused (403, 530) meanwhile.
 """
 
 from __future__ import annotations
