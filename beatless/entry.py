@@ -283,11 +283,23 @@ class Schedule:
                 return entry
         raise ConfigError(f"no entry named {name!r} in namespace {self.namespace!r}")
 
-    def check_store(self, remembers: timedelta | None, store: str) -> list[str]:
-        """Rule 5: every entry's ``jitter + max_late + 10s`` fits the store's memory."""
+    def check_store(
+        self, remembers: timedelta | None, store: str, *, run_leases: bool = True
+    ) -> list[str]:
+        """Rule 5: every entry's ``jitter + max_late + 10s`` fits the store's memory; and,
+        on a store that cannot hold a run lease without a gap (``run_leases`` false), no
+        entry asks for ``overlap = "skip"``."""
+        errors = [
+            f"entry {e.name!r}: overlap 'skip' needs a claim store that renews a run lease "
+            f"without a gap, which the {store} store cannot (a renewal reopens the lease for "
+            f"one round trip, and a run starting then would overlap); use a Redis, "
+            f"PostgreSQL, NATS or SQLite store, or overlap 'allow'"
+            for e in self.entries
+            if e.overlap == "skip" and not run_leases
+        ]
         if remembers is None:
-            return []
-        return [
+            return errors
+        return errors + [
             f"entry {e.name!r}: jitter {describe(e.jitter)} + max_late {describe(e.max_late)}"
             f" + tolerance {describe(STORE_TOLERANCE)} = {describe(e.memory_needed)} must be "
             f"under what {store} remembers ({describe(remembers)}); lower max_late or "

@@ -222,7 +222,9 @@ class Scheduler:
         self._plan(self._start_ms)
 
     def _check_store(self) -> None:
-        errors = self.schedule.check_store(self.store.remembers, self.store.name)
+        errors = self.schedule.check_store(
+            self.store.remembers, self.store.name, run_leases=self.store.holds_run_leases
+        )
         if errors:
             raise ScheduleError("; ".join(errors), errors)
         if isinstance(self.dispatcher, TwoPhase):

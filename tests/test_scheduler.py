@@ -626,3 +626,19 @@ def test_overlap_skip_sends_nothing_while_a_run_of_the_address_holds_its_lease()
     run_nodes([node], clock, 2)
     assert len(sent) == 2
     assert node.stats["e"].skipped_overlap == 3
+
+
+def test_overlap_skip_is_refused_at_start_on_a_store_that_cannot_hold_run_leases() -> None:
+    """Rule: a run lease renewed with a gap (the RabbitMQ store) could let two runs overlap,
+    so a schedule that asks for ``overlap = "skip"`` does not start on such a store."""
+
+    class GappyStore(MemoryStore):
+        holds_run_leases = False
+
+    schedule = Schedule([entry("skips", overlap="skip"), entry("allows")])
+    with pytest.raises(ScheduleError) as refused:
+        Scheduler(schedule, store=GappyStore(), enqueue=lambda f: None)
+    (error,) = refused.value.errors
+    assert error.startswith("entry 'skips': overlap 'skip' needs a claim store that renews")
+    assert "memory store cannot" in error
+    assert Scheduler(schedule, store=MemoryStore(), enqueue=lambda f: None)

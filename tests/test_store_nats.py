@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import logging
 import os
@@ -37,6 +38,8 @@ from stores import NATS, NATS_URL, delete_nats_bucket, free_port
 
 from beatless import Entry, Every, Firing, Schedule
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
+from beatless.firing import run_lease_id
+from beatless.runs import NEVER_LATE_MS, RUN_RECORD_MEMORY_MS
 from beatless.scheduler import Scheduler
 from beatless.stores import ClaimRequest, Outcome, open_store
 from beatless.stores._jetstream import BucketInfo, bucket_info, parse_stamp_ms
@@ -54,6 +57,18 @@ def firing(occurrence_ms: int, *, release_ms: int | None = None) -> ClaimRequest
     id_ = uuid.uuid4().hex
     release = occurrence_ms if release_ms is None else release_ms
     return ClaimRequest(id_, f"test/{id_[:8]}", occurrence_ms, MAX_LATE_MS, MEMORY_MS, release, TAG)
+
+
+def skipping(request: ClaimRequest) -> ClaimRequest:
+    """The same firing, of an entry whose overlap policy is ``skip``."""
+    return dataclasses.replace(request, run_id=run_lease_id(request.address))
+
+
+def run_lease(address: str, now: int) -> ClaimRequest:
+    """A worker's claim of ``address``'s run lease, as ``beatless.runs`` makes it."""
+    return ClaimRequest(
+        run_lease_id(address), address, now, NEVER_LATE_MS, RUN_RECORD_MEMORY_MS, now
+    )
 
 
 def now_ms() -> int:
@@ -256,6 +271,60 @@ def test_a_deleted_claim_key_is_free_again(store: NATSStore, bucket: str) -> Non
     admin(NATS_URL, f"$KV.{bucket}.claim.{request.id}", b"", headers={"KV-Operation": "DEL"})
 
     assert store.claim([request], node="b", lease_ms=LEASE_MS) == [Outcome.WON]
+
+
+# -- renewal and run leases ----------------------------------------------------------------
+
+
+def test_a_holder_s_reclaim_renews_its_lease_to_lease_ms_from_the_call_on_the_server_clock(
+    store: NATSStore, bucket: str
+) -> None:
+    request = firing(store.time_ms())
+    assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    first, _stamp = value_of(bucket, f"claim.{request.id}")
+    time.sleep(0.05)
+
+    assert store.claim([request], node="a", lease_ms=2 * LEASE_MS) == [Outcome.WON]
+
+    value, stamp = value_of(bucket, f"claim.{request.id}")
+    _version, state, until, memory, tag, node = value.split("|", 5)
+    assert (state, memory, tag, node) == ("pending", str(MEMORY_MS), TAG, "a")
+    assert stamp - 1_000 <= int(until) - 2 * LEASE_MS <= stamp
+    assert int(until) > int(first.split("|")[2])
+    with NATSStore(NATS_URL, bucket=bucket) as other:
+        assert other.claim([request], node="b", lease_ms=LEASE_MS) == [Outcome.HELD]
+
+
+def test_a_firing_whose_address_runs_is_committed_for_its_memory_at_one_read_more(
+    store: NATSStore, bucket: str
+) -> None:
+    now = store.time_ms()
+    request, idle = skipping(firing(now)), skipping(firing(now))
+    with NATSStore(NATS_URL, bucket=bucket) as worker:
+        run = run_lease(request.address, now)
+        assert worker.claim([run], node="w", lease_ms=LEASE_MS) == [Outcome.WON]
+    sent = store.requests
+
+    assert store.claim([request, idle], node="a", lease_ms=LEASE_MS) == [
+        Outcome.OVERLAP,
+        Outcome.WON,
+    ]
+
+    # The clock and the bucket's info; a read of the run lease and a create each.
+    assert store.requests - sent == 2 + 2 * 2
+    value, stamp = value_of(bucket, f"claim.{request.id}")
+    _version, state, until, memory, tag, node = value.split("|", 5)
+    assert (state, memory, tag, node) == ("committed", str(MEMORY_MS), TAG, "a")
+    assert stamp - 1_000 <= int(until) - MEMORY_MS <= stamp
+
+
+def test_a_run_lease_value_it_cannot_read_is_no_run_in_progress(
+    store: NATSStore, bucket: str
+) -> None:
+    request = skipping(firing(store.time_ms()))
+    admin(NATS_URL, f"$KV.{bucket}.claim.{request.run_id}", b"another program's value")
+
+    assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
 
 
 # -- the bucket: memory, rule 5, identity --------------------------------------------------
@@ -638,6 +707,8 @@ def test_a_firing_id_that_cannot_be_a_key_is_refused(store: NATSStore) -> None:
 
     with pytest.raises(ConfigError, match="cannot be a key"):
         store.claim([request], node="a", lease_ms=LEASE_MS)
+    with pytest.raises(ConfigError, match="cannot be a key"):
+        store.claim([dataclasses.replace(firing(now_ms()), run_id="a b")], node="a", lease_ms=1)
 
 
 def test_missing_driver_raises_config_error_with_install_hint(

@@ -24,6 +24,8 @@ import pytest
 
 pytest.importorskip("psycopg", reason="the postgres store needs: pip install 'beatless[postgres]'")
 
+import dataclasses
+
 import psycopg
 from fleet import assert_the_kill_was_survived, kill_one_of_three
 from psycopg import sql
@@ -31,6 +33,8 @@ from service_check import require_service
 from stores import POSTGRES, POSTGRES_URL, ManualClock, drop_postgres_schema, free_port
 
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
+from beatless.firing import run_lease_id
+from beatless.runs import NEVER_LATE_MS, RUN_RECORD_MEMORY_MS
 from beatless.stores import ClaimRequest, Outcome, open_store
 from beatless.stores.base import TOLERANCE_MS
 from beatless.stores.postgres import CHUNK, SCHEMA_VERSION, SWEEP_MIN, PostgresStore
@@ -73,6 +77,18 @@ def firing(occurrence_ms: int, *, release_ms: int | None = None) -> ClaimRequest
     id_ = str(uuid.uuid4())
     release = occurrence_ms if release_ms is None else release_ms
     return ClaimRequest(id_, f"test/{id_[:8]}", occurrence_ms, MAX_LATE_MS, MEMORY_MS, release, TAG)
+
+
+def skipping(request: ClaimRequest) -> ClaimRequest:
+    """The same firing, of an entry whose overlap policy is ``skip``."""
+    return dataclasses.replace(request, run_id=run_lease_id(request.address))
+
+
+def run_lease(address: str, now_ms: int) -> ClaimRequest:
+    """A worker's claim of ``address``'s run lease, as ``beatless.runs`` makes it."""
+    return ClaimRequest(
+        run_lease_id(address), address, now_ms, NEVER_LATE_MS, RUN_RECORD_MEMORY_MS, now_ms
+    )
 
 
 def row_of(conn: psycopg.Connection[Any], schema: str, id_: str) -> dict[str, Any] | None:
@@ -194,6 +210,84 @@ def test_a_row_of_another_format_fails_only_its_own_firing_as_corrupt_and_is_lef
     store.close()
 
 
+# -- renewal and run leases, on the server's clock --------------------------------------------
+
+
+def test_a_holder_s_reclaim_renews_its_lease_to_lease_ms_from_now_on_the_server_clock(
+    conn: psycopg.Connection[Any], schema: str
+) -> None:
+    store = PostgresStore(url_of(schema))
+    request = firing(server_now_ms(conn))
+    assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    first = row_of(conn, schema, request.id)
+    assert first is not None
+    time.sleep(0.05)
+
+    before = server_now_ms(conn)
+    assert store.claim([request], node="a", lease_ms=2 * LEASE_MS) == [Outcome.WON]
+    after = server_now_ms(conn)
+
+    row = row_of(conn, schema, request.id)
+    assert row is not None
+    assert before + 2 * LEASE_MS <= row["until_ms"] <= after + 2 * LEASE_MS
+    assert row["until_ms"] > first["until_ms"]
+    assert row["forget_ms"] == row["until_ms"] + MEMORY_MS
+    # Still the same claim: granted when it was first won, to the same node, pending.
+    assert (row["claimed_ms"], row["node"], row["committed"]) == (first["claimed_ms"], "a", False)
+    with PostgresStore(url_of(schema)) as other:
+        assert other.claim([request], node="b", lease_ms=LEASE_MS) == [Outcome.HELD]
+    store.close()
+
+
+def test_a_firing_whose_address_runs_is_a_committed_row_for_its_memory_on_the_server_clock(
+    conn: psycopg.Connection[Any], schema: str
+) -> None:
+    store, worker = PostgresStore(url_of(schema)), PostgresStore(url_of(schema))
+    now = server_now_ms(conn)
+    fresh = skipping(firing(now))
+    lapsed = skipping(firing(now))  # a row whose pending lease ran out: a takeover otherwise
+    assert store.claim([lapsed], node="x", lease_ms=1) == [Outcome.WON]
+    time.sleep(0.01)
+    for request in (fresh, lapsed):
+        assert worker.claim([run_lease(request.address, now)], node="w", lease_ms=LEASE_MS) == [
+            Outcome.WON
+        ]
+
+    before = server_now_ms(conn)
+    assert store.claim([fresh, lapsed], node="a", lease_ms=LEASE_MS) == [Outcome.OVERLAP] * 2
+    after = server_now_ms(conn)
+
+    for request in (fresh, lapsed):
+        row = row_of(conn, schema, request.id)
+        assert row is not None
+        assert (row["committed"], row["node"], row["tag"]) == (True, "a", TAG)
+        assert before + MEMORY_MS <= row["until_ms"] <= after + MEMORY_MS
+        assert row["forget_ms"] >= row["until_ms"]
+        assert before <= row["claimed_ms"] <= after
+    assert worker.claim([fresh], node="b", lease_ms=LEASE_MS) == [Outcome.LOST]
+    store.close()
+    worker.close()
+
+
+def test_the_run_lease_is_read_without_a_lock_so_a_claim_never_waits_on_a_worker(
+    conn: psycopg.Connection[Any], schema: str
+) -> None:
+    store = PostgresStore(url_of(schema, timeout="1s"))
+    now = server_now_ms(conn)
+    request = skipping(firing(now))
+    assert store.claim([run_lease(request.address, now)], node="w", lease_ms=LEASE_MS) == [
+        Outcome.WON
+    ]
+
+    # A worker's heartbeat in flight: the run lease's row is locked until it commits.
+    with conn.transaction():
+        execute(conn, schema, "SELECT 1 FROM {s}.claims WHERE id = %s FOR UPDATE", request.run_id)
+        started = time.monotonic()
+        assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.OVERLAP]
+        assert time.monotonic() - started < 0.9
+    store.close()
+
+
 # -- the schema: version, creation, privileges ----------------------------------------------
 
 
@@ -212,7 +306,7 @@ def test_the_first_call_creates_the_schema_with_its_version_and_functions(
         " WHERE n.nspname = %s ORDER BY 1",
         (schema,),
     ).fetchall()
-    assert [n for (n,) in names] == ["claim_v1", "commit_v1", "release_v1"]
+    assert [n for (n,) in names] == ["claim_v2", "commit_v1", "release_v1"]
     tables = conn.execute(
         "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", (schema,)
     ).fetchall()
@@ -227,9 +321,46 @@ def test_a_schema_at_a_newer_version_is_refused_with_both_versions_named(
     execute(conn, schema, "UPDATE {s}.version SET version = %s", SCHEMA_VERSION + 1)
     store = PostgresStore(url_of(schema))
 
-    with pytest.raises(StoreError, match=f"version {SCHEMA_VERSION + 1}.*up to version 1"):
+    newer, ours = SCHEMA_VERSION + 1, SCHEMA_VERSION
+    with pytest.raises(StoreError, match=f"version {newer}.*up to version {ours}"):
         store.claim([firing(server_now_ms(conn))], node="a", lease_ms=LEASE_MS)
     store.close()
+
+
+CLAIM_V1 = (
+    "claim_v1(text, text, bigint, bigint, text, bigint, text, integer, text[], text[],"
+    " bigint[], bigint[], bigint[], bigint[], text[], bigint)"
+)
+
+
+def test_a_version_1_schema_is_brought_up_in_place_keeping_its_claims_epoch_and_claim_v1(
+    conn: psycopg.Connection[Any], schema: str
+) -> None:
+    old = PostgresStore(url_of(schema))
+    request = firing(server_now_ms(conn))
+    assert old.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    assert old.commit([request.id], node="a") == [True]
+    old.close()
+    # What version 1 left: the same tables, claim_v1 in place of claim_v2.
+    execute(conn, schema, "DROP FUNCTION {s}.claim_v2")
+    execute(conn, schema, "CREATE FUNCTION {s}." + CLAIM_V1 + " RETURNS void LANGUAGE sql AS ''")
+    execute(conn, schema, "UPDATE {s}.version SET version = 1")
+
+    new = PostgresStore(url_of(schema))
+    assert new.claim([request], node="b", lease_ms=LEASE_MS) == [Outcome.LOST]
+
+    assert new.epoch == old.epoch
+    row = conn.execute(
+        sql.SQL("SELECT version FROM {}.version").format(sql.Identifier(schema))
+    ).fetchone()
+    assert row == (SCHEMA_VERSION,) == (2,)
+    names = conn.execute(
+        "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = %s ORDER BY 1",
+        (schema,),
+    ).fetchall()
+    assert [n for (n,) in names] == ["claim_v1", "claim_v2", "commit_v1", "release_v1"]
+    new.close()
 
 
 def test_nodes_that_start_together_create_the_schema_once_and_all_claim(

@@ -7,6 +7,7 @@ anyway). A broker that lost its definitions is simulated by deleting them.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import subprocess
@@ -29,6 +30,8 @@ from stores import RABBITMQ, RABBITMQ_URL, delete_rabbitmq_names, free_port
 from beatless import Entry, Every, Firing, Schedule
 from beatless.dispatch import Recorder, TwoPhase
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
+from beatless.firing import executed_id, run_lease_id
+from beatless.runs import NEVER_LATE_MS, RUN_RECORD_MEMORY_MS
 from beatless.stores import ClaimRequest, Outcome, open_store
 from beatless.stores.base import TOLERANCE_MS
 from beatless.stores.rabbitmq import RabbitMQStore
@@ -305,6 +308,60 @@ def test_nodes_that_disagree_on_durable_get_an_error_that_says_so(ns: Namespace)
 
     with pytest.raises(StoreError, match="durable="):
         one(ns.store(durable=False), ns.firing(), "b")
+
+
+# -- the worker's run records (beatless.runs) -----------------------------------------------
+
+
+def record(
+    ns: Namespace, id_: str, address: str, memory_ms: int = RUN_RECORD_MEMORY_MS
+) -> ClaimRequest:
+    """A worker's claim of one of its run records, made now, as ``beatless.runs`` makes it."""
+    ns.ids.add(id_)
+    now = int(time.time() * 1_000)
+    return ClaimRequest(id_, address, now, NEVER_LATE_MS, memory_ms, now)
+
+
+def test_run_records_renew_hold_commit_and_release_as_claims_with_leases_of_seconds(
+    ns: Namespace,
+) -> None:
+    lease = 2_000
+    a, b = ns.store(), ns.store()
+    address = f"t/{uuid.uuid4().hex[:8]}"
+    run = run_lease_id(address)
+    # (a) The holder's heartbeats win again, each lease running from its heartbeat.
+    assert one(a, record(ns, run, address), "a#1", lease) is Outcome.WON
+    for _ in range(2):
+        time.sleep(0.8)
+        assert one(a, record(ns, run, address), "a#1", lease) is Outcome.WON
+    # (b) Past the first lease's end, inside the renewed one: another run is held off.
+    time.sleep(0.8)
+    assert one(b, record(ns, run, address), "b#1", lease) is Outcome.HELD
+    # Past the renewed lease, with no heartbeat: taken over.
+    time.sleep(1.5)
+    assert one(b, record(ns, run, address), "b#1", lease) is Outcome.TAKEOVER
+    assert a.commit([run], node="a#1") == [False]
+    # (d) Released: free again at once.
+    b.release([run], node="b#1")
+    assert one(a, record(ns, run, address), "a#2", lease) is Outcome.TAKEOVER
+    # (c) A once-only record committed: every later copy of the firing loses it.
+    executed = executed_id(uuid.uuid4().hex)
+    assert one(a, record(ns, executed, address, MEMORY_MS), "a#2", lease) is Outcome.WON
+    assert one(b, record(ns, executed, address, MEMORY_MS), "b#2", lease) is Outcome.HELD
+    assert a.commit([executed], node="a#2") == [True]
+    assert one(b, record(ns, executed, address, MEMORY_MS), "b#3", lease) is Outcome.LOST
+
+
+def test_the_store_does_not_check_run_leases_and_never_answers_overlap(ns: Namespace) -> None:
+    worker, store = ns.store(), ns.store()
+    assert store.checks_overlap is False
+    assert store.holds_run_leases is False
+    request = ns.firing()
+    run = record(ns, run_lease_id(request.address), request.address)
+    assert one(worker, run, "worker", 60_000) is Outcome.WON
+
+    skipping = dataclasses.replace(request, run_id=run.id)
+    assert one(store, skipping, "a") is Outcome.WON
 
 
 # -- the epoch: a broker that lost its definitions -------------------------------------------

@@ -51,7 +51,9 @@ own pending claim) take precedence over ``LATE``, ``EARLY``, ``FORGOTTEN`` and
 ``OVERLAP``.
 
 **Renewal.** A node that claims a firing it holds pending gets ``WON`` with its lease
-renewed: it lasts ``lease_ms`` from this claim. Run leases are built on this.
+renewed: it lasts ``lease_ms`` from this claim. Run leases are built on this; a store
+whose renewal leaves a gap in which another node could win says so
+(:attr:`ClaimStore.holds_run_leases` false).
 
 **Run leases and overlap.** A request may name the record of its address's run lease
 (:attr:`ClaimRequest.run_id`, set when the entry's overlap policy is ``skip``). Workers
@@ -59,9 +61,9 @@ hold that record as a pending claim while a run of the address is in progress
 (:mod:`beatless.runs`). A claim that would be won while that record is a live pending
 claim is answered :attr:`Outcome.OVERLAP` instead, and the firing is written committed,
 so no other node enqueues it either. A store that cannot read a record without
-disturbing it (RabbitMQ) does not check and never answers ``OVERLAP``: the worker's own
-run-lease check (which every store supports, being made of claims) then refuses the
-run, so two runs still never overlap, but the message is enqueued.
+disturbing it does not check and never answers ``OVERLAP``
+(:attr:`ClaimStore.checks_overlap` false): the worker's own run-lease check then
+refuses the run, but the message is enqueued.
 
 A record the store cannot read (a corrupt value, a newer format, another program's key)
 fails only its own firing, with :attr:`Outcome.CORRUPT`; nothing is written for it.
@@ -287,6 +289,13 @@ class ClaimStore(ABC):
 
     checks_overlap: bool = True
     """Whether :meth:`claim` answers :attr:`Outcome.OVERLAP` (see the module docstring)."""
+
+    holds_run_leases: bool = True
+    """Whether a holder's renewal keeps its claim without a gap, so that a run lease
+    (:mod:`beatless.runs`) excludes every other run while it is renewed. A store that
+    renews by giving the claim up and taking it again (RabbitMQ) is refused for entries
+    with ``overlap = "skip"`` at start-up; once-only checks still run on it, with that
+    window of one round trip per heartbeat."""
 
     @abstractmethod
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:

@@ -10,6 +10,14 @@ The decision itself is :func:`~beatless.stores.base.judge`, as for SQLite. The s
 was seen, not who holds the firing, whether the claim is pending or committed, nor
 when its lease ends.
 
+A firing whose entry skips overlapping runs names its address's run-lease record
+(:attr:`~beatless.stores.base.ClaimRequest.run_id`), the key ``claim.{run id}`` of the
+same bucket. Its claim reads that key right before its first write (and again before
+each retry), and a live pending record there makes a claim that would be won
+:attr:`~beatless.stores.base.Outcome.OVERLAP`, written committed. The write checks only
+the firing's own revision, so the answer is that of a read just before the write: a run
+that starts after the read is refused by the worker's own run-lease check.
+
 The value is ``v=1|{state}|{until_ms}|{memory_ms}|{tag}|{node}``: ``pending`` or
 ``committed``, the end of the lease or of the memory in epoch milliseconds on the
 server's clock, the memory the claim asked for, the task tag and the node (last, so
@@ -262,6 +270,8 @@ class NATSStore(ClaimStore):
             raise ConfigError(f"nats store: lease_ms must be positive, got {lease_ms}")
         for request in requests:
             _claim_key(request.id)
+            if request.run_id:
+                _claim_key(request.run_id)
         if not requests:
             return []
         state, forgot_before, outcomes = self._call(
@@ -323,7 +333,8 @@ class NATSStore(ClaimStore):
     ) -> Outcome:
         key = _claim_key(request.id)
         async with gate:
-            outcome, record = decide(request, None)
+            running = await self._run_lease(kv, request)
+            outcome, record = decide(request, None, running)
             if record is not None:  # first try a create: most firings are new
                 try:
                     revision = await kv.put(key, record.encode(), 0)
@@ -333,7 +344,9 @@ class NATSStore(ClaimStore):
             for attempt in range(ATTEMPTS):
                 # The first read may come from any replica; a retry asks the leader.
                 found = await kv.get(key, direct=self._direct and attempt == 0)
-                outcome, record = decide(request, _decode(found.value))
+                if attempt > 0:  # a write was refused meanwhile: read the run lease again
+                    running = await self._run_lease(kv, request)
+                outcome, record = decide(request, _decode(found.value), running)
                 if record is None:
                     return outcome
                 try:
@@ -343,6 +356,15 @@ class NATSStore(ClaimStore):
                     continue
                 return self._wrote(request.id, decide.epoch, revision, record, outcome)
         raise _Contended(request.id)
+
+    async def _run_lease(self, kv: Bucket, request: ClaimRequest) -> _Record | None:
+        """The record of the request's run lease, read now (``None``: the request names
+        none, the bucket holds none, or one this version cannot read)."""
+        if not request.run_id:
+            return None
+        found = await kv.get(_claim_key(request.run_id), direct=self._direct)
+        record = _decode(found.value)
+        return record if isinstance(record, _Record) else None
 
     def _wrote(
         self, id_: str, epoch: str, revision: int, record: _Record, outcome: Outcome
@@ -514,12 +536,16 @@ class _Decision:
     """The token of the epoch the decision was made in."""
 
     def __call__(
-        self, request: ClaimRequest, held: _Record | _Unreadable | None
+        self,
+        request: ClaimRequest,
+        held: _Record | _Unreadable | None,
+        running: _Record | None = None,
     ) -> tuple[Outcome, _Record | None]:
+        """``running``: the record of the request's run lease, if it has one."""
         if isinstance(held, _Unreadable):
             return Outcome.CORRUPT, None
-        outcome = judge(request, held, self.node, self.now, self.forgot_before_ms)
-        if outcome is Outcome.FORGOTTEN:
+        outcome = judge(request, held, self.node, self.now, self.forgot_before_ms, running=running)
+        if outcome in (Outcome.FORGOTTEN, Outcome.OVERLAP):
             until = self.now + request.memory_ms
             return outcome, _Record(self.node, True, until, request.memory_ms, request.tag)
         if not outcome.is_won:

@@ -8,6 +8,14 @@ whether a new claim is late or early and whether a lease is alive, so skew betwe
 changes nothing. Each call locks the rows of its batch in one order (by firing id), so
 two nodes racing for overlapping batches wait on each other, never in a cycle.
 
+A firing whose entry skips overlapping runs names its address's run-lease record
+(:attr:`~beatless.stores.base.ClaimRequest.run_id`), an ordinary row of ``claims``. A
+claim of it that would be won reads that row in the same call, right before writing, by
+primary key and without locking it: under ``READ COMMITTED`` the read sees every claim
+committed before it, and a lock would make the workers' heartbeats wait for a whole
+batch (and be taken out of the batch's id order). A live pending run lease makes the
+claim :attr:`~beatless.stores.base.Outcome.OVERLAP`, written committed for its memory.
+
 Everything lives in one schema, ``beatless`` unless the URL says ``?schema=``:
 
 ``version``
@@ -64,8 +72,11 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
-"""The layout of the schema (tables and functions) written now; a newer one is refused."""
+SCHEMA_VERSION = 2
+"""The layout of the schema (tables and functions) written now; a newer one is refused.
+Version 2 replaced ``claim_v1`` with ``claim_v2``, which checks run leases
+(:attr:`~beatless.stores.base.Outcome.OVERLAP`); a version 1 schema is brought up to it in
+place (its tables are the same, and it keeps ``claim_v1``)."""
 
 SCHEMES = ("postgresql", "postgres")
 DEFAULT_SCHEMA = "beatless"
@@ -82,8 +93,8 @@ CHUNK = 5_000
 """Firings per function call; a larger batch is several calls, so that no transaction
 holds many thousands of row locks for long."""
 FUNCTIONS = (
-    "claim_v1(text, text, bigint, bigint, text, bigint, text, integer, text[], text[],"
-    " bigint[], bigint[], bigint[], bigint[], text[], bigint)",
+    "claim_v2(text, text, bigint, bigint, text, bigint, text, integer, text[], text[],"
+    " bigint[], bigint[], bigint[], bigint[], text[], text[], bigint)",
     "commit_v1(text, text, text[], bigint)",
     "release_v1(text, text, text[], bigint)",
 )
@@ -113,6 +124,7 @@ _OUTCOMES = {
     "F": Outcome.FORGOTTEN,
     "C": Outcome.CORRUPT,
     "A": Outcome.FOREIGN,
+    "O": Outcome.OVERLAP,
 }
 
 
@@ -307,6 +319,7 @@ class PostgresStore(ClaimStore):
             [r.memory_ms for r in requests],
             [r.release_ms for r in requests],
             [r.tag for r in requests],
+            [r.run_id for r in requests],
             self._now_ms(),
         )
         letters, token, started_ms = self._row("claim", self._statements.claim, args)
@@ -476,9 +489,9 @@ class _Statements:
             return sql.SQL(text).format(s=name)
 
         self.claim = q(
-            "SELECT outcomes, epoch_token, epoch_started_ms FROM {s}.claim_v1("
+            "SELECT outcomes, epoch_token, epoch_started_ms FROM {s}.claim_v2("
             "%s, %s, %s, %s, %s, %s, %s, %s, %s::text[], %s::text[], %s::bigint[], "
-            "%s::bigint[], %s::bigint[], %s::bigint[], %s::text[], %s::bigint)"
+            "%s::bigint[], %s::bigint[], %s::bigint[], %s::text[], %s::text[], %s::bigint)"
         )
         self.commit = q(
             "SELECT flags, epoch_token, epoch_started_ms"
@@ -719,7 +732,7 @@ def _check_request(request: ClaimRequest) -> None:
             f"postgres store: firing {r.id} ({r.address!r}): memory_ms must be positive and "
             f"max_late_ms not negative, got {r.memory_ms} and {r.max_late_ms}"
         )
-    if "\x00" in r.id or "\x00" in r.address:
+    if "\x00" in r.id or "\x00" in r.address or "\x00" in r.run_id:
         raise ConfigError(
             f"postgres store: firing {r.id!r} ({r.address!r}): PostgreSQL text cannot hold "
             f"a NUL character"

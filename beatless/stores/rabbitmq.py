@@ -178,9 +178,23 @@ class RabbitMQStore(ClaimStore):
     :class:`~beatless.errors.StoreUnavailable`; a refused login or virtual host raises
     :class:`~beatless.errors.StoreError`. The password never appears in ``repr``, logs
     or errors. One store object may be shared by the threads of a process.
+
+    The store does not check run leases (:attr:`checks_overlap` is false): reading the
+    run-lease record of a firing's address would mean fetching another node's message
+    from its slot, which opens the slot to a second claim. A firing whose entry skips
+    overlapping runs is claimed as any other, never answered
+    :attr:`~beatless.stores.base.Outcome.OVERLAP`, and enqueued; the worker's own
+    run-lease check (:mod:`beatless.runs`, claims of this store like any other) refuses
+    the run while another run of its address holds the run lease. But a renewal fetches
+    the node's own message and publishes a fresh one: a claim of another node that lands
+    in that one round trip takes the slot, and the renewing node gets ``HELD``. So the
+    store does not hold run leases (:attr:`holds_run_leases` is false) and a schedule
+    with ``overlap = "skip"`` is refused at start on it.
     """
 
     name = "rabbitmq"
+    checks_overlap = False
+    holds_run_leases = False
 
     def __init__(
         self,
@@ -503,6 +517,11 @@ class RabbitMQStore(ClaimStore):
             if isinstance(result, StoreError):
                 raise result
             if isinstance(result, self._amqp.ChannelLost):
+                if result.code != 406:  # not PRECONDITION_FAILED: refused, or the link went
+                    raise StoreError(
+                        f"rabbitmq store {self._where}: cannot read the epoch: queue "
+                        f"{self._epoch_queue} refused ({result.text})"
+                    )
                 raise StoreError(
                     f"rabbitmq store {self._where}: cannot read the epoch: queue "
                     f"{self._epoch_queue} refused ({result.text}); every node of a namespace "
@@ -563,6 +582,8 @@ class RabbitMQStore(ClaimStore):
         try:
             yield a.DeclareExchange(self._exchange, self.durable)
         except a.ChannelLost as lost:
+            if lost.code != 406:  # not PRECONDITION_FAILED: refused (403), or the link went
+                return StoreError(f"exchange {self._exchange} not declared ({lost.text})")
             return StoreError(
                 f"exchange {self._exchange} exists with other settings ({lost.text}); every node "
                 f"of a namespace must use the same durable= setting"

@@ -1,4 +1,4 @@
--- beatless: the PostgreSQL claim store's tables and functions, schema version 1.
+-- beatless: the PostgreSQL claim store's tables and functions, schema version 2.
 --
 -- Run by the store, in one transaction holding an advisory lock on the schema's name,
 -- with search_path set to the store's schema (default "beatless"): every name below is
@@ -9,9 +9,15 @@
 --
 -- Times are epoch milliseconds on the server's clock, clock_timestamp(), read once at
 -- the start of each function call. Each function's last argument, p_now_ms, is NULL
--- but in tests, which pass the reading of a clock they move by hand instead. Identifiers are compared in the "C" collation, and
--- every function locks rows in that order of (namespace, id), so that two calls never
--- wait on each other in a cycle.
+-- but in tests, which pass the reading of a clock they move by hand instead. Identifiers
+-- are compared in the "C" collation, and every function locks rows in that order of
+-- (namespace, id), so that two calls never wait on each other in a cycle.
+--
+-- Versions: 1 had claim_v1; 2 replaced it with claim_v2, which also takes the run-lease
+-- record of each firing (the OVERLAP outcome); tables, commit_v1 and release_v1 are
+-- unchanged. A schema brought up from version 1 keeps claim_v1, unused, so that a node
+-- of the older beatless that opened it before the upgrade goes on claiming until it
+-- reconnects (it then refuses the newer version).
 
 CREATE TABLE IF NOT EXISTS version (
     only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
@@ -53,22 +59,36 @@ CREATE TABLE IF NOT EXISTS claims (
 ) WITH (fillfactor = 80);
 CREATE INDEX IF NOT EXISTS claims_forget_ms ON claims (forget_ms);
 
--- claim_v1: judge and write a batch of claims; one call is one transaction.
+-- claim_v2: judge and write a batch of claims; one call is one transaction.
 --
 -- Each request is judged by the contract's rules (beatless/stores/base.py), in the
 -- order of its id (then its place in the batch), against the row as it stands once
 -- locked. Returns one letter per request, in request order: W won, T takeover, L lost,
--- H held, X late, E early, F forgotten, C corrupt, A foreign; and the namespace's epoch
--- (written now if absent). p_seen is the epoch token the caller last saw ('' if none);
--- when the epoch is another, the horizon is its start + p_tolerance_ms, else p_horizon
--- (NULL: none): a firing nobody holds and released before the horizon is written
--- committed and answered F. Afterwards, at most p_sweep rows past their forget_ms are
--- deleted, skipping rows another call has locked.
-CREATE OR REPLACE FUNCTION claim_v1(
+-- H held, X late, E early, F forgotten, C corrupt, A foreign, O overlap; and the
+-- namespace's epoch (written now if absent). p_seen is the epoch token the caller last
+-- saw ('' if none); when the epoch is another, the horizon is its start + p_tolerance_ms,
+-- else p_horizon (NULL: none): a firing nobody holds and released before the horizon is
+-- written committed and answered F. A node that claims its own live pending claim gets
+-- W and its lease renewed: it runs p_lease_ms from now.
+--
+-- p_run_ids holds, per request, the id of its address's run-lease record ('' for none).
+-- A claim that would be won (W or T) while that record is a live pending claim of any
+-- node is written committed for its memory instead and answered O. The record is read
+-- right before the write, by primary key and without a lock (a plain read, which in
+-- READ COMMITTED sees every claim committed before it): locking it would make the
+-- workers' heartbeats on it wait for a scheduler's whole batch, and would take a lock
+-- out of the batch's id order. A worker's claim of it that commits after the read is
+-- ordered after this call, and the worker's own run-lease check refuses an overlapping
+-- run. A record of another format is not a run in progress.
+--
+-- Afterwards, at most p_sweep rows past their forget_ms are deleted, skipping rows
+-- another call has locked.
+CREATE OR REPLACE FUNCTION claim_v2(
     p_namespace text, p_node text, p_lease_ms bigint, p_tolerance_ms bigint,
     p_seen text, p_horizon bigint, p_new_token text, p_sweep integer,
     p_ids text[], p_addresses text[], p_occurrences bigint[], p_max_lates bigint[],
-    p_memories bigint[], p_releases bigint[], p_tags text[], p_now_ms bigint
+    p_memories bigint[], p_releases bigint[], p_tags text[], p_run_ids text[],
+    p_now_ms bigint
 ) RETURNS TABLE (outcomes text, epoch_token text, epoch_started_ms bigint)
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
@@ -94,8 +114,9 @@ BEGIN
 
     FOR r IN
         SELECT q.* FROM unnest(p_ids, p_addresses, p_occurrences, p_max_lates, p_memories,
-            p_releases, p_tags) WITH ORDINALITY
-            AS q(id, address, occurrence_ms, max_late_ms, memory_ms, release_ms, tag, ord)
+            p_releases, p_tags, p_run_ids) WITH ORDINALITY
+            AS q(id, address, occurrence_ms, max_late_ms, memory_ms, release_ms, tag, run_id,
+                ord)
         ORDER BY q.id COLLATE "C", q.ord
     LOOP
         tries := 0;
@@ -104,27 +125,30 @@ BEGIN
             IF tries > 3 THEN
                 RAISE EXCEPTION 'beatless: claim of % kept changing under the lock', r.id;
             END IF;
-            -- As if nobody held it: late, early, forgotten or a first win. A win is
-            -- written at once if the row is absent, which is the common case.
+            -- As if nobody held it: late, early, forgotten, overlap or a first win. A win
+            -- is written at once if the row is absent, which is the common case.
             IF now_ms - r.occurrence_ms > r.max_late_ms + p_tolerance_ms THEN
                 letter := 'X';
             ELSIF r.release_ms - now_ms > p_tolerance_ms THEN
                 letter := 'E';
-            ELSIF forgot_before IS NOT NULL AND r.release_ms < forgot_before THEN
-                letter := 'F';
-                INSERT INTO claims (until_ms, forget_ms, memory_ms, claimed_ms, occurrence_ms,
-                    format, committed, namespace, id, tag, node, address)
-                    VALUES (now_ms + r.memory_ms, now_ms + r.memory_ms, r.memory_ms, now_ms,
-                    r.occurrence_ms, 1, true, p_namespace, r.id, r.tag, p_node, r.address)
-                    ON CONFLICT DO NOTHING;
-                EXIT WHEN FOUND;
             ELSE
-                letter := 'W';
+                IF forgot_before IS NOT NULL AND r.release_ms < forgot_before THEN
+                    letter := 'F';
+                ELSIF r.run_id <> '' AND EXISTS (SELECT FROM claims c
+                        WHERE c.namespace = p_namespace AND c.id = r.run_id AND c.format = 1
+                            AND NOT c.committed AND c.until_ms >= now_ms) THEN
+                    letter := 'O';
+                ELSE
+                    letter := 'W';
+                END IF;
+                -- Won: pending for the lease; forgotten or overlap: committed for memory.
                 INSERT INTO claims (until_ms, forget_ms, memory_ms, claimed_ms, occurrence_ms,
                     format, committed, namespace, id, tag, node, address)
-                    VALUES (now_ms + p_lease_ms, now_ms + p_lease_ms + r.memory_ms,
-                    r.memory_ms, now_ms, r.occurrence_ms, 1, false, p_namespace, r.id, r.tag,
-                    p_node, r.address)
+                    VALUES (
+                    now_ms + CASE WHEN letter = 'W' THEN p_lease_ms ELSE r.memory_ms END,
+                    now_ms + r.memory_ms + CASE WHEN letter = 'W' THEN p_lease_ms ELSE 0 END,
+                    r.memory_ms, now_ms, r.occurrence_ms, 1, letter <> 'W', p_namespace, r.id,
+                    r.tag, p_node, r.address)
                     ON CONFLICT DO NOTHING;
                 EXIT WHEN FOUND;
             END IF;
@@ -145,6 +169,7 @@ BEGIN
                 ELSIF h.committed THEN
                     letter := 'L';
                 ELSIF h.node = p_node THEN
+                    -- The holder's own pending claim: renewed, p_lease_ms from now.
                     letter := 'W';
                     UPDATE claims c SET until_ms = now_ms + p_lease_ms,
                         forget_ms = now_ms + p_lease_ms + r.memory_ms,
@@ -155,6 +180,17 @@ BEGIN
                 END IF;
             ELSIF letter IN ('X', 'E') THEN
                 NULL;  -- a record whose lease or memory ran out refuses nothing itself
+            ELSIF r.run_id <> '' AND EXISTS (SELECT FROM claims c
+                    WHERE c.namespace = p_namespace AND c.id = r.run_id AND c.format = 1
+                        AND NOT c.committed AND c.until_ms >= now_ms) THEN
+                -- Free, but a run of the address is in progress: written committed.
+                letter := 'O';
+                UPDATE claims c SET until_ms = now_ms + r.memory_ms,
+                    forget_ms = greatest(c.forget_ms, now_ms + r.memory_ms),
+                    memory_ms = r.memory_ms, claimed_ms = now_ms,
+                    occurrence_ms = r.occurrence_ms, committed = true, tag = r.tag,
+                    node = p_node, address = r.address
+                    WHERE c.namespace = p_namespace AND c.id = r.id;
             ELSE
                 -- A record whose lease or memory ran out: free, whatever its tag; a win
                 -- after it is never forgotten, and after a pending one is a takeover.
