@@ -12,6 +12,8 @@ Add one middleware to the broker and declare periodic actors next to their code:
 
 Every worker node runs one scheduler; the claim store lets exactly one node enqueue
 each firing. The message id is the firing id, ``message_timestamp`` the occurrence.
+Before an actor runs a firing, its worker checks the entry's run policy (``overlap``,
+``run_lease``, ``heartbeat``, ``once_only``) in the same claim store.
 A schedule with problems stops the worker with :class:`ScheduleRefused`, listing every
 problem (``on_schedule_error="consume"``: the node consumes and schedules nothing).
 Before a deploy: ``beatless check --dramatiq myapp.broker myapp.tasks``.
@@ -20,6 +22,7 @@ Before a deploy: ``beatless check --dramatiq myapp.broker myapp.tasks``.
 from __future__ import annotations
 
 from beatless.dramatiq.messages import (
+    ADDRESS_OPTION,
     ENTRY_OPTION,
     OCCURRENCE_OPTION,
     TENANT_OPTION,
@@ -31,6 +34,7 @@ from beatless.dramatiq.middleware import Beatless, ScheduleRefused
 from beatless.dramatiq.periodic import Periodic, cron, every
 
 __all__ = [
+    "ADDRESS_OPTION",
     "ENTRY_OPTION",
     "OCCURRENCE_OPTION",
     "TENANT_OPTION",

@@ -4,24 +4,37 @@ The message id is the firing id and ``message_timestamp`` is the occurrence, bot
 un-jittered, so every node builds the same message and Dramatiq's ``max_age`` measures
 the age of the occurrence, not of the send. Shared by the two-phase path
 (``broker.enqueue``) and the atomic path (the message pushed by the claim script).
+
+Beside the firing's own options, every message carries its address
+(:data:`ADDRESS_OPTION`) and its entry's run policy (:data:`~beatless.runs.RUN_HEADER`,
+:meth:`RunPolicy.encode <beatless.runs.RunPolicy.encode>`): what the worker needs to
+check the run (overlap, once-only) before the actor's body, see
+:meth:`beatless.dramatiq.Beatless.before_process_message`.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from beatless.errors import ConfigError
 from beatless.firing import Firing, to_datetime
+from beatless.runs import RUN_HEADER, RunPolicy
 
 if TYPE_CHECKING:
     from dramatiq import Actor, Message
+
+    from beatless.entry import Entry
 
 OCCURRENCE_OPTION = "beatless_occurrence"
 """The nominal occurrence of the firing, integer epoch milliseconds (UTC)."""
 ENTRY_OPTION = "beatless_entry"
 TENANT_OPTION = "beatless_tenant"
 OFFSET_OPTION = "beatless_offset_ms"
+ADDRESS_OPTION = "beatless_address"
+"""The firing's address (``namespace/entry`` or ``namespace/entry/tenant``): the run
+lease a worker takes is the address's."""
 
 
 def message_for(
@@ -37,6 +50,8 @@ def message_for(
         OCCURRENCE_OPTION: firing.occurrence_ms,
         ENTRY_OPTION: entry.name,
         OFFSET_OPTION: firing.offset_ms,
+        ADDRESS_OPTION: firing.address,
+        RUN_HEADER: _run_policy(entry),
     }
     if firing.tenant is not None:
         options[TENANT_OPTION] = firing.tenant
@@ -51,6 +66,13 @@ def message_for(
         message_id=firing.id,
         message_timestamp=firing.occurrence_ms,
     )
+
+
+@lru_cache(maxsize=4_096)
+def _run_policy(entry: Entry) -> str:
+    """The encoded run policy of an entry (entries are compared by identity): once per
+    entry, not once per firing."""
+    return RunPolicy.of_entry(entry).encode()
 
 
 def _current(message: Any) -> Any:

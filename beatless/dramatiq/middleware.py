@@ -11,11 +11,21 @@ problems stops the worker: :class:`ScheduleRefused` ends ``Worker.start``, so th
 ``dramatiq`` command exits non-zero with the list. With ``on_schedule_error="consume"``
 the workers consume, the node schedules nothing, and the list is in
 :attr:`Beatless.schedule_problems`.
+
+Every worker thread checks a beatless message before its actor's body
+(``before_process_message``): the run policy the message carries
+(:data:`~beatless.runs.RUN_HEADER`) is checked with :class:`~beatless.runs.Runs` on the
+claim store the scheduler uses, opened once per worker process (the CLI's worker
+processes are forks), and a refused run raises :class:`~dramatiq.middleware.SkipMessage`.
+A run that proceeds is ended when the message is processed or skipped, whatever the
+result (``after_process_message``, ``after_skip_message``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -24,23 +34,28 @@ from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote, urlsplit
 
 from dramatiq import Middleware, get_encoder
-from dramatiq.middleware import MiddlewareError
+from dramatiq.middleware import MiddlewareError, SkipMessage
 
 from beatless.dispatch import DEFAULT_LEASE, Dispatcher
 from beatless.dramatiq.fork import run_scheduler
-from beatless.dramatiq.messages import message_for
+from beatless.dramatiq.messages import ADDRESS_OPTION, ENTRY_OPTION, TENANT_OPTION, message_for
 from beatless.dramatiq.periodic import OPTION, declarations
 from beatless.dramatiq.sending import Sender, is_broker
 from beatless.durations import DurationLike, as_timedelta, to_ms
 from beatless.entry import (
     DEFAULT_CATCH_UP,
+    DEFAULT_HEARTBEAT,
     DEFAULT_MAX_LATE,
+    DEFAULT_OVERLAP,
+    DEFAULT_RUN_LEASE,
     Entry,
     Schedule,
     address_segment,
     catch_up_policy,
+    overlap_policy,
+    tenant_address,
 )
-from beatless.errors import ConfigError, ScheduleError
+from beatless.errors import ConfigError, ScheduleError, StoreError
 from beatless.firing import Firing
 from beatless.problems import (
     REFUSE,
@@ -53,15 +68,17 @@ from beatless.problems import (
     refusal,
     report_consuming,
 )
+from beatless.runs import RUN_HEADER, Run, RunPolicy, Runs
 from beatless.scheduler import Scheduler, send_deadline_s
 from beatless.stores import open_store
-from beatless.stores.base import ClaimStore
+from beatless.stores.base import ClaimRequest, ClaimStore, Outcome
 from beatless.stores.memory import MemoryStore
 from beatless.triggers import zone
 from beatless.urls import mask_url
 
 if TYPE_CHECKING:
     from dramatiq import Actor, Broker, Worker
+    from dramatiq.broker import MessageProxy
     from dramatiq.brokers.redis import RedisBroker
 
 logger = logging.getLogger(__name__)
@@ -95,7 +112,9 @@ class Beatless(Middleware):
 
     ``entries`` are :class:`~beatless.Entry` values whose ``task`` is an actor name;
     actors declared with the ``periodic`` option are added to them when the scheduler
-    starts. ``jitter``, ``max_late`` and ``catch_up`` are the defaults of those declarations.
+    starts. ``jitter``, ``max_late``, ``catch_up``, ``overlap``, ``run_lease``,
+    ``heartbeat`` and ``once_only`` are the defaults of those declarations (an
+    :class:`~beatless.Entry` given in ``entries`` has its own).
     ``tenant_kwarg`` is the keyword argument a fan-out firing passes its tenant in
     (``None``: only in the message options). ``on_schedule_error`` is ``"refuse"`` (a
     schedule with problems stops the worker) or ``"consume"`` (the worker consumes and
@@ -112,6 +131,10 @@ class Beatless(Middleware):
         jitter: DurationLike = 0,
         max_late: DurationLike = DEFAULT_MAX_LATE,
         catch_up: str = DEFAULT_CATCH_UP,
+        overlap: str = DEFAULT_OVERLAP,
+        run_lease: DurationLike = DEFAULT_RUN_LEASE,
+        heartbeat: DurationLike = DEFAULT_HEARTBEAT,
+        once_only: bool = True,
         lease: DurationLike = DEFAULT_LEASE,
         tenant_kwarg: str | None = "tenant",
         on_schedule_error: str = REFUSE,
@@ -133,6 +156,12 @@ class Beatless(Middleware):
         self.jitter = as_timedelta(jitter, name="Beatless: jitter")
         self.max_late = as_timedelta(max_late, name="Beatless: max_late")
         self.catch_up = catch_up_policy(catch_up, "Beatless")
+        self.overlap = overlap_policy(overlap, "Beatless")
+        self.run_lease = as_timedelta(run_lease, name="Beatless: run_lease")
+        self.heartbeat = as_timedelta(heartbeat, name="Beatless: heartbeat")
+        if not isinstance(once_only, bool):
+            raise ConfigError(f"Beatless: once_only must be true or false, got {once_only!r}")
+        self.once_only = once_only
         self.lease = as_timedelta(lease, name="Beatless: lease")
         self.tenant_kwarg = tenant_kwarg
         self.on_schedule_error = _on_schedule_error(on_schedule_error)
@@ -145,6 +174,13 @@ class Beatless(Middleware):
         self._scheduler: Scheduler | None = None
         self._opened: list[Any] = []
         self._lock = threading.Lock()
+        self._runs: Runs | None = None
+        self._runs_pid = 0
+        self._runs_closed = False
+        self._running: dict[int, tuple[MessageProxy, Runs, Run]] = {}
+        """The runs that proceeded, by the message proxy being processed (two copies of
+        one message, same id, may be processed at once in one process)."""
+        self._running_lock = threading.Lock()
 
     def __repr__(self) -> str:
         where = mask_url(self.store) if isinstance(self.store, str) else repr(self.store)
@@ -175,6 +211,146 @@ class Beatless(Middleware):
 
     def before_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
         self.stop()
+
+    def after_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
+        # Every worker thread has ended its message: no run of this process is left.
+        self.close_runs()
+
+    # -- the worker's side of a firing: overlap and once-only ------------------------------
+
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        """Check the run of a beatless firing before its actor's body.
+
+        A message that carries a run policy (:data:`~beatless.runs.RUN_HEADER`) with
+        anything to check is started with :meth:`Runs.start <beatless.runs.Runs.start>`
+        (the attempt is the ``retries`` option of Dramatiq's ``Retries`` middleware); a
+        refused run (``duplicate``, ``skipped_overlap``; counted and logged by
+        :class:`~beatless.runs.Runs`) raises :class:`~dramatiq.middleware.SkipMessage`, so
+        the message is acknowledged without running. Any other message passes."""
+        policy = RunPolicy.decode(message.options.get(RUN_HEADER))
+        if policy is None or not policy.guarded:
+            return
+        address = self._address_of(message)
+        if address is None:
+            logger.warning(
+                "beatless: message %s carries a run policy but no address; run unchecked",
+                message.message_id,
+            )
+            return
+        runs = self.runs(broker)
+        try:
+            run = runs.start(message.message_id, address, policy, _attempt(message))
+        except (StoreError, ConfigError, OSError) as exc:  # the store could not be opened
+            if _unopened(runs, message.message_id, address, policy, exc) == "unchecked":
+                return
+            raise SkipMessage(f"beatless: firing {message.message_id} not run") from None
+        if not run.proceed:
+            raise SkipMessage(f"beatless: firing {message.message_id} not run: {run.verdict}")
+        with self._running_lock:
+            self._running[id(message)] = (message, runs, run)
+
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        self._end_run(message)
+
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        # Skipped by a middleware after this one, once its run had started: end it too.
+        self._end_run(message)
+
+    def _end_run(self, message: MessageProxy) -> None:
+        with self._running_lock:
+            found = self._running.pop(id(message), None)
+        if found is not None:
+            _, runs, run = found
+            runs.end(run)
+
+    def runs(self, broker: Broker) -> Runs:
+        """The run checks of this process, on the claim store the scheduler uses (opened
+        on first use, again in a forked process, and again after :meth:`close_runs`).
+        Its node name is ``host:pid``."""
+        pid = os.getpid()
+        with self._running_lock:
+            runs = self._runs
+            if runs is None or self._runs_pid != pid or self._runs_closed:
+                node = f"{self.node or socket.gethostname()}:{pid}"
+                fresh = Runs(partial(self._runs_store, broker), node, clock=self.clock)
+                if runs is not None and self._runs_pid == pid:
+                    fresh.counts = runs.counts  # the process's counts go on
+                else:
+                    self._running = {}
+                self._runs, self._runs_pid, self._runs_closed = fresh, pid, False
+                runs = fresh
+            return runs
+
+    @property
+    def run_counts(self) -> dict[str, int]:
+        """The verdicts of this process's runs so far: ``run``, ``rerun``, ``unchecked``
+        (proceeded), ``duplicate``, ``skipped_overlap`` (refused), and ``lease_lost``
+        (a run that went on after its records lapsed)."""
+        runs = self._runs
+        if runs is None or self._runs_pid != os.getpid():
+            return {}
+        return dict(runs.counts)
+
+    def close_runs(self) -> None:
+        """Stop this process's heartbeat thread and close the store of its runs (the
+        counts are kept)."""
+        with self._running_lock:
+            runs, closed = self._runs, self._runs_closed
+            self._runs_closed = True
+            mine = self._runs_pid == os.getpid()
+        if runs is not None and mine and not closed:
+            if runs.counts:
+                said = ", ".join(f"{k}={v}" for k, v in sorted(runs.counts.items()))
+                logger.info("beatless runs of node %s: %s", runs.node, said)
+            runs.close()
+
+    def _runs_store(self, broker: Broker) -> ClaimStore:
+        """The claim store of this process's runs: the one the scheduler claims in."""
+        store = self.store
+        if isinstance(store, Dispatcher):
+            store = store.store
+        if isinstance(store, ClaimStore):
+            return _Borrowed(store)
+        scheduler = self._scheduler
+        if _is_memory(store) and scheduler is not None:
+            return _Borrowed(scheduler.store)  # one process: the scheduler's own memory
+        namespace = self.address_namespace
+        if store is None and is_broker(broker, "dramatiq.brokers.redis", "RedisBroker"):
+            from beatless.stores.redis import RedisStore
+
+            return RedisStore(cast("RedisBroker", broker).client, namespace=namespace)
+        if store is None:
+            store = _broker_store_url(broker)
+        if isinstance(store, str):
+            return open_store(store, namespace=namespace)
+        if _is_redis_client(store):
+            from beatless.stores.redis import RedisStore
+
+            return RedisStore(store, namespace=namespace)
+        raise ConfigError(
+            f"Beatless: store must be a URL, a ClaimStore or a redis client, got {store!r}"
+        )
+
+    def _address_of(self, message: MessageProxy) -> str | None:
+        """The message's address option; for a message without one, the address its
+        entry and tenant options make in this middleware's namespace."""
+        options = message.options
+        address = options.get(ADDRESS_OPTION)
+        if isinstance(address, str) and address:
+            return address
+        entry = options.get(ENTRY_OPTION)
+        if not isinstance(entry, str) or not entry:
+            return None
+        base = f"{self.address_namespace}/{address_segment(entry)}"
+        tenant = options.get(TENANT_OPTION)
+        return base if tenant is None else tenant_address(base, str(tenant))
 
     # -- the schedule --------------------------------------------------------------------
 
@@ -249,6 +425,10 @@ class Beatless(Middleware):
                     jitter=self.jitter,
                     max_late=self.max_late,
                     catch_up=self.catch_up,
+                    overlap=self.overlap,
+                    run_lease=self.run_lease,
+                    heartbeat=self.heartbeat,
+                    once_only=self.once_only,
                 ),
                 problems,
             )
@@ -402,6 +582,59 @@ class Beatless(Middleware):
     @staticmethod
     def _actor_getter(broker: Broker) -> Callable[[str], Actor[Any, Any]]:
         return lambda task: _actor(broker, task, task)
+
+
+def _attempt(message: MessageProxy) -> int:
+    """The attempt of a message: how many times Dramatiq's ``Retries`` retried it."""
+    retries = message.options.get("retries", 0)
+    return retries if isinstance(retries, int) and retries >= 0 else 0
+
+
+def _unopened(runs: Runs, firing_id: str, address: str, policy: RunPolicy, exc: Exception) -> str:
+    """The verdict :mod:`beatless.runs` gives an unreachable store, for a store that could
+    not even be opened: a once-only check given up, an overlap ``skip`` refused."""
+    verdict = "skipped_overlap" if policy.overlap == "skip" else "unchecked"
+    runs.counts[verdict] = runs.counts.get(verdict, 0) + 1
+    said = (
+        "not run: its overlap policy is 'skip' and no run lease can be taken"
+        if verdict == "skipped_overlap"
+        else "run without its once-only check"
+    )
+    logger.warning(
+        "beatless: firing %s of %s %s; the claim store cannot be opened: %s",
+        firing_id,
+        address,
+        said,
+        exc,
+    )
+    return verdict
+
+
+class _Borrowed(ClaimStore):
+    """A store the middleware was given (or the scheduler's): used by the runs, never
+    closed by them."""
+
+    def __init__(self, store: ClaimStore) -> None:
+        self.store = store
+        self.name = store.name
+
+    def __repr__(self) -> str:
+        return repr(self.store)
+
+    def time_ms(self) -> int:
+        return self.store.time_ms()
+
+    def probe(self) -> None:
+        self.store.probe()
+
+    def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
+        return self.store.claim(requests, node=node, lease_ms=lease_ms)
+
+    def commit(self, ids: Sequence[str], *, node: str) -> list[bool]:
+        return self.store.commit(ids, node=node)
+
+    def release(self, ids: Sequence[str], *, node: str) -> None:
+        self.store.release(ids, node=node)
 
 
 def _where(store: Any) -> str:

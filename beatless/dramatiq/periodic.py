@@ -15,7 +15,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from beatless.durations import DurationLike, as_timedelta
-from beatless.entry import DEFAULT_CATCH_UP, DEFAULT_MAX_LATE, Entry, Tenants, catch_up_policy
+from beatless.entry import (
+    DEFAULT_CATCH_UP,
+    DEFAULT_HEARTBEAT,
+    DEFAULT_MAX_LATE,
+    DEFAULT_OVERLAP,
+    DEFAULT_RUN_LEASE,
+    Entry,
+    Tenants,
+    catch_up_policy,
+    overlap_policy,
+)
 from beatless.errors import ConfigError, ScheduleError
 from beatless.problems import collect
 from beatless.triggers import Cron, Every, Trigger
@@ -28,8 +38,8 @@ OPTION = "periodic"
 class Periodic:
     """When an actor runs on its own: a trigger, its timing, and what to send it.
 
-    ``jitter``, ``max_late`` and ``catch_up`` left as ``None`` take the middleware's
-    defaults. ``name``
+    ``jitter``, ``max_late``, ``catch_up``, ``overlap``, ``run_lease``, ``heartbeat`` and
+    ``once_only`` left as ``None`` take the middleware's defaults. ``name``
     names the entry (the actor's name by default); an actor with several declarations
     gives each a name. ``problems`` holds what is wrong with the declaration (``trigger``
     is ``None`` when it could not be built); :meth:`entry` raises them, naming the entry.
@@ -44,6 +54,10 @@ class Periodic:
     tenants: Tenants = None
     name: str | None = None
     catch_up: str | None = None
+    overlap: str | None = None
+    run_lease: timedelta | None = None
+    heartbeat: timedelta | None = None
+    once_only: bool | None = None
     problems: tuple[str, ...] = ()
 
     def entry(
@@ -53,6 +67,10 @@ class Periodic:
         jitter: DurationLike = 0,
         max_late: DurationLike = DEFAULT_MAX_LATE,
         catch_up: str = DEFAULT_CATCH_UP,
+        overlap: str = DEFAULT_OVERLAP,
+        run_lease: DurationLike = DEFAULT_RUN_LEASE,
+        heartbeat: DurationLike = DEFAULT_HEARTBEAT,
+        once_only: bool = True,
     ) -> Entry:
         """The entry of this declaration on ``actor_name``, with the defaults given."""
         name = self.name or actor_name
@@ -70,6 +88,10 @@ class Periodic:
             max_late=max_late if self.max_late is None else self.max_late,
             tenants=self.tenants,
             catch_up=catch_up if self.catch_up is None else self.catch_up,
+            overlap=overlap if self.overlap is None else self.overlap,
+            run_lease=run_lease if self.run_lease is None else self.run_lease,
+            heartbeat=heartbeat if self.heartbeat is None else self.heartbeat,
+            once_only=once_only if self.once_only is None else self.once_only,
         )
 
 
@@ -86,9 +108,18 @@ def cron(
     tenants: Tenants = None,
     name: str | None = None,
     catch_up: str | None = None,
+    overlap: str | None = None,
+    run_lease: DurationLike | None = None,
+    heartbeat: DurationLike | None = None,
+    once_only: bool | None = None,
 ) -> Periodic:
     """Run the actor on a cron expression, in ``tz`` (the middleware's time zone if
-    ``None``): ``periodic=cron("0 2 * * *", jitter="2m")``."""
+    ``None``): ``periodic=cron("0 2 * * *", jitter="2m")``.
+
+    ``overlap`` (``"allow"`` or ``"skip"``), ``run_lease``, ``heartbeat`` and
+    ``once_only`` say what a worker checks before the actor's body (see
+    :meth:`~beatless.dramatiq.Beatless.before_process_message`); ``None`` takes the
+    middleware's default."""
     return _periodic(
         lambda: Cron(expr, tz, day_and=day_and),
         jitter=jitter,
@@ -99,6 +130,10 @@ def cron(
         tenants=tenants,
         name=name,
         catch_up=catch_up,
+        overlap=overlap,
+        run_lease=run_lease,
+        heartbeat=heartbeat,
+        once_only=once_only,
     )
 
 
@@ -114,9 +149,14 @@ def every(
     tenants: Tenants = None,
     name: str | None = None,
     catch_up: str | None = None,
+    overlap: str | None = None,
+    run_lease: DurationLike | None = None,
+    heartbeat: DurationLike | None = None,
+    once_only: bool | None = None,
 ) -> Periodic:
     """Run the actor every ``interval`` (``"30s"``, ``90``, ``timedelta``), on slots
-    anchored to ``anchor`` (the Unix epoch): ``periodic=every("30s")``."""
+    anchored to ``anchor`` (the Unix epoch): ``periodic=every("30s")``. The other
+    arguments are those of :func:`cron`."""
     return _periodic(
         lambda: Every(interval, anchor),
         jitter=jitter,
@@ -127,6 +167,10 @@ def every(
         tenants=tenants,
         name=name,
         catch_up=catch_up,
+        overlap=overlap,
+        run_lease=run_lease,
+        heartbeat=heartbeat,
+        once_only=once_only,
     )
 
 
@@ -141,6 +185,10 @@ def _periodic(
     tenants: Tenants,
     name: str | None,
     catch_up: str | None,
+    overlap: str | None,
+    run_lease: DurationLike | None,
+    heartbeat: DurationLike | None,
+    once_only: bool | None,
 ) -> Periodic:
     problems: list[str] = []
     return Periodic(
@@ -153,12 +201,26 @@ def _periodic(
         tenants=tenants,
         name=name,
         catch_up=collect(lambda: _policy(catch_up), problems),
+        overlap=collect(lambda: _overlap(overlap), problems),
+        run_lease=collect(lambda: _duration(run_lease, "run_lease"), problems),
+        heartbeat=collect(lambda: _duration(heartbeat, "heartbeat"), problems),
+        once_only=collect(lambda: _once_only(once_only), problems),
         problems=tuple(problems),
     )
 
 
 def _policy(value: str | None) -> str | None:
     return None if value is None else catch_up_policy(value, "catch_up")
+
+
+def _overlap(value: str | None) -> str | None:
+    return None if value is None else overlap_policy(value, "overlap")
+
+
+def _once_only(value: object) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise ConfigError(f"once_only must be true or false, got {value!r}")
 
 
 def _duration(value: DurationLike | None, name: str) -> timedelta | None:
