@@ -58,6 +58,13 @@ RUN_RECORD_MEMORY_MS = 1_000
 NEVER_LATE_MS = 7 * 86_400_000
 """A run's records are claimed "now": they are never late on any sane clock."""
 
+RETRY_WAIT_MS = 5_000
+"""How long a framework retry of a firing (attempt > 0) with overlap ``skip`` waits for
+the attempt that sent it to release the address's run lease."""
+
+OFFSET_EVERY_S = 60.0
+"""How often a worker process measures its offset to the store's clock."""
+
 _VERSION = "v1"
 
 
@@ -132,7 +139,6 @@ class Run:
         return self.verdict in ("run", "rerun", "unchecked")
 
 
-_PROCEED = {Outcome.WON: "run", Outcome.TAKEOVER: "rerun"}
 _ANOTHER_COPY = (Outcome.HELD, Outcome.LOST, Outcome.FORGOTTEN)
 
 
@@ -140,7 +146,17 @@ class Runs:
     """The runs of one worker process: checked at start, renewed, ended.
 
     ``open_store`` is called in the process that first needs a store (and again after a
-    fork), so a prefork child never shares its parent's connection.
+    fork, or after :meth:`close`), so a prefork child never shares its parent's
+    connection. The records are claimed on the store's clock: the process measures its
+    offset to it when it opens the store and every minute, so a worker whose clock is off
+    is neither refused as early nor judged late.
+
+    A copy of a firing that finds another copy's once-only record pending waits, asking
+    again every ``heartbeat``, for at most one ``run_lease`` and a heartbeat: a record
+    that keeps being renewed belongs to a live run (this copy is a ``duplicate``); one
+    that lapses belonged to a worker that died (this copy runs, ``rerun``). A broker
+    redelivers a dead worker's message at once, so without the wait the redelivered copy
+    would be refused and the firing lost.
     """
 
     def __init__(
@@ -156,23 +172,51 @@ class Runs:
         self._store: ClaimStore | None = None
         self._pid = 0
         self._lock = threading.Lock()
+        """Guards the store's opening and :attr:`_active`; never held across a round trip
+        (the stores guard their own connections)."""
         self._active: dict[str, Run] = {}
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._offset_ms = 0
+        self._offset_at = -OFFSET_EVERY_S
         self.counts: dict[str, int] = {}
 
-    # -- the process's store and heartbeat ---------------------------------------------
+    # -- the process's store, clock and heartbeat ----------------------------------------
 
     def _ensure(self) -> ClaimStore:
-        """The store of this process, opened (with its heartbeat thread) on first use."""
-        if self._store is None or self._pid != os.getpid():
-            self._store = self._open_store()
-            self._pid = os.getpid()
-            self._active = {}
-            self._thread = threading.Thread(target=self._beat, name="beatless-runs", daemon=True)
-            self._thread.start()
-        return self._store
+        """The store of this process, opened (with its heartbeat thread) on first use.
+        Raises :class:`~beatless.errors.StoreError` when it cannot be opened."""
+        with self._lock:
+            if self._store is None or self._pid != os.getpid():
+                self._store = self._open_store()
+                self._pid = os.getpid()
+                self._active = {}
+                self._closed = False
+                self._offset_at = -OFFSET_EVERY_S
+                self._thread = threading.Thread(
+                    target=self._beat, name="beatless-runs", daemon=True
+                )
+                self._thread.start()
+            return self._store
+
+    def _now_ms(self) -> int:
+        """The store's clock, as well as this process knows it."""
+        return int(self._clock() * 1_000) + self._offset_ms
+
+    def _measure_offset(self, store: ClaimStore) -> None:
+        """Refresh the offset to the store's clock, at most once a minute."""
+        now = time.monotonic()
+        if now - self._offset_at < OFFSET_EVERY_S:
+            return
+        self._offset_at = now
+        before = self._clock()
+        try:
+            server_ms = store.time_ms()
+        except StoreError:
+            return
+        after = self._clock()
+        self._offset_ms = server_ms - int((before + after) * 500)
 
     def _count(self, name: str) -> None:
         self.counts[name] = self.counts.get(name, 0) + 1
@@ -181,26 +225,56 @@ class Runs:
 
     def start(self, firing_id: str, address: str, policy: RunPolicy, attempt: int = 0) -> Run:
         """Check a run of ``firing_id`` (of ``address``) before the task body: the
-        returned run says
-        whether it may :attr:`~Run.proceed`. Every run that proceeds must be
-        :meth:`end`-ed, however the task ends."""
-        token = f"{self.node}#{uuid.uuid4().hex[:8]}"
-        requests = _requests(firing_id, address, attempt, policy, self._now_ms())
-        with self._lock:
-            try:
-                # Opening may fail too (an SQLite file locked past busy_timeout).
-                store = self._ensure()
-                outcomes = store.claim(requests, node=token, lease_ms=policy.lease_ms)
-            except StoreError as exc:
-                return self._unreachable(Run(firing_id, address, policy, token, "run"), exc)
-            run = Run(firing_id, address, policy, token, "run")
-            self._judge(run, requests, outcomes, attempt)
-            self._count(run.verdict)
-            if run.held and run.proceed:
-                run.next_renewal = time.monotonic() + policy.heartbeat_ms / 1_000
-                self._active[token] = run
-                self._wake.set()
-            return run
+        returned run says whether it may :attr:`~Run.proceed`. Every run that proceeds
+        must be :meth:`end`-ed, however the task ends."""
+        run = Run(firing_id, address, policy, f"{self.node}#{uuid.uuid4().hex[:8]}", "run")
+        try:
+            store = self._ensure()
+            self._measure_offset(store)
+            requests, outcomes = self._claim_records(store, run, attempt)
+        except StoreError as exc:
+            return self._unreachable(run, exc)
+        self._judge(run, requests, outcomes, attempt)
+        self._count(run.verdict)
+        if run.held and run.proceed:
+            run.next_renewal = time.monotonic() + policy.heartbeat_ms / 1_000
+            with self._lock:
+                self._active[run.token] = run
+            self._wake.set()
+        return run
+
+    def _claim_records(
+        self, store: ClaimStore, run: Run, attempt: int
+    ) -> tuple[list[ClaimRequest], list[Outcome]]:
+        """Claim the run's records; while the once-only record is held by another copy,
+        wait for that copy to end or lapse (see the class docstring)."""
+        policy = run.policy
+        began = time.monotonic()
+        wait_ms = policy.lease_ms + min(policy.heartbeat_ms, policy.lease_ms // 2)
+        copy_deadline = began + wait_ms / 1_000
+        retry_deadline = began + min(policy.heartbeat_ms, RETRY_WAIT_MS) / 1_000
+        while True:
+            requests = _requests(run.firing_id, run.address, attempt, policy, self._now_ms())
+            outcomes = store.claim(requests, node=run.token, lease_ms=policy.lease_ms)
+            now = time.monotonic()
+            if policy.once_only and outcomes[0] is Outcome.HELD and now < copy_deadline:
+                pause = min(policy.heartbeat_ms / 1_000, 1.0, copy_deadline - now)
+            elif (
+                attempt > 0
+                and policy.overlap == "skip"
+                and outcomes[-1] is Outcome.HELD
+                and now < retry_deadline
+            ):
+                # A retry sent by the attempt before it, which releases the address's run
+                # lease only once its task has returned: let it.
+                pause = min(0.1, retry_deadline - now)
+            else:
+                return requests, outcomes
+            lease = [r.id for r, o in zip(requests, outcomes, strict=True) if o.is_won]
+            lease = [i for i in lease if i != requests[0].id or not policy.once_only]
+            if lease:
+                store.release(lease, node=run.token)
+            time.sleep(pause)
 
     def _unreachable(self, run: Run, exc: Exception) -> Run:
         verdict = "skipped_overlap" if run.policy.overlap == "skip" else "unchecked"
@@ -237,9 +311,11 @@ class Runs:
                     firing_id,
                     run.address,
                     attempt,
-                    "ran or runs"
-                    if said is not Outcome.FORGOTTEN
-                    else "may have run before the claim store lost its memory",
+                    {
+                        Outcome.HELD: "runs (its run has been renewed for a whole run_lease)",
+                        Outcome.LOST: "ran",
+                        Outcome.FORGOTTEN: "may have run before the claim store lost its memory",
+                    }[said],
                 )
                 return self._refuse(run, "duplicate", commit=False)
             if said is Outcome.TAKEOVER:
@@ -275,10 +351,10 @@ class Runs:
     def _refuse(self, run: Run, verdict: str, *, commit: bool) -> Run:
         """Refuse ``run``: release the run lease it won; commit its once-only record when
         ``commit`` (the firing is handled: skipped), else release it."""
-        store = self._ensure()
         run.verdict = verdict
         lease = [i for i in run.held if i != run.executed]
         try:
+            store = self._ensure()
             if lease:
                 store.release(lease, node=run.token)
             if run.executed:
@@ -302,32 +378,33 @@ class Runs:
         run._ended = True
         with self._lock:
             self._active.pop(run.token, None)
+        lease = [i for i in run.held if i != run.executed]
+        try:
             store = self._ensure()
-            lease = [i for i in run.held if i != run.executed]
-            try:
-                if run.executed and not all(store.commit([run.executed], node=run.token)):
-                    logger.warning(
-                        "beatless: firing %s of %s ended after its once-only record lapsed: "
-                        "another copy may have run",
-                        run.firing_id,
-                        run.address,
-                    )
-                if lease:
-                    store.release(lease, node=run.token)
-            except StoreError as exc:
+            if run.executed and not all(store.commit([run.executed], node=run.token)):
                 logger.warning(
-                    "beatless: firing %s of %s ended, but its records were not updated (%s): "
-                    "they lapse %d ms after the last heartbeat",
+                    "beatless: firing %s of %s ended after its once-only record lapsed: "
+                    "another copy may have run",
                     run.firing_id,
                     run.address,
-                    exc,
-                    run.policy.lease_ms,
                 )
+            if lease:
+                store.release(lease, node=run.token)
+        except StoreError as exc:
+            logger.warning(
+                "beatless: firing %s of %s ended, but its records were not updated (%s): "
+                "they lapse %d ms after the last heartbeat",
+                run.firing_id,
+                run.address,
+                exc,
+                run.policy.lease_ms,
+            )
 
     # -- heartbeat -----------------------------------------------------------------------
 
     def _beat(self) -> None:
-        while not self._closed:
+        pid = os.getpid()
+        while not self._closed and self._pid == pid:
             self._wake.wait(timeout=self._renew_due())
             self._wake.clear()
 
@@ -336,13 +413,17 @@ class Runs:
         now = time.monotonic()
         with self._lock:
             due = [r for r in self._active.values() if r.next_renewal <= now]
+        store = self._store
+        if store is not None:
+            if due:
+                self._measure_offset(store)
             for run in due:
-                self._renew(run)
+                self._renew(store, run)
+        with self._lock:
             upcoming = [r.next_renewal for r in self._active.values()]
         return max(0.05, min(upcoming, default=now + 1.0) - time.monotonic())
 
-    def _renew(self, run: Run) -> None:
-        store = self._ensure()
+    def _renew(self, store: ClaimStore, run: Run) -> None:
         run.next_renewal = time.monotonic() + run.policy.heartbeat_ms / 1_000
         now = self._now_ms()
         requests = [
@@ -374,18 +455,19 @@ class Runs:
                 run.policy.lease_ms,
             )
 
-    def _now_ms(self) -> int:
-        return int(self._clock() * 1_000)
-
     def active(self) -> int:
         """Runs in progress in this process that hold records."""
-        return len(self._active)
+        with self._lock:
+            return len(self._active)
 
     def close(self) -> None:
+        """Stop renewing and close the store; a later :meth:`start` opens it again."""
         self._closed = True
         self._wake.set()
-        store, self._store = self._store, None
-        if store is not None and self._pid == os.getpid():
+        with self._lock:
+            store, self._store = self._store, None
+            mine = self._pid == os.getpid()
+        if store is not None and mine:
             store.close()
 
 

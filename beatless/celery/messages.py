@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from beatless.firing import Firing, iso, to_datetime
+from beatless.runs import RUN_HEADER, RunPolicy
 
 OCCURRENCE_HEADER = "beatless_occurrence"
 """The nominal occurrence of the firing, UTC ISO 8601: not the time the task runs."""
@@ -18,16 +19,27 @@ OFFSET_HEADER = "beatless_offset_ms"
 
 SETTINGS_OPTION = "beatless"
 """The key of a ``beat_schedule`` entry's ``options`` that holds its beatless settings
-(jitter, max_late, tenants). Stock ``celery beat`` passes it along as a harmless message
-property, so a schedule that carries it still loads and runs there."""
+(jitter, max_late, tenants, catch_up, overlap, run_lease, heartbeat, once_only). Stock
+``celery beat`` passes it along as a harmless message property, so a schedule that
+carries it still loads and runs there."""
 
 
 def firing_headers(firing: Firing) -> dict[str, Any]:
+    """The beatless headers of a firing's message: its occurrence, address and offset, and
+    its entry's run policy (:data:`~beatless.runs.RUN_HEADER`), which a worker where
+    :func:`~beatless.celery.install` was called checks before the task body runs."""
     return {
         OCCURRENCE_HEADER: iso(firing.occurrence_ms),
         ADDRESS_HEADER: firing.address,
         OFFSET_HEADER: firing.offset_ms,
+        RUN_HEADER: run_header(firing),
     }
+
+
+def run_header(firing: Firing) -> str:
+    """The run policy of ``firing``'s entry, as its message carries it: the same for
+    every firing of the entry."""
+    return RunPolicy.of_entry(firing.entry).encode()
 
 
 def send_task_options(firing: Firing, *, expires_from_lateness: bool = False) -> dict[str, Any]:

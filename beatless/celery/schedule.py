@@ -15,11 +15,13 @@ Celery beat reads them. The trigger:
 * ``solar`` is not supported, and any other schedule is refused, naming the entry.
 
 beatless settings of one entry live in ``options["beatless"]``: ``jitter``,
-``max_late`` and ``tenants`` (a list; a callable every node answers alike; or the import
-path of such a callable, ``"proj.tenants:active"``). Stock beat passes that key along as
-a harmless message property, so rolling back to it is one line of configuration; on the
-Redis transport the property must be serialisable, so give a list or an import path,
-not a function object, where you may roll back.
+``max_late``, ``tenants`` (a list; a callable every node answers alike; or the import
+path of such a callable, ``"proj.tenants:active"``), ``catch_up``, and what a worker
+checks when a firing's task starts (:mod:`beatless.runs`): ``overlap``, ``run_lease``,
+``heartbeat`` and ``once_only``. Stock beat passes that key along as a harmless message
+property, so rolling back to it is one line of configuration; on the Redis transport the
+property must be serialisable, so give a list or an import path, not a function object,
+where you may roll back.
 
 :func:`check_app` collects every problem at once, each naming its entry: the settings,
 each entry's trigger and options, the timing rules, and arguments the JSON serializer
@@ -36,6 +38,7 @@ from datetime import timedelta
 from functools import partial
 from numbers import Real
 from typing import Any
+from urllib.parse import urlsplit
 
 from celery.schedules import crontab, solar
 from celery.schedules import schedule as interval_schedule
@@ -57,7 +60,16 @@ from beatless.urls import mask_url
 
 logger = logging.getLogger(__name__)
 
-ENTRY_SETTINGS = ("jitter", "max_late", "tenants", "catch_up")
+ENTRY_SETTINGS = (
+    "jitter",
+    "max_late",
+    "tenants",
+    "catch_up",
+    "overlap",
+    "run_lease",
+    "heartbeat",
+    "once_only",
+)
 """The keys allowed in an entry's ``options["beatless"]``."""
 
 _CRON_FIELDS = (  # attribute, the full range as Celery expands it
@@ -101,7 +113,23 @@ def check_app(app: Any, settings: CelerySettings | None = None) -> Checked:
         if entry is not None:
             entries.append(entry)
             problems.extend(argument_problems_of(app, entry))
-    return checked(entries, problems, namespace=settings.namespace, timezone=settings.timezone)
+    found = checked(entries, problems, namespace=settings.namespace, timezone=settings.timezone)
+    if found.schedule is None:
+        return found
+    refused = store_problems(settings, found.schedule)
+    return Checked(None, tuple(refused)) if refused else found
+
+
+def store_problems(settings: CelerySettings, schedule: Schedule) -> list[str]:
+    """What the claim store refuses in ``schedule`` that its URL alone tells: the RabbitMQ
+    store cannot hold a run lease without a gap, so no entry may ask for overlap
+    ``skip`` there. (What a store remembers is known once it is opened: the scheduler
+    checks that as it starts.)"""
+    if urlsplit(settings.store_url).scheme.lower() not in ("amqp", "amqps"):
+        return []
+    from beatless.stores.rabbitmq import RabbitMQStore
+
+    return schedule.check_store(None, RabbitMQStore.name, run_leases=RabbitMQStore.holds_run_leases)
 
 
 def argument_problems_of(app: Any, entry: Entry) -> list[str]:
@@ -148,6 +176,10 @@ def read_entry(name: str, spec: Any, settings: CelerySettings) -> Entry:
         max_late=beatless.get("max_late", settings.max_late),
         tenants=_tenants(name, beatless.get("tenants")),
         catch_up=beatless.get("catch_up", settings.catch_up),
+        overlap=beatless.get("overlap", settings.overlap),
+        run_lease=beatless.get("run_lease", settings.run_lease),
+        heartbeat=beatless.get("heartbeat", settings.heartbeat),
+        once_only=beatless.get("once_only", settings.once_only),
     )
 
 

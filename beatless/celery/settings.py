@@ -13,6 +13,18 @@
 ``beatless_jitter``                Default jitter window of an entry. Default: 0.
 ``beatless_catch_up``              Default catch-up policy of an entry: ``"latest"``
                                    (default), ``"all"`` or ``"none"``.
+``beatless_overlap``               Default overlap policy of an entry: ``"allow"`` (default)
+                                   or ``"skip"`` (no firing runs while a run of its
+                                   address is in progress; counted ``skipped_overlap``).
+``beatless_run_lease``             Default ``run_lease`` of an entry: how long a run's
+                                   records outlive its last heartbeat (a worker killed
+                                   mid-run frees them this long after). Default: 30 s.
+``beatless_heartbeat``             Default ``heartbeat`` of an entry: how often a worker
+                                   renews the records of a run in progress; under half the
+                                   run lease. Default: 5 s.
+``beatless_once_only``             Default ``once_only`` of an entry: a worker refuses a
+                                   second copy of a firing it already runs or ran
+                                   (counted ``duplicate``). Default: True.
 ``beatless_lease``                 Lease of a pending claim on the two-phase path. Default: 30 s.
 ``beatless_force_two_phase``       Claim, then ``send_task``, then commit, even on the broker's
                                    own Redis (keeps the publish signals). Default: False.
@@ -40,8 +52,16 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlsplit
 
 from beatless.dispatch import DEFAULT_LEASE
-from beatless.durations import as_timedelta
-from beatless.entry import DEFAULT_CATCH_UP, DEFAULT_MAX_LATE, catch_up_policy
+from beatless.durations import as_timedelta, describe
+from beatless.entry import (
+    DEFAULT_CATCH_UP,
+    DEFAULT_HEARTBEAT,
+    DEFAULT_MAX_LATE,
+    DEFAULT_OVERLAP,
+    DEFAULT_RUN_LEASE,
+    catch_up_policy,
+    overlap_policy,
+)
 from beatless.errors import ConfigError, ScheduleError
 from beatless.problems import REFUSE, on_schedule_error
 from beatless.triggers import zone
@@ -65,6 +85,10 @@ class CelerySettings:
     max_late: timedelta = DEFAULT_MAX_LATE
     jitter: timedelta = timedelta(0)
     catch_up: str = DEFAULT_CATCH_UP
+    overlap: str = DEFAULT_OVERLAP
+    run_lease: timedelta = DEFAULT_RUN_LEASE
+    heartbeat: timedelta = DEFAULT_HEARTBEAT
+    once_only: bool = True
     lease: timedelta = DEFAULT_LEASE
     force_two_phase: bool = False
     expires_from_lateness: bool = False
@@ -75,8 +99,10 @@ class CelerySettings:
             f"CelerySettings(store_url={mask_url(self.store_url)!r}, "
             f"broker_url={mask_url(self.broker_url)!r}, namespace={self.namespace!r}, "
             f"timezone={self.timezone!r}, max_late={self.max_late!r}, jitter={self.jitter!r}, "
-            f"catch_up={self.catch_up!r}, "
-            f"lease={self.lease!r}, force_two_phase={self.force_two_phase!r}, "
+            f"catch_up={self.catch_up!r}, overlap={self.overlap!r}, "
+            f"run_lease={self.run_lease!r}, heartbeat={self.heartbeat!r}, "
+            f"once_only={self.once_only!r}, lease={self.lease!r}, "
+            f"force_two_phase={self.force_two_phase!r}, "
             f"expires_from_lateness={self.expires_from_lateness!r}, "
             f"on_schedule_error={self.on_schedule_error!r})"
         )
@@ -112,6 +138,19 @@ class CelerySettings:
                 ),
                 DEFAULT_CATCH_UP,
             ),
+            overlap=read(
+                lambda: overlap_policy(
+                    conf.get("beatless_overlap", DEFAULT_OVERLAP), "beatless_overlap"
+                ),
+                DEFAULT_OVERLAP,
+            ),
+            run_lease=read(
+                lambda: _duration(conf, "beatless_run_lease", DEFAULT_RUN_LEASE), DEFAULT_RUN_LEASE
+            ),
+            heartbeat=read(
+                lambda: _duration(conf, "beatless_heartbeat", DEFAULT_HEARTBEAT), DEFAULT_HEARTBEAT
+            ),
+            once_only=read(lambda: _flag(conf, "beatless_once_only", default=True), True),
             lease=read(lambda: _duration(conf, "beatless_lease", DEFAULT_LEASE), DEFAULT_LEASE),
             force_two_phase=read(lambda: _flag(conf, "beatless_force_two_phase"), False),
             expires_from_lateness=read(
@@ -119,6 +158,7 @@ class CelerySettings:
             ),
             on_schedule_error=read(lambda: on_schedule_error_of(app), REFUSE),
         )
+        errors.extend(_run_timing(conf))
         if errors:
             raise ScheduleError("; ".join(errors), errors)
         return settings
@@ -324,10 +364,32 @@ def _duration(conf: Any, key: str, default: timedelta) -> timedelta:
     return default if value is None else as_timedelta(value, name=key)
 
 
-def _flag(conf: Any, key: str) -> bool:
-    value = conf.get(key, False)
+def _run_timing(conf: Any) -> list[str]:
+    """The run-lease rule on the app-wide defaults, said once rather than for each entry
+    that takes them; nothing when either is not a duration (reported on its own)."""
+    try:
+        run_lease = _duration(conf, "beatless_run_lease", DEFAULT_RUN_LEASE)
+        heartbeat = _duration(conf, "beatless_heartbeat", DEFAULT_HEARTBEAT)
+    except ConfigError:
+        return []
+    if run_lease <= timedelta(0) or heartbeat <= timedelta(0):
+        return [
+            f"beatless_run_lease {describe(run_lease)} and beatless_heartbeat "
+            f"{describe(heartbeat)} must be positive"
+        ]
+    if 2 * heartbeat >= run_lease:
+        return [
+            f"beatless_heartbeat {describe(heartbeat)} must be under half beatless_run_lease "
+            f"{describe(run_lease)} (a run's records are renewed at least twice before they "
+            f"can lapse); lower beatless_heartbeat or lengthen beatless_run_lease"
+        ]
+    return []
+
+
+def _flag(conf: Any, key: str, *, default: bool = False) -> bool:
+    value = conf.get(key, default)
     if value is None:
-        return False
+        return default
     if not isinstance(value, bool):
         raise ConfigError(f"{key} must be True or False, got {value!r}")
     return value

@@ -7,10 +7,12 @@ connection whose Redis pushes are recorded instead of sent
 (bindings, priority keys, ``global_keyprefix``, ``x-expires``) produce the exact
 commands ``send_task`` would run. The per-firing fields are passed as marker values,
 and the template keeps where each marker landed. Filling a template for one firing
-sets the task id, the beatless headers, a fresh ``delivery_tag`` and, when the message
-expires from the firing's lateness, ``expires`` and ``expiration``; it costs a few
-microseconds where ``send_task`` costs about half a millisecond, so a release costs
-little more than the claim script.
+sets the task id, the per-firing beatless headers (occurrence, address, offset), a fresh
+``delivery_tag`` and, when the message expires from the firing's lateness, ``expires``
+and ``expiration``. It costs a few microseconds where ``send_task`` costs about half a
+millisecond, so a release costs little more than the claim script. The run policy
+header (``beatless_run``) is the same for every firing of an entry: the template
+carries it as ``send_task`` wrote it.
 
 A message that depends on the instant it is built in any other way (an entry with its
 own ``expires``, ``countdown`` or ``eta``, or task protocol 1, whose body carries the

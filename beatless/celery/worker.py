@@ -9,7 +9,10 @@ Add it with one call, next to the app::
 
 or by hand with ``app.steps["worker"].add(beatless.celery.BeatlessStep)``. ``install``
 also adds the ``--without-beatless`` worker option, which leaves the scheduler off on
-that node (the node still consumes the tasks other nodes enqueue).
+that node (the node still consumes the tasks other nodes enqueue), and arms the run
+checks (:mod:`beatless.celery.gate`): on every worker of the app, scheduling or not, a
+beatless firing's task is checked in the claim store before its body runs (overlap
+``skip``, once-only). A step added by hand schedules but does not check runs.
 
 The step runs in the worker's main process, after the pool has started (prefork
 children never run it), whatever the pool: prefork, threads or solo. The scheduler
@@ -32,6 +35,7 @@ from typing import Any
 import click
 from celery import bootsteps
 
+from beatless.celery.gate import RunGate, find_gate, gate_of
 from beatless.celery.schedule import (
     CeleryScheduler,
     build_scheduler,
@@ -39,6 +43,7 @@ from beatless.celery.schedule import (
     unregistered_tasks,
 )
 from beatless.celery.settings import CONSUME_WITH, on_schedule_error_of
+from beatless.errors import ScheduleError
 from beatless.problems import REFUSE, refusal, report_consuming
 
 logger = logging.getLogger(__name__)
@@ -59,6 +64,10 @@ class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.scheduler: CeleryScheduler | None = None
         self.schedule_problems: tuple[str, ...] = ()
         """What keeps this node from scheduling (``"consume"`` only); empty otherwise."""
+        self.runs: RunGate | None = find_gate(getattr(worker, "app", None))
+        """The run checks of this worker (``None`` without :func:`install`): its
+        :meth:`~beatless.celery.gate.RunGate.counts` are those of the main process, where
+        the threads and solo pools run tasks; each prefork child logs its own as it ends."""
         super().__init__(worker, **kwargs)
 
     def include_if(self, worker: Any) -> bool:
@@ -86,7 +95,14 @@ class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
         for warning in unregistered_tasks(app, found.schedule):
             logger.warning("beatless: %s", warning)
         node = f"{worker.hostname}:{os.getpid()}"
-        self.scheduler = build_scheduler(app, node=node, schedule=found.schedule)
+        try:
+            self.scheduler = build_scheduler(app, node=node, schedule=found.schedule)
+        except ScheduleError as exc:  # what the claim store refuses, known once it is open
+            if mode == REFUSE:
+                raise refusal(exc.errors, consume_with=CONSUME_WITH) from None
+            self.schedule_problems = tuple(exc.errors)
+            report_consuming(logger, exc.errors, consume_with=CONSUME_WITH)
+            return
         self.scheduler.start()
 
     def stop(self, worker: Any) -> None:
@@ -103,7 +119,10 @@ class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
 def install(app: Any) -> None:
     """Run a beatless scheduler in every worker of ``app``; ``--without-beatless`` opts a
-    node out. Call it where the app is defined, before the worker command line is read."""
+    node out. Every worker of ``app`` also checks each beatless firing's task as it starts
+    (:mod:`beatless.celery.gate`), whether it schedules or not. Call it where the app is
+    defined, before the worker command line is read."""
+    gate_of(app)
     steps = app.steps["worker"]
     if BeatlessStep not in steps:
         steps.add(BeatlessStep)

@@ -35,8 +35,12 @@ import json
 import logging
 import os
 
+import signal
+import time
+
 import redis
 from celery import Celery
+from celery.signals import task_postrun
 
 import beatless.celery
 
@@ -50,13 +54,55 @@ app.conf.update(
     worker_hijack_root_logger=True,
     beat_schedule=json.loads(os.environ["BT_SCHEDULE"]),
     beatless_namespace=PREFIX,
-    **json.loads(os.environ.get("BT_CONF", "{}")),
 )
+app.conf.update(json.loads(os.environ.get("BT_CONF", "{}")))
 if os.environ.get("BT_INSTALL") == "1":
     beatless.celery.install(app)
 
 logging.getLogger("beatless.decisions").setLevel(logging.DEBUG)  # the tests read who won
 _runs = redis.Redis.from_url(os.environ["BT_RECORD"])
+
+
+BEATLESS_HEADERS = (
+    "beatless_run", "beatless_address", "beatless_occurrence", "beatless_offset_ms"
+)
+
+
+def _note(self, key, **fields):
+    _runs.rpush(PREFIX + ":" + key, json.dumps({
+        "id": self.request.id,
+        "at": time.time(),
+        "pid": os.getpid(),
+        "hostname": self.request.hostname,
+        "retries": self.request.retries,
+        "redelivered": bool((self.request.delivery_info or {}).get("redelivered")),
+        "headers": {h: getattr(self.request, h, None) for h in BEATLESS_HEADERS},
+        **fields,
+    }))
+
+
+@app.task(bind=True, name="beatless_test.sleepy")
+def sleepy(self, seconds):
+    """Notes its start and its end (in ``:starts`` and ``:ends``), sleeping between."""
+    _note(self, "starts")
+    try:
+        time.sleep(seconds)
+    finally:
+        _note(self, "ends")
+
+
+@app.task(bind=True, name="beatless_test.finish_then_die", acks_late=True)
+def finish_then_die(self):
+    """Notes its start; after its run has ended, the first run kills its whole worker
+    (process group) before the message is acknowledged (see ``_die`` below)."""
+    _note(self, "starts")
+
+
+@task_postrun.connect
+def _die(sender=None, **_):
+    if sender is not None and sender.name == "beatless_test.finish_then_die":
+        if _runs.set(PREFIX + ":died", "1", nx=True):
+            os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
 @app.task(bind=True, name="beatless_test.record")

@@ -40,6 +40,7 @@ from beatless.dispatch import Dispatcher, dispatch_now  # noqa: E402
 from beatless.entry import Entry, Schedule  # noqa: E402
 from beatless.errors import StoreUnavailable  # noqa: E402
 from beatless.firing import Firing, iso  # noqa: E402
+from beatless.runs import RUN_HEADER, RunPolicy  # noqa: E402
 from beatless.scheduler import Scheduler  # noqa: E402
 from beatless.stores.redis import RedisStore  # noqa: E402
 from beatless.triggers import Every  # noqa: E402
@@ -222,6 +223,41 @@ def test_one_template_fills_every_firing_of_an_entry_as_send_task_would(
         assert_same_envelope(ours, kombus)
     assert [m["headers"]["id"] for m in pushed[::2]] == [f.id for f in [first, *others]]
     assert len({m["properties"]["delivery_tag"] for m in pushed}) == 8
+
+
+def test_both_paths_carry_the_entry_run_policy_in_every_message(
+    db: int, token: str, r: Any
+) -> None:
+    """The run policy header is static per entry: the template carries it as
+    ``send_task`` wrote it, and the two-phase path (``send_task_options``) writes it for
+    every firing; a worker reads the entry's policy from either."""
+    app = make_app(db, token)
+    atomic = make_atomic(app, db, token)
+    entry = Entry(
+        name="guarded",
+        task=TASK,
+        trigger=Every(60),
+        overlap="skip",
+        run_lease=8,
+        heartbeat=3,
+        once_only=False,
+        options={"headers": {"x-own": "kept"}},
+    )
+    base = round(time.time() * 1_000)
+    firings = [Firing.of(entry, None, f"{token}/guarded", base - n * 1_000) for n in range(2)]
+    try:
+        assert atomic.route_kind(entry)[0] == ATOMIC
+        assert dispatch_now(atomic, firings, node="a") == ["won", "won"]
+        two_phase = Firing.of(entry, None, f"{token}/guarded", base - 5_000)
+        app.send_task(TASK, entry.args, {}, **send_task_options(two_phase))
+    finally:
+        close(atomic)
+    pushed = entries(r, token)
+    assert [m["headers"]["id"] for m in pushed] == [f.id for f in [*firings, two_phase]]
+    expected = RunPolicy("skip", 8_000, 3_000, False, 70_000)
+    for message in pushed:
+        assert RunPolicy.decode(message["headers"][RUN_HEADER]) == expected
+        assert message["headers"]["x-own"] == "kept"
 
 
 def assert_same_envelope(ours: dict[str, Any], kombus: dict[str, Any]) -> None:

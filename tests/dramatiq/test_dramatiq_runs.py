@@ -303,7 +303,9 @@ def test_a_copy_while_the_run_goes_on_is_refused_and_so_is_one_after_it(
         assert release.wait(10)
 
     actor = dramatiq.actor(slow, actor_name="slow", broker=broker)
-    entry = Entry(name="slow", task="slow", trigger=Every(60))
+    # A short run lease: the copy waits a run_lease and a heartbeat for the first run to
+    # lapse before it is refused as a duplicate of a live run.
+    entry = Entry(name="slow", task="slow", trigger=Every(60), run_lease=1.5, heartbeat=0.5)
     message = bd.message_for(firing_of(entry, 1_800_000_000_000), actor, tenant_kwarg=None)
     worker = Worker(broker, worker_threads=2, worker_timeout=20)
     worker.start()
@@ -372,16 +374,17 @@ def test_a_redelivery_after_the_worker_died_runs_again_once_the_run_lease_lapsed
     store: MemoryStore, clock: ManualClock
 ) -> None:
     """Node a starts the run and dies (its heartbeat stops, the run never ends). Within
-    the run lease a redelivered copy is refused; once it lapsed, the copy runs, counted
-    ``rerun``."""
+    the run lease a redelivered copy waits a run_lease and a heartbeat of real time for
+    the record to lapse; on this store's clock, stopped, it does not, and the copy is
+    refused. Once it lapsed, the copy runs, counted ``rerun``."""
     dead, alive = stub_broker(store, clock), stub_broker(store, clock)
-    entry = Entry(name="job", task="job", trigger=Every(60), run_lease="30s", heartbeat="10s")
+    entry = Entry(name="job", task="job", trigger=Every(60), run_lease="3s", heartbeat="1s")
     actors = [recorder(b, "job") for b in (dead, alive)]
     message = bd.message_for(firing_of(entry, NOW_MS), actors[0][0], tenant_kwarg=None)
     proxy = MessageProxy(message)
     beat(dead).before_process_message(dead, proxy)  # the run starts ...
     beat(dead).close_runs()  # ... and its process is killed: no heartbeat, no end
-    clock.advance(29_000)
+    clock.advance(2_000)
     alive.enqueue(message)
     work(alive)
     assert beat(alive).run_counts == {"duplicate": 1}
