@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from beatless.durations import to_ms
-from beatless.errors import StoreError
+from beatless.errors import ConfigError, StoreError
 from beatless.firing import executed_id, run_lease_id
 from beatless.stores.base import ClaimRequest, ClaimStore, Outcome
 
@@ -189,7 +189,10 @@ class Runs:
         Raises :class:`~beatless.errors.StoreError` when it cannot be opened."""
         with self._lock:
             if self._store is None or self._pid != os.getpid():
-                self._store = self._open_store()
+                try:
+                    self._store = self._open_store()
+                except (ConfigError, OSError) as exc:
+                    raise StoreError(f"the claim store cannot be opened: {exc}") from exc
                 self._pid = os.getpid()
                 self._active = {}
                 self._closed = False

@@ -46,7 +46,6 @@ import functools
 import logging
 import os
 import threading
-import uuid
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -55,7 +54,7 @@ from celery import signals
 from celery.exceptions import Ignore
 
 from beatless.celery.messages import ADDRESS_HEADER, _header
-from beatless.errors import ConfigError, StoreError, StoreUnavailable
+from beatless.errors import ConfigError, StoreUnavailable
 from beatless.runs import RUN_HEADER, Run, RunPolicy, Runs
 from beatless.stores.base import ClaimStore
 
@@ -143,10 +142,7 @@ class RunGate:
             return None
         attempt = int(getattr(request, "retries", 0) or 0)
         runs = self.runs()
-        try:
-            return runs, runs.start(str(firing_id), str(address), policy, attempt)
-        except StoreError as exc:  # the store could not even be opened
-            return runs, _unreachable(runs, str(firing_id), str(address), policy, exc)
+        return runs, runs.start(str(firing_id), str(address), policy, attempt)
 
     def runs(self) -> Runs:
         """The runs of this process: made on first use in each process."""
@@ -182,28 +178,6 @@ class RunGate:
             said = ", ".join(f"{k}={v}" for k, v in sorted(runs.counts.items()))
             logger.info("beatless runs of node %s: %s", runs.node, said)
         runs.close()
-
-
-def _unreachable(
-    runs: Runs, firing_id: str, address: str, policy: RunPolicy, exc: StoreError
-) -> Run:
-    """The verdict of :mod:`beatless.runs` for a store that cannot be reached, for a
-    store that could not be opened: a once-only check given up, a ``skip`` refused."""
-    verdict = "skipped_overlap" if policy.overlap == "skip" else "unchecked"
-    runs.counts[verdict] = runs.counts.get(verdict, 0) + 1
-    said = (
-        "not run: its overlap policy is 'skip' and no run lease can be taken"
-        if verdict == "skipped_overlap"
-        else "run without its once-only check"
-    )
-    logger.warning(
-        "beatless: firing %s of %s %s; the claim store cannot be opened: %s",
-        firing_id,
-        address,
-        said,
-        exc,
-    )
-    return Run(firing_id, address, policy, f"{runs.node}#{uuid.uuid4().hex[:8]}", verdict)
 
 
 # -- one gate per app, armed by the worker's signals --------------------------------------

@@ -55,7 +55,7 @@ from beatless.entry import (
     overlap_policy,
     tenant_address,
 )
-from beatless.errors import ConfigError, ScheduleError, StoreError
+from beatless.errors import ConfigError, ScheduleError
 from beatless.firing import Firing
 from beatless.problems import (
     REFUSE,
@@ -238,12 +238,7 @@ class Beatless(Middleware):
             )
             return
         runs = self.runs(broker)
-        try:
-            run = runs.start(message.message_id, address, policy, _attempt(message))
-        except (StoreError, ConfigError, OSError) as exc:  # the store could not be opened
-            if _unopened(runs, message.message_id, address, policy, exc) == "unchecked":
-                return
-            raise SkipMessage(f"beatless: firing {message.message_id} not run") from None
+        run = runs.start(message.message_id, address, policy, _attempt(message))
         if not run.proceed:
             raise SkipMessage(f"beatless: firing {message.message_id} not run: {run.verdict}")
         with self._running_lock:
@@ -588,26 +583,6 @@ def _attempt(message: MessageProxy) -> int:
     """The attempt of a message: how many times Dramatiq's ``Retries`` retried it."""
     retries = message.options.get("retries", 0)
     return retries if isinstance(retries, int) and retries >= 0 else 0
-
-
-def _unopened(runs: Runs, firing_id: str, address: str, policy: RunPolicy, exc: Exception) -> str:
-    """The verdict :mod:`beatless.runs` gives an unreachable store, for a store that could
-    not even be opened: a once-only check given up, an overlap ``skip`` refused."""
-    verdict = "skipped_overlap" if policy.overlap == "skip" else "unchecked"
-    runs.counts[verdict] = runs.counts.get(verdict, 0) + 1
-    said = (
-        "not run: its overlap policy is 'skip' and no run lease can be taken"
-        if verdict == "skipped_overlap"
-        else "run without its once-only check"
-    )
-    logger.warning(
-        "beatless: firing %s of %s %s; the claim store cannot be opened: %s",
-        firing_id,
-        address,
-        said,
-        exc,
-    )
-    return verdict
 
 
 class _Borrowed(ClaimStore):
