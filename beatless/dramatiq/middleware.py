@@ -380,9 +380,27 @@ class Beatless(Middleware):
             actor = collect(partial(_actor, broker, entry.task, entry.name), problems)
             if actor is not None:
                 problems += self._message_problems(entry, actor, namespace or MEMORY_NAMESPACE)
-        return checked(
+        result = checked(
             found, problems, namespace=namespace or MEMORY_NAMESPACE, timezone=self.timezone
         )
+        if result.schedule is None or not self._on_rabbitmq_store(broker):
+            return result
+        from beatless.stores.rabbitmq import RabbitMQStore
+
+        refused = result.schedule.check_store(
+            None, RabbitMQStore.name, run_leases=RabbitMQStore.holds_run_leases
+        )
+        return Checked(None, tuple(refused)) if refused else result
+
+    def _on_rabbitmq_store(self, broker: Broker) -> bool:
+        """Whether the claim store is the RabbitMQ store (given, or following a
+        ``RabbitmqBroker``), which refuses overlap ``skip``: told without connecting."""
+        store = self.store
+        if store is None:
+            return is_broker(broker, "dramatiq.brokers.rabbitmq", "RabbitmqBroker")
+        if isinstance(store, str):
+            return urlsplit(store).scheme.lower() in ("amqp", "amqps")
+        return getattr(store, "name", None) == "rabbitmq"
 
     def schedule(self, broker: Broker) -> Schedule:
         """The node's schedule: ``entries`` and the broker's periodic actors, checked; a
