@@ -281,8 +281,9 @@ class TwoPhase(Dispatcher):
         for (firing, outcome), ok in zip(sent, kept, strict=True):
             if not ok:
                 logger.warning(
-                    "firing %s of entry %s: its claim ran out before commit and another node "
-                    "may have taken it over; a consumer may see this message id twice",
+                    "firing %s of entry %s: its claim ran out before commit (or the store "
+                    "lost its memory) and another node may send it too; the workers' once-only "
+                    "check refuses such a second copy",
                     firing.id,
                     shown(firing.entry.name),
                 )
