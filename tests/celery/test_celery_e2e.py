@@ -221,7 +221,8 @@ def test_three_workers_on_rabbitmq_alone_survive_a_kill_and_run_every_occurrence
     Judged on what reached the workers (``task_received``, with RabbitMQ's
     ``redelivered`` flag): every firing of the window was received, and no firing id was
     delivered fresh twice (a message the killed worker had taken and not acknowledged is
-    delivered again, flagged ``redelivered``: the broker's doing, not a second publish).
+    delivered again, flagged ``redelivered``: the broker's doing, not a second publish;
+    one it had prefetched before noting it is seen only as that redelivery).
     The lease is 5 s, so a claim the killed node held pending is taken over within the
     15 s ``max_late``.
     """
@@ -244,8 +245,14 @@ def test_three_workers_on_rabbitmq_alone_survive_a_kill_and_run_every_occurrence
         stop_all(nodes)
         delete_rabbitmq(namespace)
 
-    fresh = [m["id"] for m in received() if not m["redelivered"] and m["id"] in ids]
-    report = judge([{"id": i} for i in fresh], expected_firings(namespace, low, high))
+    deliveries = [m for m in received() if m["id"] in ids]
+    fresh = [m["id"] for m in deliveries if not m["redelivered"]]
+    # A message the killed worker had prefetched, but not yet noted, comes back flagged
+    # redelivered and is noted only then: it was published once all the same.
+    only_redelivered = sorted({m["id"] for m in deliveries} - set(fresh))
+    report = judge(
+        [{"id": i} for i in fresh + only_redelivered], expected_firings(namespace, low, high)
+    )
     assert_exactly_once(report, "RabbitMQ alone, kill -9 one of 3 workers (deliveries)")
     assert ids <= {m["id"] for m in received()}
     for node in nodes:
