@@ -9,16 +9,13 @@ bucket's stream) is gone.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
-import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
-from redis_server import free_port
+from redis_server import PrivateServer
 
 START_TIMEOUT_S = 10.0
 
@@ -44,24 +41,18 @@ def jetstream_ready(port: int, timeout: float = 0.5) -> bool:
     return bool(info.get("jetstream"))
 
 
-class NatsServer:
+class NatsServer(PrivateServer):
     """One private ``nats-server -js``: start, kill, restart (empty), stop."""
 
     def __init__(self, workdir: Path, name: str = "nats") -> None:
-        self.workdir = workdir
-        self.name = name
+        super().__init__(workdir, name)
         self.store_dir = workdir / "jetstream"
-        self.port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-        workdir.mkdir(parents=True, exist_ok=True)
 
     def url(self, query: str = "") -> str:
         return f"nats://127.0.0.1:{self.port}/" + (f"?{query}" if query else "")
 
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
+    def answers(self) -> bool:
+        return jetstream_ready(self.port)
 
     def start(self) -> NatsServer:
         """Start the server on :attr:`port` and wait until it answers with JetStream on."""
@@ -82,38 +73,8 @@ class NatsServer:
         self._wait_ready(log)
         return self
 
-    def _wait_ready(self, log: Path) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if jetstream_ready(self.port):
-                return
-            if self.process is not None and self.process.poll() is not None:
-                break
-            time.sleep(0.05)
-        tail = log.read_text(errors="replace")[-2_000:] if log.exists() else ""
-        self.kill()
-        raise RuntimeError(f"{self.name} did not start on port {self.port}:\n{tail}")
-
-    def kill(self) -> None:
-        """SIGKILL the server by its pid (its store directory stays as it was)."""
-        self._signal_and_wait(signal.SIGKILL, timeout=5)
-
-    def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after a few seconds)."""
-        self._signal_and_wait(signal.SIGTERM, timeout=5)
-        self.kill()
-
     def restart(self) -> None:
         """Kill the server, delete its JetStream store, start a new one on the same port."""
         self.kill()
         shutil.rmtree(self.store_dir, ignore_errors=True)
         self.start()
-
-    def _signal_and_wait(self, signum: int, timeout: float) -> None:
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signum)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout)

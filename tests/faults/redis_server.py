@@ -40,16 +40,62 @@ def ping(port: int, timeout: float = 0.5) -> bool:
         return False
 
 
-class RedisServer:
-    """One private ``redis-server``: :meth:`start`, :meth:`kill`, :meth:`restart`, :meth:`stop`."""
+class PrivateServer:
+    """A server process of a test's own on a free loopback port, stopped or killed by its
+    pid; subclasses say how to start it (:meth:`start`) and when it answers
+    (:meth:`answers`)."""
 
-    def __init__(self, workdir: Path, name: str = "redis") -> None:
+    def __init__(self, workdir: Path, name: str) -> None:
         self.workdir = workdir
         self.name = name
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
         workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def answers(self) -> bool:
+        raise NotImplementedError
+
+    def _wait_ready(self, log: Path) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.answers():
+                return
+            if self.process is not None and self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        tail = log.read_text(errors="replace")[-2_000:] if log.exists() else ""
+        self.kill()
+        raise RuntimeError(f"{self.name} did not start on port {self.port}:\n{tail}")
+
+    def kill(self) -> None:
+        """SIGKILL the server by its pid."""
+        self._signal_and_wait(signal.SIGKILL, timeout=5)
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after a few seconds)."""
+        self._signal_and_wait(signal.SIGTERM, timeout=5)
+        self.kill()
+
+    def _signal_and_wait(self, signum: int, timeout: float) -> None:
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signum)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout)
+
+
+class RedisServer(PrivateServer):
+    """One private ``redis-server``: :meth:`start`, :meth:`kill`, :meth:`restart`, :meth:`stop`."""
+
+    def __init__(self, workdir: Path, name: str = "redis") -> None:
+        super().__init__(workdir, name)
 
     @property
     def url(self) -> str:
@@ -59,9 +105,8 @@ class RedisServer:
     def address(self) -> tuple[str, int]:
         return ("127.0.0.1", self.port)
 
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
+    def answers(self) -> bool:
+        return ping(self.port)
 
     def start(self) -> RedisServer:
         """Start the server on :attr:`port` and wait until it answers."""
@@ -82,37 +127,7 @@ class RedisServer:
         self._wait_ready(log)
         return self
 
-    def _wait_ready(self, log: Path) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if ping(self.port):
-                return
-            if self.process is not None and self.process.poll() is not None:
-                break
-            time.sleep(0.05)
-        tail = log.read_text(errors="replace")[-2_000:] if log.exists() else ""
-        self.kill()
-        raise RuntimeError(f"{self.name} did not start on port {self.port}:\n{tail}")
-
-    def kill(self) -> None:
-        """SIGKILL the server by its pid: everything it held is lost."""
-        self._signal_and_wait(signal.SIGKILL, timeout=5)
-
-    def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after a few seconds)."""
-        self._signal_and_wait(signal.SIGTERM, timeout=5)
-        self.kill()
-
     def restart(self) -> None:
         """Kill the server and start a new, empty one on the same port."""
         self.kill()
         self.start()
-
-    def _signal_and_wait(self, signum: int, timeout: float) -> None:
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signum)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout)
