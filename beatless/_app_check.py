@@ -18,17 +18,28 @@ from beatless.problems import Checked
 if TYPE_CHECKING:
     from dramatiq import Broker
 
+    from beatless.dramatiq.middleware import Beatless
+
 
 def check_celery(name: str) -> Checked:
     """The schedule of the Celery app ``name`` names, as ``celery -A`` reads it:
     ``proj.module:app``, or ``proj.module`` with an ``app`` or ``celery`` attribute (or
     a ``proj.celery`` submodule). Tasks are imported as a worker imports them
     (``imports``, ``include``, autodiscovery), so unregistered tasks are warned about."""
+    app = load_celery(name)
+    from beatless.celery.schedule import check_app, unregistered_tasks
+
+    found = check_app(app)
+    if found.schedule is None:
+        return found
+    return Checked(found.schedule, warnings=tuple(unregistered_tasks(app, found.schedule)))
+
+
+def load_celery(name: str) -> Any:
+    """The Celery app ``name`` names, with its tasks imported (see :func:`check_celery`)."""
     try:
         from celery import Celery
         from celery.app.utils import find_app
-
-        from beatless.celery.schedule import check_app, unregistered_tasks
     except ImportError as exc:
         raise ConfigError(
             f"--celery needs Celery: pip install 'beatless[celery]' ({exc})"
@@ -45,10 +56,7 @@ def check_celery(name: str) -> Checked:
         raise ConfigError(
             f"Celery app {name!r}: cannot import its tasks: {_describe(exc)}"
         ) from None
-    found = check_app(app)
-    if found.schedule is None:
-        return found
-    return Checked(found.schedule, warnings=tuple(unregistered_tasks(app, found.schedule)))
+    return app
 
 
 def check_dramatiq(broker: str, modules: Sequence[str] = ()) -> Checked:
@@ -56,6 +64,12 @@ def check_dramatiq(broker: str, modules: Sequence[str] = ()) -> Checked:
     ``dramatiq`` command reads its arguments: ``proj.module:broker`` names the broker,
     ``proj.module`` alone means the global broker once the module is imported; then
     ``modules`` are imported, so the actors they declare are in the schedule."""
+    found_broker, middleware = load_dramatiq(broker, modules)
+    return middleware.check(found_broker)
+
+
+def load_dramatiq(broker: str, modules: Sequence[str] = ()) -> tuple[Broker, Beatless]:
+    """The broker and its one ``Beatless`` middleware (see :func:`check_dramatiq`)."""
     try:
         from dramatiq import cli
 
@@ -77,7 +91,7 @@ def check_dramatiq(broker: str, modules: Sequence[str] = ()) -> Checked:
             f"the broker of {broker!r} has {len(middleware)} Beatless middleware; "
             f"add exactly one: broker.add_middleware(Beatless(...))"
         )
-    return middleware[0].check(found_broker)
+    return found_broker, middleware[0]
 
 
 def _describe(exc: BaseException) -> str:

@@ -56,6 +56,8 @@ class ClockWatch:
         self.clock = clock
         self.node = node
         self.offset_ms: int | None = None
+        self.round_trip_ms: int | None = None
+        """The round trip of the sample the offset was taken from."""
         self.refusing = False
         self._next_ms: int | None = None
         self._warned_ms: int | None = None
@@ -75,6 +77,7 @@ class ClockWatch:
             return
         was_refusing = self.refusing
         self.offset_ms = sample.offset_ms
+        self.round_trip_ms = sample.round_trip_ms
         self.refusing = abs(sample.offset_ms) > TOLERANCE_MS
         self._next_ms = now_ms + (EVERY_WHEN_OFF_MS if self.refusing else EVERY_MS)
         if was_refusing and not self.refusing:

@@ -1,20 +1,33 @@
 """One occurrence of a fan-out entry, expanded lazily and in the order of release.
 
 A fan-out of a million tenants is not a million objects in the loop's heap. It is one
-cursor: the tenants' offsets are computed in chunks (a few tens of milliseconds of work
-per wake, so the loop stays on time for everything else), then sorted into one compact
-array of ``offset << 24 | tenant index``. The cursor sits in the heap at its next
-release; when it is due it hands out the firings released by then, one
-:class:`~beatless.firing.Firing` each, and goes back into the heap. When the occurrence
-is already late, whatever is left is dropped in one step and counted.
+cursor. The tenants' offsets are computed in chunks (a few tens of milliseconds of work
+per wake, so the loop stays on time for everything else); each tenant becomes one
+integer key, ``offset << 24 | tenant index``, appended to the bucket of its slice of the
+jitter window (about ``BUCKET_SIZE`` keys each). A bucket is sorted only when the
+cursor reaches it, so a fan-out never holds more than one bucket's sort on top of its
+keys. The cursor sits in the heap at its next release; when it is due it hands out the
+firings released by then, one :class:`~beatless.firing.Firing` each, and goes back into
+the heap. When the occurrence is already late, whatever is left is dropped in one step
+and counted.
 
-Memory per pending firing: 8 bytes in the array (plus the tenant list the entry holds).
+Memory per pending firing: 8 bytes, its key in an ``array('q')`` (a bucket's header and
+spare room add well under a byte per key). The tenant names are the entry's list, not
+the fan-out's: a tuple of ``str``, about 70 bytes per tenant name of 13 characters.
+Preparing a firing costs one SHA-256 (its offset); handing it out, a second one (the
+:class:`~beatless.firing.Firing` with its id).
+
+:func:`earliest` answers "which firings of this occurrence are released first" for
+``beatless next`` without building the others: every tenant's offset is needed for
+that, but only as one integer at a time, through a bounded heap.
 """
 
 from __future__ import annotations
 
+import heapq
 from array import array
 from bisect import bisect_right
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from beatless.entry import Entry, tenant_address
@@ -24,6 +37,10 @@ CHUNK = 20_000
 """Tenants whose offsets are computed per wake while a fan-out is being prepared."""
 INDEX_BITS = 24
 MAX_TENANTS = 1 << INDEX_BITS
+INDEX_MASK = MAX_TENANTS - 1
+BUCKET_SIZE = 4_096
+"""About how many keys share one bucket: what one sort at a time holds (a list of this
+many Python integers, about 160 KB), however wide the fan-out."""
 PREPARE_US_PER_TENANT = 5
 """A generous cost of preparing one tenant, to start big fan-outs early enough."""
 
@@ -31,6 +48,55 @@ PREPARE_US_PER_TENANT = 5
 def prepare_ahead_ms(tenants: int) -> int:
     """How long before its occurrence a fan-out of ``tenants`` should start preparing."""
     return tenants * PREPARE_US_PER_TENANT // 1_000
+
+
+def release_keys(
+    base: str,
+    tenants: Sequence[str],
+    occurrence_ms: int,
+    window_ms: int,
+    *,
+    start: int = 0,
+    stop: int | None = None,
+    index_bits: int = INDEX_BITS,
+) -> Iterator[int]:
+    """``offset << index_bits | index`` of each tenant from ``start`` to ``stop``: one
+    SHA-256 each and one integer out, so that ordering the keys orders the firings by
+    release (ties by their place in the list), without a :class:`Firing` per tenant."""
+    stop = len(tenants) if stop is None else stop
+    for index in range(start, stop):
+        d = digest(tenant_address(base, tenants[index]), occurrence_ms)
+        yield (offset_from_digest(d, window_ms) << index_bits) | index
+
+
+def earliest(
+    entry: Entry, base: str, occurrence_ms: int, tenants: Sequence[str], count: int
+) -> list[Firing]:
+    """The ``count`` firings of one occurrence released first, in release order (ties
+    in the order of ``tenants``).
+
+    Which ones they are depends on every tenant's offset, so each tenant costs one
+    SHA-256; but the keys stream through a heap of ``count`` (``heapq.nsmallest``), and
+    only the firings returned are built: memory grows with ``count``, not with the
+    tenants.
+    """
+    if count <= 0 or not tenants:
+        return []
+    bits = max(INDEX_BITS, len(tenants).bit_length())
+    keys = release_keys(base, tenants, occurrence_ms, entry.jitter_ms, index_bits=bits)
+    mask = (1 << bits) - 1
+    chosen = heapq.nsmallest(count, keys)
+    return [_firing(entry, base, tenants[key & mask], occurrence_ms) for key in chosen]
+
+
+def _firing(entry: Entry, base: str, tenant: str, occurrence_ms: int) -> Firing:
+    return Firing.of(entry, tenant, tenant_address(base, tenant), occurrence_ms)
+
+
+def bucket_count(tenants: int, window_ms: int) -> int:
+    """How many slices of the jitter window a fan-out sorts its keys by: about
+    ``BUCKET_SIZE`` keys each, and none narrower than a millisecond."""
+    return max(1, min(tenants // BUCKET_SIZE, window_ms))
 
 
 @dataclass(slots=True, eq=False)
@@ -41,11 +107,23 @@ class FanOut:
     base: str
     occurrence_ms: int
     tenants: tuple[str, ...]
-    keys: array[int] = field(default_factory=lambda: array("q"))
     prepared: int = 0
     """How many tenants have their offset computed."""
-    next: int = 0
-    """The position in ``keys`` of the next firing to hand out, once prepared."""
+    handed: int = 0
+    """How many firings were handed out (or dropped)."""
+    buckets: list[array[int]] = field(init=False)
+    """The keys of each slice of the window, in the order computed; emptied when sorted."""
+    current: array[int] = field(init=False)
+    """The sorted keys of the bucket the cursor is in."""
+    position: int = 0
+    """The place in ``current`` of the next firing to hand out."""
+    bucket: int = 0
+    """The next bucket to sort, once ``current`` is used up."""
+
+    def __post_init__(self) -> None:
+        count = bucket_count(len(self.tenants), self.entry.jitter_ms)
+        self.buckets = [array("q") for _ in range(count)]
+        self.current = array("q")
 
     @property
     def is_prepared(self) -> bool:
@@ -54,39 +132,62 @@ class FanOut:
     @property
     def remaining(self) -> int:
         """Firings not handed out yet."""
-        return len(self.tenants) - self.next
+        return len(self.tenants) - self.handed
 
     def prepare(self) -> None:
-        """Compute the offsets of the next chunk of tenants; sort once all are known."""
-        window = self.entry.jitter_ms
+        """Compute the offsets of the next chunk of tenants, each into its bucket."""
+        window, buckets = self.entry.jitter_ms, self.buckets
         start, stop = self.prepared, min(self.prepared + CHUNK, len(self.tenants))
-        keys, base, occurrence = self.keys, self.base, self.occurrence_ms
-        for index in range(start, stop):
-            d = digest(tenant_address(base, self.tenants[index]), occurrence)
-            keys.append((offset_from_digest(d, window) << INDEX_BITS) | index)
+        keys = release_keys(
+            self.base, self.tenants, self.occurrence_ms, window, start=start, stop=stop
+        )
+        if len(buckets) == 1:
+            buckets[0].extend(keys)
+        else:
+            spread = len(buckets)
+            for key in keys:
+                buckets[((key >> INDEX_BITS) * spread) // window].append(key)
         self.prepared = stop
-        if self.is_prepared:
-            self.keys = array("q", sorted(keys))
 
     def next_release_ms(self) -> int:
-        return self.occurrence_ms + (self.keys[self.next] >> INDEX_BITS)
+        """When the next firing is released; only while :attr:`remaining`."""
+        self._advance()
+        return self.occurrence_ms + (self.current[self.position] >> INDEX_BITS)
 
     def take(self, until_ms: int, limit: int) -> list[Firing]:
         """The firings released by ``until_ms``, at most ``limit``, in release order."""
         bound = ((until_ms - self.occurrence_ms + 1) << INDEX_BITS) - 1
-        stop = min(bisect_right(self.keys, bound, lo=self.next), self.next + limit)
-        firings = [self._firing(self.keys[i] & (MAX_TENANTS - 1)) for i in range(self.next, stop)]
-        self.next = stop
+        firings: list[Firing] = []
+        while len(firings) < limit and self._advance():
+            keys, start = self.current, self.position
+            stop = min(bisect_right(keys, bound, lo=start), start + limit - len(firings))
+            firings.extend(self._firing(keys[i] & INDEX_MASK) for i in range(start, stop))
+            self.position = stop
+            self.handed += stop - start
+            if stop < len(keys):
+                break  # the rest of this bucket is released later
         return firings
 
     def drop(self) -> int:
         """Drop every firing not handed out yet; how many there were."""
         count = self.remaining
-        self.next = len(self.tenants)
-        self.keys = array("q")
+        self.handed = len(self.tenants)
+        self.buckets = []
+        self.current = array("q")
+        self.position = 0
         return count
 
+    def _advance(self) -> bool:
+        """Make ``current`` hold the next key, sorting the next non-empty bucket when
+        the cursor has used up the last; whether there is one."""
+        while self.position >= len(self.current):
+            if self.bucket >= len(self.buckets):
+                return False
+            keys = self.buckets[self.bucket]
+            self.buckets[self.bucket] = array("q")
+            self.bucket += 1
+            self.current, self.position = array("q", sorted(keys)), 0
+        return True
+
     def _firing(self, index: int) -> Firing:
-        tenant = self.tenants[index]
-        address = tenant_address(self.base, tenant)
-        return Firing.of(self.entry, tenant, address, self.occurrence_ms)
+        return _firing(self.entry, self.base, self.tenants[index], self.occurrence_ms)

@@ -36,3 +36,20 @@ def shown(value: object, *, quoted: bool = True, limit: int = LIMIT) -> str:
     if not quoted:
         escaped = escaped[1:-1]
     return f"{escaped}...({cut} more characters)" if cut > 0 else escaped
+
+
+class WarnEvery:
+    """Which warnings may be logged now: each key at most once per its interval, so that
+    a fault that repeats every wake is one line now and then, not a flood."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}
+
+    def allows(self, key: str, every_ms: int, now_ms: int) -> bool:
+        """Whether ``key`` may be warned about at ``now_ms``; if so, it is counted as
+        warned then. A clock that went back allows it at once."""
+        last = self._last.get(key)
+        if last is not None and 0 <= now_ms - last < every_ms:
+            return False
+        self._last[key] = now_ms
+        return True

@@ -51,7 +51,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per option
     parser = _Parser(
         prog="beatless",
         description="Periodic tasks with no beat process and no leader.",
@@ -63,7 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
     nxt = commands.add_parser("next", help="list the coming firings, sorted by release")
     nxt.add_argument("target", metavar="TARGET", help=target_help)
     nxt.add_argument("--entry", metavar="NAME", help="only this entry")
-    nxt.add_argument("--count", type=int, default=5, metavar="N", help="per address (5)")
+    nxt.add_argument(
+        "--tenant", metavar="T", help="only this tenant of the fan-out entry --entry names"
+    )
+    nxt.add_argument(
+        "--count",
+        type=int,
+        default=5,
+        metavar="N",
+        help="firings per entry (5); a fan-out entry's N released first, over all its tenants",
+    )
     nxt.add_argument("--after", metavar="ISO", help="an ISO 8601 instant (default: now)")
     nxt.add_argument("--json", action="store_true", help="one JSON object per line")
 
@@ -95,11 +104,57 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("entry", metavar="ENTRY", help="the entry's name")
     explain.add_argument("--at", required=True, metavar="ISO", help="the occurrence")
     explain.add_argument("--tenant", metavar="T", help="the tenant, for a fan-out entry")
+    explain.add_argument(
+        "--store",
+        metavar="URL",
+        help="also say what happened to this firing, from the address's history in the store",
+    )
 
     run = commands.add_parser("run", help="run a standalone node with a logging enqueue")
     run.add_argument("target", metavar="TARGET", help=target_help)
     run.add_argument("--store", metavar="URL", help="claim store URL (env BEATLESS_STORE)")
     run.add_argument("--node", metavar="NAME", help="node name (env BEATLESS_NODE)")
+    run.add_argument(
+        "--every-node-claims",
+        action="store_true",
+        help="claim every firing on this node, instead of leaving each to the node of the "
+        "registry preferred for it (more store work; for comparison and debugging)",
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port (needs beatless[metrics])",
+    )
+
+    status = commands.add_parser(
+        "status", help="what the fleet did and does, read from the claim store"
+    )
+    status.add_argument(
+        "schedule", metavar="TARGET", nargs="?", help=f"{target_help} (as --schedule)"
+    )
+    _fleet_source(status, target_help)
+    status.add_argument("--json", action="store_true", help="one JSON object")
+    status.add_argument(
+        "--serve", type=int, metavar="PORT", help="serve a read-only status page on this port"
+    )
+    status.add_argument(
+        "--host", default="127.0.0.1", help="the address the page listens on (127.0.0.1)"
+    )
+
+    pause = commands.add_parser("pause", help="pause an entry on every node, through the store")
+    _fleet_source(pause, target_help)
+    pause.add_argument("entry", metavar="ENTRY", help="the entry's name")
+    pause.add_argument(
+        "--until", metavar="WHEN", help="an ISO 8601 instant or a duration (2h); default: resume"
+    )
+    resume = commands.add_parser("resume", help="resume a paused entry on every node")
+    _fleet_source(resume, target_help)
+    resume.add_argument("entry", metavar="ENTRY", help="the entry's name")
+    run_now = commands.add_parser("run-now", help="one manual firing of an entry, sent once")
+    _fleet_source(run_now, target_help)
+    run_now.add_argument("entry", metavar="ENTRY", help="the entry's name")
+    run_now.add_argument("--tenant", metavar="T", help="one tenant of a fan-out entry")
 
     demo = commands.add_parser("demo", help="race local nodes on a claim store (SQLite default)")
     demo.add_argument("--nodes", type=int, default=3, help="node processes (3)")
@@ -111,13 +166,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _fleet_source(parser: argparse.ArgumentParser, target_help: str) -> None:
+    """The options that name a fleet's store and namespace, shared by status and controls."""
+    parser.add_argument(
+        "--schedule",
+        dest="target",
+        metavar="TARGET",
+        help=f"{target_help} (its namespace and entries)",
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--celery", metavar="APP", help="take the store and namespace from a Celery app"
+    )
+    source.add_argument(
+        "--dramatiq",
+        nargs="+",
+        metavar="BROKER",
+        help="take the store and namespace from a Dramatiq broker's Beatless middleware",
+    )
+    parser.add_argument("--store", metavar="URL", help="claim store URL (env BEATLESS_STORE)")
+    parser.add_argument("--namespace", metavar="NS", help="the namespace (with --store alone)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (the console script exits with it)."""
     args = build_parser().parse_args(argv)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # so module:attribute targets resolve like python -m
     handlers = {"next": cmd_next, "check": cmd_check, "explain": cmd_explain}
-    handlers.update(run=cmd_run, demo=cmd_demo)
+    handlers.update(run=cmd_run, demo=cmd_demo, status=cmd_status)
+    handlers.update({"pause": cmd_control, "resume": cmd_control, "run-now": cmd_control})
     try:
         return handlers[args.command](args)
     except BeatlessError as exc:
@@ -142,9 +220,12 @@ def cmd_next(args: argparse.Namespace) -> int:
     if args.count < 1:
         raise ConfigError(f"--count must be at least 1, got {args.count}")
     after_ms = _instant_ms(args.after, "--after") if args.after else _now_ms()
+    if args.tenant is not None and not args.entry:
+        raise ConfigError("--tenant needs --entry: name the fan-out entry the tenant is one of")
     entries = [schedule.entry(args.entry)] if args.entry else list(schedule.entries)
+    tenant = _tenant(entries[0], args.tenant) if args.tenant is not None else None
     firings = sorted(
-        upcoming(schedule, entries, after_ms, args.count),
+        upcoming(schedule, entries, after_ms, args.count, tenant=tenant),
         key=lambda f: (f.release_ms, f.address),
     )
     if args.json:
@@ -169,18 +250,49 @@ def cmd_next(args: argparse.Namespace) -> int:
 
 
 def upcoming(
-    schedule: Schedule, entries: Sequence[Entry], after_ms: int, count: int
+    schedule: Schedule,
+    entries: Sequence[Entry],
+    after_ms: int,
+    count: int,
+    *,
+    tenant: str | None = None,
 ) -> Iterator[Firing]:
-    """The next ``count`` firings of each address after ``after_ms`` (by occurrence)."""
+    """The next ``count`` firings of each entry whose occurrence is after ``after_ms``,
+    in release order: for a fan-out entry, the ``count`` released first among all its
+    tenants (with ``tenant``, that tenant's next ``count``).
+
+    A fan-out's earliest releases depend on every tenant's offset: each tenant costs one
+    SHA-256, streamed through a heap of ``count`` (:func:`beatless._fanout.earliest`),
+    and only the firings printed are built. Its occurrences never interleave (the jitter
+    is under half the shortest gap), so the first occurrence that has ``count`` tenants
+    is the only one computed.
+    """
     cache: dict[Trigger, list[int]] = {}
     for entry in entries:
         occurrences = cache.get(entry.trigger)
         if occurrences is None:
             occurrences = cache[entry.trigger] = list(islice(entry.trigger.after(after_ms), count))
-        for tenant in entry.tenant_list() or (None,):
+        tenants = entry.tenant_list() if tenant is None else (tenant,)
+        if tenants is None or tenant is not None:
             address = schedule.address(entry, tenant)
-            for occurrence in occurrences:
-                yield Firing.of(entry, tenant, address, occurrence)
+            yield from (Firing.of(entry, tenant, address, o) for o in occurrences)
+            continue
+        yield from _earliest_of(schedule, entry, tenants, occurrences, count)
+
+
+def _earliest_of(
+    schedule: Schedule, entry: Entry, tenants: Sequence[str], occurrences: list[int], count: int
+) -> Iterator[Firing]:
+    """The ``count`` firings of a fan-out entry released first, occurrence by occurrence."""
+    from beatless._fanout import earliest
+
+    base = schedule.address(entry)
+    for occurrence in occurrences:
+        if count <= 0:
+            return
+        firings = earliest(entry, base, occurrence, tenants, count)
+        count -= len(firings)
+        yield from firings
 
 
 def firing_json(firing: Firing) -> dict[str, Any]:
@@ -348,7 +460,57 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return EXIT_PROBLEMS
     for line in explanation(schedule, entry, tenant, at_ms):
         print(line)
+    if args.store:
+        from beatless.stores import open_store
+
+        with open_store(args.store) as store:
+            print(f"{'  happened':<13} {what_happened(store, schedule, entry, tenant, at_ms)}")
     return 0
+
+
+def what_happened(
+    store: ClaimStore, schedule: Schedule, entry: Entry, tenant: str | None, at_ms: int
+) -> str:
+    """What the fleet did with one firing, as its address's history says."""
+    from beatless._board import HISTORY_KEEP, HISTORY_TTL_MS, HistoryItem, history_kind
+
+    firing = Firing.of(entry, tenant, schedule.address(entry, tenant), at_ms)
+    kind = history_kind(firing.address)
+    notes = store.read_notes([kind])[kind]
+    text = notes.get(firing.id)
+    item = HistoryItem.from_json(text) if text is not None else None
+    into = [i for i in map(HistoryItem.from_json, notes.values()) if i and i.covers(at_ms)]
+    if item is None and into:
+        return (
+            f"coalesced: catch_up {entry.catch_up!r} left it unclaimed when a node started, "
+            f"and sent the firing of {iso(into[0].occurrence_ms)} for it (by node "
+            f"{into[0].node})"
+        )
+    if item is None:
+        coalesced = (
+            f"; a node that started after it with catch_up {entry.catch_up!r} leaves it "
+            "unclaimed (coalesced into a later occurrence) without a record"
+            if entry.catch_up != "all"
+            else ""
+        )
+        return (
+            f"not in the history: no node recorded sending, skipping or missing it (each "
+            f"address keeps its last {HISTORY_KEEP} firings, none older than "
+            f"{HISTORY_TTL_MS // 3_600_000} h){coalesced}"
+        )
+    where = f"by node {item.node}"
+    said = {
+        "won": f"fired: sent {where}, {item.lateness_ms} ms after its release",
+        "takeover": f"fired: taken over and sent {where}, {item.lateness_ms} ms after its "
+        "release (the first winner did not commit in time)",
+        "skipped_overlap": f"skipped {where}: a run of the address was in progress and its "
+        "overlap policy is 'skip'",
+        "paused": f"skipped {where}: the entry was paused by an operator",
+        "missed": f"missed: no node claimed it within max_late (found {where})",
+        "forgotten": f"not sent {where}: the claim store had lost its memory, so it may "
+        "have been sent before that",
+    }
+    return said.get(item.outcome, f"{item.outcome} {where}")
 
 
 def explanation(schedule: Schedule, entry: Entry, tenant: str | None, at_ms: int) -> list[str]:
@@ -459,19 +621,43 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("give --store URL or set BEATLESS_STORE (e.g. sqlite:///beatless.db)")
     node = args.node or os.environ.get("BEATLESS_NODE") or None
     schedule = load_schedule(args.target)
-    return run_node(schedule, store_url=store, node=node)
+    return run_node(
+        schedule,
+        store_url=store,
+        node=node,
+        metrics_port=args.metrics_port,
+        preferred=not args.every_node_claims,
+    )
 
 
-def run_node(schedule: Schedule, *, store_url: str, node: str | None) -> int:
-    """Run one node until SIGINT or SIGTERM, logging each firing's decision."""
+def run_node(
+    schedule: Schedule,
+    *,
+    store_url: str,
+    node: str | None,
+    metrics_port: int | None = None,
+    preferred: bool = True,
+) -> int:
+    """Run one node until SIGINT or SIGTERM, logging each firing's decision; with
+    ``metrics_port``, serve its Prometheus metrics there (a port taken is an error)."""
     from beatless.scheduler import Scheduler
+
+    if metrics_port is not None:
+        from beatless import metrics
+
+        metrics.metrics_port(metrics_port, "--metrics-port")  # prometheus-client, a port
 
     with open_probed(store_url) as store:
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
         )
         logging.getLogger("beatless.decisions").setLevel(logging.DEBUG)  # run shows each one
-        scheduler = Scheduler(schedule, store=store, node=node)  # checks rule 5 on the store
+        scheduler = Scheduler(  # checks rule 5 on the store
+            schedule, store=store, node=node, preferred=preferred
+        )
+        if metrics_port is not None:
+            metrics.register(scheduler)
+            metrics.serve(metrics_port)
         stopping = threading.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: stopping.set())
@@ -509,6 +695,122 @@ def _probed(store: ClaimStore) -> ClaimStore:
         store.close()
         raise
     return store
+
+
+# -- status -----------------------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    store, namespace, schedule = _status_source(args)
+    with store:
+        if args.serve is not None:
+            from beatless._page import serve
+            from beatless.status import report
+
+            serve(
+                lambda: report(store, namespace, schedule=schedule, now_ms=_now_ms()),
+                host=args.host,
+                port=args.serve,
+            )
+            return 0
+        return print_status(store, namespace, schedule=schedule, as_json=args.json)
+
+
+def print_status(
+    store: ClaimStore, namespace: str, *, schedule: Schedule | None, as_json: bool
+) -> int:
+    """Print the status of ``namespace``; 0 when healthy, 1 with problems."""
+    from beatless.status import render, report
+
+    status = report(store, namespace, schedule=schedule, now_ms=_now_ms())
+    print(json.dumps(status, indent=2) if as_json else render(status))
+    return EXIT_PROBLEMS if status["problems"] else 0
+
+
+def cmd_control(args: argparse.Namespace) -> int:
+    """``pause``, ``resume`` and ``run-now``: one control note and its audit record."""
+    from beatless._controls import set_control
+    from beatless.status import known_entries
+
+    store, namespace, schedule = _status_source(args)
+    with store:
+        entries = known_entries(store, namespace, schedule)
+        if args.entry not in entries:
+            raise ConfigError(
+                f"no entry named {args.entry!r} in namespace {namespace!r}"
+                + (
+                    f"; its entries: {', '.join(sorted(entries))}"
+                    if entries
+                    else " (no node has published its entries: give --schedule)"
+                )
+            )
+        tenant = getattr(args, "tenant", None)
+        tenants = entries[args.entry]
+        if tenant is not None and tenants is not None and tenant not in tenants:
+            raise ConfigError(f"entry {args.entry!r} has no tenant {tenant!r}")
+        until_ms = _until_ms(args.until, store.time_ms()) if getattr(args, "until", None) else None
+        control = set_control(
+            store, namespace, args.command, args.entry, until_ms=until_ms, tenant=tenant
+        )
+    said = {
+        "pause": "paused" + (f" until {iso(until_ms)}" if until_ms else " until resumed"),
+        "resume": "resumed",
+        "run-now": "queued for one manual firing" + (f" of tenant {tenant!r}" if tenant else ""),
+    }[args.command]
+    print(
+        f"entry {args.entry!r} of namespace {namespace!r} {said} (by {control.by} on "
+        f"{control.host} at {iso(control.at_ms)}); every node honours it within a second"
+    )
+    return 0
+
+
+def _until_ms(text: str, now_ms: int) -> int:
+    """``--until``: an ISO 8601 instant, or a duration from now; in the future."""
+    from beatless.durations import as_timedelta
+
+    try:
+        until = now_ms + to_ms(as_timedelta(text, name="--until"))
+    except ConfigError:
+        until = from_datetime(parse_instant(text, what="--until"))
+    if until <= now_ms:
+        raise ConfigError(f"--until {text!r} is not in the future")
+    return until
+
+
+def _status_source(args: argparse.Namespace) -> tuple[ClaimStore, str, Schedule | None]:
+    """The store, namespace and (if known) schedule that ``status`` reads."""
+    from beatless.stores import open_store
+
+    url = args.store or os.environ.get("BEATLESS_STORE")
+    if args.celery:
+        from beatless._app_check import load_celery
+        from beatless.celery.schedule import fleet_of
+
+        return fleet_of(load_celery(args.celery), url)
+    if args.dramatiq:
+        from beatless._app_check import load_dramatiq
+
+        broker, middleware = load_dramatiq(args.dramatiq[0], args.dramatiq[1:])
+        schedule = middleware.check(broker).schedule
+        namespace = middleware.address_namespace
+        if url:
+            return open_store(url, namespace=namespace), namespace, schedule
+        return middleware.status_store(broker), namespace, schedule
+    if not url:
+        raise ConfigError("give --store URL (or BEATLESS_STORE), --celery APP or --dramatiq BROKER")
+    # Opened as ``beatless run`` opens it: its notes name the namespace themselves.
+    target = args.target or getattr(args, "schedule", None)
+    if target:
+        schedule = load_schedule(target)
+        if args.namespace and args.namespace != schedule.namespace:
+            raise ConfigError(
+                f"--namespace {args.namespace!r} is not the schedule's namespace "
+                f"{schedule.namespace!r}"
+            )
+        return open_store(url), schedule.namespace, schedule
+    if not args.namespace:
+        raise ConfigError("give --namespace NS (or a TARGET schedule) with --store")
+    return open_store(url), args.namespace, None
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

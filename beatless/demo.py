@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import queue
 import shutil
 import signal
@@ -82,6 +83,7 @@ class _Run:
     firings: list[dict[str, Any]] = field(default_factory=list)
     stats: dict[str, dict[str, Any]] = field(default_factory=dict)
     interrupted: bool = False
+    late_commits: int = 0
     reports: queue.Queue[dict[str, Any] | None] = field(default_factory=queue.Queue)
     open_streams: int = 0
 
@@ -146,8 +148,9 @@ def _interrupt_on_sigterm() -> Any:
     return signal.signal(signal.SIGTERM, interrupt)
 
 
-DEMO_LEASE = "1s"
-"""Time a winner has to enqueue and commit: short, so a takeover fits in ``max_late``."""
+DEMO_LEASE = "3s"
+"""Time a winner has to enqueue and commit: short, so a takeover fits in ``max_late``
+(8 s, with jitters up to 4 s), and long enough for a laptop that runs the nodes slowly."""
 
 
 def _probe(url: str, namespace: str) -> None:
@@ -198,6 +201,7 @@ def _take_reports(run: _Run, as_json: bool, deadline: float) -> None:
             run.open_streams -= 1
         elif report.get("event") == "stats":
             run.stats[report["node"]] = report["entries"]
+            run.late_commits += int(report.get("late_commits", 0))
         else:
             run.firings.append(report)
             _print_firing(report, run.start_ms, as_json)
@@ -273,6 +277,7 @@ def summarize(
         "seconds": (run.end_ms - run.start_ms) / 1_000,
         "firings": len(run.firings),
         "duplicates": sum(count - 1 for count in wins.values()),
+        "late_commits": run.late_commits,
         "expected": len(expected),
         "missed": len(missed),
         "missed_firings": [f"{f.address}@{iso(f.occurrence_ms)}" for f in missed[:10]],
@@ -361,6 +366,12 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
     print(f"summary ({summary['nodes']} nodes, {summary['seconds']:g}s)")
     print(f"  firings      {summary['firings']}")
     print(f"  duplicates   {summary['duplicates']}   (a firing id won by more than one node)")
+    if summary["late_commits"]:
+        print(
+            f"  late commits {summary['late_commits']}   (sent, but the claim ran out before its "
+            f"commit: the node was starved longer than the lease, and another node may have "
+            f"sent the firing again)"
+        )
     window = " to ".join(t[11:23] for t in summary["window"])
     if summary["window"][0] < summary["window"][1]:
         window = f"occurrences {window}, less each entry's jitter"
@@ -416,6 +427,8 @@ def run_node(*, store_url: str, node: str, until_ms: int, namespace: str = "demo
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     threading.Thread(target=_wait_for_eof, args=(sys.stdin, stop), daemon=True).start()
+    late = _LateCommits()
+    logging.getLogger("beatless.dispatch").addHandler(late)
     with open_store(store_url, namespace=namespace) as store:
         scheduler = Scheduler(
             demo_schedule(namespace),
@@ -429,8 +442,24 @@ def run_node(*, store_url: str, node: str, until_ms: int, namespace: str = "demo
         stop.wait(max(0.0, until_ms / 1_000 - time.time()))
         scheduler.stop(timeout=5)
         entries = {name: stats.as_dict() for name, stats in scheduler.stats.items()}
-    _emit(lock, {"event": "stats", "node": node, "entries": entries})
+    _emit(lock, {"event": "stats", "node": node, "entries": entries, "late_commits": late.count})
     return 0
+
+
+class _LateCommits(logging.Handler):
+    """Counts the node's sends whose claim ran out before their commit: the two-phase
+    window, in which another node may send the firing again (a node starved of CPU for
+    longer than the lease). A duplicate in the summary comes with one of these."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from beatless.dispatch import LATE_COMMIT
+
+        if record.msg == LATE_COMMIT:
+            self.count += 1
 
 
 def _firing_report(decision: Any) -> dict[str, Any]:

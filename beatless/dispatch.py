@@ -31,7 +31,7 @@ from beatless._logtext import ERROR_LIMIT, shown
 from beatless.durations import DurationLike, as_timedelta, to_ms
 from beatless.errors import ConfigError, StoreError
 from beatless.firing import Firing
-from beatless.stores.base import ClaimRequest, ClaimStore, Outcome
+from beatless.stores.base import ClaimRequest, ClaimStore, Note, Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,12 @@ COMMIT_EVERY_S = 0.05
 a node that freezes or dies mid-sub-batch leaves at most this much of sends (and the one
 in flight) uncommitted, the only firings another node may send again."""
 
+LATE_COMMIT = (
+    "firing %s of entry %s: its claim ran out before commit (or the store lost its memory) "
+    "and another node may send it too; the workers' once-only check refuses such a second copy"
+)
+"""The WARNING of a sent firing whose commit the store refused (the two-phase window)."""
+
 FAILURE_WARN_S = 10.0
 """Failed sends are told in one WARNING at most this often, with their count."""
 
@@ -61,6 +67,8 @@ Enqueue = Callable[[Firing], object]
 
 OUTCOME_NAMES = {Outcome.LATE: "late_store"}
 """The decision name of a store outcome, where it differs from the outcome's value."""
+RECORDED = frozenset({Outcome.WON, Outcome.TAKEOVER, Outcome.OVERLAP, Outcome.FORGOTTEN})
+"""The outcomes whose history note a claim script writes (the atomic path)."""
 
 
 def send_deadline_s(lease_ms: int) -> float:
@@ -99,12 +107,25 @@ class Wake(Protocol):
         """Whether this node saw the firing held pending by another node before."""
         ...
 
-    def decide(self, firing: Firing, outcome: str) -> None:
-        """The firing is done on this node: ``won``, ``lost``, ``late``, ..."""
+    def decide(self, firing: Firing, outcome: str, *, recorded: bool = False) -> None:
+        """The firing is done on this node: ``won``, ``lost``, ``late``, ...; ``recorded``
+        when its history note was written with the store call that decided it."""
         ...
 
     def retry(self, firing: Firing, outcome: str) -> None:
         """The firing was not enqueued here and may be tried again until it is late."""
+        ...
+
+    def history(self, firing: Firing, outcome: str) -> Note | None:
+        """The note that records ``outcome`` of ``firing`` in its address's history, to
+        write with the commit that makes it so; ``None`` when nothing is recorded."""
+        ...
+
+    def history_template(self, firing: Firing) -> Note | None:
+        """The history note of ``firing`` for a claim script to fill in and write when it
+        wins (or skips) the firing: ``{{outcome}}``, ``{{at_ms}}`` and ``{{lateness_ms}}``
+        in its value stand for what the script decides (see
+        :meth:`beatless.stores.redis.RedisStore.claim_and_push`)."""
         ...
 
 
@@ -122,9 +143,9 @@ class Dispatcher(ABC):
         """Close what the dispatcher opened itself."""
 
 
-def decide_claimed(wake: Wake, firing: Firing, outcome: Outcome) -> None:
+def decide_claimed(wake: Wake, firing: Firing, outcome: Outcome, *, recorded: bool = False) -> None:
     """Report a store outcome that needs no further step (lost, held, late, early, ...)."""
-    wake.decide(firing, OUTCOME_NAMES.get(outcome, outcome.value))
+    wake.decide(firing, OUTCOME_NAMES.get(outcome, outcome.value), recorded=recorded)
 
 
 class SendRate:
@@ -277,25 +298,35 @@ class TwoPhase(Dispatcher):
         """Commit what was just sent; the firings are decided whatever the store says."""
         if not sent:
             return
-        kept = commit_quietly(self.store, [f for f, _ in sent], wake.node)
+        notes = self._history(wake, [(f, o.value) for f, o in sent])
+        kept, recorded = commit_quietly(self.store, [f for f, _ in sent], wake.node, notes)
+        recorded = recorded and self.store.commits_notes
         for (firing, outcome), ok in zip(sent, kept, strict=True):
             if not ok:
                 logger.warning(
-                    "firing %s of entry %s: its claim ran out before commit (or the store "
-                    "lost its memory) and another node may send it too; the workers' once-only "
-                    "check refuses such a second copy",
+                    LATE_COMMIT,
                     firing.id,
                     shown(firing.entry.name),
                 )
-            decide_claimed(wake, firing, outcome)
+            decide_claimed(wake, firing, outcome, recorded=recorded)
 
     def _forget(self, firings: list[Firing], wake: Wake) -> None:
         """Firings the store forgot: keep them committed, unsent, so no node sends them."""
         if not firings:
             return
-        commit_quietly(self.store, firings, wake.node)
+        notes = self._history(wake, [(f, "forgotten") for f in firings])
+        _, recorded = commit_quietly(self.store, firings, wake.node, notes)
+        recorded = recorded and self.store.commits_notes
         for firing in firings:
-            wake.decide(firing, "forgotten")
+            wake.decide(firing, "forgotten", recorded=recorded)
+
+    def _history(self, wake: Wake, decided: list[tuple[Firing, str]]) -> list[Note]:
+        """The history notes to write with a commit: on a store that writes them in the
+        commit's own operation; elsewhere the node posts them at its next sync, off the
+        loop, since nothing would be gained by waiting for them here."""
+        if not self.store.commits_notes:
+            return []
+        return [n for f, o in decided if (n := wake.history(f, o)) is not None]
 
     def _release(self, firings: list[Firing], node: str) -> None:
         if not firings:
@@ -310,11 +341,14 @@ class TwoPhase(Dispatcher):
             )
 
 
-def commit_quietly(store: ClaimStore, firings: Sequence[Firing], node: str) -> list[bool]:
-    """Commit the pending claims of ``firings``; a store error is logged, not raised (the
-    messages are already in the broker). Returns, per firing, whether it was kept."""
+def commit_quietly(
+    store: ClaimStore, firings: Sequence[Firing], node: str, notes: Sequence[Note] = ()
+) -> tuple[list[bool], bool]:
+    """Commit the pending claims of ``firings`` with their history ``notes``; a store error
+    is logged, not raised (the messages are already in the broker). Returns, per firing,
+    whether it was kept, and whether the notes were written."""
     try:
-        return store.commit([f.id for f in firings], node=node)
+        return store.commit([f.id for f in firings], node=node, notes=notes), True
     except StoreError as exc:
         logger.warning(
             "commit of %d enqueued firing(s) failed (%s): if their leases run out another "
@@ -322,7 +356,7 @@ def commit_quietly(store: ClaimStore, firings: Sequence[Firing], node: str) -> l
             len(firings),
             shown(exc, quoted=False, limit=ERROR_LIMIT),
         )
-        return [True] * len(firings)
+        return [True] * len(firings), False
 
 
 class Recorder:
@@ -344,11 +378,17 @@ class Recorder:
     def was_held(self, firing: Firing) -> bool:
         return firing.id in self.held
 
-    def decide(self, firing: Firing, outcome: str) -> None:
+    def decide(self, firing: Firing, outcome: str, *, recorded: bool = False) -> None:
         self.outcomes[firing.id] = outcome
 
     def retry(self, firing: Firing, outcome: str) -> None:
         self.outcomes[firing.id] = outcome
+
+    def history(self, firing: Firing, outcome: str) -> Note | None:
+        return None
+
+    def history_template(self, firing: Firing) -> Note | None:
+        return None
 
 
 def dispatch_now(dispatcher: Dispatcher, firings: Sequence[Firing], *, node: str) -> list[str]:

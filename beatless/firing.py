@@ -61,6 +61,18 @@ def executed_id(firing_id: str, attempt: int = 0) -> str:
     return id_from_digest(hashlib.sha256(f"executed|{firing_id}|{attempt}".encode()).digest())
 
 
+def missed_id(firing_id: str) -> str:
+    """The id of the record that says a firing was found missed: the node that wins it
+    is the one in the fleet that counts, logs and records it."""
+    return id_from_digest(hashlib.sha256(f"missed|{firing_id}".encode()).digest())
+
+
+def manual_id(address: str, request: str) -> str:
+    """The id of the manual firing a run-now ``request`` makes of ``address``: never a
+    scheduled firing's id."""
+    return id_from_digest(hashlib.sha256(f"manual|{address}|{request}".encode()).digest())
+
+
 def id_from_digest(d: bytes) -> str:
     """``str(uuid.UUID(bytes=d[:16]))``, written out: it is on every firing's path."""
     h = d[:16].hex()
@@ -88,6 +100,8 @@ class Firing:
     occurrence_ms: int
     id: str
     offset_ms: int
+    manual: bool = False
+    """A run-now firing (:mod:`beatless._controls`): its id is not the scheduled one's."""
 
     @classmethod
     def of(cls, entry: Entry, tenant: str | None, address: str, occurrence_ms: int) -> Firing:

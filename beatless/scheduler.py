@@ -32,9 +32,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from beatless._board import HISTORY_OUTCOMES, SENT, Board, HistoryItem
 from beatless._clockwatch import ClockWatch
+from beatless._controls import manual_firing
 from beatless._fanout import MAX_TENANTS, FanOut, prepare_ahead_ms
-from beatless._logtext import ERROR_LIMIT, shown
+from beatless._logtext import ERROR_LIMIT, WarnEvery, shown
+from beatless._prefer import CLAIM, DELEGATE, LADDER_MS, Preference, Ranked, fits
 from beatless.dispatch import (
     DEFAULT_LEASE,
     Dispatcher,
@@ -48,7 +51,7 @@ from beatless.entry import Entry, Schedule
 from beatless.errors import ConfigError, ScheduleError, StoreError, StoreUnavailable
 from beatless.firing import Firing, iso
 from beatless.stats import EntryStats
-from beatless.stores.base import ClaimStore
+from beatless.stores.base import ClaimStore, Note
 from beatless.triggers import Trigger
 
 logger = logging.getLogger(__name__)
@@ -63,6 +66,10 @@ EXPAND_AHEAD_MS = 2_000
 """Occurrences are expanded into firings this long before they are due."""
 RETRY_MS = 500
 """A firing whose claim or enqueue failed is tried again after this long, until late."""
+FAN_OUT_STEP_MS = 20
+"""A fan-out hands out its firings at most this often: a million tenants over ten minutes
+release 1,667 firings a second, and one wake (one claim, one commit) per release would
+make each round trip carry two or three of them."""
 MAX_BATCH = 5_000
 """At most this many firings go to the dispatcher in one wake; the rest follow at once."""
 WARN_EVERY_MS = 10_000
@@ -99,11 +106,18 @@ class Decision:
     """Final: ``won``, ``takeover``, ``lost``, ``held``, ``late`` (node clock),
     ``late_store``, ``early``, ``forgotten``, ``corrupt``, ``foreign`` (lost to a claim
     of another task under the same address), ``clock_skew`` (this node's clock is too
-    far off the store's to claim). Retried: ``enqueue_failed``,
-    ``stale_claim`` (the claim got older than half its lease before the send),
-    ``unavailable`` (the store could not be reached), ``error``."""
+    far off the store's to claim), ``delegated`` (left to the node preferred for it).
+    Retried: ``enqueue_failed``, ``stale_claim`` (the claim got older than half its
+    lease before the send), ``unavailable`` (the store could not be reached), ``error``."""
     node: str
     lateness_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Deferred:
+    """A due firing this node left to a node ranked above it, to look at again."""
+
+    firing: Firing
 
 
 @dataclass(slots=True)
@@ -184,6 +198,8 @@ class Scheduler:
         on_decision: Callable[[Decision], None] | None = None,
         lease: DurationLike = DEFAULT_LEASE,
         monotonic: Callable[[], float] = time.monotonic,
+        framework: str = "standalone",
+        preferred: bool = True,
     ) -> None:
         self.schedule = schedule
         self.lease_ms = lease_ms_of(lease)
@@ -205,6 +221,9 @@ class Scheduler:
         self._entries = {entry.name: entry for entry in schedule.entries}
         self._caught_up: dict[str, list[int]] = {}
         """Per entry: occurrences left by the catch-up policy, first and last, not said yet."""
+        self._coalesced: dict[str, tuple[int, int]] = {}
+        """Per catch-up firing: the first and last occurrence ``latest`` coalesced into it,
+        told in its history item (so they are not taken for missed)."""
         self.clockwatch = ClockWatch(self.store, clock, self.node)
         self._heap: list[tuple[int, int, Any]] = []
         self._seq = itertools.count()
@@ -213,13 +232,38 @@ class Scheduler:
         self._open: dict[str, Firing] = {}
         self._decisions: list[Decision] = []
         self._trouble = _Trouble()
-        self._errors_warned: dict[str, int] = {}
+        self._warned = WarnEvery()
         self._summary = Counter[str]()
         self._summary_ms: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._start_ms = self.now_ms()
+        self.preference = Preference(
+            self.node, schedule.fingerprint, schedule.namespace, enabled=preferred
+        )
+        """Which firings this node claims first, and which it leaves to others
+        (:mod:`beatless._prefer`)."""
+        self._ranked: dict[str, Ranked] = {}
+        """Where this node ranks for each firing it left to others, to look at again."""
+        self._ladder = {e.name: fits(e.jitter_ms, e.max_late_ms) for e in schedule.entries}
+        if preferred:
+            self._say_ladder()
+        self.board = Board(self, framework=framework, loop_alive=self.loop_alive)
+        """The registry record and history this node keeps in the store (:mod:`beatless._board`)."""
         self._plan(self._start_ms)
+
+    def _say_ladder(self) -> None:
+        """Name the entries every node claims, since the preferred claimer's ladder does not
+        fit within their max_late."""
+        every = [name for name, fit in self._ladder.items() if not fit]
+        if every:
+            logger.info(
+                "%d entries claimed by every node, not by a preferred one: their jitter + "
+                "%dms (the preferred claimer's ladder) exceed their max_late: %s",
+                len(every),
+                LADDER_MS,
+                ", ".join(shown(name) for name in every[:10]) + (", ..." * (len(every) > 10)),
+            )
 
     def _check_store(self) -> None:
         errors = self.schedule.check_store(
@@ -289,7 +333,11 @@ class Scheduler:
             base = self.schedule.address(entry)
             tenants = self._tenants_of(entry)
             if tenants is None:
-                self._push_firing(Firing.of(entry, None, base, occurrence))
+                firing = Firing.of(entry, None, base, occurrence)
+                left = self._caught_up.get(entry.name)
+                if occurrence < self._start_ms and left is not None:
+                    self._coalesced[firing.id] = (left[1], left[2])
+                self._push_firing(firing)
             elif len(tenants) > MAX_TENANTS:
                 logger.error(
                     "entry %s: %d tenants, over the %d one fan-out can hold; occurrence %s skipped",
@@ -305,7 +353,7 @@ class Scheduler:
         """Whether the entry's catch-up policy leaves this occurrence, from before the
         node's start, unclaimed: ``none`` leaves every such occurrence, ``latest`` all but
         the last of them (the others are coalesced into it), ``all`` none. Counted as
-        ``missed`` and said once per entry (:meth:`_say_catch_up`)."""
+        ``catch_up_skipped`` and said once per entry (:meth:`_say_catch_up`)."""
         policy = entry.catch_up
         if policy == "all":
             return False
@@ -313,8 +361,8 @@ class Scheduler:
             return False
         known = entry.tenants if isinstance(entry.tenants, tuple) else None
         count = len(known or self._tenants.get(entry.name) or (None,))
-        self.stats[entry.name].missed += count
-        self._summary["missed"] += count
+        self.stats[entry.name].catch_up_skipped += count
+        self._summary["catch_up_skipped"] += count
         skipped = self._caught_up.setdefault(entry.name, [0, occurrence, occurrence])
         skipped[0] += 1
         skipped[2] = occurrence
@@ -327,7 +375,7 @@ class Scheduler:
             kept = "the latest is claimed" if entry.catch_up == "latest" else "none is claimed"
             logger.info(
                 "entry %s: %d occurrence(s) from %s to %s, before this node started, left "
-                "unclaimed by catch_up=%r (%s); counted as missed",
+                "unclaimed by catch_up=%r (%s); counted as catch_up_skipped",
                 shown(name),
                 count,
                 iso(first),
@@ -390,7 +438,10 @@ class Scheduler:
     def tick(self) -> list[Decision]:
         """One wake: expand what is near, then claim and enqueue what is due now."""
         now = self.now_ms()
-        due = self._pop_due(now)
+        self.board.woke(now)
+        self.preference.adopt(now)
+        self._take_run_now(now)
+        due = self._prefer(self._drop_paused(self._pop_due(now), now), now)
         if due and not self.clockwatch.check(now):
             for firing in due:
                 self.decide(firing, "clock_skew")
@@ -398,10 +449,33 @@ class Scheduler:
             self._dispatch(due)
         if self._caught_up:
             self._say_catch_up()
+        self.preference.advance(now, self.next_wake_ms())
         self._warn_trouble(now)
         self._log_summary(now)
         decisions, self._decisions = self._decisions, []
         return decisions
+
+    def _prefer(self, due: list[Firing], now: int) -> list[Firing]:
+        """The due firings this node claims now; the others are left to the node preferred
+        for them, or looked at again later (:mod:`beatless._prefer`)."""
+        if not due or not self.preference.enabled or len(self.preference.view.nodes) == 1:
+            return due
+        claimed = []
+        for firing in due:
+            ranked = self._ranked.pop(firing.id, None)
+            ladder = self._ladder[firing.entry.name] and not firing.manual
+            placed, ranked = self.preference.place(
+                firing.id, firing.release_ms, now, ladder=ladder, ranked=ranked
+            )
+            if placed == CLAIM:
+                claimed.append(firing)
+            elif placed == DELEGATE:
+                self.decide(firing, "delegated")
+            else:
+                if ranked is not None:
+                    self._ranked[firing.id] = ranked
+                self._push(placed, _Deferred(firing))
+        return claimed
 
     def _pop_due(self, now: int) -> list[Firing]:
         """The firings due now, at most ``MAX_BATCH``; the late ones are dropped at once,
@@ -410,7 +484,13 @@ class Scheduler:
         later: list[tuple[int, Any]] = []  # back into the heap after this wake
         while self._heap and self._heap[0][0] <= now and len(due) < MAX_BATCH:
             _, _, item = heapq.heappop(self._heap)
-            if isinstance(item, Firing):
+            if isinstance(item, _Deferred):
+                if now - item.firing.occurrence_ms > item.firing.entry.max_late_ms:
+                    self._ranked.pop(item.firing.id, None)
+                    self.decide(item.firing, "delegated")  # left to others; missed if not
+                else:
+                    due.append(item.firing)
+            elif isinstance(item, Firing):
                 if now - item.occurrence_ms > item.entry.max_late_ms:
                     self.decide(item, "late")
                 else:
@@ -426,6 +506,50 @@ class Scheduler:
             self._push(at_ms, item)
         return due
 
+    def _drop_paused(self, due: list[Firing], now: int) -> list[Firing]:
+        """Decide the firings of paused entries ``paused``: not claimed, not missed."""
+        if not self.board.controls:
+            return due
+        kept = []
+        for firing in due:
+            if self.board.paused(firing.entry.name, now) is None:
+                kept.append(firing)
+            else:
+                self.decide(firing, "paused")
+        return kept
+
+    def _take_run_now(self, now: int) -> None:
+        """Queue a manual firing of each run-now request the board read: claimed like
+        any other, so exactly one node sends it."""
+        for control in self.board.take_run_now():
+            entry = self._entries.get(control.entry)
+            if entry is None:
+                logger.warning(
+                    "run-now of entry %s by %s on %s ignored: this node's schedule has no "
+                    "such entry",
+                    shown(control.entry),
+                    shown(control.by),
+                    shown(control.host),
+                )
+                continue
+            tenants: tuple[str | None, ...] = (
+                (control.tenant,)
+                if control.tenant is not None or entry.tenants is None
+                else (self._tenants_of(entry) or ())
+            )
+            for tenant in tenants:
+                address = self.schedule.address(entry, tenant)
+                scheduled = Firing.of(entry, tenant, address, control.at_ms)
+                self._push(now, manual_firing(scheduled, control.request))
+            logger.info(
+                "run-now of entry %s (tenant %s) by %s on %s: %d manual firing(s) queued",
+                shown(entry.name),
+                shown(control.tenant),
+                shown(control.by),
+                shown(control.host),
+                len(tenants),
+            )
+
     def _take_fan_out(
         self, fan: FanOut, now: int, due: list[Firing], later: list[tuple[int, Any]]
     ) -> None:
@@ -440,7 +564,7 @@ class Scheduler:
                 return
         due.extend(fan.take(now, MAX_BATCH - len(due)))
         if fan.remaining:
-            self._push(fan.next_release_ms(), fan)
+            self._push(max(fan.next_release_ms(), now + FAN_OUT_STEP_MS), fan)
 
     def _drop_late(self, entry: Entry, occurrence: int, count: int) -> None:
         """Count the firings of a fan-out occurrence dropped whole as late, in one step:
@@ -489,24 +613,48 @@ class Scheduler:
     def was_held(self, firing: Firing) -> bool:
         return firing.id in self._held
 
-    def decide(self, firing: Firing, outcome: str) -> None:
-        """Record this node's final decision for ``firing``."""
+    def decide(self, firing: Firing, outcome: str, *, recorded: bool = False) -> None:
+        """Record this node's final decision for ``firing``; ``recorded`` when its history
+        note was written with the store call that decided it."""
         self._open.pop(firing.id, None)
         now = self.now_ms()
         self._count(firing, outcome, now)
+        self._settle(firing, outcome)
         if outcome == "held":
             self._recheck_held(firing, now)
         else:
             self._held.discard(firing.id)
-        self._report(Decision(firing, outcome, self.node, now - firing.release_ms))
+        coalesced = self._coalesced.pop(firing.id, None) if outcome != "held" else None
+        decision = Decision(firing, outcome, self.node, now - firing.release_ms)
+        self._report(decision, coalesced, recorded=recorded)
+
+    def history(self, firing: Firing, outcome: str) -> Note | None:
+        """The history note of this node's ``outcome`` for ``firing``, written with the
+        commit that makes it so (the two-phase path)."""
+        if outcome not in HISTORY_OUTCOMES:
+            return None
+        now = self.now_ms()
+        decision = Decision(firing, outcome, self.node, now - firing.release_ms)
+        coalesced = self._coalesced.get(firing.id) if outcome in SENT else None
+        return self.board.history_note(firing.address, HistoryItem.of(decision, coalesced))
+
+    def history_template(self, firing: Firing) -> Note | None:
+        """The history note of ``firing`` for the atomic path's claim script to complete."""
+        return self.board.history_template(firing, self.now_ms(), self._coalesced.get(firing.id))
 
     def retry(self, firing: Firing, outcome: str) -> None:
         """``firing`` was not enqueued: count why, and try it again soon, until late."""
         self._open.pop(firing.id, None)
         now = self.now_ms()
         self._count(firing, outcome, now)
+        self._settle(firing, outcome)
         self._push(now + RETRY_MS, firing)
         self._report(Decision(firing, outcome, self.node, now - firing.release_ms))
+
+    def _settle(self, firing: Firing, outcome: str) -> None:
+        if self.preference.enabled and not firing.manual:
+            late_ms = firing.occurrence_ms + firing.entry.max_late_ms
+            self.preference.decided(firing.id, firing.release_ms, late_ms, outcome)
 
     def _count(self, firing: Firing, outcome: str, now: int) -> None:
         stats = self.stats[firing.entry.name]
@@ -569,8 +717,16 @@ class Scheduler:
             self.stats[entry.name].foreign,
         )
 
-    def _report(self, decision: Decision) -> None:
+    def _report(
+        self,
+        decision: Decision,
+        coalesced: tuple[int, int] | None = None,
+        *,
+        recorded: bool = False,
+    ) -> None:
         self._decisions.append(decision)
+        if not recorded:
+            self.board.record(decision, coalesced)
         firing = decision.firing
         # Every decision is one DEBUG line of its own logger, so that an operator can turn
         # them on alone; INFO has one summary per minute, and what needs acting on is a
@@ -604,12 +760,7 @@ class Scheduler:
             )
 
     def _may_warn(self, kind: str, every_ms: int) -> bool:
-        now = self.now_ms()
-        last = self._errors_warned.get(kind)
-        if last is not None and 0 <= now - last < every_ms:
-            return False
-        self._errors_warned[kind] = now
-        return True
+        return self._warned.allows(kind, every_ms, self.now_ms())
 
     def _log_summary(self, now: int) -> None:
         if self._summary_ms is None:
@@ -642,14 +793,25 @@ class Scheduler:
             shown(self.schedule.namespace),
             shown(repr(self.dispatcher), quoted=False),
         )
-        while not self._stop.is_set():
-            try:
-                self.tick()
-            except Exception:
-                if self._may_warn("tick", 300_000):
-                    logger.exception("scheduler wake failed; the loop goes on")
-            self._stop.wait(self.sleep_s())
+        try:
+            while not self._stop.is_set():
+                try:
+                    self.tick()
+                except Exception:
+                    if self._may_warn("tick", 300_000):
+                        logger.exception("scheduler wake failed; the loop goes on")
+                self.board.start()  # after the first wake, so the first record shows it
+                self._stop.wait(self.sleep_s())
+        finally:
+            self.board.stop(timeout=5)
         logger.info("node %s stopped", shown(self.node, quoted=False))
+
+    def loop_alive(self) -> bool:
+        """Whether the loop runs: its thread is alive, or (driven by another loop's
+        :meth:`tick`, as under ``celery beat``) it was not stopped."""
+        if self._thread is not None:
+            return self._thread.is_alive()
+        return not self._stop.is_set()
 
     def sleep_s(self, cap_s: float = MAX_SLEEP_MS / 1_000) -> float:
         """Seconds until the next wake: never past the next release, never over ``cap_s``
@@ -672,3 +834,4 @@ class Scheduler:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        self.board.stop(timeout)

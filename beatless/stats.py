@@ -49,6 +49,8 @@ _COUNTERS = {
     "skipped_overlap": "skipped_overlap",
     "clock_skew": "skipped_clock",
     "missed": "missed",
+    "paused": "paused",
+    "delegated": "delegated",
     "enqueue_failed": "enqueue_failures",
     "stale_claim": "stale_claims",
     "unavailable": "store_unavailable",
@@ -76,9 +78,17 @@ class EntryStats:
     """Firings not enqueued because a run of their address was in progress (overlap
     ``skip``)."""
     skipped_clock: int = 0
-    missed: int = 0
+    delegated: int = 0
+    """Firings left to the node preferred for them, which showed it dealt with them (or
+    which went late while left to it: then the fleet's missed sweep judges them)."""
+    catch_up_skipped: int = 0
     """Firings of occurrences before the node's start that its catch-up policy left
     unclaimed (``latest``: coalesced into the last one; ``none``: all of them)."""
+    missed: int = 0
+    """Firings no node claimed in time, found by this node's sweep of the history and
+    counted by this node alone in the fleet (:mod:`beatless._missed`)."""
+    paused: int = 0
+    """Firings not claimed because an operator paused the entry (``beatless pause``)."""
     enqueue_failures: int = 0
     stale_claims: int = 0
     store_unavailable: int = 0
@@ -99,6 +109,7 @@ class EntryStats:
         return {
             **counters,
             "takeovers": self.takeovers,
+            "catch_up_skipped": self.catch_up_skipped,
             "lateness_p50_ms": self.lateness.percentile(50),
             "lateness_p99_ms": self.lateness.percentile(99),
             "lateness_max_ms": self.lateness.max_ms,

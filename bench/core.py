@@ -42,7 +42,7 @@ from cronsim import CronSim
 
 from beatless import Cron, Entry, Schedule
 from beatless.scheduler import Decision, Scheduler
-from beatless.stores.base import ClaimRequest, Outcome
+from beatless.stores.base import ClaimRequest, Note, Outcome
 from beatless.stores.memory import MemoryStore
 
 NAMESPACE = "bench"
@@ -134,9 +134,9 @@ class CountingStore(MemoryStore):
         self.claim_calls += 1
         return super().claim(requests, node=node, lease_ms=lease_ms)
 
-    def commit(self, ids: Sequence[str], *, node: str) -> list[bool]:
+    def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
         self.commit_calls += 1
-        return super().commit(ids, node=node)
+        return super().commit(ids, node=node, notes=notes)
 
 
 @dataclass

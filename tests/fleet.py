@@ -106,12 +106,23 @@ class Run:
     squatted: list[str] = field(default_factory=list)
 
 
+def wait_for_a_win(path: Path, deadline: float) -> None:
+    """Until the node writing ``path`` has won a firing, or ``deadline``: on a loaded
+    machine a node can start late and win nothing in its first seconds, and a kill before
+    its first win would test nothing."""
+    while time.time() < deadline:
+        if path.exists() and path.read_text().strip():
+            return
+        time.sleep(0.2)
+
+
 def kill_one_of_three(
     url: str, out_dir: Path, *, seconds: float, kill_at_s: float, victim: int = 2, squatter: bool
 ) -> Run:
     """Three nodes for ``seconds``; node ``victim`` killed with SIGKILL ``kill_at_s``
-    after the start; with ``squatter``, a squatter claiming firings due 5 s after the
-    start, killed at once. Every process is reaped or killed, pass or fail."""
+    after the start (later if it has not won a firing yet, 20 s at most); with
+    ``squatter``, a squatter claiming firings due 5 s after the start, killed at once.
+    Every process is reaped or killed, pass or fail."""
     started = time.time()
     processes = start_nodes(url, out_dir, 3, seconds)
     squatting: subprocess.Popen[str] | None = None
@@ -121,6 +132,7 @@ def kill_one_of_three(
             squatting, squatted = squat(url, int(time.time()) + 5)
             os.kill(squatting.pid, signal.SIGKILL)
         time.sleep(max(0.0, started + kill_at_s - time.time()))
+        wait_for_a_win(out_dir / f"node{victim}.jsonl", deadline=time.time() + 20)
         os.kill(processes[victim].pid, signal.SIGKILL)
         killed_at = time.time()
         reap(processes, seconds + 30)

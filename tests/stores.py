@@ -108,6 +108,12 @@ def _redis(_tmp: Path, _clock: ManualClock) -> Opener:
     return lambda: _RedisTestStore(f"redis://{REDIS[1]}:{REDIS[2]}/0", prefix=prefix)
 
 
+def _redis_cluster(_tmp: Path, _clock: ManualClock) -> Opener:
+    from redis_cluster import cluster_opener  # starts the test cluster at its first use
+
+    return cluster_opener()
+
+
 POSTGRES = ("PostgreSQL", "127.0.0.1", 5432)
 POSTGRES_URL = f"postgresql://{POSTGRES[1]}:{POSTGRES[2]}/test"
 
@@ -153,6 +159,7 @@ def delete_nats_bucket(bucket: str) -> None:
         client = await nats.connect(NATS_URL, max_reconnect_attempts=1)
         try:
             await client.request(f"$JS.API.STREAM.DELETE.KV_{bucket}", b"", timeout=5)
+            await client.request(f"$JS.API.STREAM.DELETE.NOTES_{bucket}", b"", timeout=5)
         finally:
             await client.close()
 
@@ -211,7 +218,7 @@ def _rabbitmq(_tmp: Path, _clock: ManualClock) -> Opener:
 
         def close(self) -> None:
             super().close()
-            queues = [f"{prefix}c.{id_}" for id_ in claimed] + [f"{prefix}epoch"]
+            queues = [f"{prefix}c.{id_}" for id_ in claimed] + [f"{prefix}epoch", f"{prefix}notes"]
             delete_rabbitmq_names(queues, [f"{prefix}slots"])
 
     return lambda: _RabbitMQTestStore(RABBITMQ_URL, prefix=prefix)
@@ -221,6 +228,7 @@ BACKENDS: list[Backend] = [
     Backend("memory", _memory),
     Backend("sqlite", _sqlite),
     Backend("redis", _redis, server_clock=True, service=REDIS),
+    Backend("redis-cluster", _redis_cluster, server_clock=True),
     Backend("postgres", _postgres, server_clock=True, service=POSTGRES),
     Backend("nats", _nats, server_clock=True, service=NATS),
     Backend("rabbitmq", _rabbitmq, server_clock=True, service=RABBITMQ, sees_foreign=False),

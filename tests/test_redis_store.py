@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import json
 import logging
 import random
 import re
@@ -34,10 +35,11 @@ from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.firing import run_lease_id
 from beatless.runs import NEVER_LATE_MS
 from beatless.stores import ClaimRequest, Outcome, open_store
-from beatless.stores.base import TOLERANCE_MS
+from beatless.stores.base import TOLERANCE_MS, Note
 from beatless.stores.redis import (
     CHUNK,
     EXPIRY_SLACK_MS,
+    NOTE_VERSION,
     PROBE_TTL_MS,
     RedisStore,
     _claim_arg,
@@ -588,15 +590,23 @@ def test_probe_with_a_wrong_password_is_a_store_error_naming_the_password_not_sh
 
 def test_the_scripts_are_package_files_whose_headers_give_keys_and_argv() -> None:
     folder = importlib.resources.files("beatless.stores") / "lua"
-    prelude = (folder / "prelude.lua").read_text("utf-8")
+
+    def read(name: str) -> str:
+        return (folder / name).read_text("utf-8")
+
     store = RedisStore(URL)
-    scripts = {"claim": store._claim, "commit": store._commit, "release": store._release}
-    for name, script in scripts.items():
-        text = (folder / f"{name}.lua").read_text("utf-8")
+    scripts = {
+        "claim": (store._claim, ["prelude.lua", "notes.lua"]),
+        "commit": (store._commit, ["prelude.lua", "notes.lua"]),
+        "release": (store._release, ["prelude.lua"]),
+        "post": (store._post, ["notes.lua"]),
+    }
+    for name, (script, fragments) in scripts.items():
+        text = read(f"{name}.lua")
         header = "\n".join(line for line in text.splitlines() if line.startswith("--"))
         assert "KEYS[" in header
         assert "ARGV[1]" in header
-        assert script.script == prelude + text
+        assert script.script == "".join(read(f) for f in fragments) + text
     store.close()
 
 
@@ -1139,4 +1149,216 @@ def test_a_run_lease_record_it_cannot_read_or_not_pending_holds_nothing_and_is_l
 
     assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
     assert client.get(key) == before
+    store.close()
+
+
+# -- notes written in the claim and commit scripts ------------------------------------------
+
+HISTORY = '{"outcome":"{{outcome}}","at_ms":{{at_ms}},"lateness_ms":{{lateness_ms}}}'
+NOTE_TTL_MS = 600_000
+
+
+def history_kind() -> str:
+    return f"history/{uuid.uuid4().hex[:12]}"
+
+
+def history_note(kind: str, request: ClaimRequest) -> Note:
+    return Note(kind, request.id, HISTORY, NOTE_TTL_MS)
+
+
+def written(client: redis.Redis, store: RedisStore, kind: str) -> dict[str, tuple[int, str]]:
+    """The notes of ``kind`` as Redis holds them: ``{key: (expires_ms, value)}``."""
+    notes = {}
+    for key, record in client.hgetall(store._notes_keys(kind)[0]).items():
+        assert isinstance(key, str)
+        assert isinstance(record, str)
+        version, expires_ms, value = record.split("|", 2)
+        assert version == f"v={NOTE_VERSION}"
+        notes[key] = (int(expires_ms), value)
+    return notes
+
+
+def outcomes_noted(store: RedisStore, kind: str) -> dict[str, str]:
+    return {key: json.loads(v)["outcome"] for key, v in store.read_notes([kind])[kind].items()}
+
+
+def test_claim_and_push_writes_the_note_of_a_firing_won_with_its_placeholders_replaced(
+    client: redis.Redis, prefix: str
+) -> None:
+    queue = f"{prefix}queue"
+    store, other = RedisStore(URL, prefix=prefix), RedisStore(URL, prefix=prefix)
+    history, unwritten = history_kind(), history_kind()
+    now = server_now_ms(client)
+    won = firing(now - 3_000, release_ms=now - 2_000)
+    late, lost, held, unnoted = (
+        firing(now - MAX_LATE_MS - 11_000),
+        firing(now),
+        firing(now),
+        firing(now),
+    )
+    assert other.claim_and_push([lost], [[]], node="b") == [Outcome.WON]
+    assert other.claim([held], node="b", lease_ms=LEASE_MS) == [Outcome.WON]
+    batch = [won, late, lost, held, unnoted]
+    notes: list[Note | None] = [history_note(history, won)]
+    notes += [*(history_note(unwritten, r) for r in (late, lost, held)), None]
+
+    before = server_now_ms(client)
+    outcomes = store.claim_and_push(
+        batch, [[["RPUSH", queue, r.id]] for r in batch], node="a", notes=notes
+    )
+    after = server_now_ms(client)
+
+    assert outcomes == [Outcome.WON, Outcome.LATE, Outcome.LOST, Outcome.HELD, Outcome.WON]
+    ((expires_ms, value),) = written(client, store, history).values()
+    at_ms = json.loads(value)["at_ms"]
+    assert before <= at_ms <= after
+    lateness_ms = at_ms - won.release_ms
+    assert value == f'{{"outcome":"won","at_ms":{at_ms},"lateness_ms":{lateness_ms}}}'
+    assert other.read_notes([history]) == {history: {won.id: value}}
+    assert expires_ms == at_ms + NOTE_TTL_MS
+    # Nothing was written of the kind whose firings were not won, not even its keys.
+    assert client.exists(*store._notes_keys(unwritten)) == 0
+    for s in (store, other):
+        s.close()
+
+
+def test_claim_and_push_notes_a_takeover_and_nothing_while_the_claim_is_held(
+    client: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(URL, prefix=prefix)
+    history = history_kind()
+    request = firing(server_now_ms(client))
+    assert store.claim([request], node="two-phase", lease_ms=50) == [Outcome.WON]
+    push, notes = [[["LPUSH", f"{prefix}queue", "m"]]], [history_note(history, request)]
+
+    assert store.claim_and_push([request], push, node="atomic", notes=notes) == [Outcome.HELD]
+    assert store.read_notes([history]) == {history: {}}
+    time.sleep(0.1)
+    assert store.claim_and_push([request], push, node="atomic", notes=notes) == [Outcome.TAKEOVER]
+
+    assert outcomes_noted(store, history) == {request.id: "takeover"}
+    store.close()
+
+
+def test_claim_and_push_notes_a_firing_skipped_for_overlap_as_skipped(
+    client: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(URL, prefix=prefix)
+    history = history_kind()
+    now = server_now_ms(client)
+    address = f"test/{uuid.uuid4().hex[:8]}"
+    start_run(store, address, now, LEASE_MS * 4)
+    busy, idle = skipping(firing(now, address=address)), skipping(firing(now))
+    notes = [history_note(history, r) for r in (busy, idle)]
+
+    outcomes = store.claim_and_push([busy, idle], [[], []], node="a", notes=notes)
+
+    assert outcomes == [Outcome.OVERLAP, Outcome.WON]
+    assert outcomes_noted(store, history) == {busy.id: "skipped_overlap", idle.id: "won"}
+    store.close()
+
+
+def test_claim_and_push_notes_a_forgotten_firing_and_not_an_early_one(
+    own_redis: PrivateRedis,
+) -> None:
+    store = RedisStore(own_redis.url, prefix="beatless-test:")
+    history = history_kind()
+    sent = firing(store.time_ms())
+    assert store.claim_and_push([sent], [[]], node="a") == [Outcome.WON]
+    own_redis.restart()
+    now = store.time_ms()
+    early = firing(now, release_ms=now + TOLERANCE_MS + 5_000)
+    notes = [history_note(history, r) for r in (sent, early)]
+
+    outcomes = store.claim_and_push([sent, early], [[], []], node="a", notes=notes)
+
+    assert outcomes == [Outcome.FORGOTTEN, Outcome.EARLY]
+    assert outcomes_noted(store, history) == {sent.id: "forgotten"}
+    store.close()
+
+
+def test_notes_of_a_claim_larger_than_a_chunk_are_bounded_by_keep_in_one_round_trip(
+    counting: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(counting, prefix=prefix)
+    store.claim([firing(int(time.time() * 1_000))], node="a", lease_ms=LEASE_MS)  # warm up
+    history = history_kind()
+    store.post([Note(history, "old", "kept: it expires last", 2 * NOTE_TTL_MS)])
+    batch = [firing(int(time.time() * 1_000)) for _ in range(CHUNK + 2)]
+    notes = [
+        Note(history, r.id, "{{outcome}} {{unknown}} 100%", NOTE_TTL_MS + i, keep=3)
+        for i, r in enumerate(batch)
+    ]
+
+    CountingConnection.sends.clear()
+    outcomes = store.claim_and_push(batch, [[]] * len(batch), node="a", notes=notes)
+
+    assert CountingConnection.sends == [["EVALSHA", "EVALSHA"]]
+    assert outcomes == [Outcome.WON] * len(batch)
+    # Each script bounds the kind after its own notes: those that expire last are left.
+    left = {r.id: "won {{unknown}} 100%" for r in batch[-2:]}
+    assert store.read_notes([history]) == {history: {"old": "kept: it expires last", **left}}
+    store.close()
+
+
+def test_notes_add_keys_and_arguments_to_the_claim_script_only_when_given(
+    client: redis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = RedisStore(URL, prefix=prefix)
+    sent: list[tuple[list[str], list[str | int]]] = []
+    run = store._run
+
+    def spy(script: Any, calls: list[tuple[list[str], list[str | int]]]) -> list[Any]:
+        sent.extend(calls)
+        return run(script, calls)
+
+    monkeypatch.setattr(store, "_run", spy)
+    history = history_kind()
+    now = server_now_ms(client)
+    plain, noted = [firing(now), firing(now)], [firing(now), firing(now)]
+    with pytest.raises(ValueError, match="one note"):
+        store.claim_and_push(plain, [[], []], node="a", notes=[None])
+
+    store.claim_and_push(plain, [[], []], node="a")
+    store.claim_and_push(noted, [[], []], node="a", notes=[None, history_note(history, noted[1])])
+
+    (plain_keys, plain_args), (noted_keys, noted_args) = sent
+    head = [f"{prefix}last", f"{prefix}epoch"]
+    assert plain_keys == head + [f"{prefix}claim:{r.id}" for r in plain]
+    assert len(plain_args) == 12 + 2 * len(plain)
+    claims = [f"{prefix}claim:{r.id}" for r in noted]
+    assert noted_keys == head + claims + list(store._notes_keys(history))
+    # The note version, one kind, then per request: none, and kind 1's note.
+    none, second = ["", "", ""], [f"1|{NOTE_TTL_MS}|0", noted[1].id, HISTORY]
+    assert noted_args[12 + 2 * len(noted) :] == [NOTE_VERSION, 1, *none, *second]
+    store.close()
+
+
+def test_a_commit_larger_than_a_chunk_sends_its_notes_with_its_first_script_in_one_round_trip(
+    counting: redis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = RedisStore(counting, prefix=prefix)
+    store.commit(["warm-up"], node="a")
+    history = history_kind()
+    batch = [firing(int(time.time() * 1_000)) for _ in range(CHUNK + 1)]
+    assert store.claim(batch, node="a", lease_ms=LEASE_MS) == [Outcome.WON] * len(batch)
+    sent: list[tuple[list[str], list[str | int]]] = []
+    run = store._run
+
+    def spy(script: Any, calls: list[tuple[list[str], list[str | int]]]) -> list[Any]:
+        sent.extend(calls)
+        return run(script, calls)
+
+    monkeypatch.setattr(store, "_run", spy)
+    notes = [Note(history, r.id, "sent", NOTE_TTL_MS) for r in batch]
+
+    CountingConnection.sends.clear()
+    kept = store.commit([r.id for r in batch], node="a", notes=notes)
+
+    assert CountingConnection.sends == [["EVALSHA", "EVALSHA"]]
+    assert kept == [True] * len(batch)
+    (first_keys, _), (then_keys, _) = sent
+    assert first_keys[-2:] == list(store._notes_keys(history))
+    assert then_keys == [f"{prefix}epoch", f"{prefix}claim:{batch[-1].id}"]
+    assert store.read_notes([history]) == {history: {r.id: "sent" for r in batch}}
     store.close()

@@ -25,6 +25,7 @@ from beatless.errors import StoreUnavailable
 from beatless.firing import Firing, executed_id, firing_id, run_lease_id
 from beatless.runs import RunPolicy, Runs
 from beatless.stores import ClaimRequest, ClaimStore, MemoryStore, Outcome
+from beatless.stores.base import Note
 from beatless.stores.sqlite import SQLiteStore
 from beatless.triggers import Every
 
@@ -342,10 +343,16 @@ class Unreachable(ClaimStore):
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
         raise self._fail()
 
-    def commit(self, ids: Sequence[str], *, node: str) -> list[bool]:
+    def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
         raise self._fail()
 
     def release(self, ids: Sequence[str], *, node: str) -> None:
+        raise self._fail()
+
+    def post(self, notes: Sequence[Note]) -> None:
+        raise self._fail()
+
+    def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
         raise self._fail()
 
 

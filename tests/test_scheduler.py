@@ -538,21 +538,21 @@ def test_catch_up_latest_claims_one_occurrence_per_address_and_counts_the_rest()
     for name, every in (("one", 1), ("two", 2)):
         latest = [f.occurrence_ms for f in sent if f.entry.name == name]
         assert latest == before_start(node, every)[-1:]
-        assert node.stats[name].missed == len(before_start(node, every)) - 1
+        assert node.stats[name].catch_up_skipped == len(before_start(node, every)) - 1
     # The fan-out's latest occurrence: every tenant's firing, each at its offset.
     fan = [f for f in sent if f.entry.name == "fan"]
     assert {f.occurrence_ms for f in fan} == set(before_start(node, 5)[-1:])
-    assert node.stats["fan"].missed == (len(before_start(node, 5)) - 1) * 5
+    assert node.stats["fan"].catch_up_skipped == (len(before_start(node, 5)) - 1) * 5
 
 
 def test_catch_up_all_claims_every_occurrence_within_max_late_and_none_claims_none() -> None:
     sent_all, node_all = catch_up_run("all")
     assert len([f for f in sent_all if f.entry.name == "one"]) == len(before_start(node_all, 1))
-    assert sum(s.missed for s in node_all.stats.values()) == 0
+    assert sum(s.catch_up_skipped for s in node_all.stats.values()) == 0
     sent_none, node_none = catch_up_run("none")
     assert sent_none == []
-    assert node_none.stats["one"].missed == len(before_start(node_none, 1))
-    assert node_none.stats["fan"].missed == len(before_start(node_none, 5)) * 5
+    assert node_none.stats["one"].catch_up_skipped == len(before_start(node_none, 1))
+    assert node_none.stats["fan"].catch_up_skipped == len(before_start(node_none, 5)) * 5
 
 
 def test_catch_up_policy_leaves_the_occurrences_after_the_start_alone() -> None:

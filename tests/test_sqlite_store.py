@@ -22,7 +22,7 @@ import beatless.stores.sqlite as sqlite_module
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.firing import run_lease_id
 from beatless.stores import ClaimRequest, Outcome, open_store
-from beatless.stores.base import TOLERANCE_MS
+from beatless.stores.base import TOLERANCE_MS, Note
 from beatless.stores.sqlite import SCHEMA_VERSION, SQLiteStore
 
 MEMORY_MS = 80_000
@@ -231,6 +231,44 @@ def test_a_file_made_before_task_tags_gains_the_column_and_keeps_its_claims(
     assert store.claim([request("z", now, tag="ab")], node="new", lease_ms=1_000) == [Outcome.WON]
     assert _row(path, "z")[-1] == "ab"
     assert meta(path, "version") == "1"
+    store.close()
+
+
+def test_a_file_made_before_notes_gains_the_table_and_keeps_its_claims(
+    path: Path, clock: ManualClock
+) -> None:
+    with SQLiteStore(path, clock=clock) as store:
+        store.claim([request("x", clock.now_ms())], node="a", lease_ms=60_000)
+    # What a beatless without notes left: the same file, no notes table.
+    with sqlite3.connect(path) as raw:
+        raw.execute("DROP TABLE notes")
+    raw.close()
+
+    with SQLiteStore(path, clock=clock) as store:
+        assert store.claim([request("x", clock.now_ms())], node="b", lease_ms=1_000) == [
+            Outcome.HELD
+        ]
+        store.post([Note("nodes", "b", "up", 60_000)])
+        assert store.read_notes(["nodes"]) == {"nodes": {"b": "up"}}
+    assert meta(path, "version") == "1"
+
+
+def test_a_commit_whose_notes_cannot_be_written_commits_nothing(
+    path: Path, clock: ManualClock
+) -> None:
+    store = SQLiteStore(path, clock=clock)
+    now = clock.now_ms()
+    store.claim([request("x", now), request("y", now)], node="a", lease_ms=60_000)
+    with sqlite3.connect(path) as raw:
+        raw.execute("DROP TABLE notes")
+    raw.close()
+    history = [Note("history", "x", "sent", 60_000)]
+
+    with pytest.raises(StoreError, match="notes"):
+        store.commit(["x"], node="a", notes=history)
+
+    assert _row(path, "x")[4] == 0  # still pending: the commit went with its notes
+    assert store.commit(["y"], node="a") == [True]  # without notes it never reads the table
     store.close()
 
 

@@ -43,7 +43,7 @@ from beatless.runs import NEVER_LATE_MS, RUN_RECORD_MEMORY_MS
 from beatless.scheduler import Scheduler
 from beatless.stores import ClaimRequest, Outcome, open_store
 from beatless.stores._jetstream import BucketInfo, bucket_info, parse_stamp_ms
-from beatless.stores.base import TOLERANCE_MS
+from beatless.stores.base import TOLERANCE_MS, Note
 from beatless.stores.nats import DEFAULT_TTL, NATSStore
 
 MAX_LATE_MS = 60_000
@@ -639,15 +639,45 @@ def test_close_closes_the_connection_and_the_thread_and_a_closed_store_refuses_c
     store: NATSStore,
 ) -> None:
     store.time_ms()
-    link = store._link
-    assert link.alive()
+    store.read_notes(["k"])
+    links = [store._link, store._notes_link]
+    assert all(link.alive() for link in links)
 
     store.close()
     store.close()
 
-    assert not link.alive()
+    assert not any(link.alive() for link in links)
     with pytest.raises(StoreError, match="closed"):
         store.time_ms()
+
+
+def test_claims_and_commits_never_wait_for_a_notes_read(store: NATSStore) -> None:
+    """A read of many notes (or one on a slow server) has a connection and a lock of its
+    own, so a claim whose lease is running is not held up by it: a commit that waited
+    past the lease would be refused, and another node could send the firing again. Here
+    a read is made to take 2 s."""
+    store.post([Note("k", "n", "v", 60_000)])
+    reading = threading.Event()
+    read_kind = store._read_kind
+
+    async def slow_read_kind(stream: Any, kind: str) -> dict[str, str]:
+        reading.set()
+        await asyncio.sleep(2)
+        return await read_kind(stream, kind)
+
+    store._read_kind = slow_read_kind  # type: ignore[method-assign]
+    reader = threading.Thread(target=store.read_notes, args=(["k"],))
+    reader.start()
+    assert reading.wait(10)
+    began = time.monotonic()
+    request = firing(now_ms())
+    (outcome,) = store.claim([request], node="a", lease_ms=5_000)
+    assert outcome is Outcome.WON
+    assert store.commit([request.id], node="a") == [True]
+    took = time.monotonic() - began
+    reader.join(10)
+
+    assert took < 1.0, f"claim and commit took {took:.2f}s behind a notes read"
 
 
 # -- URLs and options ---------------------------------------------------------------------

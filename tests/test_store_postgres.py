@@ -36,7 +36,7 @@ from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.firing import run_lease_id
 from beatless.runs import NEVER_LATE_MS, RUN_RECORD_MEMORY_MS
 from beatless.stores import ClaimRequest, Outcome, open_store
-from beatless.stores.base import TOLERANCE_MS
+from beatless.stores.base import TOLERANCE_MS, Note
 from beatless.stores.postgres import CHUNK, SCHEMA_VERSION, SWEEP_MIN, PostgresStore
 
 MAX_LATE_MS = 60_000
@@ -306,11 +306,11 @@ def test_the_first_call_creates_the_schema_with_its_version_and_functions(
         " WHERE n.nspname = %s ORDER BY 1",
         (schema,),
     ).fetchall()
-    assert [n for (n,) in names] == ["claim_v2", "commit_v1", "release_v1"]
+    assert [n for (n,) in names] == ["claim_v2", "commit_v1", "post_v1", "release_v1"]
     tables = conn.execute(
         "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", (schema,)
     ).fetchall()
-    assert [t for (t,) in tables] == ["claims", "epochs", "version"]
+    assert [t for (t,) in tables] == ["claims", "epochs", "notes", "version"]
     store.close()
 
 
@@ -359,7 +359,32 @@ def test_a_version_1_schema_is_brought_up_in_place_keeping_its_claims_epoch_and_
         " WHERE n.nspname = %s ORDER BY 1",
         (schema,),
     ).fetchall()
-    assert [n for (n,) in names] == ["claim_v1", "claim_v2", "commit_v1", "release_v1"]
+    assert [n for (n,) in names] == ["claim_v1", "claim_v2", "commit_v1", "post_v1", "release_v1"]
+    new.close()
+
+
+def test_a_version_2_schema_made_before_notes_gains_them_in_place_keeping_its_claims(
+    conn: psycopg.Connection[Any], schema: str
+) -> None:
+    old = PostgresStore(url_of(schema))
+    request = firing(server_now_ms(conn))
+    assert old.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    assert old.commit([request.id], node="a") == [True]
+    old.close()
+    # What a beatless without notes left: version 2, no notes table and no post_v1.
+    execute(conn, schema, "DROP TABLE {s}.notes")
+    execute(conn, schema, "DROP FUNCTION {s}.post_v1")
+
+    new = PostgresStore(url_of(schema))
+    assert new.claim([request], node="b", lease_ms=LEASE_MS) == [Outcome.LOST]
+    new.post([Note("nodes", "b", "up", 60_000)])
+
+    assert new.read_notes(["nodes"]) == {"nodes": {"b": "up"}}
+    assert new.epoch == old.epoch
+    row = conn.execute(
+        sql.SQL("SELECT version FROM {}.version").format(sql.Identifier(schema))
+    ).fetchone()
+    assert row == (SCHEMA_VERSION,) == (2,)
     new.close()
 
 
@@ -660,6 +685,53 @@ def test_a_batch_of_claims_commits_or_releases_is_one_statement_each(
     assert len(counting.sent) == 3
     store.close()
     assert not counting.closed
+
+
+def test_a_commit_with_notes_is_one_statement_and_without_them_the_plain_commit(
+    counting: CountingConnection, schema: str
+) -> None:
+    store = PostgresStore(counting, schema=schema)
+    store.probe()
+    now = store.time_ms()
+    requests = [firing(now) for _ in range(3)]
+    store.claim(requests, node="a", lease_ms=LEASE_MS)
+    counting.sent.clear()
+
+    notes = [Note("history", r.id, "sent", 60_000, keep=10) for r in requests[:2]]
+    assert store.commit([r.id for r in requests[:2]], node="a", notes=notes) == [True, True]
+    assert store.commit([requests[2].id], node="a", notes=()) == [True]
+    assert store.commit([requests[2].id], node="a") == [True]
+
+    assert len(counting.sent) == 3
+    assert counting.sent[0] != counting.sent[1] == counting.sent[2]
+    assert store.read_notes(["history"]) == {"history": {r.id: "sent" for r in requests[:2]}}
+    store.close()
+
+
+def test_a_commit_whose_notes_cannot_be_written_commits_nothing(
+    conn: psycopg.Connection[Any], schema: str
+) -> None:
+    store = PostgresStore(url_of(schema, timeout="0.5s"))
+    request = firing(server_now_ms(conn))
+    assert store.claim([request], node="a", lease_ms=60_000) == [Outcome.WON]
+    store.post([Note("history", request.id, "claimed", 60_000)])
+    history = [Note("history", request.id, "sent", 60_000)]
+
+    # Another session holds the note's row, so the commit's notes wait past the timeout.
+    with conn.transaction():
+        execute(conn, schema, "SELECT FROM {s}.notes FOR UPDATE")
+        with pytest.raises(StoreUnavailable):
+            store.commit([request.id], node="a", notes=history)
+
+    committed = conn.execute(
+        sql.SQL("SELECT committed FROM {}.claims WHERE id = %s").format(sql.Identifier(schema)),
+        (request.id,),
+    ).fetchone()
+    assert committed == (False,)
+    assert store.read_notes(["history"]) == {"history": {request.id: "claimed"}}
+    assert store.commit([request.id], node="a", notes=history) == [True]
+    assert store.read_notes(["history"]) == {"history": {request.id: "sent"}}
+    store.close()
 
 
 def test_a_batch_larger_than_a_chunk_is_claimed_in_several_calls_in_order(

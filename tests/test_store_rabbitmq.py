@@ -33,7 +33,7 @@ from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.firing import executed_id, run_lease_id
 from beatless.runs import NEVER_LATE_MS, RUN_RECORD_MEMORY_MS
 from beatless.stores import ClaimRequest, Outcome, open_store
-from beatless.stores.base import TOLERANCE_MS
+from beatless.stores.base import TOLERANCE_MS, Note
 from beatless.stores.rabbitmq import RabbitMQStore
 
 ROOT = Path(__file__).parent.parent
@@ -66,7 +66,8 @@ class Namespace:
 
     def forget_everything(self) -> None:
         """What a broker that lost its definitions looks like to this namespace."""
-        queues = [f"{self.prefix}c.{i}" for i in self.ids] + [f"{self.prefix}epoch"]
+        queues = [f"{self.prefix}c.{i}" for i in self.ids]
+        queues += [f"{self.prefix}epoch", f"{self.prefix}notes"]
         delete_rabbitmq_names(queues, [f"{self.prefix}slots"])
 
     def cleanup(self) -> None:
@@ -126,6 +127,88 @@ def test_a_message_got_and_not_acknowledged_leaves_a_full_slot_open_to_another_p
         assert counts[-1] == 2, counts
     finally:
         channel.queue_delete(queue)
+
+
+def test_a_consumer_holding_the_claim_is_counted_by_a_passive_declare(
+    channel: pika.adapters.blocking_connection.BlockingChannel,
+) -> None:
+    # What a renewal rests on: while its old claim is out of the slot, held by a
+    # consumer, a claimant's passive declare counts that consumer.
+    queue = f"beatless-test.{uuid.uuid4().hex}"
+    channel.queue_declare(queue, arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    try:
+        channel.basic_publish("", queue, b"first")
+        channel.basic_qos(prefetch_count=1)
+        got: list[bytes] = []
+        channel.basic_consume(queue, lambda _ch, _m, _p, body: got.append(body))
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            channel.connection.process_data_events(time_limit=0.05)
+        declared = channel.queue_declare(queue, passive=True).method
+        assert (got, declared.message_count, declared.consumer_count) == ([b"first"], 0, 1)
+    finally:
+        channel.queue_delete(queue)
+
+
+# -- renewals ----------------------------------------------------------------------------------
+
+
+def test_a_claim_published_while_the_holder_renews_is_taken_back_and_held(
+    ns: Namespace, channel: pika.adapters.blocking_connection.BlockingChannel
+) -> None:
+    # The renewal's gap, held open: a consumer (as a renewal has) has the claim out of
+    # the slot, so the slot takes the next publish. The claimant must not win.
+    a, b = ns.store(), ns.store()
+    request = ns.firing()
+    assert one(a, request, "a", lease_ms=5_000) is Outcome.WON
+    slot = f"{ns.prefix}c.{request.id}"
+    channel.basic_qos(prefetch_count=1)
+    got: list[int] = []
+    tag = channel.basic_consume(slot, lambda _ch, m, _p, _b: got.append(m.delivery_tag))
+    deadline = time.monotonic() + 5
+    while not got and time.monotonic() < deadline:
+        channel.connection.process_data_events(time_limit=0.05)
+    assert got, "the claim was not delivered to the consumer"
+
+    assert one(b, request, "b") is Outcome.HELD
+    assert channel.queue_declare(slot, passive=True).method.message_count == 0  # taken back
+
+    channel.basic_cancel(tag)
+    channel.basic_nack(got[0], requeue=True)  # the renewal gave up: its claim is back
+    assert one(b, request, "b") is Outcome.HELD
+    assert one(a, request, "a", lease_ms=5_000) is Outcome.WON  # a renewal
+
+
+def test_claims_racing_a_renewing_holder_never_win_and_every_renewal_does(ns: Namespace) -> None:
+    # A holder renews its claim back to back (a run lease's heartbeat, made fast), while
+    # two other nodes claim the same firing as fast as they can: each of their claims that
+    # lands in a renewal's gap must be taken back. Counts every outcome.
+    holder, rivals = ns.store(), [ns.store(), ns.store()]
+    request = ns.firing()
+    assert one(holder, request, "holder", lease_ms=2_000) is Outcome.WON
+    stop = threading.Event()
+    seen: dict[str, list[Outcome]] = {"holder": [], "rival-0": [], "rival-1": []}
+
+    def rival(i: int) -> None:
+        while not stop.is_set():
+            seen[f"rival-{i}"].append(one(rivals[i], request, f"rival-{i}", lease_ms=2_000))
+
+    threads = [threading.Thread(target=rival, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        end = time.monotonic() + 3.0
+        while time.monotonic() < end:
+            seen["holder"].append(one(holder, request, "holder", lease_ms=2_000))
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=10)
+    renewals, claims = seen["holder"], seen["rival-0"] + seen["rival-1"]
+    assert min(len(renewals), len(claims)) >= 20, (len(renewals), len(claims))
+    assert set(renewals) == {Outcome.WON}, renewals
+    assert set(claims) == {Outcome.HELD}, claims
+    assert holder.commit([request.id], node="holder") == [True]
 
 
 # -- outcomes the contract suite does not reach ---------------------------------------------
@@ -355,7 +438,7 @@ def test_run_records_renew_hold_commit_and_release_as_claims_with_leases_of_seco
 def test_the_store_does_not_check_run_leases_and_never_answers_overlap(ns: Namespace) -> None:
     worker, store = ns.store(), ns.store()
     assert store.checks_overlap is False
-    assert store.holds_run_leases is False
+    assert store.holds_run_leases is True  # renewed without a gap: the workers enforce it
     request = ns.firing()
     run = record(ns, run_lease_id(request.address), request.address)
     assert one(worker, run, "worker", 60_000) is Outcome.WON
@@ -497,3 +580,31 @@ def test_three_node_processes_with_one_killed_win_every_occurrence_exactly_once(
     ns.ids.update(run.squatted)
     ns.ids.update(str(f["id"]) for f in run.firings)
     assert_the_kill_was_survived(run)
+
+
+def test_claims_and_commits_never_wait_for_a_notes_read(ns: Namespace) -> None:
+    """A read of the notes stream can wait (a first read of a long stream, a stream being
+    created): it has a connection and a lock of its own, so a claim whose lease is running
+    is not held up by it. Here a read is made to take 2 s."""
+    store = ns.store()
+    store.post([Note("k", "n", "v", 60_000)])
+    reading = threading.Event()
+    slow_catch_up = store._catch_up
+
+    def catch_up() -> bool:
+        reading.set()
+        time.sleep(2)
+        return slow_catch_up()
+
+    store._catch_up = catch_up  # type: ignore[method-assign]
+    reader = threading.Thread(target=store.read_notes, args=(["k"],))
+    reader.start()
+    assert reading.wait(10)
+    began = time.monotonic()
+    request = ns.firing()
+    assert one(store, request, "a") is Outcome.WON
+    assert store.commit([request.id], node="a") == [True]
+    took = time.monotonic() - began
+    reader.join(10)
+
+    assert took < 1.0, f"claim and commit took {took:.2f}s behind a notes read"

@@ -8,12 +8,15 @@
 * In a task: ``beatless.celery.occurrence(self.request)`` is the nominal occurrence;
   ``beatless.celery.task_firing_id(self.request)`` the firing id, which is the task id.
 * Before a deploy: ``beatless check --celery proj.celery:app`` (:func:`check_app`).
+* In production: ``celery -A proj beatless status`` (the fleet, from the claim store) and
+  ``celery -A proj inspect beatless`` (each worker's scheduler, over remote control).
 
 Importing this module imports Celery, never a broker driver.
 """
 
 from __future__ import annotations
 
+from beatless.celery import control  # noqa: F401 - registers `celery inspect beatless`
 from beatless.celery.beat import BeatScheduler, Scheduler
 from beatless.celery.messages import occurrence, task_firing_id, tenant
 from beatless.celery.schedule import (

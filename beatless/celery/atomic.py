@@ -16,7 +16,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from beatless._logtext import shown
-from beatless.dispatch import DEFAULT_LEASE, Dispatcher, TwoPhase, Wake, decide_claimed
+from beatless.dispatch import (
+    DEFAULT_LEASE,
+    RECORDED,
+    Dispatcher,
+    TwoPhase,
+    Wake,
+    decide_claimed,
+)
 from beatless.durations import DurationLike
 from beatless.entry import Entry
 from beatless.errors import ConfigError, StoreError
@@ -196,10 +203,13 @@ class CeleryRedisAtomic(Dispatcher):
             return
         requests = [ClaimRequest.of(firing) for firing, _ in atomic]
         commands = [message.commands for _, message in atomic]
-        outcomes = self.store.claim_and_push(requests, commands, node=wake.node)
+        notes = [wake.history_template(firing) for firing, _ in atomic]
+        outcomes = self.store.claim_and_push(
+            requests, commands, node=wake.node, notes=notes if any(notes) else None
+        )
         won = []
-        for (firing, message), outcome in zip(atomic, outcomes, strict=True):
-            decide_claimed(wake, firing, outcome)
+        for (firing, message), outcome, note in zip(atomic, outcomes, notes, strict=True):
+            decide_claimed(wake, firing, outcome, recorded=note is not None and outcome in RECORDED)
             if outcome.is_won:
                 won.append(message)
         publish_sent_events(self.app, won)

@@ -21,8 +21,10 @@ from typing import Any
 
 from celery import beat
 
+from beatless import metrics
 from beatless.celery.schedule import CeleryScheduler, build_scheduler, check_app
 from beatless.celery.settings import CelerySettings
+from beatless.celery.worker import publish_metrics
 from beatless.errors import ConfigError
 from beatless.problems import refusal
 from beatless.urls import mask_url
@@ -57,7 +59,13 @@ class BeatScheduler(beat.Scheduler):  # type: ignore[misc]
         found = check_app(self.app)
         if found.schedule is None:
             raise refusal(found.problems, consume_with=None)  # beat only schedules: no consume
-        return build_scheduler(self.app, schedule=found.schedule)
+        settings = CelerySettings.from_app(self.app)
+        scheduler = build_scheduler(
+            self.app, settings=settings, schedule=found.schedule, framework="celery beat"
+        )
+        scheduler.board.start()  # beat drives the loop's wakes; the registry runs beside it
+        publish_metrics(scheduler, settings)
+        return scheduler
 
     def sync(self) -> None:
         """Nothing to persist: the claims are the state, and they live in the store."""
@@ -65,6 +73,7 @@ class BeatScheduler(beat.Scheduler):  # type: ignore[misc]
     def close(self) -> None:
         beatless, self.beatless = self.beatless, None
         if beatless is not None:
+            metrics.unregister(beatless)
             beatless.close()
 
     @property

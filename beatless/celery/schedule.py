@@ -38,7 +38,6 @@ from datetime import timedelta
 from functools import partial
 from numbers import Real
 from typing import Any
-from urllib.parse import urlsplit
 
 from celery.schedules import crontab, solar
 from celery.schedules import schedule as interval_schedule
@@ -113,23 +112,7 @@ def check_app(app: Any, settings: CelerySettings | None = None) -> Checked:
         if entry is not None:
             entries.append(entry)
             problems.extend(argument_problems_of(app, entry))
-    found = checked(entries, problems, namespace=settings.namespace, timezone=settings.timezone)
-    if found.schedule is None:
-        return found
-    refused = store_problems(settings, found.schedule)
-    return Checked(None, tuple(refused)) if refused else found
-
-
-def store_problems(settings: CelerySettings, schedule: Schedule) -> list[str]:
-    """What the claim store refuses in ``schedule`` that its URL alone tells: the RabbitMQ
-    store cannot hold a run lease without a gap, so no entry may ask for overlap
-    ``skip`` there. (What a store remembers is known once it is opened: the scheduler
-    checks that as it starts.)"""
-    if urlsplit(settings.store_url).scheme.lower() not in ("amqp", "amqps"):
-        return []
-    from beatless.stores.rabbitmq import RabbitMQStore
-
-    return schedule.check_store(None, RabbitMQStore.name, run_leases=RabbitMQStore.holds_run_leases)
+    return checked(entries, problems, namespace=settings.namespace, timezone=settings.timezone)
 
 
 def argument_problems_of(app: Any, entry: Entry) -> list[str]:
@@ -345,6 +328,7 @@ def build_scheduler(
     on_decision: Callable[[Decision], None] | None = None,
     settings: CelerySettings | None = None,
     schedule: Schedule | None = None,
+    framework: str = "celery",
 ) -> CeleryScheduler:
     """The scheduler of one node of ``app``, shared by the worker bootstep, the beat
     scheduler and tests. Reads the settings and ``beat_schedule``, opens the claim store,
@@ -378,6 +362,8 @@ def build_scheduler(
             clock=clock,
             on_decision=on_decision,
             lease=settings.lease,
+            framework=framework,
+            preferred=settings.preferred_claimer,
         )
     except BaseException:
         if atomic is not None:
@@ -409,9 +395,18 @@ def _warn_if_weaker(settings: CelerySettings, paths: dict[str, tuple[bool, str]]
         )
 
 
-def open_claim_store(settings: CelerySettings) -> ClaimStore:
-    """The claim store of ``beatless_store_url``, keyed by the app's namespace."""
-    return open_store(settings.store_url, namespace=settings.namespace)
+def open_claim_store(settings: CelerySettings, url: str | None = None) -> ClaimStore:
+    """The claim store of ``beatless_store_url`` (or of ``url``), keyed by the app's
+    namespace."""
+    return open_store(url or settings.store_url, namespace=settings.namespace)
+
+
+def fleet_of(app: Any, store_url: str | None = None) -> tuple[ClaimStore, str, Schedule | None]:
+    """What ``beatless status`` and the controls read of ``app``: its claim store (or the
+    one at ``store_url``), its namespace and its schedule (``None`` with problems)."""
+    settings = CelerySettings.from_app(app)
+    schedule = check_app(app, settings).schedule
+    return open_claim_store(settings, store_url), settings.namespace, schedule
 
 
 def _atomic_store(

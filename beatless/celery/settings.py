@@ -28,11 +28,22 @@
 ``beatless_lease``                 Lease of a pending claim on the two-phase path. Default: 30 s.
 ``beatless_force_two_phase``       Claim, then ``send_task``, then commit, even on the broker's
                                    own Redis (keeps the publish signals). Default: False.
+``beatless_preferred_claimer``     Each firing is claimed first by one node of the live
+                                   registry (rendezvous hashing on its id), the others
+                                   claiming only if it did not; off: every node claims every
+                                   firing. Default: True.
 ``beatless_expires_from_lateness`` Give each message an ``expires`` at the end of its firing's
                                    lateness budget (jitter + max_late). Default: False.
 ``beatless_on_schedule_error``     ``"refuse"`` (default): a worker whose schedule has
                                    problems does not start. ``"consume"``: it consumes tasks
                                    and schedules nothing (see :mod:`beatless.problems`).
+``beatless_metrics_port``          Serve the node's Prometheus metrics on this port
+                                   (:mod:`beatless.metrics`), from the worker's main process
+                                   or the beat process. Default: none (needs the ``metrics``
+                                   extra).
+``beatless_metrics_registry``      A prometheus_client ``CollectorRegistry`` to register the
+                                   node's metrics in (and serve on the port), instead of
+                                   prometheus_client's default registry.
 =================================  ==========================================================
 
 ``timezone`` may be an IANA name, a ``zoneinfo.ZoneInfo``, a pytz zone,
@@ -48,7 +59,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta, timezone
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlsplit
 
 from beatless.dispatch import DEFAULT_LEASE
@@ -63,13 +74,19 @@ from beatless.entry import (
     overlap_policy,
 )
 from beatless.errors import ConfigError, ScheduleError
+from beatless.metrics import metrics_port, metrics_registry
 from beatless.problems import REFUSE, on_schedule_error
 from beatless.triggers import zone
 from beatless.urls import mask_url
 
+if TYPE_CHECKING:
+    from beatless.metrics import CollectorRegistry
+
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+socket")
 _DEFAULT_PORTS = {"redis": 6379, "rediss": 6379}
 ON_SCHEDULE_ERROR_SETTING = "beatless_on_schedule_error"
+METRICS_PORT_SETTING = "beatless_metrics_port"
+METRICS_REGISTRY_SETTING = "beatless_metrics_registry"
 CONSUME_WITH = f'app.conf.{ON_SCHEDULE_ERROR_SETTING} = "consume"'
 T = TypeVar("T")
 
@@ -92,7 +109,10 @@ class CelerySettings:
     lease: timedelta = DEFAULT_LEASE
     force_two_phase: bool = False
     expires_from_lateness: bool = False
+    preferred_claimer: bool = True
     on_schedule_error: str = REFUSE
+    metrics_port: int | None = None
+    metrics_registry: CollectorRegistry | None = None
 
     def __repr__(self) -> str:
         return (
@@ -104,7 +124,9 @@ class CelerySettings:
             f"once_only={self.once_only!r}, lease={self.lease!r}, "
             f"force_two_phase={self.force_two_phase!r}, "
             f"expires_from_lateness={self.expires_from_lateness!r}, "
-            f"on_schedule_error={self.on_schedule_error!r})"
+            f"preferred_claimer={self.preferred_claimer!r}, "
+            f"on_schedule_error={self.on_schedule_error!r}, "
+            f"metrics_port={self.metrics_port!r}, metrics_registry={self.metrics_registry!r})"
         )
 
     @classmethod
@@ -153,10 +175,15 @@ class CelerySettings:
             once_only=read(lambda: _flag(conf, "beatless_once_only", default=True), True),
             lease=read(lambda: _duration(conf, "beatless_lease", DEFAULT_LEASE), DEFAULT_LEASE),
             force_two_phase=read(lambda: _flag(conf, "beatless_force_two_phase"), False),
+            preferred_claimer=read(
+                lambda: _flag(conf, "beatless_preferred_claimer", default=True), True
+            ),
             expires_from_lateness=read(
                 lambda: _flag(conf, "beatless_expires_from_lateness"), False
             ),
             on_schedule_error=read(lambda: on_schedule_error_of(app), REFUSE),
+            metrics_port=read(lambda: _metrics_port(conf), None),
+            metrics_registry=read(lambda: _metrics_registry(conf), None),
         )
         errors.extend(_run_timing(conf))
         if errors:
@@ -384,6 +411,16 @@ def _run_timing(conf: Any) -> list[str]:
             f"can lapse); lower beatless_heartbeat or lengthen beatless_run_lease"
         ]
     return []
+
+
+def _metrics_port(conf: Any) -> int | None:
+    value = conf.get(METRICS_PORT_SETTING)
+    return None if value is None else metrics_port(value, METRICS_PORT_SETTING)
+
+
+def _metrics_registry(conf: Any) -> CollectorRegistry | None:
+    value = conf.get(METRICS_REGISTRY_SETTING)
+    return None if value is None else metrics_registry(value, METRICS_REGISTRY_SETTING)
 
 
 def _flag(conf: Any, key: str, *, default: bool = False) -> bool:

@@ -17,7 +17,9 @@ beatless firing's task is checked in the claim store before its body runs (overl
 The step runs in the worker's main process, after the pool has started (prefork
 children never run it), whatever the pool: prefork, threads or solo. The scheduler
 loop runs in a daemon thread; a warm shutdown stops it after the wake in progress and
-closes the claim store. The node name is the worker's hostname and process id.
+closes the claim store. The node name is the worker's hostname and process id. With
+``beatless_metrics_port`` (or ``beatless_metrics_registry``) set, the main process
+exports the node's Prometheus metrics (:mod:`beatless.metrics`) until the step stops.
 
 Before it schedules, the step checks the whole schedule (:func:`~beatless.celery.
 schedule.check_app`). With problems, the worker does not start: it exits non-zero with
@@ -35,6 +37,7 @@ from typing import Any
 import click
 from celery import bootsteps
 
+from beatless import metrics
 from beatless.celery.gate import RunGate, find_gate, gate_of
 from beatless.celery.schedule import (
     CeleryScheduler,
@@ -42,7 +45,7 @@ from beatless.celery.schedule import (
     check_app,
     unregistered_tasks,
 )
-from beatless.celery.settings import CONSUME_WITH, on_schedule_error_of
+from beatless.celery.settings import CONSUME_WITH, CelerySettings, on_schedule_error_of
 from beatless.errors import ScheduleError
 from beatless.problems import REFUSE, refusal, report_consuming
 
@@ -96,7 +99,10 @@ class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
             logger.warning("beatless: %s", warning)
         node = f"{worker.hostname}:{os.getpid()}"
         try:
-            self.scheduler = build_scheduler(app, node=node, schedule=found.schedule)
+            settings = CelerySettings.from_app(app)
+            self.scheduler = build_scheduler(
+                app, node=node, settings=settings, schedule=found.schedule
+            )
         except ScheduleError as exc:  # what the claim store refuses, known once it is open
             if mode == REFUSE:
                 raise refusal(exc.errors, consume_with=CONSUME_WITH) from None
@@ -104,10 +110,12 @@ class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
             report_consuming(logger, exc.errors, consume_with=CONSUME_WITH)
             return
         self.scheduler.start()
+        publish_metrics(self.scheduler, settings)
 
     def stop(self, worker: Any) -> None:
         scheduler, self.scheduler = self.scheduler, None
         if scheduler is not None:
+            metrics.unregister(scheduler)
             scheduler.close(STOP_TIMEOUT)
 
     def shutdown(self, worker: Any) -> None:
@@ -115,6 +123,14 @@ class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def terminate(self, worker: Any) -> None:
         self.stop(worker)
+
+
+def publish_metrics(scheduler: CeleryScheduler, settings: CelerySettings) -> None:
+    """Export the node's metrics as the settings ask: into ``beatless_metrics_registry``
+    (or prometheus_client's default registry), served on ``beatless_metrics_port`` once
+    per process."""
+    if settings.metrics_port is not None or settings.metrics_registry is not None:
+        metrics.publish(scheduler, port=settings.metrics_port, registry=settings.metrics_registry)
 
 
 def install(app: Any) -> None:

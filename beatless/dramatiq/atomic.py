@@ -24,7 +24,14 @@ from uuid import uuid4
 from dramatiq import Middleware
 
 from beatless._logtext import ERROR_LIMIT, shown
-from beatless.dispatch import DEFAULT_LEASE, Dispatcher, TwoPhase, Wake, decide_claimed
+from beatless.dispatch import (
+    DEFAULT_LEASE,
+    RECORDED,
+    Dispatcher,
+    TwoPhase,
+    Wake,
+    decide_claimed,
+)
 from beatless.dramatiq.messages import message_for
 from beatless.durations import DurationLike
 from beatless.errors import ConfigError
@@ -162,9 +169,12 @@ class RedisBrokerStore(Dispatcher):
             return
         requests = [ClaimRequest.of(firing) for firing, _, _ in ready]
         commands = [c for _, _, c in ready]
-        outcomes = self.store.claim_and_push(requests, commands, node=wake.node)
-        for (firing, message, _), outcome in zip(ready, outcomes, strict=True):
-            decide_claimed(wake, firing, outcome)
+        notes = [wake.history_template(firing) for firing, _, _ in ready]
+        outcomes = self.store.claim_and_push(
+            requests, commands, node=wake.node, notes=notes if any(notes) else None
+        )
+        for (firing, message, _), outcome, note in zip(ready, outcomes, notes, strict=True):
+            decide_claimed(wake, firing, outcome, recorded=note is not None and outcome in RECORDED)
             if outcome.is_won:
                 self.broker.emit_after("enqueue", message, None)
 
@@ -173,10 +183,12 @@ class RedisBrokerStore(Dispatcher):
         self.broker.enqueue(message_for(firing, actor, tenant_kwarg=self._tenant_kwarg))
 
     def _message(self, firing: Firing) -> Message[Any]:
-        message = message_for(
-            firing, self._actor_of(firing.entry.task), tenant_kwarg=self._tenant_kwarg
+        return message_for(
+            firing,
+            self._actor_of(firing.entry.task),
+            tenant_kwarg=self._tenant_kwarg,
+            extra={"redis_message_id": str(uuid4())},
         )
-        return message.copy(options={"redis_message_id": str(uuid4())})
 
     def commands(self, message: Message[Any], now_ms: int) -> list[list[str]]:
         """The commands ``RedisBroker.enqueue`` runs for ``message`` (see the module doc)."""

@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from beatless.errors import BeatlessError, ConfigError
@@ -59,6 +60,21 @@ def run_scheduler() -> int:
     return Supervisor().run()
 
 
+@dataclass
+class Deaths:
+    """The deaths of this node's scheduler processes, told to the next one, which puts
+    them in its registry record (``restarts``, ``last_failure``): a crash shows in
+    ``beatless status``, not only in the log."""
+
+    count: int = 0
+    last: str | None = None
+    last_ms: int | None = None
+
+
+_deaths = Deaths()
+"""Set by the supervisor before each fork; read by the scheduler process it forks."""
+
+
 class Supervisor:
     """Starts the scheduler process, and a new one each time it dies."""
 
@@ -84,6 +100,9 @@ class Supervisor:
                     )
                     return code
                 lived = time.monotonic() - started
+                _deaths.count += 1
+                _deaths.last = _describe_exit(code)
+                _deaths.last_ms = int(time.time() * 1_000)
                 if lived >= STABLE_S:
                     backoff = FIRST_BACKOFF_S
                 logger.critical(
@@ -159,6 +178,12 @@ def serve(parent: int) -> int:
     if scheduler is None:  # on_schedule_error="consume": said once, at ERROR
         broker.close()
         return EXIT_CONSUME
+    board = scheduler.board
+    board.restarts, board.last_failure, board.last_failure_ms = (
+        _deaths.count,
+        _deaths.last,
+        _deaths.last_ms,
+    )
     logger.info(
         "beatless scheduler process %d: node %s, %d entries",
         os.getpid(),

@@ -38,9 +38,14 @@ lease a worker takes is the address's."""
 
 
 def message_for(
-    firing: Firing, actor: Actor[Any, Any], *, tenant_kwarg: str | None
+    firing: Firing,
+    actor: Actor[Any, Any],
+    *,
+    tenant_kwarg: str | None,
+    extra: dict[str, Any] | None = None,
 ) -> Message[Any]:
-    """The message of one firing for ``actor``: the same on every node."""
+    """The message of one firing for ``actor``: the same on every node, but for the
+    ``extra`` options a broker adds (the Redis broker's message id)."""
     from dramatiq import Message
 
     entry = firing.entry
@@ -53,6 +58,8 @@ def message_for(
         ADDRESS_OPTION: firing.address,
         RUN_HEADER: _run_policy(entry),
     }
+    if extra:
+        options.update(extra)
     if firing.tenant is not None:
         options[TENANT_OPTION] = firing.tenant
         if tenant_kwarg is not None:

@@ -36,6 +36,7 @@ from urllib.parse import quote, urlsplit
 from dramatiq import Middleware, get_encoder
 from dramatiq.middleware import MiddlewareError, SkipMessage
 
+from beatless import metrics as exported
 from beatless.dispatch import DEFAULT_LEASE, Dispatcher
 from beatless.dramatiq.fork import run_scheduler
 from beatless.dramatiq.messages import ADDRESS_OPTION, ENTRY_OPTION, TENANT_OPTION, message_for
@@ -71,7 +72,7 @@ from beatless.problems import (
 from beatless.runs import RUN_HEADER, Run, RunPolicy, Runs
 from beatless.scheduler import Scheduler, send_deadline_s
 from beatless.stores import open_store
-from beatless.stores.base import ClaimRequest, ClaimStore, Outcome
+from beatless.stores.base import ClaimRequest, ClaimStore, Note, Outcome
 from beatless.stores.memory import MemoryStore
 from beatless.triggers import zone
 from beatless.urls import mask_url
@@ -80,6 +81,8 @@ if TYPE_CHECKING:
     from dramatiq import Actor, Broker, Worker
     from dramatiq.broker import MessageProxy
     from dramatiq.brokers.redis import RedisBroker
+
+    from beatless.metrics import CollectorRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +122,18 @@ class Beatless(Middleware):
     (``None``: only in the message options). ``on_schedule_error`` is ``"refuse"`` (a
     schedule with problems stops the worker) or ``"consume"`` (the worker consumes and
     the node schedules nothing; see :attr:`schedule_problems`).
+
+    ``metrics`` registers the node's scheduler, where it runs, in prometheus_client's
+    default registry (``True``) or the ``CollectorRegistry`` given (:mod:`beatless.metrics`);
+    ``metrics_port`` serves that registry on a port of its own from that process, and
+    turns the metrics on. Under the ``dramatiq`` CLI the scheduler runs in a process of
+    its own, whose metrics Dramatiq's ``Prometheus`` middleware cannot show (it exposes
+    what its worker processes write to its multiprocess directory): give
+    ``metrics_port`` and scrape it beside Dramatiq's port.
+
+    ``preferred_claimer`` (default on): each firing is claimed first by one node of the
+    live registry, chosen by rendezvous hashing on its id, the others claiming only if it
+    did not (:mod:`beatless._prefer`); off, every node claims every firing.
     """
 
     def __init__(
@@ -140,6 +155,9 @@ class Beatless(Middleware):
         on_schedule_error: str = REFUSE,
         node: str | None = None,
         clock: Callable[[], float] = time.time,
+        metrics: bool | CollectorRegistry = False,
+        metrics_port: int | None = None,
+        preferred_claimer: bool = True,
     ) -> None:
         self.store = store
         self.entries = tuple(entries)
@@ -167,6 +185,21 @@ class Beatless(Middleware):
         self.on_schedule_error = _on_schedule_error(on_schedule_error)
         self.node = node
         self.clock = clock
+        if metrics is True:
+            exported.require()
+        elif metrics is not False:
+            metrics = exported.metrics_registry(metrics, "Beatless: metrics")
+        self.metrics = metrics
+        self.metrics_port = (
+            None
+            if metrics_port is None
+            else exported.metrics_port(metrics_port, "Beatless: metrics_port")
+        )
+        if not isinstance(preferred_claimer, bool):
+            raise ConfigError(
+                f"Beatless: preferred_claimer must be true or false, got {preferred_claimer!r}"
+            )
+        self.preferred_claimer = preferred_claimer
         self.schedule_problems: tuple[str, ...] = ()
         """What keeps this node from scheduling (``"consume"`` only); empty otherwise."""
         self._under_cli = False
@@ -306,6 +339,11 @@ class Beatless(Middleware):
                 logger.info("beatless runs of node %s: %s", runs.node, said)
             runs.close()
 
+    def status_store(self, broker: Broker) -> ClaimStore:
+        """The claim store the nodes of ``broker`` keep their registry and history in, for
+        ``beatless status --dramatiq``; close it when done."""
+        return self._runs_store(broker)
+
     def _runs_store(self, broker: Broker) -> ClaimStore:
         """The claim store of this process's runs: the one the scheduler claims in."""
         store = self.store
@@ -380,27 +418,9 @@ class Beatless(Middleware):
             actor = collect(partial(_actor, broker, entry.task, entry.name), problems)
             if actor is not None:
                 problems += self._message_problems(entry, actor, namespace or MEMORY_NAMESPACE)
-        result = checked(
+        return checked(
             found, problems, namespace=namespace or MEMORY_NAMESPACE, timezone=self.timezone
         )
-        if result.schedule is None or not self._on_rabbitmq_store(broker):
-            return result
-        from beatless.stores.rabbitmq import RabbitMQStore
-
-        refused = result.schedule.check_store(
-            None, RabbitMQStore.name, run_leases=RabbitMQStore.holds_run_leases
-        )
-        return Checked(None, tuple(refused)) if refused else result
-
-    def _on_rabbitmq_store(self, broker: Broker) -> bool:
-        """Whether the claim store is the RabbitMQ store (given, or following a
-        ``RabbitmqBroker``), which refuses overlap ``skip``: told without connecting."""
-        store = self.store
-        if store is None:
-            return is_broker(broker, "dramatiq.brokers.rabbitmq", "RabbitmqBroker")
-        if isinstance(store, str):
-            return urlsplit(store).scheme.lower() in ("amqp", "amqps")
-        return getattr(store, "name", None) == "rabbitmq"
 
     def schedule(self, broker: Broker) -> Schedule:
         """The node's schedule: ``entries`` and the broker's periodic actors, checked; a
@@ -484,6 +504,8 @@ class Beatless(Middleware):
             clock=self.clock,
             node=self.node,
             lease=self.lease,
+            framework="dramatiq",
+            preferred=self.preferred_claimer,
         )
 
     def sender(self, broker: Broker) -> Sender:
@@ -510,6 +532,7 @@ class Beatless(Middleware):
                     return None
                 self._scheduler = self.scheduler(broker, schedule)
                 self._scheduler.start()
+                self._publish_metrics(self._scheduler)
             return self._scheduler
 
     def stop(self, timeout: float | None = 10) -> None:
@@ -517,8 +540,15 @@ class Beatless(Middleware):
         with self._lock:
             scheduler, self._scheduler = self._scheduler, None
         if scheduler is not None:
+            exported.unregister(scheduler)
             scheduler.stop(timeout)
         self.close()
+
+    def _publish_metrics(self, scheduler: Scheduler) -> None:
+        if self.metrics is False and self.metrics_port is None:
+            return
+        registry = None if isinstance(self.metrics, bool) else self.metrics
+        exported.publish(scheduler, port=self.metrics_port, registry=registry)
 
     def close(self) -> None:
         """Close the stores and the broker connections the middleware opened itself."""
@@ -610,6 +640,8 @@ class _Borrowed(ClaimStore):
     def __init__(self, store: ClaimStore) -> None:
         self.store = store
         self.name = store.name
+        self.notes_live_ms = store.notes_live_ms
+        self.commits_notes = store.commits_notes
 
     def __repr__(self) -> str:
         return repr(self.store)
@@ -623,11 +655,17 @@ class _Borrowed(ClaimStore):
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
         return self.store.claim(requests, node=node, lease_ms=lease_ms)
 
-    def commit(self, ids: Sequence[str], *, node: str) -> list[bool]:
-        return self.store.commit(ids, node=node)
+    def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
+        return self.store.commit(ids, node=node, notes=notes)
 
     def release(self, ids: Sequence[str], *, node: str) -> None:
         self.store.release(ids, node=node)
+
+    def post(self, notes: Sequence[Note]) -> None:
+        self.store.post(notes)
+
+    def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
+        return self.store.read_notes(kinds)
 
 
 def _where(store: Any) -> str:

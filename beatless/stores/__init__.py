@@ -16,7 +16,8 @@ __all__ = ["ClaimRequest", "ClaimStore", "MemoryStore", "Outcome", "open_store"]
 def open_store(url: str, *, namespace: str | None = None, **options: Any) -> ClaimStore:
     """Open a claim store from a URL: ``memory://``, ``sqlite:///path/to/file.db``,
     ``redis://host:port/db`` (also ``rediss://``, ``unix:///path/to/redis.sock`` and
-    kombu's spelling ``redis+socket:///path``), ``postgresql://user@host:port/database``
+    kombu's spelling ``redis+socket:///path``), ``redis+cluster://host:port[,host:port...]``
+    (Redis Cluster; also ``rediss+cluster://``), ``postgresql://user@host:port/database``
     (also ``postgres://``; ``?schema=`` names the schema, ``beatless`` by default),
     ``nats://host:4222`` (``?bucket=``, ``beatless_{namespace}`` by default),
     ``amqp://user:password@host:5672/vhost`` (also ``amqps://``; RabbitMQ, queues under
@@ -35,14 +36,8 @@ def open_store(url: str, *, namespace: str | None = None, **options: Any) -> Cla
         from beatless.stores.sqlite import SQLiteStore
 
         return SQLiteStore.from_url(url, **options)
-    if scheme in ("redis", "rediss", "unix", "redis+socket"):
-        from beatless.stores.redis import RedisStore
-
-        if scheme == "redis+socket":
-            url = "unix" + url[len("redis+socket") :]
-        if namespace is not None:
-            options["namespace"] = namespace
-        return RedisStore(url, **options)
+    if scheme in ("redis", "rediss", "unix", "redis+socket", "redis+cluster", "rediss+cluster"):
+        return _open_redis(url, scheme, namespace, options)
     if scheme in ("postgresql", "postgres"):
         from beatless.stores.postgres import PostgresStore
 
@@ -63,6 +58,25 @@ def open_store(url: str, *, namespace: str | None = None, **options: Any) -> Cla
         return RabbitMQStore(url, **options)
     raise ConfigError(
         f"unknown store URL scheme {scheme!r} in {mask_url(url)!r}: use memory://, sqlite:///path, "
-        f"redis://host:port/db, postgresql://user@host:port/database, nats://host:4222 "
+        f"redis://host:port/db, redis+cluster://host:port,host:port, "
+        f"postgresql://user@host:port/database, nats://host:4222 "
         f"or amqp://user:password@host:5672/vhost"
     )
+
+
+def _open_redis(
+    url: str, scheme: str, namespace: str | None, options: dict[str, Any]
+) -> ClaimStore:
+    """A Redis store, or a Redis Cluster store for ``redis+cluster://`` and
+    ``rediss+cluster://``."""
+    if namespace is not None:
+        options["namespace"] = namespace
+    if scheme.endswith("+cluster"):
+        from beatless.stores.redis_cluster import RedisClusterStore
+
+        return RedisClusterStore(url, **options)
+    from beatless.stores.redis import RedisStore
+
+    if scheme == "redis+socket":
+        url = "unix" + url[len("redis+socket") :]
+    return RedisStore(url, **options)

@@ -8,6 +8,8 @@ once, each on a channel of its own in publisher-confirm mode. The steps of one s
 run in order on one channel; a batch of any size costs a few round trips, not a few per
 firing.
 
+A :class:`Read` consumes a stream queue to its end, for the notes.
+
 The connection is pika's ``SelectConnection`` on an I/O loop of its own that is driven
 only inside :meth:`Session.run`, as pika's ``BlockingConnection`` does: heartbeats are
 answered while the store works, and a connection left idle past the broker's heartbeat
@@ -32,6 +34,8 @@ from pika.channel import Channel  # type: ignore[import-untyped]
 from beatless.errors import StoreError, StoreUnavailable
 
 _CLOSE_WAIT_S = 1.0
+_READ_ACK_EVERY = 100
+"""A read acknowledges what it got at least this often, so the broker keeps sending."""
 
 
 class Confirm(enum.Enum):
@@ -59,7 +63,7 @@ class Publish:
 @dataclass(frozen=True, slots=True)
 class Declare:
     """Declare a queue (``passive``: only check it, which also counts as a use for its
-    ``x-expires``); the result is its count of ready messages."""
+    ``x-expires``); the result is its counts of ready messages and of consumers."""
 
     queue: str
     passive: bool = False
@@ -96,6 +100,32 @@ class Get:
 
 
 @dataclass(frozen=True, slots=True)
+class Consume:
+    """Consume ``queue`` one message at a time; the result is the first
+    :class:`Message` delivered, or ``None`` when none came within ``wait`` seconds.
+
+    The consumer is counted by a passive :class:`Declare` of the queue while it lasts:
+    until a :class:`Cancel`, or the end of the script, when the channel is closed (and
+    the broker puts back what it delivered and nobody settled)."""
+
+    queue: str
+    wait: float
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Cancel the script's consumer (:class:`Consume`); the result is ``None``. Messages
+    it delivered may still be settled."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """Wait ``seconds`` on the I/O loop (other scripts go on); the result is ``None``."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class Settle:
     """Acknowledge a message got (``ack``) or give it back to its queue (``ack=False``)."""
 
@@ -111,12 +141,46 @@ class Delete:
 
 
 @dataclass(frozen=True, slots=True)
+class Read:
+    """Consume a stream queue from ``offset`` (a number, or ``"first"``) to its end; the
+    result is the list of :class:`Message` read, in order, or ``None`` when none came
+    within ``quiet`` seconds of the consumer starting (an empty stream, or a start past
+    its end). Channels take ``prefetch`` messages at a time (:class:`Session`).
+
+    AMQP has no end of a stream. RabbitMQ reads a stream for a consumer in the channel's
+    own process, as soon as an acknowledgement gives credit, before it handles the next
+    method: so the step acknowledges all it got and asks a no-op (``basic.qos``), and an
+    answer with no delivery before it means the reader reached the end with credit to
+    spare. The consumer is never cancelled: pika rejects a delivery that crosses a
+    cancel, and a stream answers a reject by closing the connection. The channel is
+    closed after the script instead, and opened again."""
+
+    queue: str
+    offset: int | str
+    quiet: float
+
+
+@dataclass(frozen=True, slots=True)
 class Message:
     delivery_tag: int
     body: bytes
+    offset: int = -1
+    """Its place in the stream, for a message read by :class:`Read`."""
 
 
-Step = Publish | Declare | DeclareExchange | Bind | Get | Settle | Delete
+Step = (
+    Publish
+    | Declare
+    | DeclareExchange
+    | Bind
+    | Get
+    | Consume
+    | Cancel
+    | Sleep
+    | Settle
+    | Delete
+    | Read
+)
 Script = Generator[Step, Any, Any]
 
 
@@ -130,6 +194,19 @@ class ChannelLost(Exception):
         self.text = text
 
 
+class _Reader:
+    """How far one :class:`Read` got: the messages, the last delivery tag acknowledged,
+    the deliveries since the last no-op was sent, and whether one is awaited."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self.acked = 0
+        self.fresh = 0
+        self.syncing = False
+        self.done = False
+        self.timer: Any = None
+
+
 class _Lane:
     """One channel, running one script at a time."""
 
@@ -141,6 +218,13 @@ class _Lane:
         self.index = -1
         self.step: Step | None = None
         self.returned = False
+        self.reader: _Reader | None = None
+        """The read this channel served: the channel is closed when its script ends."""
+        self.consumer: str | None = None
+        """The tag of the script's :class:`Consume` (``""`` once cancelled): a channel
+        that had a consumer is closed when its script ends."""
+        self.delivered = False
+        self.timer: Any = None
 
 
 class Session:
@@ -148,8 +232,9 @@ class Session:
 
     ``where`` names the broker in messages (its URL with the password masked); ``setup``
     gives the scripts to run on every new connection before any other (declaring what
-    a broker that restarted may have lost). Not thread-safe: the store calls it under
-    its own lock.
+    a broker that restarted may have lost); ``prefetch`` is how many messages a
+    :class:`Read` is sent ahead of its acknowledgements. Not thread-safe: the store
+    calls it under its own lock.
     """
 
     def __init__(
@@ -160,8 +245,10 @@ class Session:
         timeout: float,
         where: str,
         setup: Callable[[], Sequence[Script]] = tuple,
+        prefetch: int = 1,
     ) -> None:
         self._parameters = parameters
+        self._prefetch = prefetch
         self._setup = setup
         self._width = width
         self._timeout = timeout
@@ -281,6 +368,7 @@ class Session:
             channel.add_on_close_callback(lambda _ch, reason: self._on_lane_closed(lane, reason))
             channel.add_on_return_callback(lambda *_args: _mark_returned(lane))
             channel.add_callback(lambda _frame: self._on_empty(lane), [spec.Basic.GetEmpty], False)
+            channel.basic_qos(prefetch_count=self._prefetch)  # for reads; claims never consume
             channel.confirm_delivery(
                 ack_nack_callback=lambda frame: self._on_confirm(lane, frame),
                 callback=lambda _frame: self._on_lane_ready(lane),
@@ -364,7 +452,9 @@ class Session:
                 passive=step.passive,
                 durable=step.durable,
                 arguments=step.arguments,
-                callback=None if step.nowait else lambda f: reply(f.method.message_count),
+                callback=None
+                if step.nowait
+                else lambda f: reply((f.method.message_count, f.method.consumer_count)),
             )
             return not step.nowait
         elif isinstance(step, DeclareExchange):
@@ -383,14 +473,31 @@ class Session:
             channel.basic_get(
                 step.queue, lambda _c, m, _p, body: reply(Message(m.delivery_tag, body))
             )
+        elif isinstance(step, Consume | Cancel | Sleep):
+            return self._issue_held(lane, channel, step)
         elif isinstance(step, Delete):
             channel.queue_delete(step.queue, callback=lambda _f: reply(None))
+        elif isinstance(step, Read):
+            self._start_read(lane, channel, step)
         elif step.ack:
             channel.basic_ack(step.delivery_tag)
             return False
         else:
             channel.basic_nack(step.delivery_tag, requeue=True)
             return False
+        return True
+
+    def _issue_held(self, lane: _Lane, channel: Channel, step: Consume | Cancel | Sleep) -> bool:
+        """The steps of a script that holds a message with a consumer."""
+        if isinstance(step, Consume):
+            self._start_consume(lane, channel, step)
+        elif isinstance(step, Sleep):
+            lane.timer = self._ioloop.call_later(step.seconds, lambda: self._on_slept(lane))
+        else:
+            tag, lane.consumer = lane.consumer, ""  # its channel is still closed at the end
+            if not tag:
+                return False
+            channel.basic_cancel(tag, callback=lambda _f: self._resume(lane, None))
         return True
 
     def _on_confirm(self, lane: _Lane, frame: Any) -> None:
@@ -409,6 +516,124 @@ class Session:
         self._results[lane.index] = result
         self._left -= 1
         lane.script, lane.step, lane.index = None, None, -1
+        if lane.timer is not None:
+            self._ioloop.remove_timeout(lane.timer)
+            lane.timer = None
+        if lane.reader is not None:
+            self._end_read(lane)
+        elif lane.consumer is not None:
+            lane.consumer = None
+            self._close_lane(lane)
+
+    def _on_slept(self, lane: _Lane) -> None:
+        lane.timer = None
+        if isinstance(lane.step, Sleep) and lane.script is not None:
+            self._resume(lane, None)
+
+    def _close_lane(self, lane: _Lane) -> None:
+        """Close a lane's channel (it is opened again): for a consumer it may still be
+        sent messages, or a message it holds that goes back to its queue."""
+        channel, lane.ready = lane.channel, False
+        if channel is not None and channel.is_open:
+            channel.close()
+
+    # -- consuming a queue ----------------------------------------------------------------
+
+    def _start_consume(self, lane: _Lane, channel: Channel, step: Consume) -> None:
+        lane.delivered = False
+
+        def delivered(_ch: Channel, method: Any, _properties: Any, body: bytes) -> None:
+            if isinstance(lane.step, Consume) and not lane.delivered and lane.script is not None:
+                lane.delivered = True
+                if lane.timer is not None:
+                    self._ioloop.remove_timeout(lane.timer)
+                    lane.timer = None
+                self._resume(lane, Message(method.delivery_tag, body))
+
+        def waited() -> None:
+            lane.timer = None
+            if isinstance(lane.step, Consume) and not lane.delivered and lane.script is not None:
+                lane.delivered = True
+                self._resume(lane, None)
+
+        def started(_frame: Any) -> None:
+            if isinstance(lane.step, Consume) and not lane.delivered:
+                lane.timer = self._ioloop.call_later(step.wait, waited)
+
+        def consume(_frame: Any) -> None:
+            lane.consumer = channel.basic_consume(step.queue, delivered, callback=started)
+
+        channel.basic_qos(prefetch_count=1, callback=consume)  # one message held at a time
+
+    # -- reading a stream -----------------------------------------------------------------
+
+    def _start_read(self, lane: _Lane, channel: Channel, step: Read) -> None:
+        reader = lane.reader = _Reader()
+
+        def started(_frame: Any) -> None:
+            if lane.reader is reader and not reader.messages:
+                reader.timer = self._ioloop.call_later(
+                    step.quiet, lambda: self._on_read_quiet(lane, reader)
+                )
+
+        def delivered(_ch: Channel, method: Any, properties: Any, body: bytes) -> None:
+            if lane.reader is reader and not reader.done:
+                offset = (properties.headers or {}).get("x-stream-offset", -1)
+                reader.messages.append(Message(method.delivery_tag, body, int(offset)))
+                self._on_read(lane, reader)
+
+        channel.basic_consume(
+            step.queue, delivered, arguments={"x-stream-offset": step.offset}, callback=started
+        )
+
+    def _on_read(self, lane: _Lane, reader: _Reader) -> None:
+        if reader.timer is not None:
+            self._ioloop.remove_timeout(reader.timer)
+            reader.timer = None
+        reader.fresh += 1
+        if not reader.syncing:
+            self._sync_read(lane, reader)
+        elif reader.messages[-1].delivery_tag - reader.acked >= _READ_ACK_EVERY:
+            self._ack_read(lane, reader)
+
+    def _ack_read(self, lane: _Lane, reader: _Reader) -> None:
+        last = reader.messages[-1].delivery_tag
+        if lane.channel is not None and last > reader.acked:
+            lane.channel.basic_ack(last, multiple=True)
+            reader.acked = last
+
+    def _sync_read(self, lane: _Lane, reader: _Reader) -> None:
+        """Acknowledge all that came, then ask the no-op that tells whether more did."""
+        self._ack_read(lane, reader)
+        if lane.channel is None:
+            return
+        reader.fresh, reader.syncing = 0, True
+        lane.channel.basic_qos(
+            prefetch_count=self._prefetch, callback=lambda _f: self._on_read_synced(lane, reader)
+        )
+
+    def _on_read_synced(self, lane: _Lane, reader: _Reader) -> None:
+        reader.syncing = False
+        if lane.reader is not reader or reader.done:
+            return
+        if reader.fresh:
+            self._sync_read(lane, reader)
+            return
+        reader.done = True
+        self._resume(lane, reader.messages)
+
+    def _on_read_quiet(self, lane: _Lane, reader: _Reader) -> None:
+        reader.timer = None
+        if lane.reader is reader and not reader.done and not reader.messages:
+            reader.done = True
+            self._resume(lane, None)
+
+    def _end_read(self, lane: _Lane) -> None:
+        """Close the channel that served a read: its consumer may still be sent messages."""
+        reader, lane.reader = lane.reader, None
+        if reader is not None and reader.timer is not None:
+            self._ioloop.remove_timeout(reader.timer)
+        self._close_lane(lane)
 
     # -- the I/O loop ---------------------------------------------------------------------
 

@@ -5,7 +5,9 @@ requests on ``$JS.API.*`` subjects; a publish to a stream's subject is answered 
 acknowledgement), so the store reads exactly the fields it needs (a stream's creation
 time, the stamp of its last message) and sends exactly the headers it means, whatever
 nats-py version is installed. A key-value bucket ``B`` is the stream ``KV_B`` over the
-subjects ``$KV.B.>``; a key's revision is the stream sequence of its last message.
+subjects ``$KV.B.>``; a key's revision is the stream sequence of its last message. Its
+notes are the stream ``NOTES_B`` over the subjects ``beatless.notes.B.>``, one message per
+subject, read through a consumer made for each read.
 """
 
 from __future__ import annotations
@@ -34,7 +36,12 @@ WRONG_LAST_SEQUENCE = 10071
 STREAM_NOT_FOUND = 10059
 STREAM_NAME_IN_USE = 10058
 """A stream of that name exists with another configuration (another node created it)."""
+SUBJECTS_OVERLAP = 10065
+"""A stream takes some of the subjects already: on 2.9, the same stream that another node
+is creating at that moment."""
 NO_MESSAGE_FOUND = 10037
+MESSAGE_GONE = 10057
+"""A message delete that found no message: another node deleted it, or a post replaced it."""
 CLOCK_KEY = "clock"
 """Written at the start of a call: the stamp the server gives it is its clock then."""
 
@@ -43,6 +50,12 @@ KV_OPERATION = "KV-Operation"
 _DELETE = b"DEL"
 _PURGE = b"PURGE"
 NS_PER_MS = 1_000_000
+END_OF_BATCH = ("404", "408")
+"""The statuses that end a pull that does not wait: no message left, or fewer than asked."""
+ACK_TOKENS = 9
+"""The tokens of a delivered message's reply subject, on servers without domains (2.9)."""
+READER_IDLE_MS = 60_000
+"""How long a reader's consumer outlives its last pull, should its read be cut short."""
 
 _STAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)")
 
@@ -139,15 +152,14 @@ def bucket_info(response: dict[str, Any]) -> BucketInfo:
     )
 
 
-def bucket_config(
-    name: str, *, description: str, max_age_ms: int, replicas: int
+def _last_per_subject(
+    name: str, subjects: str, *, description: str, max_age_ms: int, replicas: int
 ) -> dict[str, object]:
-    """The stream of a new bucket: one value per key, kept ``max_age_ms``, which no purge,
-    roll-up or message delete can empty (NATS refuses to lift ``deny_purge`` later)."""
+    """A file stream that keeps the last message of each subject for ``max_age_ms``."""
     return {
-        "name": f"KV_{name}",
+        "name": name,
         "description": description,
-        "subjects": [f"$KV.{name}.>"],
+        "subjects": [subjects],
         "retention": "limits",
         "max_consumers": -1,
         "max_msgs": -1,
@@ -155,20 +167,46 @@ def bucket_config(
         "max_age": max_age_ms * NS_PER_MS,
         "max_msgs_per_subject": 1,
         "max_msg_size": -1,
-        "discard": "new",
         "storage": "file",
         "num_replicas": replicas,
         "duplicate_window": min(max_age_ms, 120_000) * NS_PER_MS,
-        "allow_direct": True,
-        "mirror_direct": False,
-        "deny_delete": True,
-        "deny_purge": True,
         "allow_rollup_hdrs": False,
     }
 
 
+def bucket_config(
+    name: str, *, description: str, max_age_ms: int, replicas: int
+) -> dict[str, object]:
+    """The stream of a new bucket: one value per key, kept ``max_age_ms``, which no purge,
+    roll-up or message delete can empty (NATS refuses to lift ``deny_purge`` later)."""
+    stream = _last_per_subject(
+        f"KV_{name}",
+        f"$KV.{name}.>",
+        description=description,
+        max_age_ms=max_age_ms,
+        replicas=replicas,
+    )
+    return stream | {
+        "discard": "new",
+        "allow_direct": True,
+        "mirror_direct": False,
+        "deny_delete": True,
+        "deny_purge": True,
+    }
+
+
+def notes_config(name: str, subjects: str, *, max_age_ms: int, replicas: int) -> dict[str, object]:
+    """The stream of a bucket's notes: the last message of each subject, kept ``max_age_ms``,
+    which readers may delete one by one."""
+    stream = _last_per_subject(
+        name, subjects, description="beatless notes", max_age_ms=max_age_ms, replicas=replicas
+    )
+    return stream | {"discard": "old", "deny_delete": False, "deny_purge": False}
+
+
 class Bucket:
-    """One bucket's requests, each bounded by ``timeout`` seconds; ``requests`` counts them."""
+    """One bucket's requests, each bounded by ``timeout`` seconds; ``requests`` counts them,
+    its notes' as well."""
 
     def __init__(self, client: Client, name: str, timeout: float) -> None:
         self.client = client
@@ -177,6 +215,7 @@ class Bucket:
         self.prefix = f"$KV.{name}."
         self.timeout = timeout
         self.requests = 0
+        self.notes = NoteStream(self)
 
     async def _request(
         self, subject: str, payload: bytes = b"", headers: dict[str, str] | None = None
@@ -224,7 +263,9 @@ class Bucket:
         except BucketMissing:  # nothing answers the JetStream API
             raise NoJetStream from None
         except JetStreamError as exc:
-            if exc.err_code != STREAM_NAME_IN_USE:
+            # Another node created it at the same instant: by name, or (the server's
+            # answer while the first create is still settling) by its subjects.
+            if exc.err_code not in (STREAM_NAME_IN_USE, SUBJECTS_OVERLAP):
                 raise
         await self.put(CLOCK_KEY, b"")
         return await self.info()
@@ -272,6 +313,145 @@ class Bucket:
         if _operation(raw_headers) in (_DELETE, _PURGE):
             return Message(int(message["seq"]), None)
         return Message(int(message["seq"]), base64.b64decode(message.get("data") or ""))
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A message as a reader receives it: its stream sequence, the server's stamp of its
+    write in epoch milliseconds, and its body."""
+
+    seq: int
+    stamp_ms: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The last message of each subject under a filter, and the server's clock when the
+    read began (the instant it made the read's consumer)."""
+
+    now_ms: int
+    messages: list[Stored]
+
+
+class NoteStream:
+    """The notes of a bucket: the stream ``NOTES_{bucket}``, its subjects under ``prefix``.
+
+    Its requests count with the bucket's. A call on a stream that does not exist raises
+    :class:`BucketMissing`; one that JetStream does not answer, :class:`NoJetStream`.
+    """
+
+    def __init__(self, bucket: Bucket) -> None:
+        self.bucket = bucket
+        self.client = bucket.client
+        self.name = f"NOTES_{bucket.name}"
+        self.prefix = f"beatless.notes.{bucket.name}."
+
+    async def _api(self, call: str, body: dict[str, object] | None = None) -> dict[str, Any]:
+        from nats.errors import NoRespondersError
+
+        payload = json.dumps(body).encode() if body is not None else b""
+        self.bucket.requests += 1
+        try:
+            reply = await self.client.request(
+                f"$JS.API.{call}", payload, timeout=self.bucket.timeout
+            )
+        except NoRespondersError:
+            raise NoJetStream from None
+        response: dict[str, Any] = json.loads(reply.data)
+        error = response.get("error")
+        if error:
+            if error.get("err_code") == STREAM_NOT_FOUND:
+                raise BucketMissing(self.name)
+            raise JetStreamError(int(error.get("err_code", 0)), str(error.get("description")))
+        return response
+
+    async def create(self, *, max_age_ms: int, replicas: int) -> None:
+        """Make the stream; one another node made, or is making, is left as it is."""
+        config = notes_config(
+            self.name, f"{self.prefix}>", max_age_ms=max_age_ms, replicas=replicas
+        )
+        try:
+            await self._api(f"STREAM.CREATE.{self.name}", config)
+            logger.info("nats store: created stream %s", self.name)
+        except JetStreamError as exc:
+            if exc.err_code not in (STREAM_NAME_IN_USE, SUBJECTS_OVERLAP):
+                raise
+
+    async def publish(self, subject: str, body: bytes) -> None:
+        """Write ``body`` as the last message of ``prefix + subject``."""
+        from nats.errors import NoRespondersError
+
+        self.bucket.requests += 1
+        try:
+            reply = await self.client.request(
+                self.prefix + subject, body, timeout=self.bucket.timeout
+            )
+        except NoRespondersError:  # no stream takes the subject
+            raise BucketMissing(self.name) from None
+        error = json.loads(reply.data).get("error")
+        if error:
+            raise JetStreamError(int(error.get("err_code", 0)), str(error.get("description")))
+
+    async def delete(self, seq: int) -> None:
+        """Delete the message ``seq``, unless it is gone already."""
+        try:
+            await self._api(f"STREAM.MSG.DELETE.{self.name}", {"seq": seq, "no_erase": True})
+        except JetStreamError as exc:
+            if exc.err_code != MESSAGE_GONE:
+                raise
+
+    async def snapshot(self, subjects: str) -> Snapshot:
+        """The last message of each subject matching ``prefix + subjects``: a consumer that
+        starts there, and one pull of as many messages as it counts, which does not wait."""
+        inbox = self.client.new_inbox()
+        subscription = await self.client.subscribe(inbox)
+        try:
+            consumer = await self._api(
+                f"CONSUMER.CREATE.{self.name}",
+                {
+                    "stream_name": self.name,
+                    "config": {
+                        "deliver_policy": "last_per_subject",
+                        "filter_subject": self.prefix + subjects,
+                        "ack_policy": "none",
+                        "mem_storage": True,
+                        "num_replicas": 1,
+                        "inactive_threshold": READER_IDLE_MS * NS_PER_MS,
+                    },
+                },
+            )
+            name, pending = consumer["name"], int(consumer["num_pending"])
+            messages: list[Stored] = []
+            if pending:
+                pull = json.dumps({"batch": pending, "no_wait": True}).encode()
+                self.bucket.requests += 1
+                await self.client.publish(
+                    f"$JS.API.CONSUMER.MSG.NEXT.{self.name}.{name}", pull, reply=inbox
+                )
+                while len(messages) < pending:
+                    message = await subscription.next_msg(timeout=self.bucket.timeout)
+                    headers = message.headers or {}
+                    status = headers.get("Status")
+                    if status in END_OF_BATCH:  # some were deleted since the count
+                        break
+                    if status:
+                        raise JetStreamError(0, f"pull: {headers.get('Description', status)}")
+                    messages.append(_stored(message.reply, message.data))
+            await self.client.publish(f"$JS.API.CONSUMER.DELETE.{self.name}.{name}")
+        finally:
+            await subscription.unsubscribe()
+        return Snapshot(parse_stamp_ms(consumer["created"]), messages)
+
+
+def _stored(reply: str, data: bytes) -> Stored:
+    """A delivered message, its sequence and stamp read from its reply subject:
+    ``$JS.ACK.{stream}.{consumer}.{delivered}.{seq}.{consumer seq}.{stamp ns}.{pending}``,
+    where newer servers add a domain and an account hash after ``ACK`` and a token last."""
+    tokens = reply.split(".")
+    if len(tokens) == ACK_TOKENS:
+        tokens[2:2] = ["", ""]
+    return Stored(int(tokens[7]), int(tokens[9]) // NS_PER_MS, data)
 
 
 def _operation(raw_headers: bytes) -> bytes:

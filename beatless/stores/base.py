@@ -65,6 +65,22 @@ disturbing it does not check and never answers ``OVERLAP``
 (:attr:`ClaimStore.checks_overlap` false): the worker's own run-lease check then
 refuses the run, but the message is enqueued.
 
+**Notes.** Beside the claims, a store keeps *notes*: small records with a time to live,
+grouped by *kind* and named by *key* (:class:`Note`). Nodes use them for what the fleet
+must see of itself: the registry of live nodes, each address's recent history, the
+controls an operator sets. :meth:`ClaimStore.post` writes notes, replacing the note of
+the same kind and key; a note lives ``ttl_ms`` from its post on the store's clock, both
+ends included, and is never read after. A note with ``keep`` bounds its kind: once it
+is written, only the ``keep`` notes of the kind that expire last are kept (between notes
+that expire at the same millisecond, any). :meth:`ClaimStore.read_notes` returns the
+live notes of the kinds asked. Kinds and keys are any text up to ``NOTE_NAME_LIMIT``
+characters and values any text up to ``NOTE_VALUE_LIMIT`` bytes in UTF-8; the store
+encodes them as it needs. Notes never change a claim's outcome, and a kind is shared by
+every client of the store: callers put their namespace in the kind. A store that keeps
+notes at most for a fixed time (a stream's retention) says so in
+:attr:`ClaimStore.notes_live_ms` and refuses a longer ``ttl_ms`` with a
+:class:`~beatless.errors.ConfigError`: a note that must live longer is posted again.
+
 A record the store cannot read (a corrupt value, a newer format, another program's key)
 fails only its own firing, with :attr:`Outcome.CORRUPT`; nothing is written for it.
 
@@ -94,6 +110,11 @@ if TYPE_CHECKING:
     from beatless.firing import Firing
 
 TOLERANCE_MS = to_ms(STORE_TOLERANCE)
+
+NOTE_NAME_LIMIT = 1_000
+"""The longest kind or key of a note, in characters."""
+NOTE_VALUE_LIMIT = 16_384
+"""The longest value of a note, in bytes of UTF-8."""
 
 TAG_LENGTH = 16
 """The longest task tag a store keeps: hex digits only."""
@@ -184,6 +205,38 @@ class ClaimRequest:
     def is_early(self, store_now_ms: int) -> bool:
         """The store-side early rule: a release more than ``10 s`` ahead."""
         return self.release_ms - store_now_ms > TOLERANCE_MS
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """A small record beside the claims (see "Notes" in the module docstring)."""
+
+    kind: str
+    key: str
+    value: str
+    ttl_ms: int
+    """How long the note lives from its post, on the store's clock."""
+    keep: int = 0
+    """After the post, keep only this many notes of the kind, those that expire last;
+    ``0`` bounds nothing."""
+
+    def __post_init__(self) -> None:
+        for part, text in (("kind", self.kind), ("key", self.key)):
+            if not text or len(text) > NOTE_NAME_LIMIT or "\x00" in text:
+                raise ConfigError(
+                    f"note {part} {text[:80]!r}: must be 1 to {NOTE_NAME_LIMIT} characters, "
+                    "without NUL"
+                )
+        if len(self.value.encode()) > NOTE_VALUE_LIMIT:
+            raise ConfigError(
+                f"note {self.kind}/{self.key}: value of {len(self.value.encode())} bytes is over "
+                f"{NOTE_VALUE_LIMIT}"
+            )
+        if self.ttl_ms <= 0 or self.keep < 0:
+            raise ConfigError(
+                f"note {self.kind}/{self.key}: ttl_ms must be positive and keep at least 0, "
+                f"got ttl_ms={self.ttl_ms} keep={self.keep}"
+            )
 
 
 class Held(Protocol):
@@ -287,15 +340,22 @@ class ClaimStore(ABC):
         at every wake.
         """
 
+    commits_notes: bool = True
+    """Whether :meth:`commit` writes its notes in the same operation as the claims (the
+    history of a sent firing then exists exactly when its commit does)."""
+
+    notes_live_ms: int | None = None
+    """The longest ``ttl_ms`` a note may have on this store; ``None``: any."""
+
     checks_overlap: bool = True
     """Whether :meth:`claim` answers :attr:`Outcome.OVERLAP` (see the module docstring)."""
 
     holds_run_leases: bool = True
     """Whether a holder's renewal keeps its claim without a gap, so that a run lease
     (:mod:`beatless.runs`) excludes every other run while it is renewed. A store that
-    renews by giving the claim up and taking it again (RabbitMQ) is refused for entries
-    with ``overlap = "skip"`` at start-up; once-only checks still run on it, with that
-    window of one round trip per heartbeat."""
+    would renew by giving the claim up and taking it again must say false: entries with
+    ``overlap = "skip"`` are refused on it at start-up, and once-only checks on it have
+    that window of one round trip per heartbeat. Every store here holds run leases."""
 
     @abstractmethod
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
@@ -307,8 +367,12 @@ class ClaimStore(ABC):
         """
 
     @abstractmethod
-    def commit(self, ids: Sequence[str], *, node: str) -> list[bool]:
-        """Make this node's pending claims committed, remembered for their ``memory_ms``.
+    def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
+        """Make this node's pending claims committed, remembered for their ``memory_ms``,
+        and post ``notes`` (as :meth:`post` does, whatever the flags say) in the same
+        operation: a transaction or a script where the store has one, so that a node that
+        dies mid-call leaves both or neither. A store without one posts them right after
+        the commit, in the same call (:attr:`commits_notes` false).
 
         Returns, per id, whether the claim was still this node's: ``False`` means its
         lease ran out and another node took it over.
@@ -322,6 +386,20 @@ class ClaimStore(ABC):
         The record is kept with its lease ended, so the next claim that is not late wins
         it as :attr:`Outcome.TAKEOVER`; a committed claim, or another node's, is left
         alone."""
+
+    @abstractmethod
+    def post(self, notes: Sequence[Note]) -> None:
+        """Write each note, replacing the note of the same kind and key, then bound the
+        kinds of the notes with a ``keep``; one round trip where the store allows.
+
+        Raises :class:`~beatless.errors.StoreUnavailable` when the store cannot be
+        reached; then any of the notes may or may not have been written.
+        """
+
+    @abstractmethod
+    def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
+        """The live notes of each kind asked, ``{kind: {key: value}}``; a kind with none
+        maps to ``{}``. One round trip where the store allows."""
 
     def close(self) -> None:  # noqa: B027 - most stores have nothing to close
         """Close what the store opened itself; a client passed in is left open."""

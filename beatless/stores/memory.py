@@ -9,7 +9,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from beatless.stores._epoch import new_token
-from beatless.stores.base import ClaimRequest, ClaimStore, Epoch, Outcome, judge
+from beatless.stores.base import ClaimRequest, ClaimStore, Epoch, Note, Outcome, judge
+
+NOTES_SWEEP_EVERY_MS = 60_000
+"""How often a post also drops the expired notes of every kind, read or not."""
 
 
 @dataclass(slots=True)
@@ -46,6 +49,9 @@ class MemoryStore(ClaimStore):
         self._lock = threading.Lock()
         self._expiry: list[tuple[int, str]] = []
         self._epoch = Epoch(new_token(), self._now_ms())
+        self._notes: dict[str, dict[str, tuple[int, str]]] = {}
+        """Per kind, per key: (expires at, value)."""
+        self._notes_swept_ms = 0
 
     def __repr__(self) -> str:
         return "MemoryStore()"
@@ -81,8 +87,9 @@ class MemoryStore(ClaimStore):
         self._expire_at(claim, request.id)
         return outcome
 
-    def commit(self, ids: Sequence[str], *, node: str) -> list[bool]:
+    def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
         with self._lock:
+            self._post(notes)
             now = self._now_ms()
             done = []
             for id_ in ids:
@@ -104,6 +111,49 @@ class MemoryStore(ClaimStore):
                 if held is not None and held.node == node and not held.committed:
                     held.until_ms = min(held.until_ms, now - 1)
                     self._expire_at(held, id_)
+
+    def post(self, notes: Sequence[Note]) -> None:
+        with self._lock:
+            self._post(notes)
+
+    def _post(self, notes: Sequence[Note]) -> None:
+        if not notes:
+            return
+        now = self._now_ms()
+        bounds: dict[str, int] = {}
+        for note in notes:
+            self._notes.setdefault(note.kind, {})[note.key] = (now + note.ttl_ms, note.value)
+            if note.keep:
+                bounds[note.kind] = note.keep
+        if now - self._notes_swept_ms > NOTES_SWEEP_EVERY_MS:
+            self._notes_swept_ms = now
+            for kind in list(self._notes):
+                self._live(kind, now)
+        for kind, keep in bounds.items():
+            kept = self._live(kind, now)
+            if len(kept) > keep:
+                by_expiry = sorted(kept.items(), key=lambda item: item[1][0])
+                for key, _ in by_expiry[: len(kept) - keep]:
+                    del kept[key]
+
+    def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
+        with self._lock:
+            now = self._now_ms()
+            return {
+                kind: {key: value for key, (_, value) in self._live(kind, now).items()}
+                for kind in kinds
+            }
+
+    def _live(self, kind: str, now: int) -> dict[str, tuple[int, str]]:
+        """The notes of ``kind``, with those whose time ran out removed."""
+        notes = self._notes.get(kind)
+        if notes is None:
+            return {}
+        for key in [key for key, (until, _) in notes.items() if until < now]:
+            del notes[key]
+        if not notes:
+            del self._notes[kind]
+        return notes
 
     def _expire_at(self, claim: _Claim, id_: str) -> None:
         heapq.heappush(self._expiry, (_forget_at(claim), id_))

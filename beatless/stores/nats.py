@@ -37,6 +37,27 @@ that reports its own time in the stream info, as servers newer than 2.9 do, is r
 claim lives as its value says. A bucket that exists with a shorter ``max_age``, or with a
 count or size limit that discards old messages, is refused.
 
+**Notes.** The notes live beside the bucket, in the stream ``NOTES_{bucket}`` over the
+subjects ``beatless.notes.{bucket}.>``: a note is the one message of the subject
+``beatless.notes.{bucket}.{kind hash}.{key hash}`` (32 hex digits of SHA-256 each, so any
+text fits a subject), whose body is ``{"v": 1, "kind", "key", "value", "ttl_ms"}``. A post
+publishes each note, which replaces the subject's last message, and the server stamps
+it: the note lives through that stamp plus ``ttl_ms``. A read makes a consumer per kind
+that starts at the last message of each subject of the kind, pulls them all at once and
+judges them on the instant the server made the consumer; so notes, like claims, are
+measured on the server's clock. A read deletes the expired notes it meets; a post whose
+notes have a ``keep`` reads those kinds and deletes their expired notes and, beyond
+``keep``, those that expire first. The stream's ``max_age``, ``NOTES_MAX_AGE`` (24 hours:
+the longest ``ttl_ms`` a note may have, that of a node's history), removes the rest. A
+note costs one stored message until it is deleted, at the latest ``NOTES_MAX_AGE`` after
+its post: its body (kind, key and value as JSON, and some 50 bytes), its subject (some
+80 bytes and the bucket's name), and a few dozen bytes of JetStream's record and index.
+The notes a commit carries (each firing's history) are published while the commit's
+writes go out, in the same call, so they add no round trip to wait for; but the bucket and
+the notes stream share no operation (:attr:`NATSStore.commits_notes` is false): a node
+that dies mid-call may leave a committed firing without its history note, or the note of
+a firing it sent whose claim then runs out pending.
+
 **Identity.** The epoch is the bucket's stream: its creation time on the server's clock,
 and a token hashed from that instant and the stream's description, where beatless puts a
 random token when it creates the bucket. The bucket is created with ``deny_purge`` (NATS
@@ -50,12 +71,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import re
 import secrets
 import threading
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from types import ModuleType
@@ -77,9 +99,11 @@ from beatless.stores._jetstream import (
     LoopStuck,
     Message,
     NoJetStream,
+    NoteStream,
+    Stored,
     bucket_config,
 )
-from beatless.stores.base import ClaimRequest, ClaimStore, Epoch, Outcome, judge
+from beatless.stores.base import ClaimRequest, ClaimStore, Epoch, Note, Outcome, judge
 from beatless.urls import mask_url, secrets_of
 
 logger = logging.getLogger(__name__)
@@ -96,6 +120,14 @@ CONCURRENCY = 256
 ATTEMPTS = 5
 """Reads and writes of one key in one call before it gives up as contended."""
 OPTIONS = ("bucket", "ttl", "timeout", "replicas")
+NOTE_FORMAT = 1
+"""The layout of a note's body; a message of any other layout is not read as a note."""
+NOTES_MAX_AGE = timedelta(hours=24)
+"""How long the notes stream keeps a message, and so the longest life of a note."""
+STREAM_SETTLE_S = 0.05
+"""The wait before a post tries again on a stream made at that moment, times the try."""
+NOTE_TOKEN_DIGITS = 32
+"""Hex digits of the hash of a kind or a key in a note's subject."""
 WRITTEN_KEPT = 100_000
 """Claims a store object remembers having written, for a commit without a read."""
 _BUCKET = re.compile(r"[A-Za-z0-9_-]+")
@@ -158,7 +190,8 @@ class NATSStore(ClaimStore):
     ``bucket`` is the bucket's name, ``beatless_{namespace}`` unless given; it is
     created at first use if missing, keeping messages ``ttl`` (a duration: seconds,
     ``"5m"``, ``timedelta``) with ``replicas`` copies. ``timeout`` bounds the connection
-    and each request (seconds).
+    and each request (seconds). Notes go to a stream beside the bucket, ``NOTES_{bucket}``,
+    created at the first post.
 
     Nothing is sent until the first call. The store runs nats-py on an event loop of its
     own, in a thread it starts; its calls may come from any thread and run one at a
@@ -169,6 +202,7 @@ class NATSStore(ClaimStore):
     """
 
     name = "nats"
+    commits_notes = False
 
     def __init__(
         self,
@@ -192,6 +226,10 @@ class NATSStore(ClaimStore):
         self.replicas = _replicas(replicas)
         self._link = Link(self._servers, self.bucket, self.timeout, self._scrub)
         self._lock = threading.Lock()
+        # Notes have a connection and a lock of their own: a read of many notes (or one on
+        # a slow server) never holds up a claim or a commit, whose lease is running.
+        self._notes_link = Link(self._servers, self.bucket, self.timeout, self._scrub)
+        self._notes_lock = threading.Lock()
         self._closed = False
         self._direct = False
         self._server_time = False
@@ -238,7 +276,7 @@ class NATSStore(ClaimStore):
     @property
     def requests(self) -> int:
         """How many requests this store object sent to the server (each has a reply)."""
-        return self._link.requests
+        return self._link.requests + self._notes_link.requests
 
     # -- the contract ---------------------------------------------------------------
 
@@ -280,12 +318,14 @@ class NATSStore(ClaimStore):
         self._adopt(state.epoch, forgot_before)
         return outcomes
 
-    def commit(self, ids: Sequence[str], *, node: str) -> list[bool]:
+    def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
         for id_ in ids:
             _claim_key(id_)
+        _check_notes(notes)
         if not ids:
+            self.post(notes)
             return []
-        state, done = self._call("commit", lambda kv: self._settle_all(kv, ids, node, commit=True))
+        state, done = self._call("commit", lambda kv: self._commit_all(kv, ids, node, notes))
         if self.epoch is None:
             self.epoch = state.epoch  # a first sighting; a changed epoch waits for a claim
         return done
@@ -296,10 +336,24 @@ class NATSStore(ClaimStore):
         if ids:
             self._call("release", lambda kv: self._settle_all(kv, ids, node, commit=False))
 
+    notes_live_ms = to_ms(NOTES_MAX_AGE)
+
+    def post(self, notes: Sequence[Note]) -> None:
+        _check_notes(notes)
+        if notes:
+            self._call("post notes", lambda kv: self._post(kv.notes, notes), notes=True)
+
+    def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
+        unique = list(dict.fromkeys(kinds))
+        if not unique:
+            return {}
+        return self._call("read notes", lambda kv: self._read(kv.notes, unique), notes=True)
+
     def close(self) -> None:
-        with self._lock:
+        with self._lock, self._notes_lock:
             self._closed = True
             self._link.close()
+            self._notes_link.close()
 
     # -- claims, on the store's event loop -------------------------------------------------
 
@@ -375,6 +429,25 @@ class NATSStore(ClaimStore):
         self._written[id_] = (epoch, revision, record)
         return outcome
 
+    async def _commit_all(
+        self, kv: Bucket, ids: Sequence[str], node: str, notes: Sequence[Note]
+    ) -> tuple[_State, list[bool]]:
+        """Commit ``ids`` and publish ``notes`` at the same time: the notes add no round
+        trip to wait for, but they are two operations (see ``commits_notes``)."""
+        commit = self._settle_all(kv, ids, node, commit=True)
+        if not notes:
+            return await commit
+        # Both run to their end before an error of either is raised: nothing of the call
+        # is left running on the loop when the next call starts.
+        settled, posted = await asyncio.gather(
+            commit, self._post(kv.notes, notes), return_exceptions=True
+        )
+        if isinstance(settled, BaseException):
+            raise settled
+        if isinstance(posted, BaseException):
+            raise posted
+        return settled
+
     async def _settle_all(
         self, kv: Bucket, ids: Sequence[str], node: str, *, commit: bool
     ) -> tuple[_State, list[bool]]:
@@ -412,6 +485,46 @@ class NATSStore(ClaimStore):
                     continue
                 return True
         raise _Contended(id_)
+
+    # -- notes, on the store's event loop ----------------------------------------------------
+
+    async def _post(self, stream: NoteStream, notes: Sequence[Note]) -> None:
+        latest = {(note.kind, note.key): note for note in notes}  # a later one replaces
+        bounds = {note.kind: note.keep for note in notes if note.keep}
+
+        async def publish() -> None:
+            await _together(
+                stream.publish(_note_subject(n), _note_body(n)) for n in latest.values()
+            )
+
+        for attempt in range(ATTEMPTS):
+            try:
+                await publish()
+                break
+            except BucketMissing:  # no stream takes the notes yet: the first post makes it
+                if attempt == ATTEMPTS - 1:
+                    raise
+                await stream.create(max_age_ms=to_ms(NOTES_MAX_AGE), replicas=self.replicas)
+                # On 2.9, a stream that another node is creating takes no message for a moment.
+                await asyncio.sleep(attempt * STREAM_SETTLE_S)
+        await _together(self._trim(stream, kind, keep) for kind, keep in bounds.items())
+
+    async def _trim(self, stream: NoteStream, kind: str, keep: int) -> None:
+        """Delete the notes of ``kind`` that expired and, beyond ``keep``, those that
+        expire first."""
+        live, expired = await _notes_of(stream, kind)
+        live.sort(key=lambda note: note.until_ms)
+        doomed = expired + live[: max(0, len(live) - keep)]
+        await _together(stream.delete(note.seq) for note in doomed)
+
+    async def _read(self, stream: NoteStream, kinds: list[str]) -> dict[str, dict[str, str]]:
+        found = await _together(self._read_kind(stream, kind) for kind in kinds)
+        return dict(zip(kinds, found, strict=True))
+
+    async def _read_kind(self, stream: NoteStream, kind: str) -> dict[str, str]:
+        live, expired = await _notes_of(stream, kind)
+        await _together(stream.delete(note.seq) for note in expired)
+        return {note.key: note.value for note in live}
 
     # -- the bucket: clock, epoch, creation --------------------------------------------------
 
@@ -463,24 +576,27 @@ class NATSStore(ClaimStore):
 
     # -- calls and their errors ------------------------------------------------------------
 
-    def _call(self, what: str, make: Callable[[Bucket], Awaitable[T]]) -> T:
-        """Run ``make(bucket)`` on the store's loop, bounded in time; errors become ours."""
-        with self._lock:
+    def _call(self, what: str, make: Callable[[Bucket], Awaitable[T]], *, notes: bool = False) -> T:
+        """Run ``make(bucket)`` on the store's loop (the notes' loop), bounded in time;
+        errors become ours."""
+        lock, link = (self._notes_lock, self._notes_link) if notes else (self._lock, self._link)
+        with lock:
             if self._closed:
                 raise StoreError(f"nats store {self._where}: cannot {what}: the store is closed")
             try:
-                return self._link.run(make, self.timeout * CALL_TIMEOUTS)
+                return link.run(make, self.timeout * CALL_TIMEOUTS)
             except Exception as exc:  # each kind is sorted by ``_translate``
-                raise self._translate(what, exc) from None
+                raise self._translate(what, exc, link) from None
 
-    def _translate(self, what: str, exc: Exception) -> StoreError:
+    def _translate(self, what: str, exc: Exception, link: Link) -> StoreError:
         if isinstance(exc, StoreError):
             return exc
         prefix = f"nats store {self._where}: cannot {what}"
-        if self._link.refusal:
+        if link.refusal:
             return StoreError(
-                f"{prefix}: {self._link.refusal}; check the user name, password or token and the "
-                f"subjects this user may use ($JS.API.>, $KV.{self.bucket}.>, _INBOX.>)"
+                f"{prefix}: {link.refusal}; check the user name, password or token and the "
+                f"subjects this user may use ($JS.API.>, $KV.{self.bucket}.>, "
+                f"beatless.notes.{self.bucket}.>, _INBOX.>)"
             )
         outage = self._outage(exc)
         if outage is not None:
@@ -575,6 +691,84 @@ class _Settle:
         if record.committed or record.until_ms < now:
             return None
         return _Record(node, False, now - 1, record.memory_ms, record.tag)
+
+
+@dataclass(frozen=True, slots=True)
+class _Posted:
+    """A note as a read found it: ``until_ms`` is its last millisecond on the server's clock,
+    ``seq`` its message."""
+
+    key: str
+    value: str
+    until_ms: int
+    seq: int
+
+
+async def _notes_of(stream: NoteStream, kind: str) -> tuple[list[_Posted], list[_Posted]]:
+    """The notes of ``kind`` that live now on the server's clock, and those that expired."""
+    try:
+        snapshot = await stream.snapshot(f"{_token(kind)}.*")
+    except BucketMissing:  # nothing was ever posted
+        return [], []
+    notes = [note for m in snapshot.messages if (note := _read_note(m, kind)) is not None]
+    live = [note for note in notes if note.until_ms >= snapshot.now_ms]
+    return live, [note for note in notes if note.until_ms < snapshot.now_ms]
+
+
+def _check_notes(notes: Sequence[Note]) -> None:
+    longest = to_ms(NOTES_MAX_AGE)
+    for note in notes:
+        if note.ttl_ms > longest:
+            raise ConfigError(
+                f"nats store: note {note.kind[:80]!r}/{note.key[:80]!r}: ttl_ms "
+                f"{note.ttl_ms} is over {longest}, the {describe(NOTES_MAX_AGE)} the notes "
+                f"stream keeps a message"
+            )
+
+
+def _note_subject(note: Note) -> str:
+    return f"{_token(note.kind)}.{_token(note.key)}"
+
+
+def _token(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:NOTE_TOKEN_DIGITS]
+
+
+def _note_body(note: Note) -> bytes:
+    fields = {
+        "v": NOTE_FORMAT,
+        "kind": note.kind,
+        "key": note.key,
+        "value": note.value,
+        "ttl_ms": note.ttl_ms,
+    }
+    return json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _read_note(stored: Stored, kind: str) -> _Posted | None:
+    """The note in a message of ``kind``'s subjects; ``None`` for a message that is not
+    one (another program's, a newer layout), left for the stream's ``max_age``."""
+    try:
+        body = json.loads(stored.data)
+    except ValueError:  # not UTF-8, or not JSON
+        return None
+    if not isinstance(body, dict) or body.get("v") != NOTE_FORMAT or body.get("kind") != kind:
+        return None
+    key, value, ttl = body.get("key"), body.get("value"), body.get("ttl_ms")
+    if not (isinstance(key, str) and isinstance(value, str) and isinstance(ttl, int)):
+        return None
+    return _Posted(key, value, stored.stamp_ms + ttl, stored.seq)
+
+
+async def _together(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """Await ``calls`` at once, at most ``CONCURRENCY`` of them in flight."""
+    gate = asyncio.Semaphore(CONCURRENCY)
+
+    async def bounded(call: Awaitable[T]) -> T:
+        async with gate:
+            return await call
+
+    return await asyncio.gather(*(bounded(call) for call in calls))
 
 
 def _raise_unless_wrong_last(exc: JetStreamError) -> None:

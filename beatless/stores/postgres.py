@@ -3,10 +3,12 @@
 Every ``claim``, ``commit`` and ``release`` is one call of a PL/pgSQL function
 (``beatless/stores/sql/postgres.sql``, a package file whose header says what it
 creates), so a batch is one round trip and one transaction: it commits whole or not at
-all. Inside a call the store's clock is ``clock_timestamp()``, read once: it decides
-whether a new claim is late or early and whether a lease is alive, so skew between nodes
-changes nothing. Each call locks the rows of its batch in one order (by firing id), so
-two nodes racing for overlapping batches wait on each other, never in a cycle.
+all; a commit that carries notes calls the notes' function after the commit's in the
+same statement, still one round trip and one transaction. Inside a call the store's
+clock is ``clock_timestamp()``, read once: it decides whether a new claim is late or
+early and whether a lease is alive, so skew between nodes changes nothing. Each call
+locks the rows of its batch in one order (by firing id), so two nodes racing for
+overlapping batches wait on each other, never in a cycle.
 
 A firing whose entry skips overlapping runs names its address's run-lease record
 (:attr:`~beatless.stores.base.ClaimRequest.run_id`), an ordinary row of ``claims``. A
@@ -40,10 +42,20 @@ Everything lives in one schema, ``beatless`` unless the URL says ``?schema=``:
     call then deletes up to a bounded number of rows past their memory, skipping rows
     that another call holds (``FOR UPDATE SKIP LOCKED``), so the table stays bounded
     without a sweeper of its own and without long locks.
+``notes``
+    One row per note (:meth:`PostgresStore.post`), keyed by namespace and the SHA-256
+    digests of its kind and key, so that names of any length fit a btree entry: the
+    end of its time on the server's clock, the kind and key as posted and the value's
+    UTF-8 bytes. A note costs a row of about 110 bytes beside its namespace, kind, key
+    and value (a value past 2 kB is compressed), an entry of about 80 bytes beside the
+    namespace in the primary key, and one of about 20 in the index of ends. Each post
+    deletes up to a bounded number of notes past their time, of any kind, as each
+    claim deletes claims.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
@@ -61,7 +73,7 @@ from beatless._logtext import shown
 from beatless.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
-from beatless.stores.base import TOLERANCE_MS, ClaimRequest, ClaimStore, Epoch, Outcome
+from beatless.stores.base import TOLERANCE_MS, ClaimRequest, ClaimStore, Epoch, Note, Outcome
 from beatless.urls import mask_url, secrets_of
 
 if TYPE_CHECKING:
@@ -87,8 +99,8 @@ DEADLINE_SLACK_S = 2.0
 """How long past ``timeout`` a call may go unanswered before the store cuts its
 connection: a server that stopped answering (frozen, or a link that holds packets)."""
 SWEEP_MIN = 200
-"""Expired rows each claim call may delete, at least; twice the batch when larger, so
-that deletion keeps pace with insertion."""
+"""Expired rows each claim or post call may delete, at least; twice the batch when
+larger, so that deletion keeps pace with insertion."""
 CHUNK = 5_000
 """Firings per function call; a larger batch is several calls, so that no transaction
 holds many thousands of row locks for long."""
@@ -97,6 +109,8 @@ FUNCTIONS = (
     " bigint[], bigint[], bigint[], bigint[], text[], text[], bigint)",
     "commit_v1(text, text, text[], bigint)",
     "release_v1(text, text, text[], bigint)",
+    "post_v1(text, bytea[], bytea[], text[], text[], bytea[], bigint[], integer[], integer,"
+    " bigint)",
 )
 """The functions of this schema version, with their arguments' types."""
 SQL_FILE = "sql/postgres.sql"
@@ -228,13 +242,25 @@ class PostgresStore(ClaimStore):
             outcomes += self._claim_chunk(requests[start : start + CHUNK], node, lease_ms)
         return outcomes
 
-    def commit(self, ids: Sequence[str], *, node: str) -> list[bool]:
+    def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
+        """One call of ``commit_v1`` per :data:`CHUNK` ids; the notes ride in the first, one
+        statement that calls ``post_v1`` after it. A batch of one chunk (every batch a
+        node commits in practice) is then one round trip and one transaction; a node that
+        dies between the calls of a larger one leaves its notes committed with the first
+        chunk's claims, so a history item is never missing for a committed firing."""
         _check_node(node)
+        if not ids:
+            self.post(notes)
+            return []
         flags = ""
         for start in range(0, len(ids), CHUNK):
             chunk = list(ids[start : start + CHUNK])
-            args = (self.namespace, node, chunk, self._now_ms())
-            row = self._row("commit", self._statements.commit, args)
+            args: tuple[Any, ...] = (self.namespace, node, chunk, self._now_ms())
+            if start == 0 and notes:
+                query, args = self._statements.commit_notes, (*self._note_args(notes), *args)
+                row = self._row("commit and post notes", query, args)
+            else:
+                row = self._row("commit", self._statements.commit, args)
             flags += row[0]
             if self.epoch is None and row[1] is not None:
                 # Only a first sighting: a changed epoch is left for the next claim to judge.
@@ -246,6 +272,25 @@ class PostgresStore(ClaimStore):
         for start in range(0, len(ids), CHUNK):
             args = (self.namespace, node, list(ids[start : start + CHUNK]), self._now_ms())
             self._row("release", self._statements.release, args)
+
+    def post(self, notes: Sequence[Note]) -> None:
+        """One call of ``post_v1``: one round trip and one transaction."""
+        if not notes:
+            return
+        self._row("post notes", self._statements.post, self._note_args(notes))
+
+    def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
+        """One query of the ``notes`` table, by primary key, for every kind asked."""
+        found: dict[str, dict[str, str]] = {kind: {} for kind in kinds}
+        if not found:
+            return found
+        by_id = {_digest(kind): kind for kind in found}
+        args = (self.namespace, list(by_id), self._now_ms())
+        query = self._statements.read_notes
+        rows = self._call("read notes", lambda conn: conn.execute(query, args).fetchall())
+        for kind_id, key, value in rows:
+            found[by_id[bytes(kind_id)]][key] = bytes(value).decode()
+        return found
 
     def time_ms(self) -> int:
         """``clock_timestamp()`` on the server, in epoch milliseconds: one round trip."""
@@ -325,6 +370,21 @@ class PostgresStore(ClaimStore):
         letters, token, started_ms = self._row("claim", self._statements.claim, args)
         self._adopt(Epoch(token, int(started_ms)))
         return [_OUTCOMES[letter] for letter in letters]
+
+    def _note_args(self, notes: Sequence[Note]) -> tuple[Any, ...]:
+        """The arguments of ``post_v1``, in its order."""
+        return (
+            self.namespace,
+            [_digest(n.kind) for n in notes],
+            [_digest(n.key) for n in notes],
+            [n.kind for n in notes],
+            [n.key for n in notes],
+            [n.value.encode() for n in notes],
+            [n.ttl_ms for n in notes],
+            [n.keep for n in notes],
+            max(SWEEP_MIN, 2 * len(notes)),
+            self._now_ms(),
+        )
 
     def _now_ms(self) -> int | None:
         """The reading of ``clock`` the functions use instead of the server's, if any."""
@@ -493,11 +553,25 @@ class _Statements:
             "%s, %s, %s, %s, %s, %s, %s, %s, %s::text[], %s::text[], %s::bigint[], "
             "%s::bigint[], %s::bigint[], %s::bigint[], %s::text[], %s::text[], %s::bigint)"
         )
-        self.commit = q(
-            "SELECT flags, epoch_token, epoch_started_ms"
-            " FROM {s}.commit_v1(%s, %s, %s::text[], %s::bigint)"
+        commit = q("{s}.commit_v1(%s, %s, %s::text[], %s::bigint)")
+        post = q(
+            "{s}.post_v1(%s, %s::bytea[], %s::bytea[], %s::text[], %s::text[],"
+            " %s::bytea[], %s::bigint[], %s::integer[], %s, %s::bigint)"
         )
+        self.commit = sql.SQL("SELECT flags, epoch_token, epoch_started_ms FROM {}").format(commit)
+        # One statement, so one transaction. post_v1 is in the select list: it runs on
+        # commit_v1's one row, after it, so the notes' locks come after the claims' (no
+        # call holds a note's lock while it waits for a claim's: never a cycle).
+        self.commit_notes = sql.SQL(
+            "SELECT c.flags, c.epoch_token, c.epoch_started_ms, {post} FROM {commit} AS c"
+        ).format(post=post, commit=commit)
         self.release = q("SELECT {s}.release_v1(%s, %s, %s::text[], %s::bigint)")
+        self.post = sql.SQL("SELECT {}").format(post)
+        self.read_notes = q(
+            "SELECT kind_id, key, value FROM {s}.notes"
+            " WHERE namespace = %s AND kind_id = ANY (%s::bytea[]) AND until_ms >="
+            " coalesce(%s::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000))"
+        )
         self.now = sql.SQL("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint")
         self.recent = q(
             "SELECT id, address, occurrence_ms, node, committed, until_ms, claimed_ms"
@@ -737,6 +811,11 @@ def _check_request(request: ClaimRequest) -> None:
             f"postgres store: firing {r.id!r} ({r.address!r}): PostgreSQL text cannot hold "
             f"a NUL character"
         )
+
+
+def _digest(name: str) -> bytes:
+    """The key of a note's kind or key in the ``notes`` table: SHA-256 of its UTF-8."""
+    return hashlib.sha256(name.encode()).digest()
 
 
 def _is_refusal(text: str) -> bool:

@@ -27,6 +27,19 @@ unless ``prefix`` says otherwise:
     found missing, and bound to ``{prefix}done`` with routing key ``epoch.{token}``. A
     claim asks whether that binding still routes (one more TTL-0 message): a broker
     that lost its definitions has neither, and the next claim writes a new epoch.
+``{prefix}notes``, a stream queue
+    The notes (:meth:`~RabbitMQStore.post`): a stream is the one kind of queue that is
+    read without taking its messages. A post is one message, ``{"v": 1, "notes":
+    [[kind, key, value, expires_ms, keep], ...]}`` in JSON, its expiry on the local
+    clock, published with a confirm (one round trip; the first post of a namespace
+    declares the stream). A read (:meth:`~RabbitMQStore.read_notes`) consumes the stream
+    from where this store object stopped (see ``_amqp.Read`` for how it knows the end)
+    and folds it as the broker would if it could: the last note of a kind and key
+    wins, each post's ``keep`` is applied after its notes, and notes whose expiry passed
+    are dropped. The stream's retention trims, not the reads: messages are kept
+    ``x-max-age`` 25 h (a note may live at most 24 h: the hour more covers skew between
+    the broker's clock, which trims, and the nodes', which expire), in segments of
+    8 MB so that trimming happens, and never more than 500 MB.
 
 Nothing is ever read with ``basic.get`` by a node that is not sure the message is its
 own: RabbitMQ counts only *ready* messages against ``x-max-length``, so a message got
@@ -39,6 +52,16 @@ under another tag; another node's claim of another task is ``HELD`` or ``LOST``,
 claim this node made from another process (or whose confirm was lost with a connection)
 is ``HELD`` until its lease runs out and it is taken over.
 
+A renewal (a node claiming again a firing whose claim it holds: a run lease or a
+once-only record at every heartbeat) takes its message out of the slot and publishes a
+fresh one. It takes it with a consumer, not ``basic.get``, and every claim the slot
+takes is followed by a passive declare that counts the slot's consumers: a claim that
+finds one is a renewal's gap, and takes its message back (``HELD``) while the renewal
+publishes again until the slot takes its fresh claim. The renewal cancels its consumer
+only after that, then acknowledges the old message, so no claim wins a slot whose holder
+is renewing it. A renewer whose connection drops mid-renewal loses its claim (its old
+message goes back to the slot, and expires when its lease would have ended).
+
 Lateness and earliness are judged on the local clock (``clock``): RabbitMQ has no clock
 to read. Leases are measured by the broker (message TTL, ``x-expires``), so skew between
 nodes cannot make a live lease look expired; a commit counts as made only if the broker
@@ -47,6 +70,8 @@ confirmed it before the node's own monotonic clock reached the end of the lease.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import threading
@@ -54,15 +79,18 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from beatless._logtext import shown
 from beatless.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
-from beatless.stores.base import ClaimRequest, ClaimStore, Epoch, Outcome
+from beatless.stores.base import ClaimRequest, ClaimStore, Epoch, Note, Outcome
 from beatless.urls import mask_url, secrets_of
+
+if TYPE_CHECKING:
+    from beatless.stores._amqp import Message
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +103,15 @@ RATE_ALLOWANCE = 0.001
 GET_GUARD = 0.25
 """A node gets its own pending message back (release, renewal) only while its claim is
 younger than ``1 - GET_GUARD`` of its lease, so the message is surely still there."""
+RENEW_RETRY_S = 0.005
+"""How long a renewal waits before it publishes again to a slot that a claimant, who will
+take its claim back, filled while the old claim was out."""
+RENEW_PATIENCE_S = 2.0
+"""How long a renewal keeps publishing to a slot that stays full (a claimant that died
+before it took its claim back) before it lets its own claim go: ``HELD``."""
+CONSUME_WAIT_S = 1.0
+"""How long a renewal waits for its claim's message to be delivered to its consumer
+(milliseconds, when the message is there)."""
 EPOCH_READS = 20
 HELD_MEMORY_S = 3_600
 """How long this process remembers that it saw a firing held (for ``TAKEOVER``)."""
@@ -82,6 +119,24 @@ PROBE_TTL_MS = 10_000
 _MAX_PREFIX = 180
 _OPTIONS = {"durable", "timeout", "channels", "prefix"}
 _SLOT = {"x-max-length": 1, "x-overflow": "reject-publish", "x-queue-type": "classic"}
+NOTES_FORMAT = 1
+NOTE_TTL_LIMIT_MS = 24 * 3_600_000
+"""The longest time to live of a note: the stream keeps its messages an hour longer."""
+_NOTES_STREAM = {
+    "x-queue-type": "stream",
+    "x-max-age": "25h",
+    "x-stream-max-segment-size-bytes": 8_000_000,
+    "x-max-length-bytes": 500_000_000,
+}
+NOTES_PREFETCH = 500
+"""How many messages a read of the notes is sent ahead of its acknowledgements."""
+NOTES_QUIET_S = 1.0
+"""How long a read waits for the first message of a stream that always has one, before
+it takes the stream for new (empty, or made anew since this store object last read)."""
+NOTES_READS = 3
+"""How many times a read starts over (on a stream found empty, or made anew)."""
+NOTES_START_S = 0.25
+"""How long a new stream is given to start (RabbitMQ takes a few milliseconds)."""
 
 
 def _driver() -> Any:
@@ -174,6 +229,24 @@ class RabbitMQStore(ClaimStore):
     ``"2s"``; to connect and for each call), ``channels`` (claims run at once, each on a
     channel), ``prefix``. ``clock`` gives the time for lateness (seconds, ``time.time``).
 
+    A post costs one message in the notes stream, its JSON and about a hundred bytes
+    more, kept 25 h (until its segment is trimmed) whatever the notes' time to live: keep
+    posts small and few. A read costs two round trips and a channel opened again, and
+    reads what was posted since this store object's last read; the first read of a
+    store object reads every message the stream still holds (up to 25 h of posts). Each
+    store object keeps the live notes it has read, of every kind, in memory (kind, key,
+    value and expiry of each). On a cluster, a read may miss a post of the last
+    moments, until the node it reads from has its copy. A note may live at most 24 h:
+    a longer ``ttl_ms`` is refused.
+
+    The notes a commit carries (each firing's history) are one post, published in the
+    same batch of channel scripts as the commit's binds, so they add no round trip (until
+    this store object has seen the notes stream work, they are posted right after the
+    commit instead: a stream still starting may close the connection under the batch).
+    The slots and the stream share no operation, so :attr:`commits_notes` is false: a
+    node that dies mid-commit may leave a committed firing without its history note, or
+    the note of a firing it sent whose claim then runs out pending.
+
     Nothing is sent until the first call. An unreachable broker raises
     :class:`~beatless.errors.StoreUnavailable`; a refused login or virtual host raises
     :class:`~beatless.errors.StoreError`. The password never appears in ``repr``, logs
@@ -185,16 +258,14 @@ class RabbitMQStore(ClaimStore):
     overlapping runs is claimed as any other, never answered
     :attr:`~beatless.stores.base.Outcome.OVERLAP`, and enqueued; the worker's own
     run-lease check (:mod:`beatless.runs`, claims of this store like any other) refuses
-    the run while another run of its address holds the run lease. But a renewal fetches
-    the node's own message and publishes a fresh one: a claim of another node that lands
-    in that one round trip takes the slot, and the renewing node gets ``HELD``. So the
-    store does not hold run leases (:attr:`holds_run_leases` is false) and a schedule
-    with ``overlap = "skip"`` is refused at start on it.
+    the run while another run of its address holds the run lease. A worker's heartbeat
+    renews the run lease without ever leaving the slot to another claim (see the module
+    docstring), so a run lease excludes every other run while it is renewed.
     """
 
     name = "rabbitmq"
+    commits_notes = False
     checks_overlap = False
-    holds_run_leases = False
 
     def __init__(
         self,
@@ -238,6 +309,13 @@ class RabbitMQStore(ClaimStore):
         self._session = _amqp.Session(
             params, width=width, timeout=seconds, where=self._where, setup=self._declarations
         )
+        # Notes have a connection and a lock of their own: a stream read that waits (a
+        # first read of a long stream, a stream being created) never holds up a claim or
+        # a commit, whose lease is running.
+        self._notes_session = _amqp.Session(
+            params, width=1, timeout=seconds, where=self._where, prefetch=NOTES_PREFETCH
+        )
+        self._notes_lock = threading.Lock()
         self._amqp = _amqp
         self._ledger = _Ledger.of(f"{params.host}:{params.port}{params.virtual_host}", self.prefix)
         self._clock, self._monotonic = clock, monotonic
@@ -247,6 +325,9 @@ class RabbitMQStore(ClaimStore):
         self._closed = False
         self._exchange = f"{self.prefix}slots"
         self._epoch_queue = f"{self.prefix}epoch"
+        self._notes_queue = f"{self.prefix}notes"
+        self._board = _Board()
+        self._notes_seen = False
 
     def __repr__(self) -> str:
         return f"RabbitMQStore({self._where!r}, prefix={self.prefix!r}, durable={self.durable})"
@@ -267,9 +348,13 @@ class RabbitMQStore(ClaimStore):
             self._follow_epoch()
             return self._claim_batch(requests, node, lease_ms)
 
-    def commit(self, ids: Sequence[str], *, node: str) -> list[bool]:
-        if not ids:
-            return []
+    def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
+        _check_notes(notes)
+        done = self._commit(ids, node) if ids else []
+        self.post(notes)  # right after: the notes stream is not the claims' queues
+        return done
+
+    def _commit(self, ids: Sequence[str], node: str) -> list[bool]:
         with self._lock:
             self._setup("commit")
             if self.epoch is None:
@@ -277,9 +362,9 @@ class RabbitMQStore(ClaimStore):
             now = self._monotonic()
             holds = [self._ledger.get(node, id_) for id_ in ids]
             work = [(i, h) for i, h in enumerate(holds) if h is not None and h.runs(now)]
-            scripts = [self._commit_one(ids[i], hold) for i, hold in work]
+            results = self._run([self._commit_one(ids[i], hold) for i, hold in work], "commit")
             done = [h is not None and h.state == "committed" for h in holds]
-            for (i, hold), ok in zip(work, self._run(scripts, "commit"), strict=True):
+            for (i, hold), ok in zip(work, results, strict=True):
                 done[i] = ok is True
                 self._ledger.put(
                     node, ids[i], replace(hold, state="committed") if done[i] else None
@@ -302,6 +387,25 @@ class RabbitMQStore(ClaimStore):
                     scripts.append(self._take_back(self._slot(id_), hold.token))
             self._run(scripts, "release")
 
+    notes_live_ms = NOTE_TTL_LIMIT_MS
+
+    def post(self, notes: Sequence[Note]) -> None:
+        if not notes:
+            return
+        _check_notes(notes)
+        with self._notes_lock:
+            self._setup("post notes")
+            body = _notes_body(notes, self.time_ms())
+            self._use_notes(lambda: self._write_notes(body, "post notes"))
+
+    def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
+        if not kinds:
+            return {}
+        with self._notes_lock:
+            self._setup("read notes")
+            self._use_notes(self._catch_up)
+            return self._board.read(kinds, self.time_ms())
+
     def probe(self) -> None:
         """Declare a queue under the prefix (expiring in 10 s), publish a message to it
         with a confirm, get it back, and delete the queue."""
@@ -321,6 +425,8 @@ class RabbitMQStore(ClaimStore):
             self._closed = True
             if self._pid == os.getpid():
                 self._session.close()
+                with self._notes_lock:
+                    self._notes_session.close()
 
     # -- claims -----------------------------------------------------------------------
 
@@ -414,7 +520,8 @@ class RabbitMQStore(ClaimStore):
         self, r: ClaimRequest, node: str, lease_ms: int, token: str, attempt: _Attempt
     ) -> Any:
         """Publish the claim through the slot's binding; if nothing is bound yet, declare
-        the slot, publish to it by name, and bind it for the claims that come after."""
+        the slot, publish to it by name, and bind it for the claims that come after. A
+        claim the slot took while its holder renews (see :meth:`_renew`) is taken back."""
         a, queue = self._amqp, self._slot(r.id)
         body = _claim_body(token, lease_ms, r.tag, node)
         attempt.at, attempt.sent = self._monotonic(), True
@@ -427,31 +534,50 @@ class RabbitMQStore(ClaimStore):
             confirm = yield a.Publish("", queue, body, lease_ms, self.durable)
             if confirm is a.Confirm.ACK:
                 yield a.Bind(queue, self._exchange, f"claim.{r.id}", nowait=True)
-        elif confirm is a.Confirm.ACK:
-            yield a.Declare(queue, passive=True, nowait=True)  # outlive the lease from now
+        if confirm is a.Confirm.ACK:
+            _ready, consumers = yield a.Declare(queue, passive=True)  # outlive the lease
+            if consumers:  # its holder has the claim out to renew it: the slot is not free
+                yield from self._take_back(queue, token)
+                confirm = a.Confirm.NACK
         attempt.won = confirm is a.Confirm.ACK
         return attempt.won
 
     def _renew(self, r: ClaimRequest, node: str, lease_ms: int, hold: _Hold) -> Any:
         """This node's own pending claim: publish a fresh one in its place (``WON``), or
-        ``HELD`` if another claim took the slot while the old one was out."""
-        a = self._amqp
-        if not hold.runs(self._monotonic(), GET_GUARD):
+        ``HELD`` if the claim was no longer there or its lease ran out meanwhile.
+
+        The slot counts only ready messages, so while the old claim is out of it another
+        claim can be published there. The old one is taken out by a consumer, which a
+        passive declare counts: a claimant that finds one takes its claim back and is
+        ``HELD`` (:meth:`_publish_claim`), and the fresh claim is published again until
+        the slot takes it. The consumer is cancelled before the old claim is acknowledged,
+        so the slot is never free while neither claim is in it."""
+        a, now = self._amqp, self._monotonic()
+        if not hold.runs(now, GET_GUARD):
             return Outcome.HELD, hold  # too close to its end to touch it safely
         queue = self._slot(r.id)
-        got = yield a.Get(queue)
+        left = hold.lease_ms * (1 - RATE_ALLOWANCE) / 1_000 - (now - hold.sent)
+        got = yield a.Consume(queue, wait=min(max(left, 0.0), CONSUME_WAIT_S))
         if got is None or _token_of(got.body) != hold.token:
-            if got is not None:
-                yield a.Settle(got.delivery_tag, ack=False)
-            return Outcome.HELD, None
+            return Outcome.HELD, None  # whatever was delivered goes back with the channel
         token = new_token()[:16]
-        sent = self._monotonic()
-        confirm = yield a.Publish(
-            "", queue, _claim_body(token, lease_ms, r.tag, node), lease_ms, self.durable
-        )
+        body = _claim_body(token, lease_ms, r.tag, node)
+        give_up = self._monotonic() + RENEW_PATIENCE_S
+        while True:
+            sent = self._monotonic()
+            confirm = yield a.Publish("", queue, body, lease_ms, self.durable)
+            if confirm is a.Confirm.ACK:
+                break
+            if (
+                confirm is a.Confirm.RETURNED
+                or not hold.runs(self._monotonic())
+                or self._monotonic() > give_up
+            ):
+                yield a.Settle(got.delivery_tag, ack=True)  # let the claim go
+                return Outcome.HELD, None
+            yield a.Sleep(RENEW_RETRY_S)  # a claimant's message, which it takes back
+        yield a.Cancel()
         yield a.Settle(got.delivery_tag, ack=True)
-        if confirm is not a.Confirm.ACK:
-            return Outcome.HELD, None
         yield a.Declare(queue, passive=True)
         return Outcome.WON, _Hold(token, sent, lease_ms, r.tag)
 
@@ -483,6 +609,80 @@ class RabbitMQStore(ClaimStore):
 
     def _is_forgotten(self, r: ClaimRequest) -> bool:
         return self._forgot_before_ms is not None and r.release_ms < self._forgot_before_ms
+
+    # -- notes --------------------------------------------------------------------------
+
+    def _use_notes(self, call: Callable[[], bool]) -> None:
+        """Run ``call`` (which says whether it found the stream); once more, a moment
+        later, if it fails before this store object saw the stream work. A stream being
+        created refuses a publish or a consume that comes before it started, by closing
+        the channel or the whole connection (RabbitMQ 3.10): a race that only nodes
+        posting their first notes at once run into."""
+        try:
+            self._notes_seen = call()
+        except StoreError:
+            if self._notes_seen:
+                raise
+            time.sleep(NOTES_START_S)
+            self._notes_seen = call()
+
+    def _write_notes(self, body: bytes, what: str) -> bool:
+        (result,) = self._run([self._post_script(body)], what, self._notes_session)
+        return self._check_post(result, what)
+
+    def _check_post(self, result: Any, what: str) -> bool:
+        """Raise what a post script ended with, if it failed; ``True``: the stream took it."""
+        if isinstance(result, BaseException):
+            raise StoreError(f"rabbitmq store {self._where}: cannot {what}: {self._mask(result)}")
+        return True
+
+    def _post_script(self, body: bytes) -> Any:
+        """Publish one post to the stream, declaring it first if no post reached it yet."""
+        a, queue = self._amqp, self._notes_queue
+        confirm = yield a.Publish("", queue, body)
+        if confirm is a.Confirm.RETURNED:
+            try:
+                yield a.Declare(queue, durable=True, arguments=_NOTES_STREAM)
+            except a.ChannelLost as lost:
+                return StoreError(
+                    f"stream queue {queue} not declared ({lost.text}): notes need RabbitMQ "
+                    f"3.9 or later, with streams enabled"
+                )
+            confirm = yield a.Publish("", queue, body)
+        if confirm is not a.Confirm.ACK:
+            return StoreError(f"stream queue {queue} refused the notes ({confirm.value})")
+        return None
+
+    def _catch_up(self) -> bool:
+        """Read the stream from where this store object stopped to its end, into the
+        board; whether there is a stream.
+
+        A stream, once written, keeps its last message (RabbitMQ trims whole segments,
+        when a write starts a new one), and the read starts at the last message the
+        board applied: so a read that gets nothing found a stream that is empty, which
+        an empty post makes readable, or made anew, which is read again from its start."""
+        board, a = self._board, self._amqp
+        for _attempt in range(NOTES_READS):
+            start = board.resume_at()
+            read = a.Read(self._notes_queue, start, NOTES_QUIET_S)
+            (got,) = self._run([_single(read)], "read notes", self._notes_session)
+            if isinstance(got, a.ChannelLost) and got.code == 404:  # nothing was ever posted
+                board.clear()
+                return False
+            if isinstance(got, BaseException):
+                raise StoreError(
+                    f"rabbitmq store {self._where}: cannot read notes: {self._mask(got)}"
+                )
+            if got is None and start == "first":
+                self._write_notes(_notes_body((), 0), "read notes")
+            elif got is None or not board.follow(got, self.time_ms()):
+                board.clear()
+            else:
+                return True
+        raise StoreUnavailable(
+            f"rabbitmq store {self._where}: cannot read notes: stream {self._notes_queue} "
+            f"sent nothing within {NOTES_QUIET_S:g}s, {NOTES_READS} times"
+        )
 
     # -- the epoch ----------------------------------------------------------------------
 
@@ -568,8 +768,9 @@ class RabbitMQStore(ClaimStore):
     def _setup(self, what: str) -> None:
         if self._closed:
             raise StoreError(f"rabbitmq store {self._where}: cannot {what}: the store is closed")
-        if self._pid != os.getpid():  # the socket belongs to the parent process
+        if self._pid != os.getpid():  # the sockets belong to the parent process
             self._session.abandon()
+            self._notes_session.abandon()
             self._pid = os.getpid()
             self._ledger.clear()
 
@@ -590,9 +791,9 @@ class RabbitMQStore(ClaimStore):
             )
         return None
 
-    def _run(self, scripts: list[Any], what: str) -> list[Any]:
+    def _run(self, scripts: list[Any], what: str, session: Any = None) -> list[Any]:
         try:
-            return self._session.run(scripts)
+            return (session or self._session).run(scripts)
         except StoreError as exc:
             raise type(exc)(self._mask(exc)) from None
 
@@ -616,6 +817,120 @@ class _Attempt:
 
 _RETRY = object()
 """A claim to run once more: its channel closed before it published anything."""
+
+_Row = tuple[str, str, str, int, int]
+"""A note as posted: kind, key, value, expiry (epoch milliseconds), keep."""
+
+
+class _Board:
+    """The live notes a store object has read, and the message of the stream it stopped
+    at: the next read starts there, and only checks that it finds the same message."""
+
+    def __init__(self) -> None:
+        self.notes: dict[str, dict[str, tuple[int, str]]] = {}
+        self.offset: int | None = None
+        self.digest = b""
+
+    def clear(self) -> None:
+        self.notes.clear()
+        self.offset, self.digest = None, b""
+
+    def resume_at(self) -> int | str:
+        return "first" if self.offset is None else self.offset
+
+    def follow(self, messages: list[Message], now_ms: int) -> bool:
+        """Apply the messages read from :meth:`resume_at`; ``False``, with nothing
+        applied, when the first is another than the one the board stopped at (the stream
+        was made anew). A first message further on is fine: retention removed the one
+        the board stopped at, and all before, older than any live note."""
+        first = messages[0]
+        if self.offset is not None and first.offset <= self.offset:
+            if first.offset < self.offset or _digest(first.body) != self.digest:
+                return False
+            messages = messages[1:]
+        for message in messages:
+            self._apply(_parse_notes(message.body), now_ms)
+        last = messages[-1] if messages else first
+        self.offset, self.digest = last.offset, _digest(last.body)
+        for kind in list(self.notes):
+            self._live(kind, now_ms)
+        return True
+
+    def read(self, kinds: Sequence[str], now_ms: int) -> dict[str, dict[str, str]]:
+        return {
+            kind: {key: value for key, (_, value) in self._live(kind, now_ms).items()}
+            for kind in kinds
+        }
+
+    def _apply(self, rows: list[_Row], now_ms: int) -> None:
+        """One post: write its notes, then bound the kinds it gave a ``keep``."""
+        bounds: dict[str, int] = {}
+        for kind, key, value, expires_ms, keep in rows:
+            self.notes.setdefault(kind, {})[key] = (expires_ms, value)
+            if keep:
+                bounds[kind] = keep
+        for kind, keep in bounds.items():
+            kept = self._live(kind, now_ms)
+            if len(kept) > keep:
+                by_expiry = sorted(kept.items(), key=lambda item: item[1][0])
+                for key, _ in by_expiry[: len(kept) - keep]:
+                    del kept[key]
+
+    def _live(self, kind: str, now_ms: int) -> dict[str, tuple[int, str]]:
+        """The notes of ``kind``, with those whose time ran out removed."""
+        notes = self.notes.get(kind)
+        if notes is None:
+            return {}
+        for key in [key for key, (until, _) in notes.items() if until < now_ms]:
+            del notes[key]
+        if not notes:
+            del self.notes[kind]
+        return notes
+
+
+def _check_notes(notes: Sequence[Note]) -> None:
+    for note in notes:
+        if note.ttl_ms > NOTE_TTL_LIMIT_MS:
+            raise ConfigError(
+                f"rabbitmq store: note {note.kind[:80]!r}/{note.key[:80]!r}: ttl_ms="
+                f"{note.ttl_ms} is over {NOTE_TTL_LIMIT_MS} (24 h), the longest the notes "
+                f"stream keeps a message; post the note again within 24 h instead"
+            )
+
+
+def _notes_body(notes: Sequence[Note], now_ms: int) -> bytes:
+    rows = [[n.kind, n.key, n.value, now_ms + n.ttl_ms, n.keep] for n in notes]
+    record = {"v": NOTES_FORMAT, "notes": rows}
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _parse_notes(body: bytes) -> list[_Row]:
+    """The notes of one post; none for a message of another format (a newer beatless,
+    another program), which is skipped."""
+    try:
+        record = json.loads(body)
+    except ValueError:
+        record = None
+    rows = (
+        record.get("notes")
+        if isinstance(record, dict) and record.get("v") == NOTES_FORMAT
+        else None
+    )
+    if not isinstance(rows, list):
+        logger.debug("rabbitmq store: skipped a notes message of another format")
+        return []
+    return [
+        (row[0], row[1], row[2], row[3], row[4])
+        for row in rows
+        if isinstance(row, list)
+        and len(row) == 5
+        and all(isinstance(text, str) for text in row[:3])
+        and all(isinstance(number, int) for number in row[3:])
+    ]
+
+
+def _digest(body: bytes) -> bytes:
+    return hashlib.blake2b(body, digest_size=8).digest()
 
 
 def _single(step: Any) -> Any:

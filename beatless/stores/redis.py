@@ -5,7 +5,9 @@ package files whose headers give their keys and arguments), sent with ``EVALSHA`
 (loaded once, loaded again when the server answers ``NOSCRIPT``), so a batch is one
 round trip, and a script is atomic: two nodes cannot both win a firing. A batch of more
 than ``CHUNK`` firings is sent as several scripts pipelined in the same round trip, so
-that a burst does not hold Redis in one long script. Inside a script the store's clock
+that a burst does not hold Redis in one long script. The notes of a commit are written
+by its script (the first, when there are several), after its claims; the notes of a
+``claim_and_push`` by the script of their firings. Inside a script the store's clock
 is ``TIME``: it decides whether a new claim is late and whether a lease is alive, so
 skew between nodes changes nothing.
 
@@ -48,14 +50,32 @@ so two apps on one Redis never collide:
     the last firing of that address a node won (or took over), for ``beatless status``.
     It holds one field per address claimed, and is forgotten ``LAST_RETENTION_MS``
     (30 days) after the namespace last won a firing.
+``{prefix}notes:{digest}``
+    A hash per kind of notes (:class:`~beatless.stores.base.Note`), named by the SHA-256
+    of the kind in hex, since a kind is any text up to 1000 characters: one field per
+    note, the note's key, whose value is ``v=1|{expires_ms}|{value}``. A note posted at
+    ``t`` on the server's clock with ``ttl_ms`` expires at ``t + ttl_ms`` and is read
+    through that millisecond; a read is ``TIME`` and one ``HGETALL`` per kind in one
+    ``MULTI``, and drops the notes that expired (and any field in another form).
+``{prefix}notes-expiry:{digest}``
+    A sorted set beside each notes hash, the note's key scored by its ``expires_ms``: the
+    index with which a script that writes notes (``notes.lua``: a post, a commit, a
+    ``claim_and_push``) removes the kind's expired notes and, for a note with ``keep``,
+    all but the ``keep`` that expire last, without reading the kind's values. Each
+    write sets both keys to expire ``EXPIRY_SLACK_MS`` after the kind's last note, so a
+    kind nobody posts to disappears on its own. A note costs its key twice (field and
+    member), its value, about 25 bytes of record and score, and Redis's bookkeeping:
+    about 20 bytes while its kind has at most 128 notes whose keys and field values fit
+    in 64 bytes (Redis's compact encodings), about 150 beyond.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
 from types import ModuleType
@@ -66,7 +86,7 @@ from beatless._logtext import shown
 from beatless.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
-from beatless.stores.base import TOLERANCE_MS, ClaimRequest, ClaimStore, Epoch, Outcome
+from beatless.stores.base import TOLERANCE_MS, ClaimRequest, ClaimStore, Epoch, Note, Outcome
 from beatless.urls import mask_url, secrets_of
 
 if TYPE_CHECKING:
@@ -82,6 +102,9 @@ too; a claim whose record has any other version is refused as
 are ``v=1`` on their own."""
 READ_VERSIONS = ("v=1", f"v={FORMAT_VERSION}")
 LAST_VERSION = "v=1"
+NOTE_VERSION = 1
+"""The layout of a note's field value, ``v=1|{expires_ms}|{value}``; a field in any other
+form is never read."""
 
 PROBE_TTL_MS = 10_000
 """How long a probe key may outlive a probe that died between writing and deleting it."""
@@ -93,10 +116,10 @@ LAST_RETENTION_MS = 30 * 86_400_000
 """How long the last-winner hash outlives the last firing won in its namespace."""
 
 EXPIRY_SLACK_MS = 1_000
-"""How long Redis keeps a committed record past its ``acquired_until``. Whether a claim is
-alive is decided by comparing ``acquired_until`` with ``TIME``; the slack keeps Redis's own
-expiry, on a clock read at a slightly different instant, from dropping the record before
-its last millisecond."""
+"""How long Redis keeps a committed record past its ``acquired_until``, and a kind of notes
+past its last note's expiry. Whether a claim or a note is alive is decided by comparing
+its end with ``TIME``; the slack keeps Redis's own expiry, on a clock read at a slightly
+different instant, from dropping the record before its last millisecond."""
 
 CHUNK = 1_000
 """Firings per script. A larger batch is sent as several scripts pipelined in one round
@@ -106,15 +129,19 @@ SCHEMES = ("redis", "rediss", "unix")
 
 SCRIPTS = "lua"
 """The package folder of the scripts: ``prelude.lua`` is loaded in front of each of
-``claim.lua``, ``commit.lua`` and ``release.lua``, whose headers give their keys and ARGV."""
+``claim.lua``, ``commit.lua`` and ``release.lua``, which read claim records, and
+``notes.lua`` in front of ``claim.lua``, ``commit.lua`` and ``post.lua``, which write
+notes. Each script's header gives its keys and ARGV."""
 
 
-def _script(name: str) -> str:
+def _script(*names: str) -> str:
     folder = resources.files("beatless.stores") / SCRIPTS
-    return (folder / "prelude.lua").read_text("utf-8") + (folder / name).read_text("utf-8")
+    return "".join((folder / name).read_text("utf-8") for name in names)
 
 
-_CLAIM, _COMMIT, _RELEASE = (_script(n) for n in ("claim.lua", "commit.lua", "release.lua"))
+_CLAIM, _COMMIT = (_script("prelude.lua", "notes.lua", n) for n in ("claim.lua", "commit.lua"))
+_RELEASE = _script("prelude.lua", "release.lua")
+_POST = _script("notes.lua", "post.lua")
 
 _OUTCOMES = {
     "W": Outcome.WON,
@@ -157,13 +184,9 @@ class RedisStore(ClaimStore):
         socket_timeout: DurationLike = DEFAULT_SOCKET_TIMEOUT,
     ) -> None:
         driver = _driver()
-        if not isinstance(namespace, str) or not namespace:
-            raise ConfigError(
-                f"redis store: namespace must be a non-empty string, got {namespace!r}"
-            )
         if prefix is not None and (not isinstance(prefix, str) or not prefix):
             raise ConfigError(f"redis store: prefix must be a non-empty string, got {prefix!r}")
-        self.prefix = prefix if prefix is not None else f"beatless:{namespace}:"
+        self.prefix = key_prefix("redis store", namespace, prefix)
         self._last_key = f"{self.prefix}last"
         self._epoch_key = f"{self.prefix}epoch"
         self._forgot_before_ms: int | None = None
@@ -183,14 +206,12 @@ class RedisStore(ClaimStore):
                 f"redis store: expected a redis.Redis client or a redis:// URL, got "
                 f"{type(client_or_url).__name__}"
             )
-        exc = driver.exceptions
-        self._config_errors = (exc.AuthenticationError, exc.AuthorizationError)
-        self._unavailable = (exc.ConnectionError, exc.TimeoutError, exc.ReadOnlyError)
-        self._redis_error = exc.RedisError
-        self._noscript = exc.NoScriptError
+        self._driver = driver
+        self._noscript = driver.exceptions.NoScriptError
         self._claim = self._client.register_script(_CLAIM)
         self._commit = self._client.register_script(_COMMIT)
         self._release = self._client.register_script(_RELEASE)
+        self._post = self._client.register_script(_POST)
         logger.debug(
             "redis store %s opened with prefix %s",
             shown(self._where, quoted=False),
@@ -210,7 +231,7 @@ class RedisStore(ClaimStore):
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
         if lease_ms <= 0:
             raise ConfigError(f"redis store: lease_ms must be positive, got {lease_ms}")
-        return self._claim_batch(requests, node, lease_ms, None)
+        return self._claim_batch(requests, node, lease_ms, None, None)
 
     def claim_and_push(
         self,
@@ -218,6 +239,7 @@ class RedisStore(ClaimStore):
         commands: Sequence[Sequence[Sequence[str]]],
         *,
         node: str,
+        notes: Sequence[Note | None] | None = None,
     ) -> list[Outcome]:
         """Claim each firing and, for each one won, run its Redis commands in the same
         script: the building block of claim-and-enqueue on a broker's own Redis.
@@ -230,10 +252,23 @@ class RedisStore(ClaimStore):
         ``FORGOTTEN`` or ``OVERLAP`` runs none of its commands; the overlap check reads
         the run-lease record in the same script, so a firing is enqueued only if no run of
         its address was in progress when it was won.
+
+        ``notes[i]``, when given, is the history note of ``requests[i]``, written in the
+        same script exactly when the firing's claim is written committed: when it is
+        ``WON``, ``TAKEOVER``, ``OVERLAP`` or ``FORGOTTEN``, so a firing sent is never
+        missing from its history. In its value the script replaces ``{{outcome}}`` with
+        ``won``, ``takeover``, ``skipped_overlap`` or ``forgotten``, ``{{at_ms}}`` with
+        its ``TIME`` in epoch milliseconds and ``{{lateness_ms}}`` with that time minus
+        the request's ``release_ms``; the note lives ``ttl_ms`` from that time and its
+        ``keep`` bounds its kind as in :meth:`post`. A ``None`` note, or the note of a
+        firing with any other outcome, writes nothing. Without ``notes`` the script gets
+        no key or argument for them.
         """
         if len(commands) != len(requests):
             raise ValueError("claim_and_push: one list of commands per request")
-        return self._claim_batch(requests, node, 1, commands)
+        if notes is not None and len(notes) != len(requests):
+            raise ValueError("claim_and_push: one note (or None) per request")
+        return self._claim_batch(requests, node, 1, commands, notes)
 
     def _claim_batch(
         self,
@@ -241,6 +276,7 @@ class RedisStore(ClaimStore):
         node: str,
         lease_ms: int,
         commands: Sequence[Sequence[Sequence[str]]] | None,
+        notes: Sequence[Note | None] | None,
     ) -> list[Outcome]:
         id_from = len(self._claim_key("")) + 1
         atomic = "0" if commands is None else "1"
@@ -259,6 +295,10 @@ class RedisStore(ClaimStore):
             args = head + [len(chunk)] + [_claim_arg(r, runs.get(r.run_id, 0)) for r in chunk]
             if commands is not None:
                 args += [json.dumps(c) for c in commands[start : start + CHUNK]]
+            if notes is not None:
+                note_keys, note_args = self._claim_notes(notes[start : start + CHUNK])
+                keys += note_keys
+                args += note_args
             calls.append((keys, args))
         with self._errors("claim"):
             replies = self._run(self._claim, calls)
@@ -266,18 +306,58 @@ class RedisStore(ClaimStore):
             self._adopt(_text(reply[1]))
         return [_OUTCOMES[letter] for letter in "".join(_text(r[0]) for r in replies)]
 
-    def commit(self, ids: Sequence[str], *, node: str) -> list[bool]:
-        args: list[str | int] = [FORMAT_VERSION, EXPIRY_SLACK_MS, node]
+    def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
+        if not ids and not notes:
+            return []
+        note_keys, kinds = self._kinds(notes)
+        head: list[str | int] = [FORMAT_VERSION, EXPIRY_SLACK_MS, node]
+        calls = []
+        # One script even without ids, for the notes.
+        for start in range(0, max(len(ids), 1), CHUNK):
+            chunk = ids[start : start + CHUNK]
+            keys = [self._epoch_key, *(self._claim_key(i) for i in chunk)]
+            args = [*head, len(chunk), NOTE_VERSION]
+            if start == 0:
+                # The notes go with the first script: the scripts of a pipeline run in
+                # order, so a connection lost part-way has run the first ones only, and
+                # no claim is committed without the notes.
+                keys += note_keys
+                args += kinds
+            calls.append((keys, args))
         with self._errors("commit"):
-            replies = self._run(self._commit, self._per_key(ids, args, self._epoch_key))
+            replies = self._run(self._commit, calls)
         if self.epoch is None and replies:
             # Only a first sighting: a changed epoch is left for the next claim to judge.
             self.epoch = _parse_epoch(_text(replies[-1][1]))
         return [flag == "1" for flag in "".join(_text(r[0]) for r in replies)]
 
     def release(self, ids: Sequence[str], *, node: str) -> None:
+        keys = [self._claim_key(i) for i in ids]
+        calls: list[tuple[list[str], list[str | int]]] = [
+            (keys[i : i + CHUNK], [FORMAT_VERSION, node]) for i in range(0, len(keys), CHUNK)
+        ]
         with self._errors("release"):
-            self._run(self._release, self._per_key(ids, [FORMAT_VERSION, node]))
+            self._run(self._release, calls)
+
+    def post(self, notes: Sequence[Note]) -> None:
+        keys, kinds = self._kinds(notes)
+        if not keys:
+            return
+        with self._errors("post notes"):
+            self._run(self._post, [(keys, [NOTE_VERSION, EXPIRY_SLACK_MS, *kinds])])
+
+    def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
+        asked = list(dict.fromkeys(kinds))
+        if not asked:
+            return {}
+        with self._errors("read notes"):
+            pipe = self._client.pipeline(transaction=True)
+            pipe.time()
+            for kind in asked:
+                pipe.hgetall(self._notes_keys(kind)[0])
+            (seconds, micros), *fields = pipe.execute()
+        now_ms = int(seconds) * 1_000 + int(micros) // 1_000
+        return {kind: _live_notes(f, now_ms) for kind, f in zip(asked, fields, strict=True)}
 
     def time_ms(self) -> int:
         with self._errors("read the clock"):
@@ -336,11 +416,29 @@ class RedisStore(ClaimStore):
     def _claim_key(self, id_: str) -> str:
         return f"{self.prefix}claim:{id_}"
 
-    def _per_key(
-        self, ids: Sequence[str], args: list[str | int], *head: str
-    ) -> list[tuple[list[str], list[str | int]]]:
-        keys = [self._claim_key(i) for i in ids]
-        return [([*head, *keys[i : i + CHUNK]], args) for i in range(0, len(keys), CHUNK)]
+    def _notes_keys(self, kind: str) -> tuple[str, str]:
+        """The keys of a kind: its notes hash and that hash's expiry index."""
+        digest = hashlib.sha256(kind.encode()).hexdigest()
+        return f"{self.prefix}notes:{digest}", f"{self.prefix}notes-expiry:{digest}"
+
+    def _kinds(self, notes: Sequence[Note]) -> tuple[list[str], list[str | int]]:
+        """The keys of the kinds of ``notes``, and the notes as ``post.lua`` and
+        ``commit.lua`` take them (see :func:`note_args`)."""
+        return note_args(notes, self._notes_keys)
+
+    def _claim_notes(self, notes: Sequence[Note | None]) -> tuple[list[str], list[str | int]]:
+        """The keys and the ARGV that ``claim.lua`` takes for one note (or none) per
+        request: the distinct kinds' keys, numbered from 1, and per request its note."""
+        kinds = dict.fromkeys(note.kind for note in notes if note is not None)
+        numbers = {kind: k for k, kind in enumerate(kinds, 1)}
+        keys = [key for kind in kinds for key in self._notes_keys(kind)]
+        args: list[str | int] = [NOTE_VERSION, len(kinds)]
+        for note in notes:
+            if note is None:
+                args += ["", "", ""]
+            else:
+                args += [f"{numbers[note.kind]}|{note.ttl_ms}|{note.keep}", note.key, note.value]
+        return keys, args
 
     def _adopt(self, record: str) -> None:
         """Adopt the epoch a claim saw; warn when it is not the one last seen."""
@@ -385,27 +483,16 @@ class RedisStore(ClaimStore):
     def _errors(self, what: str) -> Iterator[None]:
         if self._closed:
             raise StoreError(f"redis store {self._where}: cannot {what}: the store is closed")
-        try:
+        with driver_errors(self._driver, f"redis store {self._where}", what, self._secrets):
             yield
-        except self._config_errors as exc:
-            raise StoreError(
-                f"redis store {self._where}: cannot {what}: {self._mask(exc)}; "
-                f"check the user name and password"
-            ) from None
-        except self._unavailable as exc:
-            raise StoreUnavailable(
-                f"redis store {self._where}: cannot {what}: {self._mask(exc)}"
-            ) from None
-        except self._redis_error as exc:
-            raise StoreError(
-                f"redis store {self._where}: cannot {what}: {self._mask(exc)}"
-            ) from None
 
-    def _mask(self, exc: BaseException) -> str:
-        text = str(exc) or type(exc).__name__
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
+
+def key_prefix(store: str, namespace: object, prefix: str | None) -> str:
+    """The prefix of a store's keys: ``prefix``, or ``beatless:{namespace}:``; a namespace
+    that is not a non-empty string is refused, naming ``store``."""
+    if not isinstance(namespace, str) or not namespace:
+        raise ConfigError(f"{store}: namespace must be a non-empty string, got {namespace!r}")
+    return prefix if prefix is not None else f"beatless:{namespace}:"
 
 
 def _driver() -> ModuleType:
@@ -417,6 +504,63 @@ def _driver() -> ModuleType:
             "pip install 'redis>=5.0.1'"
         ) from None
     return redis
+
+
+def note_args(
+    notes: Sequence[Note], notes_keys: Callable[[str], tuple[str, str]]
+) -> tuple[list[str], list[str | int]]:
+    """The keys of the kinds of ``notes`` (``notes_keys`` names a kind's hash and its
+    expiry index), and the notes as ``post.lua`` and ``commit.lua`` take them: per kind,
+    its keep, its count and its notes."""
+    by_kind: dict[str, list[Note]] = {}
+    for note in notes:
+        by_kind.setdefault(note.kind, []).append(note)
+    keys: list[str] = []
+    args: list[str | int] = []
+    for kind, posted in by_kind.items():
+        keys += notes_keys(kind)
+        # The kind's bound is the last one its notes ask for.
+        keep = next((note.keep for note in reversed(posted) if note.keep), 0)
+        args += [keep, len(posted)]
+        for note in posted:
+            args += [note.key, note.ttl_ms, note.value]
+    return keys, args
+
+
+@contextmanager
+def driver_errors(
+    driver: ModuleType,
+    store: str,
+    what: str,
+    secrets: Sequence[str],
+    *,
+    unavailable: tuple[type[BaseException], ...] = (),
+    failed: tuple[type[BaseException], ...] = (),
+) -> Iterator[None]:
+    """redis-py's errors as beatless's, for the store that ``store`` names (its kind and
+    masked URL), with ``secrets`` masked in every message: a refused login is a
+    :class:`~beatless.errors.StoreError` that says to check it; a connection lost, timed
+    out or read-only (and ``unavailable``) is :class:`~beatless.errors.StoreUnavailable`,
+    which the loop retries; any other Redis error (and ``failed``) is a
+    :class:`~beatless.errors.StoreError`."""
+    exc = driver.exceptions
+    try:
+        yield
+    except (exc.AuthenticationError, exc.AuthorizationError) as error:
+        raise StoreError(
+            f"{store}: cannot {what}: {_masked(error, secrets)}; check the user name and password"
+        ) from None
+    except (exc.ConnectionError, exc.TimeoutError, exc.ReadOnlyError, *unavailable) as error:
+        raise StoreUnavailable(f"{store}: cannot {what}: {_masked(error, secrets)}") from None
+    except (exc.RedisError, *failed) as error:
+        raise StoreError(f"{store}: cannot {what}: {_masked(error, secrets)}") from None
+
+
+def _masked(exc: BaseException, secrets: Sequence[str]) -> str:
+    text = str(exc) or type(exc).__name__
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
 
 
 def _client_from_url(
@@ -492,6 +636,18 @@ def _last_row(address: str, value: str) -> dict[str, Any] | None:
         "node": node,
         "claimed_ms": int(claimed_ms),
     }
+
+
+def _live_notes(fields: dict[Any, Any], now_ms: int) -> dict[str, str]:
+    """The notes of one kind's hash that are live at ``now_ms``, ``{key: value}``."""
+    live = {}
+    for key, record in fields.items():
+        version, _, rest = _text(record).partition("|")
+        expires_ms, bar, value = rest.partition("|")
+        readable = version == f"v={NOTE_VERSION}" and bar and expires_ms.isdigit()
+        if readable and int(expires_ms) >= now_ms:
+            live[_text(key)] = value
+    return live
 
 
 def _state_of(record: Any) -> tuple[str | None, int | None]:

@@ -19,6 +19,14 @@ written with the schema when the file is created. A store object checks before e
 transaction that the file at its path is still the one it opened; when the file was
 deleted (or replaced), it opens the path again, which creates a new file with a new
 epoch, and the next claim reports what the old file may have held as forgotten.
+
+Notes (:meth:`SQLiteStore.post`) are rows of a ``notes`` table beside the claims, one per
+kind and key, with the last millisecond of the note's life on the store's clock. A post
+is one transaction that writes them, trims the kinds with a ``keep``, and deletes up to
+a bounded number of notes past their time, of any kind. A commit that carries notes does
+the same after its claims, in its own transaction, so that both are written or neither.
+A note costs its row (its kind, key and value as posted, and about 20 bytes more) and
+two index entries, one with its kind and key, one with its end.
 """
 
 from __future__ import annotations
@@ -39,20 +47,24 @@ from beatless._logtext import shown
 from beatless.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
-from beatless.stores.base import ClaimRequest, ClaimStore, Epoch, Outcome, judge
+from beatless.stores.base import ClaimRequest, ClaimStore, Epoch, Note, Outcome, judge
 
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 """The layout of the file; a file written by a newer beatless is refused. The ``tag``
-column of ``claims`` came later without a new version: it is added in place to a file
-that lacks it, and a beatless that does not know it reads and writes the file as
-before, its rows tagged ``''`` (never foreign)."""
+column of ``claims`` and the ``notes`` table came later without a new version: they are
+added in place to a file that lacks them, and a beatless that does not know them reads
+and writes the file as before, its rows tagged ``''`` (never foreign), its notes left
+alone."""
 
 DEFAULT_BUSY_TIMEOUT = 5.0
 SWEEP_EVERY_MS = 1_000
 SWEEP_LIMIT = 10_000
 """Rows deleted by one sweep, so that no claim waits on a long delete."""
+NOTES_SWEEP_MIN = 200
+"""Expired notes each post may delete, at least; twice the batch when larger, so that
+deletion keeps pace with insertion."""
 
 _CHUNK = 500
 _TRANSIENT = {5, 6, 14}  # SQLITE_BUSY, SQLITE_LOCKED, SQLITE_CANTOPEN
@@ -71,6 +83,15 @@ _SCHEMA = (
         tag TEXT NOT NULL DEFAULT ''
     ) WITHOUT ROWID""",
     "CREATE INDEX IF NOT EXISTS claims_until_ms ON claims (until_ms)",
+    # A rowid table, as a value may be 16 kB: SQLite keeps large rows better in one.
+    """CREATE TABLE IF NOT EXISTS notes (
+        kind TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        until_ms INTEGER NOT NULL,
+        PRIMARY KEY (kind, key)
+    )""",
+    "CREATE INDEX IF NOT EXISTS notes_until_ms ON notes (until_ms)",
 )
 # A file made before claims carried a task tag gains the column in place. A beatless
 # without it names its columns, so it reads and writes the file as before (tag '').
@@ -101,6 +122,17 @@ _SWEEP = (
     " AND (committed = 1 OR until_ms + memory_ms < :now) LIMIT :limit)"
 )
 _HELD = "SELECT id, node, committed, until_ms, memory_ms, claimed_ms, tag FROM claims WHERE id IN"
+_POST = "INSERT OR REPLACE INTO notes (kind, key, value, until_ms) VALUES (?, ?, ?, ?)"
+# The notes of a kind past its ``keep``, those that expire first.
+_TRIM = (
+    "DELETE FROM notes WHERE rowid IN (SELECT rowid FROM notes WHERE kind = ?"
+    " ORDER BY until_ms DESC LIMIT -1 OFFSET ?)"
+)
+_SWEEP_NOTES = (
+    "DELETE FROM notes WHERE rowid IN (SELECT rowid FROM notes WHERE until_ms < ?"
+    " ORDER BY until_ms LIMIT ?)"
+)
+_NOTES = "SELECT kind, key, value FROM notes WHERE until_ms >= ? AND kind IN"
 _RECENT = (
     "SELECT id, address, occurrence_ms, node, committed, until_ms, claimed_ms"
     " FROM claims ORDER BY claimed_ms DESC, id LIMIT ?"
@@ -245,12 +277,17 @@ class SQLiteStore(ClaimStore):
         self._adopt(epoch, forgot_before)
         return outcomes
 
-    def commit(self, ids: Sequence[str], *, node: str) -> list[bool]:
+    def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
+        """One ``BEGIN IMMEDIATE`` transaction: the claims, then the notes, as :meth:`post`
+        writes them."""
         if not ids:
+            self.post(notes)
             return []
         with self._transaction() as (conn, now):
             epoch = _current_epoch(conn, now, self.path)
             done = [conn.execute(_COMMIT, (now, id_, node, now)).rowcount > 0 for id_ in ids]
+            if notes:
+                _write_notes(conn, now, notes)
         if self.epoch is None:
             self.epoch = epoch
         return done
@@ -260,6 +297,27 @@ class SQLiteStore(ClaimStore):
             return
         with self._transaction() as (conn, now):
             conn.executemany(_RELEASE, ((now - 1, id_, node) for id_ in ids))
+
+    def post(self, notes: Sequence[Note]) -> None:
+        """One ``BEGIN IMMEDIATE`` transaction, on the store's clock as claims use it."""
+        if not notes:
+            return
+        with self._transaction() as (conn, now):
+            _write_notes(conn, now, notes)
+
+    def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
+        found: dict[str, dict[str, str]] = {kind: {} for kind in kinds}
+        unique = list(found)
+        if not unique:
+            return found
+        with self._lock, self._errors():
+            conn, now = self._connection(), self._now_ms()
+            for start in range(0, len(unique), _CHUNK):
+                chunk = unique[start : start + _CHUNK]
+                sql = f"{_NOTES} ({','.join('?' * len(chunk))})"
+                for kind, key, value in conn.execute(sql, [now, *chunk]):
+                    found[kind][key] = value
+        return found
 
     def close(self) -> None:
         with self._lock:
@@ -472,6 +530,16 @@ def _row(
         claimed_ms,
         request.tag,
     )
+
+
+def _write_notes(conn: sqlite3.Connection, now: int, notes: Sequence[Note]) -> None:
+    """Write ``notes`` in the open transaction, trim the kinds with a ``keep``, and delete
+    a bounded number of notes past their time."""
+    bounds = {note.kind: note.keep for note in notes if note.keep}
+    rows = ((n.kind, n.key, n.value, now + n.ttl_ms) for n in notes)
+    conn.executemany(_POST, rows)
+    conn.executemany(_TRIM, bounds.items())
+    conn.execute(_SWEEP_NOTES, (now, max(NOTES_SWEEP_MIN, 2 * len(notes))))
 
 
 def _epoch_value(started_ms: int, token: str) -> str:

@@ -278,6 +278,7 @@ def delete_rabbitmq(namespace: str) -> None:
         channel.exchange_delete(exchange=namespace)
         # the RabbitMQ claim store's own names (its slot queues expire with its memory)
         channel.queue_delete(queue=f"beatless.{namespace}.epoch")
+        channel.queue_delete(queue=f"beatless.{namespace}.notes")
         channel.exchange_delete(exchange=f"beatless.{namespace}.slots")
     finally:
         connection.close()

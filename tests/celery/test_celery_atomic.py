@@ -34,6 +34,7 @@ from celery import Celery, signals  # noqa: E402
 from celery.app.amqp import Broadcast  # noqa: E402
 from kombu import entity  # noqa: E402
 
+from beatless._board import history_kind  # noqa: E402
 from beatless.celery.atomic import ATOMIC, TWO_PHASE, CeleryRedisAtomic  # noqa: E402
 from beatless.celery.messages import OCCURRENCE_HEADER, send_task_options  # noqa: E402
 from beatless.dispatch import Dispatcher, dispatch_now  # noqa: E402
@@ -361,6 +362,17 @@ def test_three_scheduler_loops_enqueue_every_occurrence_once(db: int, token: str
     queued = [m["headers"]["id"] for m in entries(r, token)]
     assert len(decided) >= 3
     assert sorted(won) == sorted(decided) == sorted(queued)
+    # Each pushed firing is in its address's history, written by the claim script that
+    # pushed it (the boards never synced): the winner, the outcome, the instant.
+    kinds = [history_kind(schedule.address(e)) for e in schedule.entries]
+    notes = atomics[0].store.read_notes(kinds)
+    items = [json.loads(v) for kind in kinds for v in notes[kind].values()]
+    by_id = {i["id"]: i for i in items}
+    assert sorted(by_id) == sorted(won)
+    winners = {d.firing.id: d.node for d in decisions if d.outcome in ("won", "takeover")}
+    assert all(by_id[id_]["node"] == node for id_, node in winners.items())
+    assert {i["outcome"] for i in items} <= {"won", "takeover"}
+    assert all(i["at_ms"] >= i["release_ms"] and i["lateness_ms"] >= 0 for i in items)
 
 
 def test_late_firing_pushes_nothing(db: int, token: str, r: Any) -> None:

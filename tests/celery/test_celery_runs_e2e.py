@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from beatless._prefer import GRACE_MS
 from beatless.firing import firing_id, from_datetime, run_lease_id
 
 pytestmark = pytest.mark.slow
@@ -175,7 +176,8 @@ def test_a_killed_run_frees_its_address_a_run_lease_after_its_last_heartbeat(
     the worker running it is killed whole (SIGKILL to its process group: main process
     and pool child). The other worker starts no run until the killed run's lease ran
     out (last heartbeat + run_lease, read from the record itself), then starts the next
-    occurrence. The killed firing is not run again (early acknowledgement: no copy)."""
+    occurrence (a grace later if the killed node is its preferred claimer). The killed
+    firing is not run again (early acknowledgement: no copy)."""
     beatless = {"overlap": "skip", "run_lease": 6, "heartbeat": 2}
     project.configure(
         {
@@ -231,7 +233,11 @@ def test_a_killed_run_frees_its_address_a_run_lease_after_its_last_heartbeat(
     )
     assert second["hostname"].startswith("two@" if victim is workers["one"] else "one@")
     assert second["at"] * 1_000 >= until_ms, "a run started while the killed run's lease held"
-    assert gap_ms <= 6_000 + 2_000 + 1_500, "the next run came late after the lease ran out"
+    # After the lease: the next occurrence (within a period), claimed at its release by the
+    # survivor, or a grace later when the killed node, still in the registry (15 s), is the
+    # preferred claimer of that firing; and a moment for the run to start.
+    late_ms = 6_000 + 2_000 + GRACE_MS + 1_500
+    assert gap_ms <= late_ms, "the next run came late after the lease ran out"
     assert len(refused) >= 2, logs(survivor)
     assert [s["id"] for s in starts].count(first["id"]) == 1
     assert "Traceback" not in text, logs(survivor)

@@ -556,3 +556,11 @@ def test_catch_up_comes_from_the_app_setting_or_the_entry_and_is_checked() -> No
     assert {e.catch_up for e in read_schedule(make_app(entry("d", 600))).entries} == {"latest"}
     with pytest.raises(ConfigError, match="beatless_catch_up: catch_up must be one of"):
         CelerySettings.from_app(make_app(entry("d", 600), beatless_catch_up="some"))
+
+
+def test_the_preferred_claimer_is_on_by_default_and_a_setting_turns_it_off() -> None:
+    assert CelerySettings.from_app(make_app()).preferred_claimer is True
+    off = CelerySettings.from_app(make_app(beatless_preferred_claimer=False))
+    assert off.preferred_claimer is False
+    with pytest.raises(ScheduleError, match="beatless_preferred_claimer must be True or False"):
+        CelerySettings.from_app(make_app(beatless_preferred_claimer="no"))

@@ -28,6 +28,7 @@ import redis
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = "redis://127.0.0.1:6379/12"
+AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 RUN_S = 60.0
 DRAIN_S = 5.0
 
@@ -211,3 +212,18 @@ def _print_expected(low_ms: int, high_ms: int) -> None:
 
 if __name__ == "__main__":
     _print_expected(int(sys.argv[1]), int(sys.argv[2]))
+
+
+def delete_store_names(namespace: str) -> None:
+    """The RabbitMQ claim store's own names under ``namespace`` (its slot queues expire
+    with its memory)."""
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    try:
+        channel = connection.channel()
+        channel.queue_delete(queue=f"beatless.{namespace}.epoch")
+        channel.queue_delete(queue=f"beatless.{namespace}.notes")
+        channel.exchange_delete(exchange=f"beatless.{namespace}.slots")
+    finally:
+        connection.close()

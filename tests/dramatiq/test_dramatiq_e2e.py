@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 from dramatiq_nodes import (
+    AMQP_URL,
     DRAIN_S,
     REDIS_URL,
     RUN_S,
     Node,
     check_runs,
     delete_keys,
+    delete_store_names,
     environment,
     expected_firings,
     read_runs,
@@ -31,8 +33,6 @@ from dramatiq_nodes import (
 from service_check import require_service
 
 pytestmark = pytest.mark.slow
-
-AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
 
 @pytest.fixture
@@ -134,19 +134,6 @@ def test_two_cli_nodes_on_rabbitmq_alone_survive_a_killed_scheduler(
     text = logs(nodes)
     assert "two-phase claim and enqueue through RabbitMQStore(" in text
     assert "beatless scheduler process died (killed by SIGKILL)" in text
-
-
-def delete_store_names(namespace: str) -> None:
-    """The RabbitMQ claim store's own names (its slot queues expire with its memory)."""
-    import pika
-
-    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
-    try:
-        channel = connection.channel()
-        channel.queue_delete(queue=f"beatless.{namespace}.epoch")
-        channel.exchange_delete(exchange=f"beatless.{namespace}.slots")
-    finally:
-        connection.close()
 
 
 def test_killing_one_nodes_scheduler_leaves_every_occurrence_running_exactly_once(

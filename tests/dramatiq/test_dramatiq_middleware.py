@@ -529,3 +529,18 @@ def test_catch_up_comes_from_the_middleware_or_the_declaration() -> None:
     assert by_name == {"a": "none", "b": "all"}
     with pytest.raises(ConfigError, match="catch_up must be one of"):
         bd.Beatless(store="memory://", namespace="app", catch_up="some")
+
+
+def test_the_preferred_claimer_is_on_by_default_and_can_be_turned_off(
+    broker: StubBroker,
+) -> None:
+    on = bd.Beatless(store="memory://").scheduler(broker)
+    off = bd.Beatless(store="memory://", preferred_claimer=False).scheduler(broker)
+    try:
+        assert on.preference.enabled is True
+        assert off.preference.enabled is False
+    finally:
+        on.dispatcher.close()
+        off.dispatcher.close()
+    with pytest.raises(ConfigError, match="preferred_claimer must be true or false"):
+        bd.Beatless(store="memory://", preferred_claimer="no")  # type: ignore[arg-type]

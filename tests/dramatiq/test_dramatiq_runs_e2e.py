@@ -2,15 +2,16 @@
 CLI nodes of ``runs_app.py`` on the Redis broker, each test under about a minute.
 
 * overlap ``skip``: an actor that runs 7 s on an entry every 2 s never runs twice at
-  once, and every occurrence of the window either ran or was counted skipped;
+  once, and every occurrence of the window either ran or was counted skipped, with the
+  claims in the broker's Redis and in the RabbitMQ store;
 * a worker killed mid-run (``kill -9``): the address stays held until ``run_lease``
   after the last heartbeat, then the next firing runs on another node;
 * copies of one message (same id and options): the body runs once, each copy is counted
   ``duplicate``.
 
 Keys: the namespace ``bl-runs-*`` of each test in Redis db 12 (broker, records, claims)
-and db 13 (the claim store of the two-phase test); deleted afterwards. (The RabbitMQ
-store refuses ``overlap = "skip"`` at start: it renews a run lease with a gap.)
+and db 13 (the claim store of the two-phase test), and the RabbitMQ store's queues and
+exchange under ``beatless.bl-runs-*``; deleted afterwards (its slot queues expire).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 import psutil
 import pytest
 import redis
-from dramatiq_nodes import Node, stop_nodes, wait_for_schedulers
+from dramatiq_nodes import AMQP_URL, Node, delete_store_names, stop_nodes, wait_for_schedulers
 from service_check import require_service
 
 from beatless.firing import firing_id, run_lease_id
@@ -122,14 +123,20 @@ def counted(rows: list[dict[str, Any]], verdict: str) -> int:
 SENT_SKIPPED = re.compile(r"firing ([0-9a-f-]{36}) of .* not sent: a run of it is in progress")
 
 
+@pytest.mark.parametrize("store", ["broker's redis", "rabbitmq"])
 def test_overlap_skip_never_runs_twice_at_once_and_counts_every_skipped_occurrence(
-    tmp_path: Path, namespace: str
+    tmp_path: Path, namespace: str, store: str
 ) -> None:
     """One node, two worker processes of two threads; every 2 s, each run 7 s. Claims in
     the broker's Redis (atomic): the claim script checks the run lease, so an overlapping
     firing is not sent at all (the scheduler logs it); one sent while the run before it
-    waited in the queue is refused by the worker that takes it."""
+    waited in the queue is refused by the worker that takes it. Claims in the RabbitMQ
+    store: the claim does not read the run lease, so every overlapping firing is sent and
+    refused by a worker, whose run lease is renewed by heartbeats without a gap."""
     settings = {"BT_EVERY": "2s", "BT_SLEEP": "7", "BT_OVERLAP": "skip"}
+    if store == "rabbitmq":
+        require_service("RabbitMQ", "127.0.0.1", 5672)
+        settings["BT_STORE"] = AMQP_URL
     node = start_node(tmp_path, namespace, "node", 2, 2, **settings)
     try:
         wait_for_schedulers([node])
@@ -138,6 +145,8 @@ def test_overlap_skip_never_runs_twice_at_once_and_counts_every_skipped_occurren
         high_ms = int(time.time() * 1_000) - 2_000
     finally:
         stop_nodes([node], timeout=20)
+        if store == "rabbitmq":
+            delete_store_names(namespace)
     rows = events(namespace)
     address = f"{namespace}/job"
     expected = {firing_id(address, o) for o in range(low_ms + (-low_ms % 2_000), high_ms, 2_000)}

@@ -115,7 +115,9 @@ def remove(store: Store, token: str) -> None:
         from stores import delete_rabbitmq_names
 
         prefix = f"beatless.faults.{token}."
-        delete_rabbitmq_names([f"{prefix}epoch"], [f"{prefix}slots"])  # slots expire
+        delete_rabbitmq_names(
+            [f"{prefix}epoch", f"{prefix}notes"], [f"{prefix}slots"]
+        )  # slots expire
 
 
 def opened(make: Callable[[str], Store]) -> Iterator[Store]:

@@ -1,5 +1,6 @@
 -- beatless: claim a batch of firings, pending for a lease or (atomic) committed with
--- the commands that enqueue each one won. Loaded after prelude.lua.
+-- the commands that enqueue each one won and, if asked, a note of each one won. Loaded
+-- after prelude.lua and notes.lua.
 --
 -- KEYS[1]      {prefix}last: hash, one field per address, the last firing won there:
 --              v=1|{firing id}|{occurrence_ms}|{claimed_ms}|{node}; its layout has a
@@ -11,6 +12,9 @@
 -- KEYS[2 + n + j]  {prefix}claim:{run id}: the j-th distinct run-lease record the requests
 --              name (a claim record too, held pending by workers while a run of the
 --              address is in progress; see beatless.runs); read only
+-- KEYS[#KEYS - 2K + 2k - 1]  notes only: {prefix}notes:{digest}, the hash of the k-th
+--              distinct kind of the requests' notes (see notes.lua)
+-- KEYS[#KEYS - 2K + 2k]      notes only: {prefix}notes-expiry:{digest} of the same kind
 --
 -- ARGV[1]   claim record format version
 -- ARGV[2]   expiry slack in ms: how long Redis keeps a committed record past until_ms
@@ -26,9 +30,19 @@
 -- ARGV[12]  n, the number of requests
 -- ARGV[12 + i]      request i:
 --                   {occurrence_ms}|{max_late_ms}|{memory_ms}|{release_ms}|{tag}|{run}|{address}
---                   where run is j for the run-lease record KEYS[2 + n + j], 0 for none
---                   (one argument rather than seven makes a large batch cheaper to send)
+--                   where run is j for the run-lease record KEYS[2 + n + j], 0 for none,
+--                   and -1 for a record in another slot that the caller read just before
+--                   this script (running.lua) and found held (Redis Cluster: see
+--                   redis_cluster.py); one argument rather than seven makes a large batch
+--                   cheaper to send
 -- ARGV[12 + n + i]  atomic only: the JSON list of commands that enqueue request i
+-- ARGV[13 + 2n]     notes only (atomic, and absent without notes, as are the notes'
+--                   keys): note record format version
+-- ARGV[14 + 2n]     notes only: K, the number of kinds of notes
+-- ARGV[14 + 2n + 3i - 2]  notes only: request i's note: {k}|{ttl_ms}|{keep}, k its kind's
+--                   number, keep 0 for unbounded; '' (and '' for the next two) for none
+-- ARGV[14 + 2n + 3i - 1]  notes only: the note's key
+-- ARGV[14 + 2n + 3i]      notes only: the note's value, a template (see below)
 --
 -- Returns {letters, epoch record}: one letter per request, W won, T takeover, L lost,
 -- H held, X late, E early, F forgotten, C corrupt, A foreign (a live claim of another
@@ -41,10 +55,19 @@
 -- (the store lost its memory), the horizon is the new epoch's start + tolerance: a
 -- firing nobody holds and released before the horizon is written committed, its
 -- commands are not run, and it is answered F.
+--
+-- A request's note is written only when its letter is W, T, O or F, from now (its
+-- ttl_ms, and its kind swept and bounded by the last keep of the notes written, as
+-- notes.lua and a post do), with these placeholders of its value replaced:
+-- {{outcome}} by won, takeover, skipped_overlap or forgotten, {{at_ms}} by now and
+-- {{lateness_ms}} by now - release_ms. A request answered any other letter writes none.
 
 local SLACK, node, lease = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local tolerance, id_from, atomic = tonumber(ARGV[5]), tonumber(ARGV[7]), ARGV[8] == '1'
 local n = tonumber(ARGV[12])
+local noting = ARGV[13 + 2 * n] ~= nil
+-- The key before the first kind of notes' keys.
+local kinds_from = #KEYS - 2 * (noting and tonumber(ARGV[14 + 2 * n]) or 0)
 
 local function current_epoch()
   local record = redis.call('GET', KEYS[2])
@@ -88,6 +111,7 @@ local held
 -- Whether the request's run-lease record is held: a live pending claim.
 local function running(r)
   if r.run == 0 then return false end
+  if r.run < 0 then return true end
   local h = held[KEYS[2 + n + r.run]]
   return h and h ~= CORRUPT and h.state == 'pending' and h.until_ms >= now
 end
@@ -122,18 +146,40 @@ local function decide(i, key, h, r)
   return 'H'
 end
 
+-- The words that replace {{outcome}}, by the letters that write a note.
+local NOTED = {W = 'won', T = 'takeover', O = 'skipped_overlap', F = 'forgotten'}
+-- The keep of each kind written, by the index of its hash in KEYS.
+local bounds = {}
+
+local function note(i, letter, r)
+  local at = 14 + 2 * n + 3 * i - 2
+  local k, ttl, keep = string.match(ARGV[at], '^(%d+)|(%d+)|(%d+)$')
+  if not k then return end
+  local fields = {outcome = NOTED[letter], at_ms = string.format('%d', now),
+    lateness_ms = string.format('%d', now - r.release)}
+  local value = string.gsub(ARGV[at + 2], '{{([%w_]+)}}', fields)
+  local hash = kinds_from + 2 * tonumber(k) - 1
+  write_note(KEYS[hash], KEYS[hash + 1], ARGV[13 + 2 * n], now, ARGV[at + 1], ttl, value)
+  keep = tonumber(keep)
+  bounds[hash] = keep > 0 and keep or bounds[hash] or 0
+end
+
 local out = {}
-held = read_all(3)
+held = read_all(3, kinds_from)
 for i = 1, n do
   local key = KEYS[i + 2]
   local occurrence, max_late, memory, release, tag, run, address =
-    string.match(ARGV[12 + i], '^(%-?%d+)|(%d+)|(%d+)|(%-?%d+)|(%x*)|(%d+)|(.*)$')
+    string.match(ARGV[12 + i], '^(%-?%d+)|(%d+)|(%d+)|(%-?%d+)|(%x*)|(%-?%d+)|(.*)$')
   local r = {occurrence = tonumber(occurrence), max_late = tonumber(max_late),
     memory = tonumber(memory), release = tonumber(release), tag = tag, run = tonumber(run),
     address = address}
   local letter, written = decide(i, key, held[key], r)
   out[i] = letter
   if written then held[key] = written end
+  if noting and NOTED[letter] then note(i, letter, r) end
 end
 if #last > 0 then record_last() end
+for hash, keep in pairs(bounds) do
+  sweep_notes(KEYS[hash], KEYS[hash + 1], keep, now, SLACK)
+end
 return {table.concat(out), epoch}

@@ -44,10 +44,10 @@ local function write(key, state, until_ms, memory, tag, node, ttl)
   return {state = state, until_ms = until_ms, memory = memory, tag = tag, node = node}
 end
 
--- Every record from KEYS[first] on, each read once even if its key repeats.
-local function read_all(first)
+-- Every record from KEYS[first] to KEYS[last], each read once even if its key repeats.
+local function read_all(first, last)
   local held = {}
-  for i = first, #KEYS do
+  for i = first, last do
     if held[KEYS[i]] == nil then held[KEYS[i]] = read(KEYS[i]) end
   end
   return held

@@ -11,7 +11,7 @@
 -- and other nodes' claims are left alone. Returns 0.
 
 local node = ARGV[2]
-local held = read_all(1)
+local held = read_all(1, #KEYS)
 for i = 1, #KEYS do
   local h = held[KEYS[i]]
   if h and h ~= CORRUPT and h.state == 'pending' and h.node == node then

@@ -10,14 +10,20 @@
 -- Times are epoch milliseconds on the server's clock, clock_timestamp(), read once at
 -- the start of each function call. Each function's last argument, p_now_ms, is NULL
 -- but in tests, which pass the reading of a clock they move by hand instead. Identifiers
--- are compared in the "C" collation, and every function locks rows in that order of
--- (namespace, id), so that two calls never wait on each other in a cycle.
+-- are compared in the "C" collation, and every claim function locks rows in that order
+-- of (namespace, id), so that two calls never wait on each other in a cycle (post_v1,
+-- the only one that writes notes, orders its own locks; see there). A commit that
+-- carries notes is one statement that calls commit_v1, then post_v1 on its row: one
+-- transaction, whose notes' locks come after all its claims' locks.
 --
 -- Versions: 1 had claim_v1; 2 replaced it with claim_v2, which also takes the run-lease
 -- record of each firing (the OVERLAP outcome); tables, commit_v1 and release_v1 are
 -- unchanged. A schema brought up from version 1 keeps claim_v1, unused, so that a node
 -- of the older beatless that opened it before the upgrade goes on claiming until it
--- reconnects (it then refuses the newer version).
+-- reconnects (it then refuses the newer version). The notes table with post_v1 came
+-- later within version 2: a schema without them is missing a function, so the next node
+-- runs this file again and gains them in place; a beatless that does not know notes
+-- never touches them, and uses the schema as before.
 
 CREATE TABLE IF NOT EXISTS version (
     only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
@@ -58,6 +64,25 @@ CREATE TABLE IF NOT EXISTS claims (
     PRIMARY KEY (namespace, id)
 ) WITH (fillfactor = 80);
 CREATE INDEX IF NOT EXISTS claims_forget_ms ON claims (forget_ms);
+
+-- One row per note: what nodes show each other beside their claims (the registry, the
+-- history, the controls), keyed by namespace, kind and key. A kind or key may be up to
+-- 1000 characters, longer than a btree entry may hold, so the key is their SHA-256
+-- digests (kind_id, key_id, from the UTF-8 text) and the text is kept beside them; the
+-- value is the UTF-8 bytes, as text cannot hold a NUL. until_ms: the note's last
+-- millisecond on the server's clock, inclusive; a row past it is never read and is
+-- deleted by a later post.
+CREATE TABLE IF NOT EXISTS notes (
+    until_ms bigint NOT NULL,
+    namespace text COLLATE "C" NOT NULL,
+    kind_id bytea NOT NULL,
+    key_id bytea NOT NULL,
+    kind text NOT NULL,
+    key text NOT NULL,
+    value bytea NOT NULL,
+    PRIMARY KEY (namespace, kind_id, key_id)
+);
+CREATE INDEX IF NOT EXISTS notes_until_ms ON notes (until_ms);
 
 -- claim_v2: judge and write a batch of claims; one call is one transaction.
 --
@@ -270,5 +295,64 @@ BEGIN
             WHERE c.namespace = p_namespace AND c.id = r.id AND c.node = p_node
                 AND c.format = 1 AND NOT c.committed;
     END LOOP;
+END
+$$;
+
+-- post_v1: write a batch of notes, then bound their kinds; one call is one transaction.
+--
+-- Each note lives until now + its ttl, inclusive, replacing the note of the same kind and
+-- key (the last of the batch, if the batch names one twice). Then, for each kind with a
+-- note whose keep is positive (the last such note's keep), only the keep notes of the
+-- kind that expire last are left. Calls that post to the same kind take turns, on a
+-- transaction-scoped advisory lock per schema, namespace and kind, all taken in one
+-- order before any row: the bound is then exact, and two calls never wait on each
+-- other in a cycle. Last, at most p_sweep notes past their time, of any namespace and
+-- kind, are deleted, skipping rows another call has locked (that sweep waits for no
+-- one), so that the notes of abandoned kinds go too.
+CREATE OR REPLACE FUNCTION post_v1(
+    p_namespace text, p_kind_ids bytea[], p_key_ids bytea[], p_kinds text[], p_keys text[],
+    p_values bytea[], p_ttls bigint[], p_keeps integer[], p_sweep integer, p_now_ms bigint
+)
+RETURNS void
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    now_ms bigint := coalesce(p_now_ms, floor(extract(epoch FROM clock_timestamp()) * 1000));
+    lock_key bigint;
+    b record;
+BEGIN
+    FOR lock_key IN
+        SELECT DISTINCT hashtextextended(
+            concat_ws('/', current_schema(), p_namespace, encode(k.kind_id, 'hex')), 0)
+        FROM unnest(p_kind_ids) AS k(kind_id) ORDER BY 1
+    LOOP
+        PERFORM pg_advisory_xact_lock(lock_key);
+    END LOOP;
+
+    INSERT INTO notes AS n (until_ms, namespace, kind_id, key_id, kind, key, value)
+        SELECT DISTINCT ON (q.kind_id, q.key_id) now_ms + q.ttl_ms, p_namespace, q.kind_id,
+            q.key_id, q.kind, q.key, q.value
+        FROM unnest(p_kind_ids, p_key_ids, p_kinds, p_keys, p_values, p_ttls) WITH ORDINALITY
+            AS q(kind_id, key_id, kind, key, value, ttl_ms, ord)
+        ORDER BY q.kind_id, q.key_id, q.ord DESC
+        ON CONFLICT (namespace, kind_id, key_id)
+            DO UPDATE SET until_ms = excluded.until_ms, value = excluded.value;
+
+    FOR b IN
+        SELECT DISTINCT ON (q.kind_id) q.kind_id, q.keep
+        FROM unnest(p_kind_ids, p_keeps) WITH ORDINALITY AS q(kind_id, keep, ord)
+        WHERE q.keep > 0
+        ORDER BY q.kind_id, q.ord DESC
+    LOOP
+        DELETE FROM notes WHERE ctid = ANY (ARRAY(
+            SELECT n.ctid FROM notes n
+                WHERE n.namespace = p_namespace AND n.kind_id = b.kind_id
+                ORDER BY n.until_ms DESC OFFSET b.keep));
+    END LOOP;
+
+    IF p_sweep > 0 THEN
+        DELETE FROM notes WHERE ctid = ANY (ARRAY(
+            SELECT n.ctid FROM notes n WHERE n.until_ms < now_ms
+                ORDER BY n.until_ms LIMIT p_sweep FOR UPDATE SKIP LOCKED));
+    END IF;
 END
 $$;

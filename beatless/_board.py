@@ -1,0 +1,626 @@
+"""What a node tells the fleet through the claim store's notes, and reads back.
+
+Every node keeps, in the store it claims from (:class:`~beatless.stores.base.Note`):
+
+* its **registry record** (kind ``beatless/{namespace}/nodes``, key: the node name),
+  posted every ``REGISTRY_EVERY_MS`` and living ``REGISTRY_TTL_MS``: who it is, the
+  schedule fingerprint and tzdata it runs, its clock offset to the store, when its loop
+  last woke and whether the loop still runs, its counters. A node that stops posting
+  leaves the registry when its record runs out;
+* the **entries** it schedules (kind ``beatless/{namespace}/entries``), so that
+  ``beatless status`` can show a fleet's entries from the store alone;
+* the **history** of each address (kind ``beatless/history/{address}``, key: the firing
+  id), bounded to the last ``HISTORY_KEEP`` firings and ``HISTORY_TTL_MS``: written by
+  the node that decided the firing (the winner, or the node that counted it missed). A
+  sent firing's note goes with the store call that makes its claim final (the commit,
+  or the atomic claim script: :meth:`Scheduler.history
+  <beatless.scheduler.Scheduler.history>`); the rest at the next sync, in one post per
+  second for all addresses.
+
+Nodes read the registry as they post, and WARN (rate-limited) when live nodes disagree
+on the schedule fingerprint or the tzdata version, or when a node's clock is more than
+``OFFSET_WARN_MS`` from the store's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from beatless._clockwatch import WARN_MS as OFFSET_WARN_MS
+from beatless._controls import (
+    RUN_NOW_TTL_MS,
+    Control,
+    capped_ttl,
+    controls_kind,
+    json_object,
+    json_text,
+    read_controls,
+    refreshed,
+    run_now_kind,
+)
+from beatless._logtext import WarnEvery, shown
+from beatless.errors import StoreError
+from beatless.firing import iso
+from beatless.stores.base import Note
+from beatless.triggers import Cron, Every, Trigger, tzdata_version
+
+if TYPE_CHECKING:
+    from beatless.entry import Entry, Schedule
+    from beatless.firing import Firing
+    from beatless.scheduler import Decision, Scheduler
+
+logger = logging.getLogger("beatless.fleet")
+
+SYNC_EVERY_MS = 1_000
+"""How often a node posts its history and checks what is due below."""
+REGISTRY_EVERY_MS = 5_000
+REGISTRY_TTL_MS = 15_000
+"""A node that has not posted for this long has left the registry."""
+ENTRIES_EVERY_MS = 60_000
+ENTRIES_TTL_MS = 300_000
+HISTORY_KEEP = 50
+HISTORY_TTL_MS = 24 * 3_600_000
+"""A firing stays in the history this long after its occurrence."""
+MIN_HISTORY_TTL_MS = 60_000
+HISTORY_BUFFER = 20_000
+"""At most this many history items wait for a post; beyond, the oldest are dropped."""
+MISSED_SWEEP_EVERY_MS = 30_000
+"""How often a node looks for missed firings in the history of its entries."""
+STALL_MS = 5_000
+"""A node whose loop has not woken for this long is reported stalled."""
+DRIFT_WARN_EVERY_MS = 300_000
+
+HISTORY_OUTCOMES = frozenset(
+    {"won", "takeover", "skipped_overlap", "forgotten", "missed", "paused"}
+)
+"""The decisions a node writes into an address's history: those only it made. ``lost`` and
+``held`` belong to another node's history item; a node-side ``late`` is only this node's
+view (another node may have sent the firing)."""
+
+SENT = frozenset({"won", "takeover"})
+TEMPLATE_OUTCOME = "{{outcome}}"
+TEMPLATE_AT = -1_000_001
+TEMPLATE_LATENESS = -1_000_002
+"""Stand-ins for what a claim script decides, replaced by its placeholders."""
+
+
+def nodes_kind(namespace: str) -> str:
+    return f"beatless/{namespace}/nodes"
+
+
+def entries_kind(namespace: str) -> str:
+    return f"beatless/{namespace}/entries"
+
+
+def history_kind(address: str) -> str:
+    return f"beatless/history/{address}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """One node's registry record."""
+
+    node: str
+    host: str
+    pid: int
+    version: str
+    framework: str
+    store: str
+    fingerprint: str
+    tzdata: str
+    clock_offset_ms: int | None
+    last_wake_ms: int | None
+    """When the node's loop last woke, on the node's clock; ``None`` before its first wake."""
+    posted_ms: int
+    started_ms: int
+    loop_alive: bool
+    entries: int
+    counters: dict[str, int] = field(default_factory=dict)
+    restarts: int = 0
+    """How many times this node's scheduler process died and was started again (the
+    Dramatiq supervisor); 0 elsewhere."""
+    last_failure: str | None = None
+    """How the scheduler process last died (``killed by SIGKILL``), if it did."""
+    last_failure_ms: int | None = None
+
+    def to_json(self) -> str:
+        return json_text(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> NodeRecord | None:
+        """The record, or ``None`` for one this version cannot read (fields it has not
+        take their defaults)."""
+        data = json_object(text)
+        if data is None:
+            return None
+        try:
+            return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
+        except TypeError:
+            return None
+
+    def health(self) -> str | None:
+        """What is wrong with this node's scheduler, judged on its own clock; ``None`` if
+        nothing is."""
+        if not self.loop_alive:
+            return "its scheduler loop is not running"
+        if self.last_wake_ms is None:
+            return "its scheduler loop has not woken yet" if self._age_ms > STALL_MS else None
+        stalled = self.posted_ms - self.last_wake_ms
+        if stalled > STALL_MS:
+            return f"its scheduler loop has not woken for {stalled / 1_000:.1f}s"
+        return None
+
+    @property
+    def _age_ms(self) -> int:
+        return self.posted_ms - self.started_ms
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryItem:
+    """One firing in an address's history."""
+
+    id: str
+    entry: str
+    tenant: str | None
+    occurrence_ms: int
+    release_ms: int
+    node: str
+    outcome: str
+    lateness_ms: int
+    """From the release to the decision (for a win: the enqueue), on the deciding node."""
+    at_ms: int
+    manual: bool = False
+    coalesced: tuple[int, int] | None = None
+    """For a firing sent by the catch-up policy ``latest``: the first and last occurrence of
+    the address it coalesced (left unclaimed), which are therefore not missed."""
+
+    def to_json(self) -> str:
+        # Field by field rather than asdict (which deep-copies): one item per firing sent,
+        # so this is on the path of a burst.
+        return json_text({name: getattr(self, name) for name in self.__dataclass_fields__})
+
+    def covers(self, occurrence_ms: int) -> bool:
+        """Whether ``occurrence_ms`` was coalesced into this firing."""
+        return self.coalesced is not None and (
+            self.coalesced[0] <= occurrence_ms <= self.coalesced[1]
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> HistoryItem | None:
+        data = json_object(text)
+        if data is None:
+            return None
+        span = data.get("coalesced")
+        data["coalesced"] = (
+            (span[0], span[1])
+            if isinstance(span, list) and len(span) == 2 and all(isinstance(o, int) for o in span)
+            else None
+        )
+        try:
+            return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
+        except TypeError:
+            return None
+
+    @classmethod
+    def of(cls, decision: Decision, coalesced: tuple[int, int] | None = None) -> HistoryItem:
+        firing = decision.firing
+        return cls(
+            id=firing.id,
+            entry=firing.entry.name,
+            tenant=firing.tenant,
+            occurrence_ms=firing.occurrence_ms,
+            release_ms=firing.release_ms,
+            node=decision.node,
+            outcome=decision.outcome,
+            lateness_ms=decision.lateness_ms,
+            at_ms=firing.release_ms + decision.lateness_ms,
+            manual=firing.manual,
+            coalesced=coalesced,
+        )
+
+
+def trigger_spec(trigger: Trigger) -> dict[str, Any]:
+    """A trigger as plain data, so that a reader without the schedule can rebuild it."""
+    if isinstance(trigger, Every):
+        return {"every_ms": trigger.interval_ms, "anchor_ms": trigger.anchor_ms}
+    if isinstance(trigger, Cron):
+        return {"cron": trigger.expr, "tz": trigger.tz, "day_and": trigger.day_and}
+    return {"describe": trigger.describe()}
+
+
+def trigger_of(spec: Mapping[str, Any]) -> Trigger | None:
+    """The trigger :func:`trigger_spec` wrote, or ``None`` for one it cannot rebuild."""
+    from datetime import timedelta
+
+    try:
+        if "every_ms" in spec:
+            anchor = datetime.fromtimestamp(spec.get("anchor_ms", 0) / 1_000, UTC)
+            return Every(timedelta(milliseconds=int(spec["every_ms"])), anchor)
+        if "cron" in spec:
+            return Cron(str(spec["cron"]), spec.get("tz"), day_and=spec.get("day_and"))
+    except Exception:
+        return None
+    return None
+
+
+TENANTS_PUBLISHED = 20
+"""Of a fan-out's tenants, the entry note lists this many (and their count): a note is
+small, and ``status`` shows the history of no more."""
+
+
+def entry_note(schedule: Schedule, entry: Entry) -> dict[str, Any]:
+    """What the fleet publishes of one entry."""
+    tenants = entry.tenants
+    listed = None if tenants is None or callable(tenants) else tuple(tenants)
+    return {
+        "entry": entry.name,
+        "address": schedule.address(entry),
+        "task": entry.task,
+        "trigger": trigger_spec(entry.trigger),
+        "describe": entry.trigger.describe(),
+        "jitter_ms": entry.jitter_ms,
+        "max_late_ms": entry.max_late_ms,
+        "tenants": None if tenants is None else _published(listed),
+        "tenant_count": None if listed is None else len(listed),
+        "catch_up": entry.catch_up,
+        "overlap": entry.overlap,
+        "fingerprint": schedule.fingerprint,
+    }
+
+
+def _published(tenants: tuple[str, ...] | None) -> list[str] | str:
+    return "callable" if tenants is None else list(tenants[:TENANTS_PUBLISHED])
+
+
+def drift(records: Iterable[NodeRecord]) -> list[str]:
+    """What live nodes disagree on, one line each: schedule fingerprint, tzdata, and
+    clocks more than ``OFFSET_WARN_MS`` from the store's."""
+    records = sorted(records, key=lambda r: r.node)
+    problems = []
+    for what, values in (
+        ("schedule fingerprint", {r.node: r.fingerprint for r in records}),
+        ("tzdata version", {r.node: r.tzdata for r in records}),
+    ):
+        groups: dict[str, list[str]] = {}
+        for node, value in values.items():
+            groups.setdefault(value, []).append(node)
+        if len(groups) > 1:
+            told = "; ".join(
+                f"{value} on {', '.join(nodes)}" for value, nodes in sorted(groups.items())
+            )
+            problems.append(f"live nodes run different {what}s: {told}")
+    for record in records:
+        offset = record.clock_offset_ms
+        if offset is not None and abs(offset) > OFFSET_WARN_MS:
+            problems.append(
+                f"node {record.node}: clock {-offset:+d}ms from the store's (over "
+                f"{OFFSET_WARN_MS}ms)"
+            )
+    return problems
+
+
+def read_registry(notes: Mapping[str, str]) -> list[NodeRecord]:
+    """The readable records of a registry kind's notes."""
+    records = (NodeRecord.from_json(text) for text in notes.values())
+    return [r for r in records if r is not None]
+
+
+class Board:
+    """One node's side of the notes: registry, entries, history, drift warnings.
+
+    :meth:`sync` does what is due; :meth:`start` runs it every second in a thread of its
+    own, so that the registry shows a node whose loop died or hangs as such.
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        *,
+        framework: str = "standalone",
+        loop_alive: Callable[[], bool] | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.store = scheduler.store
+        self.framework = framework
+        self.namespace = scheduler.schedule.namespace
+        self._loop_alive = loop_alive or (lambda: True)
+        self._pending: deque[Note] = deque(maxlen=HISTORY_BUFFER)
+        self._lock = threading.Lock()
+        self._registry_ms: int | None = None
+        self._swept_ms: int | None = None
+        self._entries_ms: int | None = None
+        self._warned = WarnEvery()
+        self.last_wake_ms: int | None = None
+        self.restarts = 0
+        self.last_failure: str | None = None
+        self.last_failure_ms: int | None = None
+        self.registry: list[NodeRecord] = []
+        """The live nodes as this node last read them (every ``REGISTRY_EVERY_MS``)."""
+        self.controls: dict[str, Control] = {}
+        """The controls of this namespace by entry, as last read (every sync)."""
+        self._run_now: list[Control] = []
+        self._seen_requests: dict[str, int] = {}
+        """Run-now requests already taken, with when they were first seen."""
+        self.host = socket.gethostname()
+        self.started_ms = scheduler.now_ms()
+        from beatless import __version__
+
+        self.version = __version__
+        self.tzdata = tzdata_version()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def woke(self, now_ms: int) -> None:
+        """The loop calls this at every wake."""
+        self.last_wake_ms = now_ms
+
+    def record(self, decision: Decision, coalesced: tuple[int, int] | None = None) -> None:
+        """Keep a decision for the history, if it is one this node writes."""
+        if decision.outcome in HISTORY_OUTCOMES:
+            item = HistoryItem.of(decision, coalesced if decision.outcome in SENT else None)
+            self.record_item(decision.firing.address, item)
+
+    def record_item(self, address: str, item: HistoryItem) -> None:
+        """Post ``item`` at the next sync."""
+        note = self.history_note(address, item)
+        with self._lock:
+            self._pending.append(note)
+
+    def history_note(self, address: str, item: HistoryItem, text: str | None = None) -> Note:
+        """The note of ``item`` in the history of ``address`` (its value ``text`` if given,
+        the item's JSON otherwise)."""
+        value = item.to_json() if text is None else text
+        return self._history_note(address, item.id, item.occurrence_ms, item.at_ms, value)
+
+    def _history_note(
+        self, address: str, id_: str, occurrence_ms: int, at_ms: int, value: str
+    ) -> Note:
+        # Living from the occurrence, not the post, the notes of an address expire in the
+        # order of their occurrences, so its bound keeps the latest HISTORY_KEEP of them
+        # (a firing recorded missed long after its occurrence does not outlive later ones).
+        ttl = max(occurrence_ms + HISTORY_TTL_MS - at_ms, MIN_HISTORY_TTL_MS)
+        return Note(history_kind(address), id_, value, self._ttl(ttl), HISTORY_KEEP)
+
+    def history_template(
+        self, firing: Firing, now_ms: int, coalesced: tuple[int, int] | None = None
+    ) -> Note:
+        """The history note of ``firing`` for a claim script to complete: its value has
+        ``{{outcome}}``, ``{{at_ms}}`` and ``{{lateness_ms}}`` where the script's decision
+        goes (:meth:`beatless.stores.redis.RedisStore.claim_and_push`). ``coalesced`` is
+        kept whatever the script decides: it is only read from a sent firing's item."""
+        item = HistoryItem(
+            id=firing.id,
+            entry=firing.entry.name,
+            tenant=firing.tenant,
+            occurrence_ms=firing.occurrence_ms,
+            release_ms=firing.release_ms,
+            node=self.scheduler.node,
+            outcome=TEMPLATE_OUTCOME,
+            lateness_ms=TEMPLATE_LATENESS,
+            at_ms=TEMPLATE_AT,
+            manual=firing.manual,
+            coalesced=coalesced,
+        )
+        text = (
+            item.to_json()
+            .replace(f'"at_ms":{TEMPLATE_AT}', '"at_ms":{{at_ms}}')
+            .replace(f'"lateness_ms":{TEMPLATE_LATENESS}', '"lateness_ms":{{lateness_ms}}')
+        )
+        return self._history_note(firing.address, firing.id, firing.occurrence_ms, now_ms, text)
+
+    def node_record(self, now_ms: int) -> NodeRecord:
+        scheduler = self.scheduler
+        counters: dict[str, int] = {}
+        for stats in scheduler.stats.values():
+            for name, value in stats.as_dict().items():
+                if isinstance(value, int) and not name.startswith("lateness"):
+                    counters[name] = counters.get(name, 0) + value
+        return NodeRecord(
+            node=scheduler.node,
+            host=self.host,
+            pid=os.getpid(),
+            version=self.version,
+            framework=self.framework,
+            store=self.store.name,
+            fingerprint=scheduler.schedule.fingerprint,
+            tzdata=self.tzdata,
+            clock_offset_ms=scheduler.clockwatch.offset_ms,
+            last_wake_ms=self.last_wake_ms,
+            posted_ms=now_ms,
+            started_ms=self.started_ms,
+            loop_alive=self._loop_alive(),
+            entries=len(scheduler.schedule.entries),
+            counters=counters,
+            restarts=self.restarts,
+            last_failure=self.last_failure,
+            last_failure_ms=self.last_failure_ms,
+        )
+
+    def sync(self, now_ms: int | None = None) -> None:
+        """Post the history waiting, and the registry record and entries when due; read
+        the registry and warn about drift. A store error is logged (rate-limited) and the
+        history kept for the next sync."""
+        now = self.scheduler.now_ms() if now_ms is None else now_ms
+        with self._lock:
+            notes = list(self._pending)
+            self._pending.clear()
+        registry_due = self._registry_ms is None or now - self._registry_ms >= REGISTRY_EVERY_MS
+        if registry_due:
+            record = self.node_record(now)
+            notes.append(
+                Note(
+                    nodes_kind(self.namespace),
+                    record.node,
+                    record.to_json(),
+                    self._ttl(REGISTRY_TTL_MS),
+                )
+            )
+        progress = self.scheduler.preference.note(refresh=registry_due)
+        if progress is not None:
+            notes.append(Note(*progress, self._ttl(REGISTRY_TTL_MS)))
+        if self._entries_ms is None or now - self._entries_ms >= ENTRIES_EVERY_MS:
+            notes.extend(self._entry_notes())
+            self._entries_ms = now
+        try:
+            if notes:
+                self.store.post(notes)
+            self._read(now, registry_due)
+            if self._swept_ms is None or now - self._swept_ms >= MISSED_SWEEP_EVERY_MS:
+                self._swept_ms = now
+                self._sweep_missed(now)
+        except StoreError as exc:
+            self._requeue(notes)
+            if self._may_warn("store", 60_000, now):
+                logger.warning(
+                    "node %s: registry and history not written to the claim store (%s); "
+                    "retried every second",
+                    shown(self.scheduler.node, quoted=False),
+                    exc,
+                )
+
+    def _ttl(self, ttl_ms: int) -> int:
+        return capped_ttl(ttl_ms, self.store.notes_live_ms)
+
+    def _requeue(self, notes: list[Note]) -> None:
+        """Put the history of a failed post back, before what came since."""
+        history = [n for n in notes if n.keep]
+        with self._lock:
+            self._pending.extendleft(reversed(history))
+
+    def _entry_notes(self) -> list[Note]:
+        schedule = self.scheduler.schedule
+        kind = entries_kind(self.namespace)
+        return [
+            Note(
+                kind, entry.name, json_text(entry_note(schedule, entry)), self._ttl(ENTRIES_TTL_MS)
+            )
+            for entry in schedule.entries
+        ]
+
+    def _read(self, now: int, registry_due: bool) -> None:
+        """Read the controls and the preferred claimers' progress (every sync) and the
+        registry (when due), in one call."""
+        preference = self.scheduler.preference
+        kinds = [controls_kind(self.namespace), run_now_kind(self.namespace)]
+        if preference.enabled:
+            kinds.append(preference.kind)
+        if registry_due:
+            kinds.append(nodes_kind(self.namespace))
+        notes = self.store.read_notes(kinds)
+        self.controls = read_controls(notes[kinds[0]])
+        again = [
+            note
+            for control in self.controls.values()
+            if (note := refreshed(self.namespace, control, now, self.store.notes_live_ms))
+        ]
+        if again:
+            self.store.post(again)
+        self._take_requests(notes[kinds[1]], now)
+        if preference.enabled:
+            preference.read(notes[preference.kind])
+        if registry_due:
+            self._registry_ms = now
+            self.registry = read_registry(notes[nodes_kind(self.namespace)])
+            preference.registry = self.registry
+            for problem in drift(self.registry):
+                if self._may_warn(problem, DRIFT_WARN_EVERY_MS, now):
+                    logger.warning("namespace %s: %s", shown(self.namespace), problem)
+
+    def _take_requests(self, notes: Mapping[str, str], now: int) -> None:
+        """Queue the run-now requests not seen before, once each."""
+        fresh = []
+        for key, text in notes.items():
+            if key in self._seen_requests:
+                continue
+            control = Control.from_json(text)
+            self._seen_requests[key] = now
+            if control is not None and control.action == "run-now":
+                fresh.append(control)
+        with self._lock:
+            self._run_now.extend(sorted(fresh, key=lambda c: c.at_ms))
+        for key, seen in list(self._seen_requests.items()):
+            if now - seen > RUN_NOW_TTL_MS:
+                del self._seen_requests[key]
+
+    def _sweep_missed(self, now: int) -> None:
+        """Count, log and record the missed firings this node is first to find; each is
+        counted by one node in the fleet (:func:`beatless.status.sweep_missed`)."""
+        from beatless.firing import Firing
+        from beatless.scheduler import Decision
+        from beatless.status import sweep_missed
+
+        scheduler = self.scheduler
+        schedule = scheduler.schedule
+        for view, occurrences in sweep_missed(self.store, schedule, scheduler.node, now):
+            entry = schedule.entry(view.name)
+            for occurrence in occurrences:
+                firing = Firing.of(entry, None, view.address, occurrence)
+                decision = Decision(firing, "missed", scheduler.node, now - firing.release_ms)
+                self.record_item(firing.address, HistoryItem.of(decision))
+            scheduler.stats[entry.name].missed += len(occurrences)
+            logger.warning(
+                "entry %s: %d firing(s) from %s to %s missed: no node claimed them within "
+                "max_late (every node down, frozen or cut off from the store?); counted once "
+                "in the fleet, by this node",
+                shown(entry.name),
+                len(occurrences),
+                iso(min(occurrences)),
+                iso(max(occurrences)),
+            )
+
+    def take_run_now(self) -> list[Control]:
+        """The run-now requests read since the last call."""
+        with self._lock:
+            taken, self._run_now = self._run_now, []
+        return taken
+
+    def paused(self, entry: str, now_ms: int) -> Control | None:
+        """The pause that holds ``entry`` at ``now_ms``, if any."""
+        control = self.controls.get(entry)
+        return control if control is not None and control.pauses(now_ms) else None
+
+    def _may_warn(self, key: str, every_ms: int, now: int) -> bool:
+        return self._warned.allows(key, every_ms, now)
+
+    # -- running --------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, name=f"beatless-board-{self.scheduler.node}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            began = time.monotonic()
+            try:
+                self.sync()
+            except Exception:
+                if self._may_warn("exception", 300_000, self.scheduler.now_ms()):
+                    logger.exception("registry and history sync failed; retried every second")
+            self._stop.wait(max(0.0, SYNC_EVERY_MS / 1_000 - (time.monotonic() - began)))
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the thread after a last sync, so the history of the last wakes is kept."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        if thread is not threading.current_thread():
+            thread.join(timeout)
+        try:
+            self.sync()
+        except Exception:
+            logger.debug("last registry sync failed", exc_info=True)

@@ -1,0 +1,38 @@
+"""``celery -A proj beatless status``: the fleet's status, with the store and namespace of
+the app (registered through Celery's ``celery.commands`` entry point)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+from celery.bin.base import CeleryCommand, handle_preload_options
+
+from beatless.errors import BeatlessError
+
+
+@click.group(name="beatless", help="beatless: the fleet's status, read from the claim store.")
+def beatless() -> None:
+    """The ``beatless`` group of Celery sub-commands."""
+
+
+@beatless.command(cls=CeleryCommand)
+@click.option("--json", "as_json", is_flag=True, help="one JSON object")
+@click.option("--store", metavar="URL", help="another claim store than beatless_store_url")
+@click.pass_context
+@handle_preload_options  # type: ignore[untyped-decorator]
+def status(ctx: Any, as_json: bool, store: str | None) -> None:
+    """What the fleet did and does: live nodes, drift, each entry's last and next
+    firings, missed firings. Exit 0 when healthy, 1 with problems, 2 on an error."""
+    from beatless.celery.schedule import fleet_of
+    from beatless.cli import EXIT_BAD_INPUT, print_status
+
+    try:
+        opened, namespace, schedule = fleet_of(ctx.obj.app, store)
+        with opened:
+            code = print_status(opened, namespace, schedule=schedule, as_json=as_json)
+    except BeatlessError as exc:
+        click.echo(f"celery beatless status: error: {' '.join(str(exc).split())}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    sys.exit(code)

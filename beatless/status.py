@@ -1,0 +1,402 @@
+"""What a fleet is doing, read from its claim store: ``beatless status``.
+
+Everything comes from the store's notes (:mod:`beatless._board`): the live nodes of the
+registry, the entries the nodes publish (or the schedule given), and each address's
+history. The report is one mapping with the keys ``nodes``, ``entries`` and
+``problems``; it is healthy when ``problems`` is empty.
+
+A firing is **missed** when its occurrence + max_late + jitter + the store's tolerance
+has passed and no node wrote it into the history: no node claimed it in time. The
+status judges the occurrences of the last hour that are newer than the oldest firing
+the history still holds (so a fresh fleet, whose history is empty, has missed nothing),
+plus the firings the nodes themselves recorded as missed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any
+
+from beatless._board import (
+    SYNC_EVERY_MS,
+    TENANTS_PUBLISHED,
+    HistoryItem,
+    NodeRecord,
+    drift,
+    entries_kind,
+    entry_note,
+    history_kind,
+    nodes_kind,
+    read_registry,
+    trigger_of,
+)
+from beatless._controls import Control, audit_kind, controls_kind, read_audit, read_controls
+from beatless.entry import Schedule, tenant_address
+from beatless.firing import firing_id, iso, missed_id, offset_ms
+from beatless.stores.base import TOLERANCE_MS, ClaimRequest, ClaimStore
+from beatless.triggers import Trigger
+
+HOUR_MS = 3_600_000
+NEXT_COUNT = 3
+TENANTS_SHOWN = TENANTS_PUBLISHED
+"""For a fan-out entry, the history of at most this many of its tenants is read."""
+SWEEP_ENTRIES = 1_000
+"""A node's missed-firing sweep reads the history of at most this many entries."""
+MARKER_MEMORY_MS = 2 * HOUR_MS
+"""A missed marker outlives the hour over which missed firings are judged."""
+MARKER_LEASE_MS = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class EntryView:
+    """An entry as the status sees it: from the schedule, or as the nodes published it."""
+
+    name: str
+    address: str
+    describe: str
+    trigger: Trigger | None
+    jitter_ms: int
+    max_late_ms: int
+    tenants: tuple[str, ...] | None
+    """The tenants whose history is read; ``None`` for an entry without fan-out."""
+    fan_out: str | None
+    """``None``, or how the fan-out is declared (``callable``, ``N tenants``)."""
+
+    @classmethod
+    def of(cls, note: Mapping[str, Any]) -> EntryView:
+        tenants = note.get("tenants")
+        listed = tuple(str(t) for t in tenants) if isinstance(tenants, list) else None
+        return cls(
+            name=str(note["entry"]),
+            address=str(note["address"]),
+            describe=str(note.get("describe", "")),
+            trigger=trigger_of(note.get("trigger") or {}),
+            jitter_ms=int(note.get("jitter_ms", 0)),
+            max_late_ms=int(note.get("max_late_ms", 0)),
+            tenants=None if tenants is None else (listed or ())[:TENANTS_SHOWN],
+            fan_out=None
+            if tenants is None
+            else (
+                "callable"
+                if listed is None
+                else f"{note.get('tenant_count') or len(listed)} tenants"
+            ),
+        )
+
+    def addresses(self) -> list[tuple[str, str | None]]:
+        if self.tenants is None:
+            return [(self.address, None)]
+        return [(tenant_address(self.address, t), t) for t in self.tenants]
+
+
+def entry_views(schedule: Schedule) -> list[EntryView]:
+    return [EntryView.of(entry_note(schedule, entry)) for entry in schedule.entries]
+
+
+def published_entries(notes: Mapping[str, str]) -> list[EntryView]:
+    views = []
+    for text in notes.values():
+        try:
+            views.append(EntryView.of(json.loads(text)))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return sorted(views, key=lambda v: v.name)
+
+
+def known_entries(
+    store: ClaimStore, namespace: str, schedule: Schedule | None
+) -> dict[str, tuple[str, ...] | None]:
+    """The entries of ``namespace`` with their listed tenants: the schedule's, else those
+    the nodes publish (whose tenants are not checked: ``None``)."""
+    if schedule is not None:
+        return {
+            e.name: None if e.tenants is None else (e.tenant_list() or ()) for e in schedule.entries
+        }
+    kind = entries_kind(namespace)
+    return {v.name: None for v in published_entries(store.read_notes([kind])[kind])}
+
+
+def report(
+    store: ClaimStore,
+    namespace: str,
+    *,
+    schedule: Schedule | None = None,
+    now_ms: int,
+    next_count: int = NEXT_COUNT,
+) -> dict[str, Any]:
+    """The status of ``namespace`` in ``store`` at ``now_ms``: ``nodes``, ``entries``,
+    ``problems``. Raises :class:`~beatless.errors.StoreError` when the store fails."""
+    kinds = [nodes_kind(namespace), entries_kind(namespace)]
+    kinds += [controls_kind(namespace), audit_kind(namespace)]
+    notes = store.read_notes(kinds)
+    controls = read_controls(notes[kinds[2]])
+    records = sorted(read_registry(notes[kinds[0]]), key=lambda r: r.node)
+    views = entry_views(schedule) if schedule is not None else published_entries(notes[kinds[1]])
+    wanted = [address for view in views for address, _ in view.addresses()]
+    history = store.read_notes([history_kind(a) for a in wanted]) if wanted else {}
+
+    problems: list[str] = []
+    if not records:
+        problems.append(f"no live node in namespace {namespace!r}: no registry record is current")
+    for record in records:
+        trouble = record.health()
+        if trouble:
+            problems.append(f"node {record.node}: {trouble}")
+        failed = record.last_failure_ms
+        if failed is not None and now_ms - failed <= HOUR_MS:
+            problems.append(
+                f"node {record.node}: its scheduler process died at {iso(failed)} "
+                f"({record.last_failure}) and was restarted; {record.restarts} restart(s) "
+                "since the node started"
+            )
+    problems.extend(drift(records))
+    if schedule is not None:
+        others = sorted({r.fingerprint for r in records} - {schedule.fingerprint})
+        if others:
+            problems.append(
+                f"the schedule given has fingerprint {schedule.fingerprint}; live nodes run "
+                f"{', '.join(others)}"
+            )
+    entries = []
+    for view in views:
+        items = _items(view, history)
+        summary = _entry(view, items, now_ms, next_count, controls.get(view.name))
+        if summary["missed"]:
+            problems.append(
+                f"entry {view.name}: {summary['missed']} missed firing(s) in the last hour, "
+                f"the last at {summary['missed_last']}"
+            )
+        entries.append(summary)
+    return {
+        "namespace": namespace,
+        "at": iso(now_ms),
+        "nodes": [_node(r, now_ms) for r in records],
+        "entries": entries,
+        "problems": problems,
+        "audit": [_control(c) for c in read_audit(notes[kinds[3]])],
+    }
+
+
+def _items(view: EntryView, history: Mapping[str, Mapping[str, str]]) -> list[HistoryItem]:
+    items = []
+    for address, _ in view.addresses():
+        for text in history.get(history_kind(address), {}).values():
+            item = HistoryItem.from_json(text)
+            if item is not None:
+                items.append(item)
+    return sorted(items, key=lambda i: (i.occurrence_ms, i.at_ms))
+
+
+def _node(record: NodeRecord, now_ms: int) -> dict[str, Any]:
+    trouble = record.health()
+    return {
+        "node": record.node,
+        "host": record.host,
+        "pid": record.pid,
+        "version": record.version,
+        "framework": record.framework,
+        "store": record.store,
+        "fingerprint": record.fingerprint,
+        "tzdata": record.tzdata,
+        "clock_offset_ms": record.clock_offset_ms,
+        "last_wake": None if record.last_wake_ms is None else iso(record.last_wake_ms),
+        "last_seen_s": round((now_ms - record.posted_ms) / 1_000, 1),
+        "started": iso(record.started_ms),
+        "healthy": trouble is None,
+        "health": trouble or "ok",
+        "counters": record.counters,
+        "restarts": record.restarts,
+        "last_failure": record.last_failure,
+        "last_failure_at": None if record.last_failure_ms is None else iso(record.last_failure_ms),
+    }
+
+
+def _entry(
+    view: EntryView,
+    items: Sequence[HistoryItem],
+    now_ms: int,
+    next_count: int,
+    control: Control | None,
+) -> dict[str, Any]:
+    missed = _missed(view, items, now_ms)
+    last = items[-1] if items else None
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item.outcome] = counts.get(item.outcome, 0) + 1
+    return {
+        "entry": view.name,
+        "address": view.address,
+        "trigger": view.describe,
+        "fan_out": view.fan_out,
+        "last": None if last is None else _item(last),
+        "recent": [_item(i) for i in items[-10:]],
+        "timeline": [_item(i) for i in items if i.occurrence_ms >= now_ms - HOUR_MS],
+        "next": _next(view, now_ms, next_count),
+        "paused": control is not None and control.pauses(now_ms),
+        "control": None if control is None else _control(control),
+        "counts": counts,
+        "missed": len(missed),
+        "missed_last": iso(max(missed)) if missed else None,
+    }
+
+
+def _control(control: Control) -> dict[str, Any]:
+    return {
+        "action": control.action,
+        "entry": control.entry,
+        "tenant": control.tenant,
+        "by": control.by,
+        "host": control.host,
+        "at": iso(control.at_ms),
+        "until": None if control.until_ms is None else iso(control.until_ms),
+    }
+
+
+def _item(item: HistoryItem) -> dict[str, Any]:
+    return {
+        "id": item.id,
+        "occurrence_ms": item.occurrence_ms,
+        "tenant": item.tenant,
+        "occurrence": iso(item.occurrence_ms),
+        "release": iso(item.release_ms),
+        "node": item.node,
+        "outcome": item.outcome,
+        "lateness_ms": item.lateness_ms,
+        "manual": item.manual,
+    }
+
+
+def _next(view: EntryView, now_ms: int, count: int) -> list[dict[str, Any]]:
+    if view.trigger is None:
+        return []
+    upcoming = []
+    for occurrence in islice(view.trigger.after(now_ms), count):
+        offset = 0 if view.fan_out else offset_ms(view.address, occurrence, view.jitter_ms)
+        upcoming.append(
+            {
+                "occurrence": iso(occurrence),
+                "offset_ms": offset,
+                "release": iso(occurrence + offset),
+            }
+        )
+    return upcoming
+
+
+def _missed(view: EntryView, items: Sequence[HistoryItem], now_ms: int) -> list[int]:
+    """The occurrences of the last hour with a firing nobody sent in time, as far as the
+    history can tell: the ones recorded missed, and the ones it should hold and does not."""
+    hour_ago = now_ms - HOUR_MS
+    missed = {
+        i.occurrence_ms for i in items if i.outcome == "missed" and i.occurrence_ms >= hour_ago
+    }
+    if view.trigger is None or view.fan_out or not items:
+        return sorted(missed)
+    # Judged from the oldest item kept on (the history holds the latest of each address),
+    # and only once an item decided without a commit has had a sync to be posted.
+    settled = now_ms - (view.max_late_ms + view.jitter_ms + TOLERANCE_MS + 2 * SYNC_EVERY_MS)
+    start = max(hour_ago, items[0].occurrence_ms)
+    known = {i.id for i in items}
+    spans = [i for i in items if i.coalesced is not None]
+    for occurrence in view.trigger.after(start - 1):
+        if occurrence > settled:
+            break
+        if firing_id(view.address, occurrence) not in known and not any(
+            i.covers(occurrence) for i in spans
+        ):
+            missed.add(occurrence)
+    return sorted(missed)
+
+
+def sweep_missed(
+    store: ClaimStore, schedule: Schedule, node: str, now_ms: int
+) -> list[tuple[EntryView, list[int]]]:
+    """The missed firings of ``schedule`` that this node is the first in the fleet to
+    find: per entry, their occurrences.
+
+    Each missed firing found in the history (:func:`_missed`, entries without fan-out)
+    is claimed once more under a marker id of its own, never late and remembered
+    ``MARKER_MEMORY_MS``: one node in the fleet wins each marker, and only that node
+    counts, logs and records the firing missed. Raises
+    :class:`~beatless.errors.StoreError` when the store fails.
+    """
+    from beatless.runs import NEVER_LATE_MS
+
+    views = [v for v in entry_views(schedule) if v.fan_out is None][:SWEEP_ENTRIES]
+    if not views:
+        return []
+    history = store.read_notes([history_kind(v.address) for v in views])
+    found: list[tuple[EntryView, int]] = []
+    for view in views:
+        items = _items(view, history)
+        recorded = {i.occurrence_ms for i in items if i.outcome == "missed"}
+        fresh = [o for o in _missed(view, items, now_ms) if o not in recorded]
+        found.extend((view, occurrence) for occurrence in fresh)
+    if not found:
+        return []
+    requests = [
+        ClaimRequest(
+            id=missed_id(firing_id(view.address, occurrence)),
+            address=view.address,
+            occurrence_ms=occurrence,
+            max_late_ms=NEVER_LATE_MS,
+            memory_ms=MARKER_MEMORY_MS,
+            release_ms=now_ms,
+        )
+        for view, occurrence in found
+    ]
+    outcomes = store.claim(requests, node=node, lease_ms=MARKER_LEASE_MS)
+    won = [r.id for r, o in zip(requests, outcomes, strict=True) if o.is_won]
+    if won:
+        store.commit(won, node=node)
+    mine: dict[str, tuple[EntryView, list[int]]] = {}
+    for (view, occurrence), outcome in zip(found, outcomes, strict=True):
+        if outcome.is_won:
+            mine.setdefault(view.name, (view, []))[1].append(occurrence)
+    return list(mine.values())
+
+
+def render(status: Mapping[str, Any]) -> str:
+    """The report as text for a terminal."""
+    lines = [f"namespace {status['namespace']} at {status['at']}", "", "nodes:"]
+    for node in status["nodes"]:
+        offset = node["clock_offset_ms"]
+        lines.append(
+            f"  {node['node']}  {node['framework']} on {node['host']} pid {node['pid']}  "
+            f"beatless {node['version']}  schedule {node['fingerprint']}  tzdata "
+            f"{node['tzdata']}  offset {'?' if offset is None else f'{offset:+d}ms'}  "
+            f"last wake {node['last_wake'] or 'never'}  {node['health']}"
+        )
+    if not status["nodes"]:
+        lines.append("  (none live)")
+    lines += ["", "entries:"]
+    for entry in status["entries"]:
+        last = entry["last"]
+        told = (
+            "never fired (in the history kept)"
+            if last is None
+            else f"last {last['outcome']} {last['occurrence']} on {last['node']} "
+            f"({last['lateness_ms']}ms after release)"
+        )
+        upcoming = ", ".join(n["release"] for n in entry["next"]) or "unknown"
+        lines.append(f"  {entry['entry']}  {entry['trigger']}")
+        lines.append(f"    {told}; missed in the last hour: {entry['missed']}")
+        lines.append(f"    next releases: {upcoming}")
+        control = entry["control"]
+        if entry["paused"]:
+            until = f" until {control['until']}" if control["until"] else " until resumed"
+            lines.append(f"    PAUSED{until}, by {control['by']} on {control['host']}")
+    if status["audit"]:
+        lines += ["", "recent controls:"]
+        lines += [
+            f"  {c['at']}  {c['action']} {c['entry']}"
+            + (f" until {c['until']}" if c["until"] else "")
+            + (f" tenant {c['tenant']}" if c["tenant"] else "")
+            + f"  by {c['by']} on {c['host']}"
+            for c in status["audit"][-5:]
+        ]
+    lines += ["", "problems:" if status["problems"] else "no problems"]
+    lines += [f"  - {p}" for p in status["problems"]]
+    return "\n".join(lines)

@@ -1,0 +1,263 @@
+"""The preferred claimer: one claim per firing whatever the fleet size, and no firing missed
+when the preferred node freezes, dies, or when the views of the nodes disagree.
+
+The fleets here are simulated in one process (``bench/scale.py``'s ``SimFleet``): real
+schedulers and boards on one memory store and one fake clock, so that freezes and deaths
+land at exact instants. The same rules are exercised with real processes by the fault
+suite (``tests/faults``) and the multi-process tests, where the preferred claimer is on by
+default.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from beatless import Entry, Every, Schedule
+from beatless._board import REGISTRY_EVERY_MS, REGISTRY_TTL_MS
+from beatless._prefer import GRACE_MS, LADDER_MS, RUNGS, Progress, View, fits
+from beatless.firing import Firing, firing_id
+from beatless.scheduler import Decision
+from beatless.stores import ClaimRequest, Outcome
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from scale import WARM_UP_MS, SimFleet, steady_schedule
+
+NODE_NAMES = st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=12, unique=True)
+FIRING_IDS = st.uuids().map(str)
+
+
+@given(NODE_NAMES, FIRING_IDS)
+def test_every_node_of_one_view_ranks_a_firing_the_same_way(names: list[str], fid: str) -> None:
+    """Ranks are a permutation of 0..n-1, and the node ranked first ranks itself first."""
+    view = View.of(set(names), 0)
+    ranks = {name: view.rank(fid, name) for name in names}
+    assert sorted(rank for rank, _ in ranks.values()) == list(range(len(names)))
+    tops = {top for _, top in ranks.values()}
+    assert len(tops) == 1
+    (top,) = tops
+    assert ranks[top][0] == 0
+
+
+@given(NODE_NAMES, st.text(min_size=1, max_size=12), FIRING_IDS)
+def test_a_node_joining_changes_no_order_between_the_others(
+    names: list[str], joining: str, fid: str
+) -> None:
+    """Rendezvous hashing: adding a node moves others down by at most one rank, and never
+    swaps two of them, so the views of nodes that read the registry at different times
+    disagree only about the node that joined or left."""
+    before = View.of(set(names), 0)
+    after = View.of(set(names) | {joining}, 0)
+    order_before = sorted(names, key=lambda n: before.rank(fid, n)[0])
+    order_after = sorted(after.nodes, key=lambda n: after.rank(fid, n)[0])
+    assert [n for n in order_after if n in set(names)] == order_before
+
+
+def test_a_progress_note_covers_only_its_view_and_span() -> None:
+    view = View.of({"a", "b"}, 0)
+    other = View.of({"a", "b", "c"}, 0)
+    progress = Progress(view.digest, since_ms=1_000, until_ms=5_000)
+    assert progress.covers(view, 3_000)
+    assert not progress.covers(view, 5_001)
+    assert not progress.covers(view, 999)
+    assert not progress.covers(other, 3_000)
+    assert Progress.from_json(progress.to_json()) == progress
+    assert Progress.from_json("not json") is None
+    held = Progress(view.digest, 1_000, 5_000, frozenset({"f1"}))
+    assert not held.covers(view, 3_000, "f1")  # held by another node's claim: not done
+    assert held.covers(view, 3_000, "f2")
+    assert Progress.from_json(held.to_json()) == held
+
+
+def test_the_ladder_rule_is_stated_from_the_registry_timings() -> None:
+    assert LADDER_MS == REGISTRY_TTL_MS + 2 * REGISTRY_EVERY_MS + 1_000
+    assert (RUNGS - 1) * GRACE_MS < LADDER_MS
+    assert fits(0, 60_000)
+    assert fits(30_000, 60_000)
+    assert not fits(40_000, 60_000)
+
+
+def run(fleet: SimFleet, seconds: float) -> None:
+    fleet.run_until(fleet.clock.ms + int(seconds * 1_000))
+
+
+def test_one_claim_per_firing_at_3_and_10_nodes_and_every_firing_once() -> None:
+    for count in (3, 10):
+        fleet = SimFleet(steady_schedule(20, 2, 0), count, preferred=True)
+        run(fleet, WARM_UP_MS / 1_000)
+        fleet.store.reset()
+        before = sum(fleet.sent.values())
+        measured = fleet.clock.ms
+        run(fleet, 60)
+        check = fleet.check(measured + 1_000, fleet.clock.ms - 5_000)
+        assert (check["missed"], check["duplicates"]) == (0, 0), check
+        assert check["expected"] >= 500
+        claims = fleet.store.items["claim"]
+        sent = sum(fleet.sent.values()) - before
+        assert claims <= sent * 1.02, (count, claims, sent)
+        claimed = [n.outcomes["won"] for n in fleet.nodes]
+        assert min(claimed) > 0, claimed  # the work is split between the nodes
+
+
+def test_without_the_preferred_claimer_every_node_claims_every_firing() -> None:
+    fleet = SimFleet(steady_schedule(20, 2, 0), 3, preferred=False)
+    run(fleet, WARM_UP_MS / 1_000)
+    fleet.store.reset()
+    before = sum(fleet.sent.values())
+    run(fleet, 20)
+    sent = sum(fleet.sent.values()) - before
+    assert sent >= 190
+    assert fleet.store.items["claim"] >= 3 * sent * 0.98
+
+
+def test_a_frozen_preferred_node_loses_nothing_and_the_next_rank_sends_after_the_grace() -> None:
+    """Node n0 freezes (no wake, no sync, no record) for 40 s: every firing is still sent
+    exactly once; those n0 was preferred for go out within the grace (plus a step and a
+    sync) while its record lives, and at once after it has left the registry."""
+    fleet = SimFleet(steady_schedule(20, 2, 0), 3, preferred=True)
+    run(fleet, WARM_UP_MS / 1_000)
+    sends: list[tuple[str, int, int]] = []
+
+    def record(decision: Decision) -> None:
+        if decision.outcome in ("won", "takeover"):
+            sends.append((decision.firing.id, decision.firing.release_ms, decision.lateness_ms))
+
+    for node in fleet.nodes[1:]:
+        node.scheduler.on_decision = record
+    frozen_at = fleet.clock.ms
+    fleet.nodes[0].frozen = True
+    run(fleet, 40)
+    fleet.nodes[0].frozen = False
+    run(fleet, 30)
+    check = fleet.check(frozen_at + 1_000, fleet.clock.ms - 5_000)
+    assert (check["missed"], check["duplicates"]) == (0, 0), check
+    during = [late for _, release, late in sends if frozen_at < release < frozen_at + 10_000]
+    assert during
+    assert max(during) <= 2 * GRACE_MS + 1_000, max(during)
+    after = [late for _, release, late in sends if release > frozen_at + LADDER_MS]
+    assert after
+    assert max(after) <= 200, max(after)
+
+
+def test_the_preferred_node_and_the_next_two_dying_at_once_lose_nothing() -> None:
+    """Five nodes; for each firing, whichever three rank first die together at t: the
+    survivors wait for the registry to drop them and then claim, within the ladder."""
+    schedule = steady_schedule(20, 2, 0)
+    fleet = SimFleet(schedule, 5, preferred=True)
+    run(fleet, WARM_UP_MS / 1_000)
+    killed_at = fleet.clock.ms
+    for node in fleet.nodes[:3]:
+        node.frozen = True  # dead: never wakes, never posts again
+    run(fleet, 90)
+    check = fleet.check(killed_at + 1_000, fleet.clock.ms - 61_000)
+    assert (check["missed"], check["duplicates"]) == (0, 0), check
+    survivors = fleet.nodes[3:]
+    assert all(len(n.scheduler.preference.view.nodes) == 2 for n in survivors)
+
+
+def test_firings_held_for_a_dead_claimer_are_taken_over_when_their_preferred_node_dies_too() -> (
+    None
+):
+    """A squatter (a node that claimed and died before it sent) holds three coming firings
+    pending for 10 s, all preferred to n0; n0 sees them held, then dies before their lease
+    runs out. Held is not done: the other nodes take each one over, once."""
+    schedule = steady_schedule(4, 2, 0)
+    fleet = SimFleet(schedule, 3, preferred=True)
+    run(fleet, WARM_UP_MS / 1_000)
+    view = fleet.nodes[0].scheduler.preference.view
+    squatted: list[Firing] = []
+    for entry in schedule.entries:
+        address = schedule.address(entry)
+        for occurrence in entry.trigger.after(fleet.clock.ms + 1_000):
+            if occurrence > fleet.clock.ms + 20_000:
+                break
+            firing = Firing.of(entry, None, address, occurrence)
+            if view.rank(firing.id, "n0")[1] == "n0":
+                squatted.append(firing)
+    squatted = sorted(squatted, key=lambda f: f.release_ms)[:3]
+    requests = [ClaimRequest.of(f) for f in squatted]
+    assert fleet.store.claim(requests, node="squatter", lease_ms=10_000) == [Outcome.WON] * 3
+    run(fleet, (squatted[-1].release_ms + 500 - fleet.clock.ms) / 1_000)
+    assert fleet.nodes[0].outcomes["held"] >= 3
+    fleet.nodes[0].frozen = True  # dead: never wakes, never posts again
+
+    run(fleet, 40)
+
+    assert [fleet.sent[f.id] for f in squatted] == [1, 1, 1]
+    check = fleet.check(squatted[0].release_ms, fleet.clock.ms - 5_000)
+    assert (check["missed"], check["duplicates"]) == (0, 0), check
+
+
+def test_an_entry_whose_max_late_cannot_hold_the_ladder_is_claimed_by_every_node() -> None:
+    schedule = Schedule(
+        [
+            Entry(name="tight", task="t.tight", trigger=Every(2), max_late="10s"),
+            Entry(name="roomy", task="t.roomy", trigger=Every(2), max_late="60s"),
+        ],
+        namespace="scale",
+    )
+    fleet = SimFleet(schedule, 3, preferred=True)
+    run(fleet, WARM_UP_MS / 1_000)
+    fleet.store.reset()
+    for node in fleet.nodes:
+        node.outcomes.clear()
+    run(fleet, 20)
+    lost = sum(n.outcomes["lost"] for n in fleet.nodes)
+    delegated = sum(n.outcomes["delegated"] for n in fleet.nodes)
+    assert lost >= 2 * 9  # every node claims "tight"'s ~10 firings
+    assert delegated >= 2 * 9  # "roomy"'s are left to the preferred node
+
+
+def test_a_fleet_with_a_big_fan_out_still_posts_its_registry_and_splits_the_claims() -> None:
+    """An entry of 5,000 tenants: its published entry note stays small (a note over the
+    store's limit would stop the board's sync, and with it the registry every preference
+    rests on), and the 5,000 firings of one occurrence are claimed once each."""
+    entry = Entry(
+        name="fan",
+        task="t.fan",
+        trigger=Every(60),
+        tenants=[f"tenant-{i}" for i in range(5_000)],
+        jitter="10s",
+        max_late="60s",
+    )
+    fleet = SimFleet(Schedule([entry], namespace="scale"), 3, preferred=True)
+    run(fleet, WARM_UP_MS / 1_000)
+    assert all(len(n.scheduler.preference.view.nodes) == 3 for n in fleet.nodes)
+    fleet.store.reset()
+    before = sum(fleet.sent.values())
+    run(fleet, 60)
+    sent = sum(fleet.sent.values()) - before
+    assert sent == 5_000
+    assert max(fleet.sent.values()) == 1
+    assert fleet.store.items["claim"] <= sent * 1.02
+
+
+def test_beatless_run_turns_the_preferred_claimer_off_with_every_node_claims(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from beatless import cli
+
+    schedule = tmp_path / "schedule.toml"
+    schedule.write_text('[[entry]]\nname = "tick"\ntask = "t.tick"\nevery = "10s"\n')
+    seen: list[bool] = []
+    monkeypatch.setattr(cli, "run_node", lambda *a, **k: seen.append(k["preferred"]) or 0)
+    assert cli.main(["run", str(schedule), "--store", "memory://"]) == 0
+    assert cli.main(["run", str(schedule), "--store", "memory://", "--every-node-claims"]) == 0
+    assert seen == [True, False]
+
+
+def test_each_node_comes_first_for_its_share_of_firings() -> None:
+    """Over 20,000 firing ids, each of 10 nodes ranks first for 10 % of them, within the
+    spread of chance (± 1 %), and second for as many: the work splits evenly."""
+    view = View.of({f"node-{i}" for i in range(10)}, 0)
+    firsts: Counter[str] = Counter()
+    for i in range(20_000):
+        fid = firing_id(f"scale/job/{i}", 1_800_000_000_000)
+        firsts[view.rank(fid, "node-0")[1]] += 1
+    assert len(firsts) == 10
+    assert all(1_800 <= n <= 2_200 for n in firsts.values()), firsts
