@@ -142,14 +142,15 @@ def _special_weekday(text: str) -> int:
 
 
 def _parse_step(field: int, term: str, step_text: str) -> set[int]:
-    """``term/step``: every step-th value of the term, or of the range from a single value."""
+    """``term/step``: every step-th value of the term (``a-a/n`` is ``a`` alone), or of the
+    range from a single value (``a/n``: ``a``, ``a + n``, ... up to the field's last)."""
     step = _number(field, step_text)
     if step == 0:
         raise _bad(field)
     values = _parse(field, term)
     if values in ({_LAST}, {_LAST_WEEKDAY}):
         return values
-    if len(values) == 1:
+    if "-" not in term and "*" not in term:
         return set(range(min(values), _RANGES[field][1] + 1, step))
     return set(sorted(values)[::step])
 

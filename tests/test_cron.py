@@ -313,6 +313,12 @@ def test_a_step_after_a_single_value_runs_from_it_to_the_end_of_the_range() -> N
     ]
 
 
+def test_a_step_over_a_range_of_one_value_is_that_value_alone() -> None:
+    # A range stops at its own end, even when it starts there: 0-0/2 is minute 0 only.
+    assert walls("0-0/2 * * * *", count=2) == ["2026-01-01T00:00:00", "2026-01-01T01:00:00"]
+    assert walls("7-7/5 3 * * *", count=2) == ["2026-01-01T03:07:00", "2026-01-02T03:07:00"]
+
+
 def test_a_step_over_every_weekday_counts_sunday_once() -> None:
     # */2 over 0-7 is 0,2,4,6: Sunday, Tuesday, Thursday, Saturday.
     assert walls("0 0 * * */2", count=4) == [
