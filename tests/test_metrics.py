@@ -21,6 +21,7 @@ pytest.importorskip("prometheus_client", reason="the metrics need the 'metrics' 
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
+from scrape import won_samples
 
 from beatless import Entry, Every, Schedule, metrics
 from beatless.errors import ConfigError
@@ -383,21 +384,9 @@ def test_beatless_run_serves_its_metrics_on_the_port_given(tmp_path: Path) -> No
         won = None
         while won is None and time.monotonic() < deadline:
             time.sleep(0.5)
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                    text = r.read().decode()
-            except OSError:
-                continue
-            for family in text_string_to_metric_families(text):
-                for sample in family.samples:
-                    labels = sample.labels
-                    if (
-                        sample.name == "beatless_firings_total"
-                        and labels.get("outcome") == "won"
-                        and labels.get("node") == "r0"
-                        and sample.value > 0
-                    ):
-                        won = sample.value
+            for sample in won_samples(port) or ():
+                if sample.labels.get("node") == "r0" and sample.value > 0:
+                    won = sample.value
         assert won, "no won firing in the metrics of beatless run"
     finally:
         node.kill()

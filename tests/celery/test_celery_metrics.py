@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import socket
 import time
-import urllib.request
 import uuid
 from typing import Any
 
@@ -17,7 +16,7 @@ from conftest import CeleryProject
 pytest.importorskip("prometheus_client", reason="the metrics need the 'metrics' extra")
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
+from scrape import won_samples
 
 from beatless.celery import BeatScheduler, CelerySettings
 from beatless.errors import ScheduleError
@@ -91,17 +90,10 @@ def test_a_worker_serves_its_metrics_on_the_port_it_is_given(project: CeleryProj
     won: dict[str, float] = {}
 
     def scraped() -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as reply:
-                text = reply.read().decode()
-        except OSError:
-            return False
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == "beatless_firings_total" and sample.labels["outcome"] == "won":
-                    won[sample.labels["node"]] = sample.value
-                    assert sample.labels["namespace"] == project.prefix
-                    assert sample.labels["entry"] == "tick"
+        for sample in won_samples(port) or ():
+            won[sample.labels["node"]] = sample.value
+            assert sample.labels["namespace"] == project.prefix
+            assert sample.labels["entry"] == "tick"
         return any(value > 0 for value in won.values())
 
     try:

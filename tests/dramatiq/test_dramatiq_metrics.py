@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,7 +25,7 @@ from service_check import require_service
 pytest.importorskip("prometheus_client", reason="the metrics need the 'metrics' extra")
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
+from scrape import won_samples
 
 import beatless.dramatiq as bd
 from beatless import ConfigError
@@ -139,16 +138,9 @@ def test_under_the_dramatiq_command_the_scheduler_process_serves_the_metrics_por
     won: dict[str, float] = {}
 
     def scraped() -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as reply:
-                text = reply.read().decode()
-        except OSError:
-            return False
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == "beatless_firings_total" and sample.labels["outcome"] == "won":
-                    assert sample.labels["namespace"] == namespace
-                    won[sample.labels["node"]] = sample.value
+        for sample in won_samples(port) or ():
+            assert sample.labels["namespace"] == namespace
+            won[sample.labels["node"]] = sample.value
         return any(value > 0 for value in won.values())
 
     try:
