@@ -54,6 +54,10 @@ COMMIT_EVERY_S = 0.05
 a node that freezes or dies mid-sub-batch leaves at most this much of sends (and the one
 in flight) uncommitted, the only firings another node may send again."""
 
+SENDING = "firing %s of entry %s: checked, sending (claim %.0f ms old)"
+"""Logged at DEBUG when a firing passes its last checks: from here on, a freeze or a
+broker that holds the bytes is the residual window (docs/reliability.md)."""
+
 LATE_COMMIT = (
     "firing %s of entry %s: its claim ran out before commit (or the store lost its memory) "
     "and another node may send it too; the workers' once-only check refuses such a second copy"
@@ -255,6 +259,8 @@ class TwoPhase(Dispatcher):
         if wake.is_late(firing, ahead_ms=self.rate.expected_ms()):
             wake.decide(firing, "late")  # it would reach the broker late
             return False
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(SENDING, firing.id, shown(firing.entry.name), age_ms)
         began = self.monotonic()
         try:
             self.enqueue(firing)

@@ -40,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from beatless import Cron, Entry, Every, Firing, Schedule
+from beatless import Cron, Entry, Every, Firing, Schedule, dispatch
 from beatless.scheduler import Scheduler
 from beatless.stores import open_store
 
@@ -102,14 +102,45 @@ def open_broker(url: str | None) -> Callable[[str], None] | None:
     return push
 
 
+class CheckedAt(logging.Filter):
+    """When the dispatcher last checked each firing before sending it (its ``SENDING``
+    line at DEBUG, kept here and not logged): a send is in flight from that moment, since
+    a freeze after it, even before the enqueue is called, is the residual window."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: dict[str, float] = {}
+        self.floor = logging.NOTSET
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg is dispatch.SENDING and isinstance(record.args, tuple):
+            self.times[str(record.args[0])] = record.created
+            return False
+        return record.levelno >= self.floor
+
+    def install(self) -> None:
+        """Let the dispatcher's DEBUG lines through to this filter only: the node logs
+        at the level it was configured with."""
+        log = logging.getLogger(dispatch.__name__)
+        self.floor = log.getEffectiveLevel()
+        log.addFilter(self)
+        log.setLevel(logging.DEBUG)
+
+    def pop(self, firing_id: str) -> float | None:
+        return self.times.pop(firing_id, None)
+
+
 def make_enqueue(config: dict[str, Any], record_fd: int) -> Callable[[Firing], None]:
-    """The enqueue of a node: wait the send delay, push to the broker, record the send."""
+    """The enqueue of a node: wait the send delay, push to the broker, record the send
+    (``called``: when the dispatcher checked the firing last, before it called this)."""
     delay = float(config.get("send_delay_s", 0))
     push = open_broker(config.get("broker"))
     node = config["node"]
+    checked = CheckedAt()
+    checked.install()
 
     def enqueue(firing: Firing) -> None:
-        called = time.time()
+        called = checked.pop(firing.id) or time.time()
         if delay:
             time.sleep(delay)
         line = {

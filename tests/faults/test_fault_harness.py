@@ -4,17 +4,23 @@ sends exactly. Fast: no scheduler runs here."""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from analysis import Fault, Send, analyse, expected_firings
-from fault_node import build_schedule
+from fault_node import build_schedule, make_enqueue
 from proxy import Proxy
 from redis_server import RedisServer
 
 from beatless import Firing
+from beatless.dispatch import TwoPhase, dispatch_now
+from beatless.stores.memory import MemoryStore
 
 pytestmark = pytest.mark.faults
 
@@ -165,3 +171,29 @@ def test_a_fault_excuses_only_misses_it_held_from_release_until_late() -> None:
     assert Fault("pause", base - 1, base + 25).excuses(tick)
     assert not Fault("pause", base - 1, base + 10).excuses(tick), "ended before it was late"
     assert not Fault("pause", base + 5, base + 25).excuses(tick), "began after its release"
+
+
+def test_a_send_counts_from_the_dispatchers_last_check_not_from_the_enqueue_call(
+    tmp_path: Path,
+) -> None:
+    """A node frozen after the dispatcher's last check and before its enqueue is called
+    sends late with no check in between (the residual window): the record's ``called`` is
+    the check, so the analysis sees that send in flight at the freeze."""
+    schedule = build_schedule(
+        {"namespace": "harness", "entries": [{"name": "tick", "every_s": 1, "max_late_s": 20}]}
+    )
+    record = tmp_path / "sends.jsonl"
+    fd = os.open(record, os.O_WRONLY | os.O_CREAT, 0o644)
+    recording = make_enqueue({"node": "n0"}, fd)
+
+    def frozen_then_send(firing: Firing) -> None:
+        time.sleep(0.3)  # the freeze: after the check, before the enqueue runs
+        recording(firing)
+
+    entry = schedule.entries[0]
+    firing = Firing.of(entry, None, schedule.address(entry), int(time.time()) * 1_000)
+    dispatch_now(TwoPhase(MemoryStore(), frozen_then_send, lease=10), [firing], node="n0")
+    os.close(fd)
+    (line,) = [json.loads(text) for text in record.read_text().splitlines()]
+    assert line["sent"] - line["called"] >= 0.3
+    assert logging.getLogger("beatless.dispatch").getEffectiveLevel() == logging.DEBUG
