@@ -17,6 +17,11 @@ the fan-out's: a tuple of ``str``, about 70 bytes per tenant name of 13 characte
 Preparing a firing costs one SHA-256 (its offset); handing it out, a second one (the
 :class:`~beatless.firing.Firing` with its id).
 
+With the preferred claimer on a fleet of several nodes, the keys go to *lanes* by where
+this node ranks for each firing (see :class:`FanOut`): at a burst a node builds only the
+firings it is preferred for, about ``1 / nodes`` of them, and the others when it would
+first look at them, at its rung.
+
 :func:`earliest` answers "which firings of this occurrence are released first" for
 ``beatless next`` without building the others: every tenant's offset is needed for
 that, but only as one integer at a time, through a bounded heap.
@@ -27,7 +32,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from beatless.entry import Entry, tenant_address
@@ -99,85 +104,33 @@ def bucket_count(tenants: int, window_ms: int) -> int:
     return max(1, min(tenants // BUCKET_SIZE, window_ms))
 
 
-@dataclass(slots=True, eq=False)
-class FanOut:
-    """The firings of one fan-out entry at one occurrence, not yet handed out."""
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """Which lane each firing of a fan-out goes to on this node, under one view of the
+    fleet (:meth:`beatless._prefer.View.lane`): ``lane(key)`` of a firing's 64-bit key
+    (the first 64 bits of its digest), ``delays_ms`` when each lane is handed out after
+    the release, and the view's ``digest``."""
 
-    entry: Entry
-    base: str
-    occurrence_ms: int
-    tenants: tuple[str, ...]
-    prepared: int = 0
-    """How many tenants have their offset computed."""
-    handed: int = 0
-    """How many firings were handed out (or dropped)."""
-    buckets: list[array[int]] = field(init=False)
+    digest: str
+    lane: Callable[[int], int]
+    delays_ms: tuple[int, ...]
+
+
+@dataclass(slots=True, eq=False)
+class Lane:
+    """Keys of one lane of a fan-out, in buckets of the jitter window, sorted one bucket
+    at a time as the cursor reaches it."""
+
+    buckets: list[array[int]]
     """The keys of each slice of the window, in the order computed; emptied when sorted."""
-    current: array[int] = field(init=False)
+    current: array[int] = field(default_factory=lambda: array("q"))
     """The sorted keys of the bucket the cursor is in."""
     position: int = 0
-    """The place in ``current`` of the next firing to hand out."""
+    """The place in ``current`` of the next key."""
     bucket: int = 0
     """The next bucket to sort, once ``current`` is used up."""
 
-    def __post_init__(self) -> None:
-        count = bucket_count(len(self.tenants), self.entry.jitter_ms)
-        self.buckets = [array("q") for _ in range(count)]
-        self.current = array("q")
-
-    @property
-    def is_prepared(self) -> bool:
-        return self.prepared >= len(self.tenants)
-
-    @property
-    def remaining(self) -> int:
-        """Firings not handed out yet."""
-        return len(self.tenants) - self.handed
-
-    def prepare(self) -> None:
-        """Compute the offsets of the next chunk of tenants, each into its bucket."""
-        window, buckets = self.entry.jitter_ms, self.buckets
-        start, stop = self.prepared, min(self.prepared + CHUNK, len(self.tenants))
-        keys = release_keys(
-            self.base, self.tenants, self.occurrence_ms, window, start=start, stop=stop
-        )
-        if len(buckets) == 1:
-            buckets[0].extend(keys)
-        else:
-            spread = len(buckets)
-            for key in keys:
-                buckets[((key >> INDEX_BITS) * spread) // window].append(key)
-        self.prepared = stop
-
-    def next_release_ms(self) -> int:
-        """When the next firing is released; only while :attr:`remaining`."""
-        self._advance()
-        return self.occurrence_ms + (self.current[self.position] >> INDEX_BITS)
-
-    def take(self, until_ms: int, limit: int) -> list[Firing]:
-        """The firings released by ``until_ms``, at most ``limit``, in release order."""
-        bound = ((until_ms - self.occurrence_ms + 1) << INDEX_BITS) - 1
-        firings: list[Firing] = []
-        while len(firings) < limit and self._advance():
-            keys, start = self.current, self.position
-            stop = min(bisect_right(keys, bound, lo=start), start + limit - len(firings))
-            firings.extend(self._firing(keys[i] & INDEX_MASK) for i in range(start, stop))
-            self.position = stop
-            self.handed += stop - start
-            if stop < len(keys):
-                break  # the rest of this bucket is released later
-        return firings
-
-    def drop(self) -> int:
-        """Drop every firing not handed out yet; how many there were."""
-        count = self.remaining
-        self.handed = len(self.tenants)
-        self.buckets = []
-        self.current = array("q")
-        self.position = 0
-        return count
-
-    def _advance(self) -> bool:
+    def advance(self) -> bool:
         """Make ``current`` hold the next key, sorting the next non-empty bucket when
         the cursor has used up the last; whether there is one."""
         while self.position >= len(self.current):
@@ -188,6 +141,138 @@ class FanOut:
             self.bucket += 1
             self.current, self.position = array("q", sorted(keys)), 0
         return True
+
+    def take(self, bound: int, limit: int) -> list[int]:
+        """The indexes of the keys up to ``bound``, at most ``limit``, in key order."""
+        indexes: list[int] = []
+        while len(indexes) < limit and self.advance():
+            keys, start = self.current, self.position
+            stop = min(bisect_right(keys, bound, lo=start), start + limit - len(indexes))
+            indexes.extend(keys[i] & INDEX_MASK for i in range(start, stop))
+            self.position = stop
+            if stop < len(keys):
+                break  # the rest of this bucket is released later
+        return indexes
+
+
+@dataclass(slots=True, eq=False)
+class FanOut:
+    """The firings of one fan-out entry at one occurrence, not yet handed out.
+
+    With a :class:`Ranking` (the preferred claimer, more than one live node), each tenant
+    goes to a lane by where this node ranks for it, computed from the digest that gives
+    its offset anyway: lane 0 holds the firings this node is preferred for and is handed
+    out at the release; the others later, at the rung where this node would look at them
+    (:mod:`beatless._prefer`). So at a burst a node builds only its own share of the
+    firings; the rest are built when the preferred node has most likely dealt with them.
+    When the view changes, :meth:`unrank` hands every lane out at the release again, and
+    the loop places each firing under the new view as it would without lanes.
+    """
+
+    entry: Entry
+    base: str
+    occurrence_ms: int
+    tenants: tuple[str, ...]
+    prepared: int = 0
+    """How many tenants have their offset computed."""
+    handed: int = 0
+    """How many firings were handed out (or dropped)."""
+    lanes: list[Lane] = field(init=False)
+    delays_ms: tuple[int, ...] = (0,)
+    """When each lane is handed out after the release."""
+    view: str | None = None
+    """The digest of the view the lanes were ranked under; ``None`` for one lane."""
+
+    def __post_init__(self) -> None:
+        self.lanes = [self._lane()]
+
+    def _lane(self) -> Lane:
+        count = bucket_count(len(self.tenants), self.entry.jitter_ms)
+        return Lane([array("q") for _ in range(count)])
+
+    @property
+    def is_prepared(self) -> bool:
+        return self.prepared >= len(self.tenants)
+
+    @property
+    def remaining(self) -> int:
+        """Firings not handed out yet."""
+        return len(self.tenants) - self.handed
+
+    def prepare(self, ranking: Ranking | None = None) -> None:
+        """Compute the offsets of the next chunk of tenants, each into its bucket (and,
+        with ``ranking``, its lane: the first chunk's ranking holds for the fan-out)."""
+        if ranking is not None and self.prepared == 0 and len(ranking.delays_ms) > 1:
+            self.view, self.delays_ms = ranking.digest, ranking.delays_ms
+            self.lanes = [self._lane() for _ in ranking.delays_ms]
+        ranked = ranking is not None and self.view is not None and ranking.digest == self.view
+        window = self.entry.jitter_ms
+        start, stop = self.prepared, min(self.prepared + CHUNK, len(self.tenants))
+        if ranked and ranking is not None:
+            self._prepare_ranked(start, stop, ranking.lane)
+        else:
+            keys = release_keys(
+                self.base, self.tenants, self.occurrence_ms, window, start=start, stop=stop
+            )
+            buckets = self.lanes[0].buckets
+            if len(buckets) == 1:
+                buckets[0].extend(keys)
+            else:
+                spread = len(buckets)
+                for key in keys:
+                    buckets[((key >> INDEX_BITS) * spread) // window].append(key)
+        self.prepared = stop
+
+    def _prepare_ranked(self, start: int, stop: int, lane_of: Callable[[int], int]) -> None:
+        window, base, tenants, occurrence = (
+            self.entry.jitter_ms,
+            self.base,
+            self.tenants,
+            self.occurrence_ms,
+        )
+        lanes = [lane.buckets for lane in self.lanes]
+        spread = len(lanes[0])
+        for index in range(start, stop):
+            d = digest(tenant_address(base, tenants[index]), occurrence)
+            offset = offset_from_digest(d, window)
+            buckets = lanes[lane_of(int.from_bytes(d[:8], "big"))]
+            slot = (offset * spread) // window if spread > 1 else 0
+            buckets[slot].append((offset << INDEX_BITS) | index)
+
+    def unrank(self) -> None:
+        """Hand every lane out at the release from now on: the view the lanes were ranked
+        under is not the node's any more."""
+        self.view = None
+        self.delays_ms = (0,) * len(self.lanes)
+
+    def next_release_ms(self) -> int:
+        """When the next firing is handed out (its release, plus its lane's delay); only
+        while :attr:`remaining`."""
+        return min(
+            self.occurrence_ms + delay + (lane.current[lane.position] >> INDEX_BITS)
+            for lane, delay in zip(self.lanes, self.delays_ms, strict=True)
+            if lane.advance()
+        )
+
+    def take(self, until_ms: int, limit: int) -> list[Firing]:
+        """The firings handed out by ``until_ms``, at most ``limit``: lane by lane, each
+        in release order."""
+        firings: list[Firing] = []
+        for lane, delay in zip(self.lanes, self.delays_ms, strict=True):
+            if len(firings) >= limit:
+                break
+            bound = ((until_ms - delay - self.occurrence_ms + 1) << INDEX_BITS) - 1
+            indexes = lane.take(bound, limit - len(firings))
+            firings.extend(self._firing(index) for index in indexes)
+        self.handed += len(firings)
+        return firings
+
+    def drop(self) -> int:
+        """Drop every firing not handed out yet; how many there were."""
+        count = self.remaining
+        self.handed = len(self.tenants)
+        self.lanes = [Lane([]) for _ in self.lanes]
+        return count
 
     def _firing(self, index: int) -> Firing:
         return _firing(self.entry, self.base, self.tenants[index], self.occurrence_ms)

@@ -41,10 +41,12 @@ the release, as without it.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from beatless._board import REGISTRY_EVERY_MS, REGISTRY_TTL_MS, NodeRecord
 from beatless._controls import json_object, json_text
+from beatless._fanout import Ranking
 
 GRACE_MS = 3_000
 """How long after the rung above a lower-ranked node waits: the preferred node's progress
@@ -113,6 +115,31 @@ class View:
         ranked = scores(firing_key(firing_id), self.salts)
         mine = ranked[self.nodes.index(node)]
         return sum(s > mine for s in ranked), self.nodes[ranked.index(max(ranked))]
+
+
+LANE_DELAYS_MS = (0, GRACE_MS, 2 * GRACE_MS, RUNGS * GRACE_MS)
+"""When a fan-out hands out, after the release, the firings a node ranks 0, 1, 2 and
+``RUNGS`` or lower for (:class:`beatless._fanout.Ranking`): at the rung where it would
+look at them first."""
+
+
+def lane_of(salts: tuple[int, ...], me: int) -> Callable[[int], int]:
+    """Where node ``me`` (its place in ``salts``) ranks for a firing, from the firing's
+    64-bit key, capped at ``RUNGS``: :meth:`View.rank`'s rank, without the id's text."""
+    mine_salt = salts[me]
+    others = salts[:me] + salts[me + 1 :]
+
+    def lane(key: int) -> int:
+        mine = ((key ^ mine_salt) * _GOLDEN) & _MASK
+        mine ^= mine >> 29
+        rank = 0
+        for other in others:
+            x = ((key ^ other) * _GOLDEN) & _MASK
+            if x ^ (x >> 29) > mine:
+                rank += 1
+        return min(rank, RUNGS)
+
+    return lane
 
 
 def live_view(me: str, fingerprint: str, registry: list[NodeRecord], since_ms: int) -> View:
@@ -215,6 +242,7 @@ class Preference:
         note (the first ``HELD_LISTED`` by release) rather than holding it back."""
         self.held: frozenset[str] = frozenset()
         self._posted: Progress | None = None
+        self._ranking: Ranking | None = None
 
     def adopt(self, now_ms: int) -> None:
         """Take the registry the board read last into the view, from ``now_ms``."""
@@ -254,6 +282,18 @@ class Preference:
             rung = release_ms + rank * GRACE_MS
             return (CLAIM if now_ms >= rung else rung), ranked
         return now_ms + REGISTRY_EVERY_MS, ranked
+
+    def ranking(self, ladder: bool) -> Ranking | None:
+        """How a fan-out of an entry (``ladder``: one that fits the ladder) splits its
+        firings into lanes on this node under the current view; ``None`` when every
+        firing is claimed at its release (one node, or the preferred claimer off)."""
+        view = self.view
+        if not self.enabled or not ladder or len(view.nodes) == 1:
+            return None
+        if self._ranking is None or self._ranking.digest != view.digest:
+            lane = lane_of(view.salts, view.nodes.index(self.node))
+            self._ranking = Ranking(view.digest, lane, LANE_DELAYS_MS)
+        return self._ranking
 
     def owns(self, firing_id: str) -> bool:
         """Whether this node is the preferred one for the firing under its view."""

@@ -557,8 +557,11 @@ class Scheduler:
         if now - fan.occurrence_ms > fan.entry.max_late_ms:
             self._drop_late(fan.entry, fan.occurrence_ms, fan.drop())
             return
+        ranking = self.preference.ranking(self._ladder[fan.entry.name])
+        if fan.view is not None and (ranking is None or ranking.digest != fan.view):
+            fan.unrank()  # the view changed: place every firing at its release
         if not fan.is_prepared:
-            fan.prepare()
+            fan.prepare(ranking)
             if not fan.is_prepared:
                 later.append((now, fan))  # one chunk per wake: the loop stays on time
                 return

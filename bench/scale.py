@@ -166,13 +166,15 @@ class SimFleet:
         """Every firing of the schedule released in [after_ms, until_ms): sent once?"""
         expected = set()
         for entry in self.schedule.entries:
-            address = self.schedule.address(entry)
+            tenants = entry.tenant_list() or [None]
+            addresses = [(t, self.schedule.address(entry, t)) for t in tenants]
             for occurrence in entry.trigger.after(after_ms - entry.max_late_ms - 1):
                 if occurrence >= until_ms:
                     break
-                firing = Firing.of(entry, None, address, occurrence)
-                if after_ms <= firing.release_ms < until_ms:
-                    expected.add(firing.id)
+                for tenant, address in addresses:
+                    firing = Firing.of(entry, tenant, address, occurrence)
+                    if after_ms <= firing.release_ms < until_ms:
+                        expected.add(firing.id)
         sent = {i for i in self.sent if i in expected}
         return {
             "expected": len(expected),

@@ -195,7 +195,7 @@ def test_fan_out_hands_out_every_tenant_once_in_release_order_as_firing_of_deriv
     names = entry.tenant_list()
     assert names is not None
     fan = FanOut(entry, "ns/fan", OCCURRENCE_MS, names)
-    assert len(fan.buckets) == bucket_count(tenants, entry.jitter_ms) > 1
+    assert len(fan.lanes[0].buckets) == bucket_count(tenants, entry.jitter_ms) > 1
     prepares = 0
     while not fan.is_prepared:
         fan.prepare()

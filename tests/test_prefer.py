@@ -13,15 +13,26 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from beatless import Entry, Every, Schedule
+from beatless import Entry, Every, Schedule, _fanout
 from beatless._board import REGISTRY_EVERY_MS, REGISTRY_TTL_MS
-from beatless._prefer import GRACE_MS, LADDER_MS, RUNGS, Progress, View, fits
-from beatless.firing import Firing, firing_id
+from beatless._fanout import FanOut, Ranking
+from beatless._prefer import (
+    GRACE_MS,
+    LADDER_MS,
+    LANE_DELAYS_MS,
+    RUNGS,
+    Progress,
+    View,
+    fits,
+    lane_of,
+)
+from beatless.firing import Firing, digest, firing_id, id_from_digest
 from beatless.scheduler import Decision
 from beatless.stores import ClaimRequest, Outcome
 
@@ -261,3 +272,119 @@ def test_each_node_comes_first_for_its_share_of_firings() -> None:
         firsts[view.rank(fid, "node-0")[1]] += 1
     assert len(firsts) == 10
     assert all(1_800 <= n <= 2_200 for n in firsts.values()), firsts
+
+
+@given(NODE_NAMES, st.data(), st.text(max_size=20), st.integers(0, 2**41))
+def test_a_fan_outs_lane_is_the_nodes_rank_capped_at_the_rungs(
+    names: list[str], data: st.DataObject, address: str, occurrence_ms: int
+) -> None:
+    """The lane a fan-out puts a firing in, from its digest's first 64 bits, is the rank
+    :meth:`View.rank` gives from its id (capped at ``RUNGS``), for every node and view."""
+    view = View.of(set(names), 0)
+    me = data.draw(st.sampled_from(view.nodes))
+    lane = lane_of(view.salts, view.nodes.index(me))
+    d = digest(address, occurrence_ms)
+    assert lane(int.from_bytes(d[:8], "big")) == min(view.rank(id_from_digest(d), me)[0], RUNGS)
+
+
+def fan_out_entry(tenants: int, jitter: str = "4s") -> Entry:
+    return Entry(
+        name="fan",
+        task="t.fan",
+        trigger=Every(10),
+        tenants=[f"tenant-{i}" for i in range(tenants)],
+        jitter=jitter,
+        max_late="60s",
+    )
+
+
+def test_a_fan_out_hands_each_lane_out_at_its_rung_and_all_at_the_release_once_unranked() -> None:
+    """With a ranking, the firings node b is preferred for come out at their release and
+    the others at the release plus their rank's delay (``RUNGS`` and lower together);
+    each tenant once. When the view changes, the rest come out at their release."""
+    entry = fan_out_entry(3_000)
+    names = entry.tenant_list()
+    assert names is not None
+    view = View.of({"a", "b", "c", "d", "e"}, 0)
+    ranking = Ranking(view.digest, lane_of(view.salts, view.nodes.index("b")), LANE_DELAYS_MS)
+    occurrence = 1_800_000_000_000
+    fan = FanOut(entry, "ns/fan", occurrence, names)
+    while not fan.is_prepared:
+        fan.prepare(ranking)
+    taken: list[tuple[int, Firing]] = []
+    now = occurrence
+    while fan.remaining:
+        now = max(now, fan.next_release_ms())
+        taken.extend((now, f) for f in fan.take(now, 500))
+    assert sorted(f.tenant for _, f in taken) == sorted(names)
+    for at, firing in taken:
+        rank = min(view.rank(firing.id, "b")[0], RUNGS)
+        assert at == firing.release_ms + LANE_DELAYS_MS[rank]
+    assert {min(view.rank(f.id, "b")[0], RUNGS) for _, f in taken} == {0, 1, 2, 3}
+
+    fan = FanOut(entry, "ns/fan", occurrence, names)
+    while not fan.is_prepared:
+        fan.prepare(ranking)
+    first = fan.take(occurrence + 1_000, 10_000)
+    assert all(view.rank(f.id, "b")[0] == 0 for f in first)
+    fan.unrank()
+    rest = fan.take(occurrence + 1_000, 10_000)
+    assert {f.tenant for f in first + rest} == {
+        f.tenant for _, f in taken if f.release_ms <= occurrence + 1_000
+    }
+    assert all(f.release_ms <= occurrence + 1_000 for f in rest)
+
+
+def test_at_a_fan_outs_release_each_node_builds_only_its_own_share(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Three nodes, a fan-out of 3,000 tenants due at one instant: at the instant each
+    node builds the firings it is preferred for (about a third), not all 3,000; every
+    firing is sent once."""
+    firings = 0
+    make = _fanout._firing
+
+    def counted(*args: Any) -> Firing:
+        nonlocal firings
+        firings += 1
+        return make(*args)
+
+    monkeypatch.setattr(_fanout, "_firing", counted)
+    fleet = SimFleet(Schedule([fan_out_entry(3_000, "0s")], namespace="scale"), 3, preferred=True)
+    run(fleet, WARM_UP_MS / 1_000)
+    built: Counter[str] = Counter()
+    occurrence = (fleet.clock.ms // 10_000 + 1) * 10_000
+    for node in fleet.nodes:
+
+        def count(decision: Decision, name: str = node.scheduler.node) -> None:
+            if decision.firing.occurrence_ms == occurrence:
+                built[name] += decision.outcome in ("won", "takeover")
+
+        node.scheduler.on_decision = count
+    run(fleet, (occurrence - 1_000 - fleet.clock.ms) / 1_000)
+    before = sum(fleet.sent.values())
+    delegated = [n.outcomes["delegated"] for n in fleet.nodes]
+    firings = 0
+    run(fleet, 1.5)
+    assert firings == 3_000  # 9,000 if every node built every firing
+    assert sum(fleet.sent.values()) - before == 3_000
+    assert max(fleet.sent.values()) == 1
+    assert all(800 <= built[n.scheduler.node] <= 1_200 for n in fleet.nodes), built
+    # the others' firings not looked at yet: none delegated within a second of the release
+    assert [n.outcomes["delegated"] for n in fleet.nodes] == delegated
+
+
+@pytest.mark.parametrize("deaths", [1, 3])
+def test_a_fan_out_loses_nothing_when_preferred_nodes_die(deaths: int) -> None:
+    """Five nodes and a fan-out of 300 tenants every 10 s (jitter 4 s): ``deaths`` of them
+    die at once. The firings they were preferred for, which the others hold in later
+    lanes, are each sent exactly once, within the ladder."""
+    fleet = SimFleet(Schedule([fan_out_entry(300)], namespace="scale"), 5, preferred=True)
+    run(fleet, WARM_UP_MS / 1_000)
+    killed_at = fleet.clock.ms
+    for node in fleet.nodes[:deaths]:
+        node.frozen = True  # dead: never wakes, never posts again
+    run(fleet, 90)
+    check = fleet.check(killed_at + 1_000, fleet.clock.ms - 61_000)
+    assert (check["missed"], check["duplicates"]) == (0, 0), check
+    assert check["expected"] >= 600
