@@ -566,8 +566,15 @@ class Scheduler:
                 later.append((now, fan))  # one chunk per wake: the loop stays on time
                 return
         due.extend(fan.take(now, MAX_BATCH - len(due)))
-        if fan.remaining:
-            self._push(max(fan.next_release_ms(), now + FAN_OUT_STEP_MS), fan)
+        if not fan.remaining:
+            return
+        next_ms = fan.next_release_ms()
+        if next_ms <= now:
+            # Due firings left over from a full wake: they follow at once, and the
+            # cursor's place in the heap holds this node's progress back until then.
+            later.append((next_ms, fan))
+        else:
+            self._push(max(next_ms, now + FAN_OUT_STEP_MS), fan)
 
     def _drop_late(self, entry: Entry, occurrence: int, count: int) -> None:
         """Count the firings of a fan-out occurrence dropped whole as late, in one step:

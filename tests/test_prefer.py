@@ -388,3 +388,24 @@ def test_a_fan_out_loses_nothing_when_preferred_nodes_die(deaths: int) -> None:
     check = fleet.check(killed_at + 1_000, fleet.clock.ms - 61_000)
     assert (check["missed"], check["duplicates"]) == (0, 0), check
     assert check["expected"] >= 600
+
+
+def test_a_preferred_nodes_progress_waits_for_the_firings_a_full_wake_left_for_the_next() -> None:
+    """Two nodes and 12,000 firings due at one instant: each node's share (about 6,000)
+    is more than one wake hands to the dispatcher (``MAX_BATCH``). After the first wake
+    the node's progress must not cover the instant: the rest of its share is not claimed
+    yet, and a lower rank that read it as done would leave those firings to a node that
+    may die before it claims them."""
+    fleet = SimFleet(Schedule([fan_out_entry(12_000, "0s")], namespace="scale"), 2, preferred=True)
+    run(fleet, WARM_UP_MS / 1_000)
+    occurrence = (fleet.clock.ms // 10_000 + 1) * 10_000
+    run(fleet, (occurrence - 100 - fleet.clock.ms) / 1_000)
+    fleet.clock.ms = occurrence
+    node = fleet.nodes[0].scheduler
+    node.tick()
+    until = node.preference.until_ms
+    assert until is not None
+    assert until < occurrence
+    wake = node.next_wake_ms()
+    assert wake is not None
+    assert wake <= occurrence  # the rest follows at once
