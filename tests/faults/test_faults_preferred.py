@@ -53,8 +53,15 @@ def worst_lateness_s(run: Fleet, window_s: tuple[float, float]) -> float:
 
 
 def assert_split(report: Report) -> None:
-    """The preferred claimer was on: nodes left firings to others instead of claiming."""
-    assert report.counters.get("delegated", 0) > report.expected, report.line()
+    """The preferred claimer was on: nodes left firings to others instead of claiming.
+
+    Without it no node delegates anything. With it each firing whose preferred node
+    lives is delegated by the others once their rung finds its progress; a frozen or
+    killed node's counters are lost, and a firing whose preferred node is dead is claimed
+    by the others (won, lost), so the count falls near the window's firings (1.08 of
+    them in the simulated killed-node case, 0.94-1.26 in real runs): at least half of
+    them shows the split without resting on how fast the notes travelled."""
+    assert 2 * report.counters.get("delegated", 0) >= report.expected, report.line()
 
 
 def assert_no_miss_after_kill(report: Report, killed: list[str]) -> None:
