@@ -61,15 +61,12 @@ def release_keys(
     occurrence_ms: int,
     window_ms: int,
     *,
-    start: int = 0,
-    stop: int | None = None,
     index_bits: int = INDEX_BITS,
 ) -> Iterator[int]:
-    """``offset << index_bits | index`` of each tenant from ``start`` to ``stop``: one
-    SHA-256 each and one integer out, so that ordering the keys orders the firings by
-    release (ties by their place in the list), without a :class:`Firing` per tenant."""
-    stop = len(tenants) if stop is None else stop
-    for index in range(start, stop):
+    """``offset << index_bits | index`` of each tenant: one SHA-256 each and one integer
+    out, so that ordering the keys orders the firings by release (ties by their place in
+    the list), without a :class:`Firing` per tenant."""
+    for index in range(len(tenants)):
         d = digest(tenant_address(base, tenants[index]), occurrence_ms)
         yield (offset_from_digest(d, window_ms) << index_bits) | index
 
@@ -107,7 +104,7 @@ def bucket_count(tenants: int, window_ms: int) -> int:
 @dataclass(frozen=True, slots=True)
 class Ranking:
     """Which lane each firing of a fan-out goes to on this node, under one view of the
-    fleet (:meth:`beatless._prefer.View.lane`): ``lane(key)`` of a firing's 64-bit key
+    fleet (:func:`beatless._prefer.lane_of`): ``lane(key)`` of a firing's 64-bit key
     (the first 64 bits of its digest), ``delays_ms`` when each lane is handed out after
     the release, and the view's ``digest``."""
 
@@ -206,24 +203,7 @@ class FanOut:
             self.view, self.delays_ms = ranking.digest, ranking.delays_ms
             self.lanes = [self._lane() for _ in ranking.delays_ms]
         ranked = ranking is not None and self.view is not None and ranking.digest == self.view
-        window = self.entry.jitter_ms
-        start, stop = self.prepared, min(self.prepared + CHUNK, len(self.tenants))
-        if ranked and ranking is not None:
-            self._prepare_ranked(start, stop, ranking.lane)
-        else:
-            keys = release_keys(
-                self.base, self.tenants, self.occurrence_ms, window, start=start, stop=stop
-            )
-            buckets = self.lanes[0].buckets
-            if len(buckets) == 1:
-                buckets[0].extend(keys)
-            else:
-                spread = len(buckets)
-                for key in keys:
-                    buckets[((key >> INDEX_BITS) * spread) // window].append(key)
-        self.prepared = stop
-
-    def _prepare_ranked(self, start: int, stop: int, lane_of: Callable[[int], int]) -> None:
+        lane_of = ranking.lane if ranked and ranking is not None else None
         window, base, tenants, occurrence = (
             self.entry.jitter_ms,
             self.base,
@@ -232,12 +212,14 @@ class FanOut:
         )
         lanes = [lane.buckets for lane in self.lanes]
         spread = len(lanes[0])
+        start, stop = self.prepared, min(self.prepared + CHUNK, len(tenants))
         for index in range(start, stop):
             d = digest(tenant_address(base, tenants[index]), occurrence)
             offset = offset_from_digest(d, window)
-            buckets = lanes[lane_of(int.from_bytes(d[:8], "big"))]
+            buckets = lanes[lane_of(int.from_bytes(d[:8], "big")) if lane_of else 0]
             slot = (offset * spread) // window if spread > 1 else 0
             buckets[slot].append((offset << INDEX_BITS) | index)
+        self.prepared = stop
 
     def unrank(self) -> None:
         """Hand every lane out at the release from now on: the view the lanes were ranked

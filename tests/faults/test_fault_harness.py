@@ -174,7 +174,7 @@ def test_a_fault_excuses_only_misses_it_held_from_release_until_late() -> None:
 
 
 def test_a_send_counts_from_the_dispatchers_last_check_not_from_the_enqueue_call(
-    tmp_path: Path,
+    tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """A node frozen after the dispatcher's last check and before its enqueue is called
     sends late with no check in between (the residual window): the record's ``called`` is
@@ -184,6 +184,9 @@ def test_a_send_counts_from_the_dispatchers_last_check_not_from_the_enqueue_call
     )
     record = tmp_path / "sends.jsonl"
     fd = os.open(record, os.O_WRONLY | os.O_CREAT, 0o644)
+    log = logging.getLogger("beatless.dispatch")
+    level, filters = log.level, list(log.filters)
+    request.addfinalizer(lambda: (log.setLevel(level), setattr(log, "filters", filters)))
     recording = make_enqueue({"node": "n0"}, fd)
 
     def frozen_then_send(firing: Firing) -> None:
@@ -196,4 +199,4 @@ def test_a_send_counts_from_the_dispatchers_last_check_not_from_the_enqueue_call
     os.close(fd)
     (line,) = [json.loads(text) for text in record.read_text().splitlines()]
     assert line["sent"] - line["called"] >= 0.3
-    assert logging.getLogger("beatless.dispatch").getEffectiveLevel() == logging.DEBUG
+    assert log.getEffectiveLevel() == logging.DEBUG
