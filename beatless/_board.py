@@ -13,9 +13,17 @@ Every node keeps, in the store it claims from (:class:`~beatless.stores.base.Not
   id), bounded to the last ``HISTORY_KEEP`` firings and ``HISTORY_TTL_MS``: written by
   the node that decided the firing (the winner, or the node that counted it missed). A
   sent firing's note goes with the store call that makes its claim final (the commit,
-  or the atomic claim script: :meth:`Scheduler.history
-  <beatless.scheduler.Scheduler.history>`); the rest at the next sync, in one post per
-  second for all addresses.
+  or the atomic claim script: :meth:`Scheduler.history_notes
+  <beatless.scheduler.Scheduler.history_notes>`); the rest at the next sync, in one post
+  per second for all addresses;
+* the **fan-out history**: the tenants of a fan-out beyond the ``TENANTS_PUBLISHED``
+  that ``status`` shows have no history of their own. Their firings go into *batch
+  notes* of their occurrence (kind ``beatless/fan-out-history/{entry address}@{occurrence
+  ms}``, key ``{occurrence ms}.{node}.{first firing id}``): one note per store call and
+  node, listing ``[tenant, outcome, lateness_ms]`` per firing, living as long as the last
+  ``HISTORY_KEEP`` occurrences (never more than ``HISTORY_TTL_MS``). A burst of ten
+  thousand tenants writes a few notes, not ten thousand histories, and a big fan-out's
+  history costs about 25 bytes per firing instead of a few hundred.
 
 Nodes read the registry as they post, and WARN (rate-limited) when live nodes disagree
 on the schedule fingerprint or the tzdata version, or when a node's clock is more than
@@ -24,13 +32,14 @@ on the schedule fingerprint or the tzdata version, or when a node's clock is mor
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -48,9 +57,10 @@ from beatless._controls import (
     run_now_kind,
 )
 from beatless._logtext import WarnEvery, shown
+from beatless.entry import tenant_address
 from beatless.errors import StoreError
-from beatless.firing import iso
-from beatless.stores.base import Note
+from beatless.firing import firing_id, iso
+from beatless.stores.base import NOTE_VALUE_LIMIT, Note, NoteItem
 from beatless.triggers import Cron, Every, Trigger, tzdata_version
 
 if TYPE_CHECKING:
@@ -103,6 +113,11 @@ def entries_kind(namespace: str) -> str:
 
 def history_kind(address: str) -> str:
     return f"beatless/history/{address}"
+
+
+def fan_out_history_kind(base: str, occurrence_ms: int) -> str:
+    """The kind of the batch notes of one occurrence of the fan-out entry at ``base``."""
+    return f"beatless/fan-out-history/{base}@{occurrence_ms}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +272,80 @@ TENANTS_PUBLISHED = 20
 small, and ``status`` shows the history of no more."""
 
 
+BATCH_ITEM_LIMIT = 1_000
+"""A tenant name longer than this many characters keeps a history of its own."""
+
+
+def _batch_head(entry: str, node: str, occurrence_ms: int, coalesced: object) -> str:
+    """A batch note's value up to its ``at_ms`` and ``items``, which follow."""
+    head = {"entry": entry, "node": node, "occurrence_ms": occurrence_ms, "coalesced": coalesced}
+    return json_text(head)[:-1]
+
+
+def _item_start(tenant: str) -> str:
+    return "[" + json.dumps(tenant)
+
+
+def _chunks(members: list[HistoryItem], room: int) -> Iterator[tuple[str, list[str]]]:
+    """The batch items of ``members`` in chunks of at most ``room`` bytes (commas
+    included), each with the id of its first member."""
+    chunk: list[str] = []
+    first, used = members[0].id, 0
+    for member in members:
+        text = f'{_item_start(member.tenant or "")},"{member.outcome}",{member.lateness_ms}]'
+        size = len(text.encode()) + 1
+        if chunk and used + size > room:
+            yield first, chunk
+            chunk, first, used = [], member.id, 0
+        chunk.append(text)
+        used += size
+    yield first, chunk
+
+
+def batch_items(base: str, text: str, tenant: str | None = None) -> list[HistoryItem]:
+    """The history items of one batch note of the fan-out entry at ``base`` (those of
+    ``tenant`` alone, if given); none for a note this version cannot read."""
+    if tenant is not None and json.dumps(tenant) not in text:
+        return []
+    data = json_object(text)
+    if data is None:
+        return []
+    try:
+        entry, node = str(data["entry"]), str(data["node"])
+        occurrence, at = int(data["occurrence_ms"]), int(data["at_ms"])
+        rows = list(data["items"])
+    except (KeyError, TypeError, ValueError):
+        return []
+    span = data.get("coalesced")
+    coalesced = (
+        (span[0], span[1])
+        if isinstance(span, list) and len(span) == 2 and all(isinstance(o, int) for o in span)
+        else None
+    )
+    items = []
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 3 and isinstance(row[0], str)):
+            continue
+        name, outcome, lateness = row
+        if (tenant is not None and name != tenant) or not isinstance(lateness, int):
+            continue
+        items.append(
+            HistoryItem(
+                id=firing_id(tenant_address(base, name), occurrence),
+                entry=entry,
+                tenant=name,
+                occurrence_ms=occurrence,
+                release_ms=at - lateness,
+                node=node,
+                outcome=str(outcome),
+                lateness_ms=lateness,
+                at_ms=at,
+                coalesced=coalesced,
+            )
+        )
+    return items
+
+
 def entry_note(schedule: Schedule, entry: Entry) -> dict[str, Any]:
     """What the fleet publishes of one entry."""
     tenants = entry.tenants
@@ -333,7 +422,23 @@ class Board:
         self.framework = framework
         self.namespace = scheduler.schedule.namespace
         self._loop_alive = loop_alive or (lambda: True)
-        self._pending: deque[Note] = deque(maxlen=HISTORY_BUFFER)
+        self._pending: deque[tuple[str, HistoryItem]] = deque(maxlen=HISTORY_BUFFER)
+        """History items to post at the next sync, each with its address."""
+        entries = scheduler.schedule.entries
+        self._shown = {
+            e.name: frozenset(e.tenants[:TENANTS_PUBLISHED])
+            for e in entries
+            if e.tenants is not None and not callable(e.tenants)
+        }
+        """The tenants of each fan-out that keep a history of their own (status shows them)."""
+        self._batch_life = {
+            e.name: min(HISTORY_TTL_MS, HISTORY_KEEP * max(e.trigger.min_gap_ms(), 1))
+            for e in entries
+            if e.tenants is not None
+        }
+        """How long after its occurrence a fan-out's batch notes live: its last
+        ``HISTORY_KEEP`` occurrences, at most ``HISTORY_TTL_MS``."""
+        self._templates: dict[tuple[str, int, tuple[int, int] | None], Note] = {}
         self._lock = threading.Lock()
         self._registry_ms: int | None = None
         self._swept_ms: int | None = None
@@ -371,9 +476,55 @@ class Board:
 
     def record_item(self, address: str, item: HistoryItem) -> None:
         """Post ``item`` at the next sync."""
-        note = self.history_note(address, item)
         with self._lock:
-            self._pending.append(note)
+            self._pending.append((address, item))
+
+    def batched(self, entry: str, tenant: str | None, manual: bool = False) -> bool:
+        """Whether a firing's history goes into its occurrence's batch notes: a fan-out
+        tenant that ``status`` does not show, in a scheduled (not manual) firing."""
+        return (
+            tenant is not None
+            and not manual
+            and tenant not in self._shown.get(entry, ())
+            and len(tenant) <= BATCH_ITEM_LIMIT
+        )
+
+    def history_notes(self, items: Iterable[tuple[str, HistoryItem]]) -> list[Note]:
+        """The notes of ``items`` (each with its address): a note each in its address's
+        history, but one batch note per fan-out occurrence and node for the items of
+        :meth:`batched` tenants (more when one would pass ``NOTE_VALUE_LIMIT``)."""
+        notes: list[Note] = []
+        groups: dict[tuple[str, str, int, tuple[int, int] | None, str], list[HistoryItem]] = {}
+        for address, item in items:
+            if self.batched(item.entry, item.tenant, item.manual) and item.tenant is not None:
+                base = address[: -len(item.tenant) - 1]
+                group = (base, item.entry, item.occurrence_ms, item.coalesced, item.node)
+                groups.setdefault(group, []).append(item)
+            else:
+                notes.append(self.history_note(address, item))
+        for (base, entry, occurrence, coalesced, node), members in groups.items():
+            at = max(m.at_ms for m in members)
+            head = f'{_batch_head(entry, node, occurrence, coalesced)},"at_ms":{at},"items":['
+            for first, texts in _chunks(members, NOTE_VALUE_LIMIT - len(head.encode()) - 2):
+                notes.append(
+                    self._batch(
+                        entry,
+                        base,
+                        occurrence,
+                        at_ms=at,
+                        key=f"{occurrence}.{node}.{first}",
+                        value=head + ",".join(texts) + "]}",
+                    )
+                )
+        return notes
+
+    def _batch(
+        self, entry: str, base: str, occurrence_ms: int, *, at_ms: int, key: str, value: str
+    ) -> Note:
+        """A batch note of ``entry``'s occurrence, posted at ``at_ms``."""
+        life = self._batch_life.get(entry, HISTORY_TTL_MS)
+        ttl = max(occurrence_ms + life - at_ms, MIN_HISTORY_TTL_MS)
+        return Note(fan_out_history_kind(base, occurrence_ms), key, value, self._ttl(ttl))
 
     def history_note(self, address: str, item: HistoryItem, text: str | None = None) -> Note:
         """The note of ``item`` in the history of ``address`` (its value ``text`` if given,
@@ -392,11 +543,16 @@ class Board:
 
     def history_template(
         self, firing: Firing, now_ms: int, coalesced: tuple[int, int] | None = None
-    ) -> Note:
+    ) -> Note | NoteItem:
         """The history note of ``firing`` for a claim script to complete: its value has
         ``{{outcome}}``, ``{{at_ms}}`` and ``{{lateness_ms}}`` where the script's decision
-        goes (:meth:`beatless.stores.redis.RedisStore.claim_and_push`). ``coalesced`` is
-        kept whatever the script decides: it is only read from a sent firing's item."""
+        goes (:meth:`beatless.stores.redis.RedisStore.claim_and_push`); for a
+        :meth:`batched` tenant, its item in the batch note of its occurrence. ``coalesced``
+        is kept whatever the script decides: it is only read from a sent firing's item."""
+        if self.batched(firing.entry.name, firing.tenant, firing.manual):
+            return NoteItem(
+                self._batch_template(firing, now_ms, coalesced), _item_start(firing.tenant or "")
+            )
         item = HistoryItem(
             id=firing.id,
             entry=firing.entry.name,
@@ -416,6 +572,28 @@ class Board:
             .replace(f'"lateness_ms":{TEMPLATE_LATENESS}', '"lateness_ms":{{lateness_ms}}')
         )
         return self._history_note(firing.address, firing.id, firing.occurrence_ms, now_ms, text)
+
+    def _batch_template(
+        self, firing: Firing, now_ms: int, coalesced: tuple[int, int] | None
+    ) -> Note:
+        """The batch note of ``firing``'s occurrence for a claim script to fill in: the
+        same object for every firing of the occurrence, so a script writes one."""
+        tenant = firing.tenant or ""
+        base = firing.address[: -len(tenant) - 1]
+        cached = (base, firing.occurrence_ms, coalesced)
+        template = self._templates.get(cached)
+        if template is None:
+            if len(self._templates) >= 64:
+                self._templates.clear()
+            node = self.scheduler.node
+            head = _batch_head(firing.entry.name, node, firing.occurrence_ms, coalesced)
+            value = head + ',"at_ms":{{at_ms}},"items":[{{items}}]}'
+            key = f"{firing.occurrence_ms}.{node}"
+            template = self._batch(
+                firing.entry.name, base, firing.occurrence_ms, at_ms=now_ms, key=key, value=value
+            )
+            self._templates[cached] = template
+        return template
 
     def node_record(self, now_ms: int) -> NodeRecord:
         scheduler = self.scheduler
@@ -451,8 +629,9 @@ class Board:
         history kept for the next sync."""
         now = self.scheduler.now_ms() if now_ms is None else now_ms
         with self._lock:
-            notes = list(self._pending)
+            history = list(self._pending)
             self._pending.clear()
+        notes = self.history_notes(history)
         registry_due = self._registry_ms is None or now - self._registry_ms >= REGISTRY_EVERY_MS
         if registry_due:
             record = self.node_record(now)
@@ -478,7 +657,7 @@ class Board:
                 self._swept_ms = now
                 self._sweep_missed(now)
         except StoreError as exc:
-            self._requeue(notes)
+            self._requeue(history)
             if self._may_warn("store", 60_000, now):
                 logger.warning(
                     "node %s: registry and history not written to the claim store (%s); "
@@ -490,9 +669,8 @@ class Board:
     def _ttl(self, ttl_ms: int) -> int:
         return capped_ttl(ttl_ms, self.store.notes_live_ms)
 
-    def _requeue(self, notes: list[Note]) -> None:
+    def _requeue(self, history: list[tuple[str, HistoryItem]]) -> None:
         """Put the history of a failed post back, before what came since."""
-        history = [n for n in notes if n.keep]
         with self._lock:
             self._pending.extendleft(reversed(history))
 

@@ -179,6 +179,9 @@ class FanOut:
     """When each lane is handed out after the release."""
     view: str | None = None
     """The digest of the view the lanes were ranked under; ``None`` for one lane."""
+    staged: list[tuple[int, Firing]] = field(default_factory=list)
+    """Firings built ahead (:meth:`stage`), each with when it is handed out, in that
+    order."""
 
     def __post_init__(self) -> None:
         self.lanes = [self._lane()]
@@ -226,27 +229,58 @@ class FanOut:
         under is not the node's any more."""
         self.view = None
         self.delays_ms = (0,) * len(self.lanes)
+        self.staged = sorted(((f.release_ms, f) for _, f in self.staged), key=_handed_at)
 
     def next_release_ms(self) -> int:
         """When the next firing is handed out (its release, plus its lane's delay); only
         while :attr:`remaining`."""
         return min(
-            self.occurrence_ms + delay + (lane.current[lane.position] >> INDEX_BITS)
-            for lane, delay in zip(self.lanes, self.delays_ms, strict=True)
-            if lane.advance()
+            [
+                self.occurrence_ms + delay + (lane.current[lane.position] >> INDEX_BITS)
+                for lane, delay in zip(self.lanes, self.delays_ms, strict=True)
+                if lane.advance()
+            ]
+            + [at for at, _ in self.staged[:1]]
         )
 
+    def stage(self, until_ms: int, limit: int) -> list[Firing]:
+        """Build now, ahead of their time, the firings handed out at their release by
+        ``until_ms`` (at most ``limit``; the lanes handed out later, left to the nodes
+        preferred for them, are not): :meth:`take` hands them out at their time, before
+        any other. Returns the firings built."""
+        built = self._from_lanes(until_ms, limit, own=True)
+        if built:
+            self.staged += built
+            self.staged.sort(key=_handed_at)
+        return [firing for _, firing in built]
+
     def take(self, until_ms: int, limit: int) -> list[Firing]:
-        """The firings handed out by ``until_ms``, at most ``limit``: lane by lane, each
-        in release order."""
-        firings: list[Firing] = []
+        """The firings handed out by ``until_ms``, at most ``limit``: those built ahead
+        first, then lane by lane, each in release order."""
+        count = 0
+        while count < min(limit, len(self.staged)) and self.staged[count][0] <= until_ms:
+            count += 1
+        firings = [firing for _, firing in self.staged[:count]]
+        del self.staged[:count]
+        firings += [firing for _, firing in self._from_lanes(until_ms, limit - count)]
+        self.handed += len(firings)
+        return firings
+
+    def _from_lanes(
+        self, until_ms: int, limit: int, *, own: bool = False
+    ) -> list[tuple[int, Firing]]:
+        """The firings of the lanes handed out by ``until_ms``, at most ``limit``, each
+        with when it is handed out; ``own``: of the lanes handed out at the release only."""
+        firings: list[tuple[int, Firing]] = []
         for lane, delay in zip(self.lanes, self.delays_ms, strict=True):
             if len(firings) >= limit:
                 break
+            if own and delay:
+                continue
             bound = ((until_ms - delay - self.occurrence_ms + 1) << INDEX_BITS) - 1
-            indexes = lane.take(bound, limit - len(firings))
-            firings.extend(self._firing(index) for index in indexes)
-        self.handed += len(firings)
+            for index in lane.take(bound, limit - len(firings)):
+                firing = self._firing(index)
+                firings.append((firing.release_ms + delay, firing))
         return firings
 
     def drop(self) -> int:
@@ -254,7 +288,12 @@ class FanOut:
         count = self.remaining
         self.handed = len(self.tenants)
         self.lanes = [Lane([]) for _ in self.lanes]
+        self.staged = []
         return count
 
     def _firing(self, index: int) -> Firing:
         return _firing(self.entry, self.base, self.tenants[index], self.occurrence_ms)
+
+
+def _handed_at(staged: tuple[int, Firing]) -> int:
+    return staged[0]

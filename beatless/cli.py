@@ -472,13 +472,29 @@ def what_happened(
     store: ClaimStore, schedule: Schedule, entry: Entry, tenant: str | None, at_ms: int
 ) -> str:
     """What the fleet did with one firing, as its address's history says."""
-    from beatless._board import HISTORY_KEEP, HISTORY_TTL_MS, HistoryItem, history_kind
+    from beatless._board import (
+        HISTORY_KEEP,
+        HISTORY_TTL_MS,
+        HistoryItem,
+        batch_items,
+        fan_out_history_kind,
+        history_kind,
+    )
 
     firing = Firing.of(entry, tenant, schedule.address(entry, tenant), at_ms)
-    kind = history_kind(firing.address)
-    notes = store.read_notes([kind])[kind]
+    kinds = [history_kind(firing.address)]
+    if tenant is not None:  # a fan-out: the tenant's firing may be in a batch note
+        kinds.append(fan_out_history_kind(schedule.address(entry), at_ms))
+    read = store.read_notes(kinds)
+    notes = read[kinds[0]]
     text = notes.get(firing.id)
     item = HistoryItem.from_json(text) if text is not None else None
+    batches = read[kinds[1]].values() if tenant is not None else ()
+    for batch in batches:
+        if item is not None:
+            break
+        found = batch_items(schedule.address(entry), batch, tenant)
+        item = found[0] if found else None
     into = [i for i in map(HistoryItem.from_json, notes.values()) if i and i.covers(at_ms)]
     if item is None and into:
         return (

@@ -31,7 +31,7 @@ from beatless._logtext import ERROR_LIMIT, shown
 from beatless.durations import DurationLike, as_timedelta, to_ms
 from beatless.errors import ConfigError, StoreError
 from beatless.firing import Firing
-from beatless.stores.base import ClaimRequest, ClaimStore, Note, Outcome
+from beatless.stores.base import ClaimRequest, ClaimStore, Note, NoteItem, Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -120,15 +120,20 @@ class Wake(Protocol):
         """The firing was not enqueued here and may be tried again until it is late."""
         ...
 
-    def history(self, firing: Firing, outcome: str) -> Note | None:
-        """The note that records ``outcome`` of ``firing`` in its address's history, to
-        write with the commit that makes it so; ``None`` when nothing is recorded."""
+    def prepared(self, firing: Firing) -> object | None:
+        """What :meth:`Dispatcher.prepare` built for ``firing``, handed back once;
+        ``None`` when nothing was."""
         ...
 
-    def history_template(self, firing: Firing) -> Note | None:
+    def history_notes(self, decided: Sequence[tuple[Firing, str]]) -> list[Note]:
+        """The notes that record these outcomes in their addresses' history (or their
+        fan-out occurrence's), to write with the commit that makes them so."""
+        ...
+
+    def history_template(self, firing: Firing) -> Note | NoteItem | None:
         """The history note of ``firing`` for a claim script to fill in and write when it
         wins (or skips) the firing: ``{{outcome}}``, ``{{at_ms}}`` and ``{{lateness_ms}}``
-        in its value stand for what the script decides (see
+        in its value stand for what the script decides; or its item in a batch note (see
         :meth:`beatless.stores.redis.RedisStore.claim_and_push`)."""
         ...
 
@@ -139,9 +144,19 @@ class Dispatcher(ABC):
     store: ClaimStore
     """The claim store behind the dispatcher (for rule 5, the clock and the epoch)."""
 
+    prepares_ahead = False
+    """Whether :meth:`prepare` builds anything: the loop calls it only then."""
+
     @abstractmethod
     def dispatch(self, firings: Sequence[Firing], wake: Wake) -> None:
         """Claim and enqueue ``firings`` (due now, in release order); report each to ``wake``."""
+
+    def prepare(self, firings: Sequence[Firing], wake: Wake) -> Sequence[object]:
+        """Build now what :meth:`dispatch` will need for ``firings``, due within a
+        second, one object (or ``None``) each: the loop keeps them and :meth:`dispatch`
+        takes them back with :meth:`Wake.prepared`. Nothing it builds may depend on the
+        instant of the send; without it, :meth:`dispatch` builds the same."""
+        return [None] * len(firings)
 
     def close(self) -> None:  # noqa: B027 - most dispatchers have nothing to close
         """Close what the dispatcher opened itself."""
@@ -332,7 +347,7 @@ class TwoPhase(Dispatcher):
         loop, since nothing would be gained by waiting for them here."""
         if not self.store.commits_notes:
             return []
-        return [n for f, o in decided if (n := wake.history(f, o)) is not None]
+        return wake.history_notes(decided)
 
     def _release(self, firings: list[Firing], node: str) -> None:
         if not firings:
@@ -374,6 +389,8 @@ class Recorder:
         self.clock = clock
         self.outcomes: dict[str, str] = {}
         self.held: set[str] = set()
+        self.built: dict[str, object] = {}
+        """What :meth:`Dispatcher.prepare` built, by firing id, to hand back once."""
 
     def now_ms(self) -> int:
         return math.floor(self.clock() * 1_000)
@@ -390,10 +407,13 @@ class Recorder:
     def retry(self, firing: Firing, outcome: str) -> None:
         self.outcomes[firing.id] = outcome
 
-    def history(self, firing: Firing, outcome: str) -> Note | None:
-        return None
+    def prepared(self, firing: Firing) -> object | None:
+        return self.built.pop(firing.id, None)
 
-    def history_template(self, firing: Firing) -> Note | None:
+    def history_notes(self, decided: Sequence[tuple[Firing, str]]) -> list[Note]:
+        return []
+
+    def history_template(self, firing: Firing) -> Note | NoteItem | None:
         return None
 
 

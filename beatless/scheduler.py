@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +51,7 @@ from beatless.entry import Entry, Schedule
 from beatless.errors import ConfigError, ScheduleError, StoreError, StoreUnavailable
 from beatless.firing import Firing, iso
 from beatless.stats import EntryStats
-from beatless.stores.base import ClaimStore, Note
+from beatless.stores.base import ClaimStore, Note, NoteItem
 from beatless.triggers import Trigger
 
 logger = logging.getLogger(__name__)
@@ -72,6 +72,20 @@ release 1,667 firings a second, and one wake (one claim, one commit) per release
 make each round trip carry two or three of them."""
 MAX_BATCH = 5_000
 """At most this many firings go to the dispatcher in one wake; the rest follow at once."""
+PREPARE_AHEAD_MS = 1_000
+"""A dispatcher that builds its messages ahead (:attr:`Dispatcher.prepares_ahead`) is
+handed the firings due within this long, while the loop would sleep: at a burst, the
+work left at the instant is the claim and the send."""
+PREPARE_IDLE_MS = 20
+"""Firings are prepared ahead only while the next wake is at least this far: a loop
+with releases every few milliseconds has no burst to prepare for."""
+PREPARE_CHUNK = 500
+"""Firings prepared per call, so that the loop wakes on time (a few tens of ms)."""
+PREPARED_MAX = 2 * MAX_BATCH
+"""At most this many firings wait prepared."""
+PREPARED_STALE_MS = 60_000
+"""What was prepared for a firing released this long ago and not dispatched (decided
+late, paused or delegated) is dropped."""
 WARN_EVERY_MS = 10_000
 """One WARNING per kind of trouble, entry and occurrence at most this often."""
 SETTLE_MS = 1_000
@@ -245,6 +259,9 @@ class Scheduler:
         (:mod:`beatless._prefer`)."""
         self._ranked: dict[str, Ranked] = {}
         """Where this node ranks for each firing it left to others, to look at again."""
+        self._prepared: dict[str, tuple[int, object]] = {}
+        """What the dispatcher built ahead, by firing id, with the firing's release."""
+        self._prepared_swept_ms = 0
         self._ladder = {e.name: fits(e.jitter_ms, e.max_late_ms) for e in schedule.entries}
         if preferred:
             self._say_ladder()
@@ -576,6 +593,69 @@ class Scheduler:
         else:
             self._push(max(next_ms, now + FAN_OUT_STEP_MS), fan)
 
+    # -- building ahead -------------------------------------------------------------
+
+    def prepare_ahead(self) -> bool:
+        """While the loop would sleep, have the dispatcher build what it needs for the
+        firings due within ``PREPARE_AHEAD_MS`` (``PREPARE_CHUNK`` at a time, so the loop
+        wakes on time); whether it built any, so the loop calls again at once."""
+        if not self.dispatcher.prepares_ahead:
+            return False
+        now = self.now_ms()
+        wake = self.next_wake_ms()
+        if wake is None or wake - now < PREPARE_IDLE_MS:
+            return False
+        if now - self._prepared_swept_ms >= MAX_SLEEP_MS:
+            self._prepared_swept_ms = now
+            stale = now - PREPARED_STALE_MS
+            self._prepared = {k: v for k, v in self._prepared.items() if v[0] >= stale}
+        room = min(PREPARE_CHUNK, PREPARED_MAX - len(self._prepared))
+        firings = self._upcoming(now + PREPARE_AHEAD_MS, room) if room > 0 else []
+        if not firings:
+            return False
+        try:
+            built: Sequence[object] = self.dispatcher.prepare(firings, self)
+        except Exception:
+            built = [None] * len(firings)  # built when due, where a failure is told
+        for firing, payload in zip(firings, built, strict=True):
+            self._prepared[firing.id] = (firing.release_ms, payload)
+        return True
+
+    def _upcoming(self, until_ms: int, limit: int) -> list[Firing]:
+        """At most ``limit`` firings of the heap due by ``until_ms`` that were not
+        prepared yet: the heap's items up to then are a subtree at its top."""
+        heap, below = self._heap, [0]
+        found: list[Firing] = []
+        while below and len(found) < limit:
+            i = below.pop()
+            if i >= len(heap) or heap[i][0] > until_ms:
+                continue
+            item = heap[i][2]
+            if isinstance(item, Firing) and item.id not in self._prepared:
+                if self._claims_at_release(item):
+                    found.append(item)
+                else:  # most likely left to the node preferred for it: nothing to build
+                    self._prepared[item.id] = (item.release_ms, None)
+            elif isinstance(item, FanOut) and item.is_prepared:
+                found += item.stage(until_ms, limit - len(found))
+            below += (2 * i + 2, 2 * i + 1)
+        return found
+
+    def _claims_at_release(self, firing: Firing) -> bool:
+        """Whether this node will claim ``firing`` at its release (it is preferred for
+        it, or there is no preference): as :meth:`Preference.place` decides it then."""
+        preference = self.preference
+        if not preference.enabled or len(preference.view.nodes) == 1:
+            return True
+        if not self._ladder[firing.entry.name] or firing.manual:
+            return True
+        return preference.view.rank(firing.id, self.node)[0] == 0
+
+    def prepared(self, firing: Firing) -> object | None:
+        """What the dispatcher built ahead for ``firing``, once; ``None`` if nothing."""
+        built = self._prepared.pop(firing.id, None)
+        return None if built is None else built[1]
+
     def _drop_late(self, entry: Entry, occurrence: int, count: int) -> None:
         """Count the firings of a fan-out occurrence dropped whole as late, in one step:
         no store call, no decision per firing, one WARNING with the count."""
@@ -638,17 +718,20 @@ class Scheduler:
         decision = Decision(firing, outcome, self.node, now - firing.release_ms)
         self._report(decision, coalesced, recorded=recorded)
 
-    def history(self, firing: Firing, outcome: str) -> Note | None:
-        """The history note of this node's ``outcome`` for ``firing``, written with the
-        commit that makes it so (the two-phase path)."""
-        if outcome not in HISTORY_OUTCOMES:
-            return None
+    def history_notes(self, decided: Sequence[tuple[Firing, str]]) -> list[Note]:
+        """The history notes of this node's outcomes for ``decided``, written with the
+        commit that makes them so (the two-phase path)."""
         now = self.now_ms()
-        decision = Decision(firing, outcome, self.node, now - firing.release_ms)
-        coalesced = self._coalesced.get(firing.id) if outcome in SENT else None
-        return self.board.history_note(firing.address, HistoryItem.of(decision, coalesced))
+        items = []
+        for firing, outcome in decided:
+            if outcome not in HISTORY_OUTCOMES:
+                continue
+            decision = Decision(firing, outcome, self.node, now - firing.release_ms)
+            coalesced = self._coalesced.get(firing.id) if outcome in SENT else None
+            items.append((firing.address, HistoryItem.of(decision, coalesced)))
+        return self.board.history_notes(items)
 
-    def history_template(self, firing: Firing) -> Note | None:
+    def history_template(self, firing: Firing) -> Note | NoteItem | None:
         """The history note of ``firing`` for the atomic path's claim script to complete."""
         return self.board.history_template(firing, self.now_ms(), self._coalesced.get(firing.id))
 
@@ -811,7 +894,14 @@ class Scheduler:
                     if self._may_warn("tick", 300_000):
                         logger.exception("scheduler wake failed; the loop goes on")
                 self.board.start()  # after the first wake, so the first record shows it
-                self._stop.wait(self.sleep_s())
+                try:
+                    prepared = self.prepare_ahead()
+                except Exception:
+                    prepared = False
+                    if self._may_warn("prepare", 300_000):
+                        logger.exception("building firings ahead failed; they are built when due")
+                if not prepared:
+                    self._stop.wait(self.sleep_s())
         finally:
             self.board.stop(timeout=5)
         logger.info("node %s stopped", shown(self.node, quoted=False))
@@ -825,12 +915,16 @@ class Scheduler:
 
     def sleep_s(self, cap_s: float = MAX_SLEEP_MS / 1_000) -> float:
         """Seconds until the next wake: never past the next release, never over ``cap_s``
-        (and never over a second, so the wall clock is re-read at least that often)."""
+        (and never over a second, so the wall clock is re-read at least that often); for a
+        dispatcher that builds ahead, ``PREPARE_AHEAD_MS`` before the next release."""
         cap_ms = min(cap_s * 1_000, MAX_SLEEP_MS)
         wake = self.next_wake_ms()
         if wake is None:
             return cap_ms / 1_000
-        return min(max(wake - self.now_ms(), 0), cap_ms) / 1_000
+        delay = wake - self.now_ms()
+        if self.dispatcher.prepares_ahead and delay > PREPARE_AHEAD_MS:
+            delay -= PREPARE_AHEAD_MS  # wake in time to build what is due then
+        return min(max(delay, 0), cap_ms) / 1_000
 
     def start(self) -> threading.Thread:
         """Run the loop in a daemon thread and return it."""

@@ -12,10 +12,12 @@ second, as its board thread would. The schedule is ``--entries`` entries of
 warm-up in which every node has read the registry; the check covers every firing released
 after it.
 
-**Burst** (real processes): N node processes on Redis (``--redis``), two-phase, each
-enqueueing into a Redis list, and one fan-out entry of ``--burst`` tenants with no jitter,
-so that all its firings are due at one instant; the figure is how long after that instant
-the last one was enqueued.
+**Burst** (real processes): N node processes on Redis (``--redis``) and one fan-out entry
+of ``--burst`` tenants with no jitter, so that all its firings are due at one instant;
+``atomic``: Dramatiq on its ``RedisBroker``, one script claims and pushes (messages built
+ahead of the instant); ``two-phase``: the Redis store and an enqueue that pushes each won
+firing with one ``RPUSH``. The figure is how long after that instant the last one was
+enqueued.
 """
 
 from __future__ import annotations

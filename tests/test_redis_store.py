@@ -35,7 +35,7 @@ from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.firing import run_lease_id
 from beatless.runs import NEVER_LATE_MS
 from beatless.stores import ClaimRequest, Outcome, open_store
-from beatless.stores.base import TOLERANCE_MS, Note
+from beatless.stores.base import NOTE_VALUE_LIMIT, TOLERANCE_MS, Note, NoteItem
 from beatless.stores.redis import (
     CHUNK,
     EXPIRY_SLACK_MS,
@@ -1258,6 +1258,75 @@ def test_claim_and_push_notes_a_firing_skipped_for_overlap_as_skipped(
     store.close()
 
 
+BATCH = '{"at_ms":{{at_ms}},"items":[{{items}}]}'
+
+
+def test_claim_and_push_writes_one_batch_note_with_the_items_of_the_firings_it_notes(
+    client: redis.Redis, prefix: str
+) -> None:
+    store, other = RedisStore(URL, prefix=prefix), RedisStore(URL, prefix=prefix)
+    batch_kind, single_kind = history_kind(), history_kind()
+    template = Note(batch_kind, "occurrence.node", BATCH, NOTE_TTL_MS)
+    now = server_now_ms(client)
+    lost, late = firing(now), firing(now - MAX_LATE_MS - 11_000)
+    first, second, third = firing(now - 1_000, release_ms=now - 500), firing(now), firing(now)
+    alone = firing(now)
+    assert other.claim_and_push([lost], [[]], node="b") == [Outcome.WON]
+    batch = [lost, first, late, second, alone, third]
+    tenants = ["lost", "t-1", "late", 't "2"', "alone", "t-3"]
+    notes: list[Note | NoteItem | None] = [NoteItem(template, "[" + json.dumps(t)) for t in tenants]
+    notes[4] = history_note(single_kind, alone)
+
+    before = server_now_ms(client)
+    outcomes = store.claim_and_push(batch, [[] for _ in batch], node="a", notes=notes)
+    after = server_now_ms(client)
+
+    won = Outcome.WON
+    assert outcomes == [Outcome.LOST, won, Outcome.LATE, won, won, won]
+    # One note for the batch, named after its first firing noted, with the items of the
+    # firings won only, in order, each closed with its outcome and lateness.
+    ((key, (expires_ms, value)),) = written(client, store, batch_kind).items()
+    assert key == f"occurrence.node.{first.id}"
+    note = json.loads(value)
+    at_ms = note["at_ms"]
+    assert before <= at_ms <= after
+    assert expires_ms == at_ms + NOTE_TTL_MS
+    assert note["items"] == [
+        ["t-1", "won", at_ms - first.release_ms],
+        ['t "2"', "won", at_ms - second.release_ms],
+        ["t-3", "won", at_ms - third.release_ms],
+    ]
+    assert outcomes_noted(store, single_kind) == {alone.id: "won"}
+
+    # A script that notes none of its batch's firings writes no note of it.
+    assert store.claim_and_push(batch[1:2], [[]], node="a", notes=notes[1:2]) == [Outcome.LOST]
+    assert len(written(client, store, batch_kind)) == 1
+    for s in (store, other):
+        s.close()
+
+
+def test_a_batch_note_is_split_so_that_each_note_stays_within_the_value_limit(
+    client: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(URL, prefix=prefix)
+    kind = history_kind()
+    template = Note(kind, "o.n", BATCH, NOTE_TTL_MS)
+    now = server_now_ms(client)
+    requests = [firing(now) for _ in range(1_500)]
+    tenants = [f"tenant-{i:05d}-{'x' * 20}" for i in range(len(requests))]
+    notes = [NoteItem(template, "[" + json.dumps(t)) for t in tenants]
+
+    outcomes = store.claim_and_push(requests, [[] for _ in requests], node="a", notes=notes)
+
+    assert set(outcomes) == {Outcome.WON}
+    values = [value for _, value in written(client, store, kind).values()]
+    assert len(values) > 2
+    assert all(len(v.encode()) <= NOTE_VALUE_LIMIT for v in values)
+    items = [item[0] for v in values for item in json.loads(v)["items"]]
+    assert sorted(items) == sorted(tenants)
+    store.close()
+
+
 def test_claim_and_push_notes_a_forgotten_firing_and_not_an_early_one(
     own_redis: PrivateRedis,
 ) -> None:
@@ -1328,9 +1397,9 @@ def test_notes_add_keys_and_arguments_to_the_claim_script_only_when_given(
     assert len(plain_args) == 12 + 2 * len(plain)
     claims = [f"{prefix}claim:{r.id}" for r in noted]
     assert noted_keys == head + claims + list(store._notes_keys(history))
-    # The note version, one kind, then per request: none, and kind 1's note.
+    # The note version, one kind, then per request: none, and kind 1's note; no batch.
     none, second = ["", "", ""], [f"1|{NOTE_TTL_MS}|0", noted[1].id, HISTORY]
-    assert noted_args[12 + 2 * len(noted) :] == [NOTE_VERSION, 1, *none, *second]
+    assert noted_args[12 + 2 * len(noted) :] == [NOTE_VERSION, 1, *none, *second, 0]
     store.close()
 
 

@@ -9,6 +9,7 @@ sent, once per entry, and filled in per firing (:mod:`beatless.celery.templates`
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -29,7 +30,7 @@ from beatless.entry import Entry
 from beatless.errors import ConfigError, StoreError
 from beatless.firing import Firing
 from beatless.stores.base import ClaimRequest
-from beatless.stores.redis import RedisStore
+from beatless.stores.redis import Ready, RedisStore
 
 from .messages import send_task_options
 from .templates import Builder, Message, publish_sent_events
@@ -122,23 +123,62 @@ class CeleryRedisAtomic(Dispatcher):
 
     # -- the Dispatcher seam -------------------------------------------------------
 
+    prepares_ahead = True
+
+    def prepare(self, firings: Sequence[Firing], wake: Wake) -> Sequence[object]:
+        """Fill each firing's message ahead of its release, as of its release (so its
+        ``expiration`` is the one it would have then). A message that depends on the
+        instant it is built (``countdown``, ``eta``, ``expires`` among the options; task
+        protocol 1), one that goes two-phase, or one that cannot be built now, is built
+        when due, where a failure is told."""
+        built: list[Ready[Message] | None] = []
+        for firing in firings:
+            try:
+                built.append(self._ahead(firing, wake))
+            except Exception:
+                built.append(None)
+        return built
+
+    def _ahead(self, firing: Firing, wake: Wake) -> Ready[Message] | None:
+        with self._lock:
+            if self._why_two_phase(firing) is not None:
+                return None
+            builder = self._builder_now()
+            template = builder.template(firing.entry)
+            if isinstance(template, str) or template.timed:
+                return None
+            message = builder.message(firing, firing.release_ms / 1_000)
+        if isinstance(message, str):
+            return None
+        return self._ready(firing, message, wake)
+
     def dispatch(self, firings: Sequence[Firing], wake: Wake) -> None:
         """Claim each firing and enqueue the won ones: the atomic ones pushed by the claim
-        script, the others two-phase through ``fallback_enqueue`` on the same store."""
-        atomic: list[tuple[Firing, Message]] = []
+        script (with what :meth:`prepare` built, if anything), the others two-phase
+        through ``fallback_enqueue`` on the same store."""
+        atomic: list[tuple[Firing, Ready[Message]]] = []
         fallback: list[Firing] = []
         for firing in firings:
+            built = wake.prepared(firing)
             if wake.is_late(firing):
                 wake.decide(firing, "late")
+                continue
+            if isinstance(built, Ready) and self._why_two_phase(firing) is None:
+                atomic.append((firing, built))
                 continue
             message = self._message_or_none(firing)
             if message is None:
                 fallback.append(firing)
             else:
-                atomic.append((firing, message))
+                atomic.append((firing, self._ready(firing, message, wake)))
         self._push(atomic, wake)
         if fallback:
             self.two_phase.dispatch(fallback, wake)
+
+    @staticmethod
+    def _ready(firing: Firing, message: Message, wake: Wake) -> Ready[Message]:
+        request, note = ClaimRequest.of(firing), wake.history_template(firing)
+        return Ready(message, request, json.dumps(message.commands), note)
 
     def close(self) -> None:
         """Close the broker connection opened for building messages."""
@@ -198,20 +238,22 @@ class CeleryRedisAtomic(Dispatcher):
             return None
         return message
 
-    def _push(self, atomic: list[tuple[Firing, Message]], wake: Wake) -> None:
+    def _push(self, atomic: list[tuple[Firing, Ready[Message]]], wake: Wake) -> None:
         if not atomic:
             return
-        requests = [ClaimRequest.of(firing) for firing, _ in atomic]
-        commands = [message.commands for _, message in atomic]
-        notes = [wake.history_template(firing) for firing, _ in atomic]
+        notes = [r.note for _, r in atomic]
         outcomes = self.store.claim_and_push(
-            requests, commands, node=wake.node, notes=notes if any(notes) else None
+            [r.request for _, r in atomic],
+            [r.commands for _, r in atomic],
+            node=wake.node,
+            notes=notes if any(notes) else None,
         )
         won = []
-        for (firing, message), outcome, note in zip(atomic, outcomes, notes, strict=True):
-            decide_claimed(wake, firing, outcome, recorded=note is not None and outcome in RECORDED)
+        for (firing, ready), outcome in zip(atomic, outcomes, strict=True):
+            recorded = ready.note is not None and outcome in RECORDED
+            decide_claimed(wake, firing, outcome, recorded=recorded)
             if outcome.is_won:
-                won.append(message)
+                won.append(ready.message)
         publish_sent_events(self.app, won)
 
     # -- the two-phase path ----------------------------------------------------------

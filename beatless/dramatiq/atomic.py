@@ -8,13 +8,16 @@ of the broker's ``dispatch.lua``, under the broker's namespace::
     RPUSH {namespace}:{queue}         {redis_message_id}
 
 ``redis_message_id`` is a fresh UUID, as ``RedisBroker.enqueue`` draws one; the
-message's own id is the firing id. A stock Dramatiq worker consumes the message as if
+message's own id is the firing id; ``now_ms`` is when the message was built (up to a
+second before the release: the loop builds messages ahead while it would sleep, see
+:meth:`RedisBrokerStore.prepare`). A stock Dramatiq worker consumes the message as if
 ``actor.send`` had enqueued it. The queue is the actor's canonical queue (a firing is
 never delayed: its release has already come).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -37,7 +40,7 @@ from beatless.durations import DurationLike
 from beatless.errors import ConfigError
 from beatless.firing import Firing
 from beatless.stores.base import ClaimRequest
-from beatless.stores.redis import RedisStore, server_identity
+from beatless.stores.redis import Ready, RedisStore, server_identity
 
 if TYPE_CHECKING:
     import redis
@@ -117,21 +120,40 @@ class RedisBrokerStore(Dispatcher):
     def __repr__(self) -> str:
         return f"RedisBrokerStore({self.store!r}, namespace={self.broker.namespace!r})"
 
+    prepares_ahead = True
+
+    def prepare(self, firings: Sequence[Firing], wake: Wake) -> Sequence[object]:
+        """Build each firing's message, commands and claim ahead of its release (none
+        while firings go two-phase): at the release, what is left is the script."""
+        if self.why_two_phase() is not None:
+            return [None] * len(firings)
+        now_ms = int(time.time() * 1000)
+        built: list[Ready[Message[Any]] | None] = []
+        for firing in firings:
+            try:
+                built.append(self._ready(firing, wake, now_ms))
+            except Exception:
+                built.append(None)  # built again when due, where the failure is told
+        return built
+
     def dispatch(self, firings: Sequence[Firing], wake: Wake) -> None:
         now_ms = int(time.time() * 1000)
-        ready: list[tuple[Firing, Message[Any], list[list[str]]]] = []
+        ready: list[tuple[Firing, Ready[Message[Any]]]] = []
         fallback: list[Firing] = []
         why = self.why_two_phase()
         for firing in firings:
+            built = wake.prepared(firing)
             if wake.is_late(firing):
                 wake.decide(firing, "late")
                 continue
             if why is not None:
                 fallback.append(firing)
                 continue
+            if isinstance(built, Ready):
+                ready.append((firing, built))
+                continue
             try:
-                message = self._message(firing)
-                ready.append((firing, message, self.commands(message, now_ms)))
+                ready.append((firing, self._ready(firing, wake, now_ms)))
             except Exception:
                 logger.exception(
                     "firing %s of entry %r: its message cannot be prepared for the claim "
@@ -143,6 +165,15 @@ class RedisBrokerStore(Dispatcher):
         self._push(ready, wake)
         if fallback:
             self.two_phase.dispatch(fallback, wake)
+
+    def _ready(self, firing: Firing, wake: Wake, now_ms: int) -> Ready[Message[Any]]:
+        message = self._message(firing)
+        return Ready(
+            message,
+            ClaimRequest.of(firing),
+            json.dumps(self.commands(message, now_ms)),
+            wake.history_template(firing),
+        )
 
     def why_two_phase(self) -> str | None:
         """Why every firing goes through ``broker.enqueue`` now, or ``None``.
@@ -164,19 +195,21 @@ class RedisBrokerStore(Dispatcher):
             logger.info("beatless: firings go two-phase through broker.enqueue: %s", why)
         return why
 
-    def _push(self, ready: list[tuple[Firing, Message[Any], list[list[str]]]], wake: Wake) -> None:
+    def _push(self, ready: list[tuple[Firing, Ready[Message[Any]]]], wake: Wake) -> None:
         if not ready:
             return
-        requests = [ClaimRequest.of(firing) for firing, _, _ in ready]
-        commands = [c for _, _, c in ready]
-        notes = [wake.history_template(firing) for firing, _, _ in ready]
+        notes = [r.note for _, r in ready]
         outcomes = self.store.claim_and_push(
-            requests, commands, node=wake.node, notes=notes if any(notes) else None
+            [r.request for _, r in ready],
+            [r.commands for _, r in ready],
+            node=wake.node,
+            notes=notes if any(notes) else None,
         )
-        for (firing, message, _), outcome, note in zip(ready, outcomes, notes, strict=True):
-            decide_claimed(wake, firing, outcome, recorded=note is not None and outcome in RECORDED)
+        for (firing, built), outcome in zip(ready, outcomes, strict=True):
+            recorded = built.note is not None and outcome in RECORDED
+            decide_claimed(wake, firing, outcome, recorded=recorded)
             if outcome.is_won:
-                self.broker.emit_after("enqueue", message, None)
+                self.broker.emit_after("enqueue", built.message, None)
 
     def _enqueue(self, firing: Firing) -> None:
         actor = self._actor_of(firing.entry.task)

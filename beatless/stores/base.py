@@ -239,6 +239,27 @@ class Note:
             )
 
 
+@dataclass(frozen=True, slots=True)
+class NoteItem:
+    """One firing's item in a *batch note*: a note that a claim script writes once for
+    many firings (:meth:`beatless.stores.redis.RedisStore.claim_and_push`).
+
+    ``batch`` is the note's template. Its key is the prefix of the key written: the
+    script adds ``.`` and the id of the first firing it notes, so two scripts never write
+    the same key. Its value holds ``{{items}}`` where the items go, comma-separated, and
+    ``{{at_ms}}`` for the script's ``TIME`` in epoch milliseconds. ``item`` is the start
+    of this firing's item, a JSON array left open (``["tenant"``): the script closes it
+    with ``,"{outcome}",{lateness_ms}]``. A store splits a batch into several notes so
+    that each stays within ``NOTE_VALUE_LIMIT``."""
+
+    batch: Note
+    item: str
+
+
+ITEM_TAIL_LIMIT = len(',"skipped_overlap",-99999999999999]')
+"""The most a claim script adds to a :class:`NoteItem`'s ``item``."""
+
+
 class Held(Protocol):
     """What a store knows of a claim it holds: enough to judge the next claim."""
 

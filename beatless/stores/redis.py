@@ -77,16 +77,27 @@ import logging
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import resources
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
 from beatless._logtext import shown
 from beatless.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
-from beatless.stores.base import TOLERANCE_MS, ClaimRequest, ClaimStore, Epoch, Note, Outcome
+from beatless.stores.base import (
+    ITEM_TAIL_LIMIT,
+    NOTE_VALUE_LIMIT,
+    TOLERANCE_MS,
+    ClaimRequest,
+    ClaimStore,
+    Epoch,
+    Note,
+    NoteItem,
+    Outcome,
+)
 from beatless.urls import mask_url, secrets_of
 
 if TYPE_CHECKING:
@@ -155,6 +166,21 @@ _OUTCOMES = {
     "A": Outcome.FOREIGN,
     "O": Outcome.OVERLAP,
 }
+
+
+M = TypeVar("M")
+
+
+@dataclass(frozen=True, slots=True)
+class Ready(Generic[M]):
+    """What :meth:`RedisStore.claim_and_push` needs of one firing, built ahead of its
+    release or when due: its claim, the commands that enqueue its ``message`` (as JSON),
+    and its history note."""
+
+    message: M
+    request: ClaimRequest
+    commands: str
+    note: Note | NoteItem | None
 
 
 class RedisStore(ClaimStore):
@@ -236,16 +262,17 @@ class RedisStore(ClaimStore):
     def claim_and_push(
         self,
         requests: Sequence[ClaimRequest],
-        commands: Sequence[Sequence[Sequence[str]]],
+        commands: Sequence[Sequence[Sequence[str]] | str],
         *,
         node: str,
-        notes: Sequence[Note | None] | None = None,
+        notes: Sequence[Note | NoteItem | None] | None = None,
     ) -> list[Outcome]:
         """Claim each firing and, for each one won, run its Redis commands in the same
         script: the building block of claim-and-enqueue on a broker's own Redis.
 
         ``commands[i]`` is the list of commands (``["LPUSH", key, payload]``, ...) that
-        enqueue the message of ``requests[i]`` exactly as the broker's client would. A
+        enqueue the message of ``requests[i]`` exactly as the broker's client would, or
+        that list as JSON text (built ahead of the claim). A
         firing won this way is committed at once; there is nothing to commit or release.
         A live pending claim of a two-phase node (a fleet mid-rollout) gives ``HELD``.
         A firing refused (``LATE``, ``EARLY``, ``CORRUPT``), held, lost, ``FOREIGN``,
@@ -260,9 +287,13 @@ class RedisStore(ClaimStore):
         ``won``, ``takeover``, ``skipped_overlap`` or ``forgotten``, ``{{at_ms}}`` with
         its ``TIME`` in epoch milliseconds and ``{{lateness_ms}}`` with that time minus
         the request's ``release_ms``; the note lives ``ttl_ms`` from that time and its
-        ``keep`` bounds its kind as in :meth:`post`. A ``None`` note, or the note of a
-        firing with any other outcome, writes nothing. Without ``notes`` the script gets
-        no key or argument for them.
+        ``keep`` bounds its kind as in :meth:`post`. ``notes[i]`` may instead be a
+        :class:`~beatless.stores.base.NoteItem`: the firing's item goes into its batch
+        note, written once per script for all the firings of that batch noted in it
+        (items closed with the outcome and the lateness, ``{{at_ms}}`` the script's
+        time; split so that each note stays within ``NOTE_VALUE_LIMIT``). A ``None``
+        note, or the note of a firing with any other outcome, writes nothing. Without
+        ``notes`` the script gets no key or argument for them.
         """
         if len(commands) != len(requests):
             raise ValueError("claim_and_push: one list of commands per request")
@@ -275,8 +306,8 @@ class RedisStore(ClaimStore):
         requests: Sequence[ClaimRequest],
         node: str,
         lease_ms: int,
-        commands: Sequence[Sequence[Sequence[str]]] | None,
-        notes: Sequence[Note | None] | None,
+        commands: Sequence[Sequence[Sequence[str]] | str] | None,
+        notes: Sequence[Note | NoteItem | None] | None,
     ) -> list[Outcome]:
         id_from = len(self._claim_key("")) + 1
         atomic = "0" if commands is None else "1"
@@ -294,7 +325,10 @@ class RedisStore(ClaimStore):
             keys += [self._claim_key(run_id) for run_id in runs]
             args = head + [len(chunk)] + [_claim_arg(r, runs.get(r.run_id, 0)) for r in chunk]
             if commands is not None:
-                args += [json.dumps(c) for c in commands[start : start + CHUNK]]
+                args += [
+                    c if isinstance(c, str) else json.dumps(c)
+                    for c in commands[start : start + CHUNK]
+                ]
             if notes is not None:
                 note_keys, note_args = self._claim_notes(notes[start : start + CHUNK])
                 keys += note_keys
@@ -426,18 +460,38 @@ class RedisStore(ClaimStore):
         ``commit.lua`` take them (see :func:`note_args`)."""
         return note_args(notes, self._notes_keys)
 
-    def _claim_notes(self, notes: Sequence[Note | None]) -> tuple[list[str], list[str | int]]:
+    def _claim_notes(
+        self, notes: Sequence[Note | NoteItem | None]
+    ) -> tuple[list[str], list[str | int]]:
         """The keys and the ARGV that ``claim.lua`` takes for one note (or none) per
-        request: the distinct kinds' keys, numbered from 1, and per request its note."""
-        kinds = dict.fromkeys(note.kind for note in notes if note is not None)
+        request: the distinct kinds' keys, numbered from 1; per request its note, or its
+        item's batch number (``@g``) and item; then the batch notes. A batch takes items
+        while the note they would make, every item closed at its longest, stays within
+        ``NOTE_VALUE_LIMIT``; the next item opens another batch of the same template."""
+        templates = [n.batch if isinstance(n, NoteItem) else n for n in notes if n is not None]
+        kinds = dict.fromkeys(note.kind for note in templates)
         numbers = {kind: k for k, kind in enumerate(kinds, 1)}
         keys = [key for kind in kinds for key in self._notes_keys(kind)]
         args: list[str | int] = [NOTE_VERSION, len(kinds)]
+        batches: list[Note] = []
+        open_: dict[Note, tuple[int, int]] = {}
+        """The batch each template fills now, by number, and its longest size so far."""
         for note in notes:
             if note is None:
                 args += ["", "", ""]
+            elif isinstance(note, NoteItem):
+                size = len(note.item.encode()) + ITEM_TAIL_LIMIT + 1
+                number, used = open_.get(note.batch, (0, 0))
+                if not number or used + size > NOTE_VALUE_LIMIT:
+                    batches.append(note.batch)
+                    number, used = len(batches), len(note.batch.value.encode()) + 20
+                open_[note.batch] = (number, used + size)
+                args += [f"@{number}", "", note.item]
             else:
                 args += [f"{numbers[note.kind]}|{note.ttl_ms}|{note.keep}", note.key, note.value]
+        args.append(len(batches))
+        for batch in batches:
+            args += [f"{numbers[batch.kind]}|{batch.ttl_ms}|{batch.keep}", batch.key, batch.value]
         return keys, args
 
     def _adopt(self, record: str) -> None:

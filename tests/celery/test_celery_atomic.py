@@ -37,7 +37,7 @@ from kombu import entity  # noqa: E402
 from beatless._board import history_kind  # noqa: E402
 from beatless.celery.atomic import ATOMIC, TWO_PHASE, CeleryRedisAtomic  # noqa: E402
 from beatless.celery.messages import OCCURRENCE_HEADER, send_task_options  # noqa: E402
-from beatless.dispatch import Dispatcher, dispatch_now  # noqa: E402
+from beatless.dispatch import Dispatcher, Recorder, dispatch_now  # noqa: E402
 from beatless.entry import Entry, Schedule  # noqa: E402
 from beatless.errors import StoreUnavailable  # noqa: E402
 from beatless.firing import Firing, iso  # noqa: E402
@@ -195,6 +195,33 @@ def test_atomic_message_equals_the_one_send_task_pushes(
     assert_same_envelope(ours, kombus)
     assert ours["headers"]["id"] == f.id
     assert ours["headers"][OCCURRENCE_HEADER] == iso(f.occurrence_ms)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_message_built_ahead_is_pushed_and_equals_the_one_send_task_pushes(
+    case: str, db: int, token: str, r: Any
+) -> None:
+    """Built a second before its release by :meth:`CeleryRedisAtomic.prepare`, unless it
+    depends on the instant it is built (``expires`` here): then it is built when due."""
+    options, conf, key = CASES[case](token)
+    app = make_app(db, token, **conf)
+    atomic = make_atomic(app, db, token)
+    try:
+        f = firing("ahead", options=options)
+        wake = Recorder("a")
+        (built,) = atomic.prepare([f], wake)
+        assert (built is None) == ("expires" in options)
+        if built is not None:
+            wake.built[f.id] = built
+        atomic.dispatch([f], wake)
+        assert wake.outcomes == {f.id: "won"}
+        assert wake.built == {}
+        app.send_task(TASK, f.entry.args, dict(f.entry.kwargs), **send_task_options(f))
+    finally:
+        close(atomic)
+    ours, kombus = entries(r, key)
+    assert_same_envelope(ours, kombus)
+    assert ours["headers"]["id"] == f.id
 
 
 def test_one_template_fills_every_firing_of_an_entry_as_send_task_would(

@@ -18,11 +18,11 @@ from stores import ManualClock
 
 import beatless.dramatiq as bd
 from beatless import Entry, Every
-from beatless.dispatch import dispatch_now
+from beatless.dispatch import Recorder, dispatch_now
 from beatless.dramatiq.atomic import RedisBrokerStore
 from beatless.firing import Firing
 from beatless.stores import MemoryStore
-from beatless.stores.redis import RedisStore
+from beatless.stores.redis import Ready, RedisStore
 
 REDIS_URL = "redis://127.0.0.1:6379/12"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
@@ -100,6 +100,49 @@ def test_the_atomic_path_writes_what_redis_broker_enqueue_writes(namespace: str)
     decoded = json.loads(written[ours][1])
     assert decoded["message_id"] == firing.id
     assert decoded["message_timestamp"] == firing.occurrence_ms
+    client.close()
+
+
+def test_messages_built_ahead_are_the_ones_the_script_sends_and_a_failed_build_is_redone(
+    namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = redis_broker(namespace, REDIS_URL)
+    actor = dramatiq.actor(lambda tenant=None: None, actor_name="t", broker=broker, queue_name="q")
+    client = redis.Redis.from_url(REDIS_URL)
+    entry = Entry(name="t", task="t", trigger=Every(60), tenants=[f"x{i}" for i in range(30)])
+    now_ms = int(client.time()[0]) * 1_000
+    firings = [Firing.of(entry, t, f"{namespace}/t/{t}", now_ms) for t in entry.tenant_list() or ()]
+    store = RedisBrokerStore(
+        broker, RedisStore(client, namespace=namespace), lambda _: actor, tenant_kwarg="tenant"
+    )
+    assert store.prepares_ahead
+    wake = Recorder("n1")
+    real = RedisBrokerStore._message
+    broken = {firings[3].id}
+
+    def message(self: RedisBrokerStore, firing: Firing) -> Any:
+        if firing.id in broken:
+            raise ValueError("cannot encode yet")
+        return real(self, firing)
+
+    monkeypatch.setattr(RedisBrokerStore, "_message", message)
+    built = store.prepare(firings, wake)
+    wake.built = {f.id: b for f, b in zip(firings, built, strict=True)}
+    assert [b is None for b in built] == [f.id in broken for f in firings]
+    broken.clear()
+    ahead_ids = {b.message.message_id for b in built if isinstance(b, Ready)}
+
+    store.dispatch(firings, wake)
+
+    assert wake.outcomes == {f.id: "won" for f in firings}
+    assert wake.built == {}  # each taken back once
+    sent = [
+        json.loads(client.hget(f"{namespace}:q.msgs", i) or b"")
+        for i in client.lrange(f"{namespace}:q", 0, -1)
+    ]
+    assert sorted(m["message_id"] for m in sent) == sorted(f.id for f in firings)
+    assert ahead_ids == {f.id for f in firings} - {firings[3].id}
+    assert {m["kwargs"]["tenant"] for m in sent} == {f.tenant for f in firings}
     client.close()
 
 

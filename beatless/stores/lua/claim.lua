@@ -43,6 +43,11 @@
 --                   number, keep 0 for unbounded; '' (and '' for the next two) for none
 -- ARGV[14 + 2n + 3i - 1]  notes only: the note's key
 -- ARGV[14 + 2n + 3i]      notes only: the note's value, a template (see below)
+--                   or, for an item of batch note g: '@{g}', '', and the item's start
+-- ARGV[15 + 5n]     notes only: G, the number of batch notes
+-- ARGV[15 + 5n + 3g - 2]  notes only: batch note g: {k}|{ttl_ms}|{keep}
+-- ARGV[15 + 5n + 3g - 1]  notes only: the prefix of its key
+-- ARGV[15 + 5n + 3g]      notes only: its value, a template with {{items}} and {{at_ms}}
 --
 -- Returns {letters, epoch record}: one letter per request, W won, T takeover, L lost,
 -- H held, X late, E early, F forgotten, C corrupt, A foreign (a live claim of another
@@ -61,6 +66,11 @@
 -- notes.lua and a post do), with these placeholders of its value replaced:
 -- {{outcome}} by won, takeover, skipped_overlap or forgotten, {{at_ms}} by now and
 -- {{lateness_ms}} by now - release_ms. A request answered any other letter writes none.
+-- A request whose note is an item of batch note g adds, for the same letters, its item
+-- closed with ,"{outcome}",{lateness_ms}] to the batch; each batch that got an item is
+-- written once, after the requests, under its key prefix .. '.' .. the id of its first
+-- firing noted, with {{items}} replaced by its items joined by commas and {{at_ms}} by
+-- now.
 
 local SLACK, node, lease = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local tolerance, id_from, atomic = tonumber(ARGV[5]), tonumber(ARGV[7]), ARGV[8] == '1'
@@ -151,8 +161,39 @@ local NOTED = {W = 'won', T = 'takeover', O = 'skipped_overlap', F = 'forgotten'
 -- The keep of each kind written, by the index of its hash in KEYS.
 local bounds = {}
 
+-- The items of each batch note written to, by its number, and its first firing's id.
+local batches = {}
+
+local function add_item(i, g, letter, r)
+  local batch = batches[g]
+  if not batch then
+    batch = {first = string.sub(KEYS[i + 2], id_from)}
+    batches[g] = batch
+  end
+  batch[#batch + 1] = ARGV[14 + 2 * n + 3 * i] .. ',"' .. NOTED[letter] .. '",' ..
+    string.format('%d', now - r.release) .. ']'
+end
+
+local function write_batches()
+  local from = 15 + 5 * n
+  for g, batch in pairs(batches) do
+    local at = from + 3 * g - 2
+    local k, ttl, keep = string.match(ARGV[at], '^(%d+)|(%d+)|(%d+)$')
+    local value = string.gsub(ARGV[at + 2], '{{([%w_]+)}}',
+      {items = table.concat(batch, ','), at_ms = string.format('%d', now)})
+    local hash = kinds_from + 2 * tonumber(k) - 1
+    write_note(KEYS[hash], KEYS[hash + 1], ARGV[13 + 2 * n], now,
+      ARGV[at + 1] .. '.' .. batch.first, ttl, value)
+    keep = tonumber(keep)
+    bounds[hash] = keep > 0 and keep or bounds[hash] or 0
+  end
+end
+
 local function note(i, letter, r)
   local at = 14 + 2 * n + 3 * i - 2
+  if string.byte(ARGV[at], 1) == 64 then  -- '@': an item of a batch note
+    return add_item(i, tonumber(string.sub(ARGV[at], 2)), letter, r)
+  end
   local k, ttl, keep = string.match(ARGV[at], '^(%d+)|(%d+)|(%d+)$')
   if not k then return end
   local fields = {outcome = NOTED[letter], at_ms = string.format('%d', now),
@@ -179,6 +220,7 @@ for i = 1, n do
   if noting and NOTED[letter] then note(i, letter, r) end
 end
 if #last > 0 then record_last() end
+if noting then write_batches() end
 for hash, keep in pairs(bounds) do
   sweep_notes(KEYS[hash], KEYS[hash + 1], keep, now, SLACK)
 end
