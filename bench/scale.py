@@ -17,7 +17,8 @@ of ``--burst`` tenants with no jitter, so that all its firings are due at one in
 ``atomic``: Dramatiq on its ``RedisBroker``, one script claims and pushes (messages built
 ahead of the instant); ``two-phase``: the Redis store and an enqueue that pushes each won
 firing with one ``RPUSH``. The figure is how long after that instant the last one was
-enqueued.
+enqueued. Beside the two-phase runs, the same processes push the same number of items with
+the same ``RPUSH`` and no scheduler at all: the floor the enqueue alone sets on this machine.
 """
 
 from __future__ import annotations
@@ -291,15 +292,60 @@ print(json.dumps({"cpu_s": cpu, "won": stats.won, "lost": stats.lost,
 BURST_LEAD_S = 14
 """The nodes start this long before the instant: time to start and to read the registry."""
 
+FLOOR_NODE = """
+import sys, time
+import redis
 
-def burst(url: str, count: int, tenants: int, preferred: bool, path: str) -> dict[str, Any]:
-    """``count`` node processes; ``tenants`` firings due at one instant, ``BURST_LEAD_S``
-    after the start. The queue's length is watched from here, so the time the last
+_, url, key, count, at_s = sys.argv
+client = redis.Redis.from_url(url)
+client.ping()
+item = "0" * 64  # a firing id's length
+time.sleep(max(0.0, float(at_s) - time.time()))
+for _ in range(int(count)):
+    client.rpush(key, item)
+"""
+
+
+def floor(url: str, count: int, items: int) -> dict[str, Any]:
+    """``count`` processes push ``items`` between them with one ``RPUSH`` each, starting at
+    one instant, with no scheduler: what the two-phase burst's enqueue costs on its own."""
+    import redis
+
+    key = f"scale-{uuid.uuid4().hex[:8]}:floor"
+    at = time.time() + 2 + 0.1 * count
+    client = redis.Redis.from_url(url)
+    shares = [items // count + (1 if i < items % count else 0) for i in range(count)]
+    processes = [
+        subprocess.Popen([sys.executable, "-c", FLOOR_NODE, url, key, str(share), str(at)])
+        for share in shares
+    ]
+    try:
+        done_at = _watch(client, key, items, at, at + 30)
+        for process in processes:
+            process.wait(timeout=max(1.0, at + 30 - time.time()))
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        client.delete(key)
+    return {
+        "nodes": count,
+        "items": items,
+        "last_pushed_after_s": None if done_at is None else round(done_at - at, 3),
+    }
+
+
+def burst(
+    url: str, count: int, tenants: int, preferred: bool, path: str, *, lead_s: int = BURST_LEAD_S
+) -> dict[str, Any]:
+    """``count`` node processes; ``tenants`` firings due at one instant, ``lead_s`` after
+    the start. The queue's length is watched from here, so the time the last
     firing reached the broker is known within a few milliseconds."""
     import redis
 
     namespace = f"scale-{uuid.uuid4().hex[:8]}"
-    at = int(time.time()) + BURST_LEAD_S
+    at = int(time.time()) + lead_s
     until = at + 10
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     args = [url, namespace, "", str(tenants), str(at), str(until), str(int(preferred)), path]
@@ -381,6 +427,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for count in args.burst_nodes
             for preferred in (False, True)
         ]
+        if "two-phase" in args.burst_path:
+            result["floor"] = [floor(args.redis, count, args.burst) for count in args.burst_nodes]
     result["ok"] = all(
         r["check"]["missed"] == 0 and r["check"]["duplicates"] == 0 for r in fleet
     ) and all(b["missed"] == 0 and b["duplicates"] == 0 for b in result.get("burst", []))
@@ -411,6 +459,12 @@ def report(result: dict[str, Any]) -> None:
             f"instant, {b['claims_per_firing']} claims per firing; "
             f"sent {b['sent']}, missed {b['missed']}, duplicates {b['duplicates']}; won per "
             f"node {b['won_per_node']}, CPU per node over the burst {b['cpu_per_node_s']}s"
+        )
+    for f in result.get("floor", []):
+        print(
+            f"floor: the two-phase enqueue alone, {f['items']} RPUSH from {f['nodes']} "
+            f"processes at one instant, no scheduler: last pushed {f['last_pushed_after_s']}s "
+            f"after the instant"
         )
     print("ok" if result["ok"] else "FAILED: a firing missed or sent twice")
 
