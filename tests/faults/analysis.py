@@ -61,6 +61,9 @@ class Send:
     """When the scheduler handed the firing over (real clock, seconds)."""
     sent: float
     """When the send finished (real clock, seconds)."""
+    committed: float | None = None
+    """When the node's commit of it returned, accepted or refused (real clock, seconds);
+    ``None`` if no commit of it returned (the node froze, died or lost the store first)."""
 
     @property
     def called_ms(self) -> int:
@@ -93,17 +96,26 @@ class Fault:
 
 
 def read_records(paths: Iterable[Path]) -> tuple[list[Send], int]:
-    """The sends in the record files, and how many sends failed (the broker raised)."""
-    sends, failed = [], 0
+    """The sends in the record files, each with the time its commit returned, and how many
+    sends failed (the broker raised)."""
+    items, commits, failed = [], {}, 0
     for path in paths:
         if not path.exists():
             continue
         for line in path.read_text().splitlines():
             item = json.loads(line)
-            if "sent" not in item:
+            if "commit" in item:
+                for firing_id in item["commit"]:
+                    commits.setdefault((item["node"], firing_id), item["at"])
+            elif "sent" not in item:
                 failed += 1
-                continue
-            sends.append(Send(**{k: item[k] for k in Send.__slots__}))
+            else:
+                items.append(item)
+    fields = [k for k in Send.__slots__ if k != "committed"]
+    sends = [
+        Send(**{k: item[k] for k in fields}, committed=commits.get((item["node"], item["id"])))
+        for item in items
+    ]
     return sends, failed
 
 
@@ -234,14 +246,20 @@ def analyse(
 def _in_flight_duplicates(
     sends: Sequence[Send], copies: Counter[str], faults: Sequence[Fault]
 ) -> int:
-    """Duplicated firings one of whose sends began before a fault and finished after it
-    began: the send was in flight when the node froze or its link broke."""
+    """Duplicated firings one of whose sends began before a fault and whose commit had not
+    returned when it began: the send was in flight (the residual window, from the last
+    check until the commit reached the store) when the node froze, died or lost its link."""
     straddling = {
         send.id
         for send in sends
-        if copies[send.id] > 1 and any(send.called < f.start < send.sent for f in faults)
+        if copies[send.id] > 1 and any(send.called < f.start < _landed(send) for f in faults)
     }
     return len(straddling)
+
+
+def _landed(send: Send) -> float:
+    """When the send's outcome reached the store: its commit returned (never, if none did)."""
+    return float("inf") if send.committed is None else max(send.sent, send.committed)
 
 
 def _worst(lateness_ms: Iterable[float]) -> float | None:

@@ -21,7 +21,10 @@ release, ``max_late_ms``, the node, and two REAL instants (``time.time()``, neve
 offset clock): ``called`` when the scheduler handed the firing over, ``sent`` when the
 send finished; a send the broker refused has ``error`` instead of ``sent``. The line is
 one ``write`` to a file opened ``O_APPEND``, so nodes that share a file never
-interleave, and a node that is killed loses no line it wrote.
+interleave, and a node that is killed loses no line it wrote. Each commit that returns
+appends ``{"node", "commit": [ids], "at"}`` (accepted or refused alike): until then a sent
+firing's outcome is unknown to the store, the window in which a fault may make another
+node send it too.
 """
 
 from __future__ import annotations
@@ -128,6 +131,21 @@ class CheckedAt(logging.Filter):
 
     def pop(self, firing_id: str) -> float | None:
         return self.times.pop(firing_id, None)
+
+
+def record_commits(store: Any, node: str, record_fd: int) -> None:
+    """Make ``store.commit`` append one line to the record when it returns: the ids it was
+    given and when (real clock). A commit that raises writes nothing (its outcome is
+    unknown)."""
+    commit = store.commit
+
+    def recording(ids: Any, **kwargs: Any) -> Any:
+        kept = commit(ids, **kwargs)
+        line = {"node": node, "commit": list(ids), "at": time.time()}
+        os.write(record_fd, (json.dumps(line) + "\n").encode())
+        return kept
+
+    store.commit = recording
 
 
 def make_enqueue(config: dict[str, Any], record_fd: int) -> Callable[[Firing], None]:
@@ -254,6 +272,7 @@ def main(argv: list[str]) -> None:
     schedule = build_schedule(config["schedule"])
     store = open_store(config["store"], namespace=schedule.namespace)
     record_fd = os.open(config["record"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    record_commits(store, config["node"], record_fd)
     decisions = DecisionLog()
     scheduler = make_scheduler(config, schedule, store, decisions, record_fd)
     scheduler.start()

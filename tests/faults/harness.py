@@ -145,12 +145,13 @@ class Fleet:
                 process.wait()
 
     def sends_of(self, name: str) -> list[dict[str, Any]]:
-        """What one node has sent so far (read while it runs)."""
+        """What one node has sent so far (read while it runs; its commit lines left out)."""
         path = self.record_path(name)
         if not path.exists():
             return []
         lines = path.read_text().splitlines()
-        return [json.loads(line) for line in lines if line.endswith("}")]
+        items = [json.loads(line) for line in lines if line.endswith("}")]
+        return [item for item in items if "commit" not in item]
 
     def report(self, window_s: tuple[float, float]) -> Report:
         """Count duplicates, misses, stale and early sends for occurrences in ``window_s``;

@@ -10,11 +10,12 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-from analysis import Fault, Send, analyse, expected_firings
-from fault_node import build_schedule, make_enqueue
+from analysis import Fault, Send, analyse, expected_firings, read_records
+from fault_node import build_schedule, make_enqueue, record_commits
 from proxy import Proxy
 from redis_server import RedisServer
 
@@ -200,3 +201,68 @@ def test_a_send_counts_from_the_dispatchers_last_check_not_from_the_enqueue_call
     (line,) = [json.loads(text) for text in record.read_text().splitlines()]
     assert line["sent"] - line["called"] >= 0.3
     assert log.getEffectiveLevel() == logging.DEBUG
+
+
+def test_a_send_is_in_flight_until_its_commit_returns() -> None:
+    """A node frozen after a send finished and before its commit reached the store leaves
+    that firing to be taken over (the residual window): its duplicate is in flight at the
+    freeze. A send whose commit had returned, or had been refused, before the freeze is not."""
+    schedule = build_schedule(SPEC)
+    start = ANCHOR_S * 1_000
+    firings = list(expected_firings(schedule, start, start + 10_000).values())
+    frozen_at = start / 1_000 + 5
+    freeze = Fault("frozen", frozen_at, frozen_at + 30)
+    cases = {  # the first copy's commit returned ...
+        "after the freeze": freeze.end + 0.01,
+        "never": None,
+        "before the freeze": freeze.start - 0.2,
+    }
+    sends = []
+    for firing, committed in zip(firings, cases.values(), strict=False):
+        first = send_of(firing, "n0", frozen_at - 0.1 - firing.occurrence_ms / 1_000)
+        assert first.sent < freeze.start, "the first copy's send finished before the freeze"
+        sends.append(Send(**{**asdict(first), "committed": committed}))
+        sends.append(send_of(firing, "n1", frozen_at + 7 - firing.occurrence_ms / 1_000))
+    report = analyse(
+        "unit",
+        schedule,
+        window_ms=(start, start + 10_000),
+        sends=sends,
+        failed_sends=0,
+        summaries=[],
+        faults=[freeze],
+    )
+    assert (report.duplicates, report.in_flight_duplicates) == (3, 2)
+
+
+def test_the_fault_node_records_when_each_commit_returned(tmp_path: Path) -> None:
+    schedule = build_schedule(
+        {"namespace": "harness", "entries": [{"name": "tick", "every_s": 1, "max_late_s": 20}]}
+    )
+    record_path = tmp_path / "sends.jsonl"
+    fd = os.open(record_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    store = MemoryStore()
+    record_commits(store, "n0", fd)
+    entry = schedule.entries[0]
+    firing = Firing.of(entry, None, schedule.address(entry), int(time.time()) * 1_000)
+    line = {
+        "id": firing.id,
+        "address": firing.address,
+        "entry": "tick",
+        "occurrence_ms": firing.occurrence_ms,
+        "release_ms": firing.release_ms,
+        "max_late_ms": 20_000,
+        "node": "n0",
+        "called": time.time(),
+        "sent": time.time(),
+    }
+    os.write(fd, (json.dumps(line) + "\n").encode())
+    before = time.time()
+    dispatch_now(TwoPhase(store, lambda firing: None, lease=10), [firing], node="n0")
+    os.close(fd)
+
+    (send,), failed = read_records([record_path])
+
+    assert failed == 0
+    assert send.committed is not None
+    assert before <= send.committed <= time.time()
