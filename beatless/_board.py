@@ -50,16 +50,27 @@ from beatless._controls import (
     Control,
     capped_ttl,
     controls_kind,
-    json_object,
     json_text,
     read_controls,
+    read_requests,
     refreshed,
     run_now_kind,
 )
-from beatless._logtext import WarnEvery, shown
+from beatless._logtext import ERROR_LIMIT, WarnEvery, shown
+from beatless._schema import (
+    BATCH_NOTE,
+    HISTORY_ITEM,
+    INSTANT_MAX_MS,
+    NODE_RECORD,
+    BadNote,
+    Skipped,
+    family,
+    parse_each,
+)
 from beatless.entry import tenant_address
 from beatless.errors import StoreError
 from beatless.firing import firing_id, iso
+from beatless.stats import SkippedNotes
 from beatless.stores.base import NOTE_VALUE_LIMIT, Note, NoteItem
 from beatless.triggers import Cron, Every, Trigger, tzdata_version
 
@@ -88,6 +99,8 @@ MISSED_SWEEP_EVERY_MS = 30_000
 STALL_MS = 5_000
 """A node whose loop has not woken for this long is reported stalled."""
 DRIFT_WARN_EVERY_MS = 300_000
+SKIPPED_WARN_EVERY_MS = 300_000
+"""A note skipped for not fitting its schema is told at most this often per kind and key."""
 
 HISTORY_OUTCOMES = frozenset(
     {"won", "takeover", "skipped_overlap", "forgotten", "missed", "paused"}
@@ -105,6 +118,11 @@ TEMPLATE_LATENESS = -1_000_002
 
 def nodes_kind(namespace: str) -> str:
     return f"beatless/{namespace}/nodes"
+
+
+def progress_kind(namespace: str) -> str:
+    """The kind of the preferred claimers' progress notes (:mod:`beatless._prefer`)."""
+    return f"beatless/{namespace}/progress"
 
 
 def entries_kind(namespace: str) -> str:
@@ -151,15 +169,17 @@ class NodeRecord:
         return json_text(asdict(self))
 
     @classmethod
+    def parse(cls, text: str) -> NodeRecord:
+        """The record, checked against :data:`~beatless._schema.NODE_RECORD` (fields a
+        record has not take their defaults); raises :class:`~beatless._schema.BadNote`."""
+        return cls(**NODE_RECORD.load(text))
+
+    @classmethod
     def from_json(cls, text: str) -> NodeRecord | None:
-        """The record, or ``None`` for one this version cannot read (fields it has not
-        take their defaults)."""
-        data = json_object(text)
-        if data is None:
-            return None
+        """The record, or ``None`` for one that does not fit its schema."""
         try:
-            return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
-        except TypeError:
+            return cls.parse(text)
+        except BadNote:
             return None
 
     def health(self) -> str | None:
@@ -210,19 +230,17 @@ class HistoryItem:
         )
 
     @classmethod
+    def parse(cls, text: str) -> HistoryItem:
+        """The item, checked against :data:`~beatless._schema.HISTORY_ITEM`; raises
+        :class:`~beatless._schema.BadNote`."""
+        return cls(**HISTORY_ITEM.load(text))
+
+    @classmethod
     def from_json(cls, text: str) -> HistoryItem | None:
-        data = json_object(text)
-        if data is None:
-            return None
-        span = data.get("coalesced")
-        data["coalesced"] = (
-            (span[0], span[1])
-            if isinstance(span, list) and len(span) == 2 and all(isinstance(o, int) for o in span)
-            else None
-        )
+        """The item, or ``None`` for one that does not fit its schema."""
         try:
-            return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
-        except TypeError:
+            return cls.parse(text)
+        except BadNote:
             return None
 
     @classmethod
@@ -304,31 +322,26 @@ def _chunks(members: list[HistoryItem], room: int) -> Iterator[tuple[str, list[s
 
 def batch_items(base: str, text: str, tenant: str | None = None) -> list[HistoryItem]:
     """The history items of one batch note of the fan-out entry at ``base`` (those of
-    ``tenant`` alone, if given); none for a note this version cannot read."""
+    ``tenant`` alone, if given); none for a note that does not fit its schema."""
+    try:
+        return parse_batch(base, text, tenant)
+    except BadNote:
+        return []
+
+
+def parse_batch(base: str, text: str, tenant: str | None = None) -> list[HistoryItem]:
+    """:func:`batch_items`, checked against :data:`~beatless._schema.BATCH_NOTE`; raises
+    :class:`~beatless._schema.BadNote`."""
     if tenant is not None and json.dumps(tenant) not in text:
         return []
-    data = json_object(text)
-    if data is None:
-        return []
-    try:
-        entry, node = str(data["entry"]), str(data["node"])
-        occurrence, at = int(data["occurrence_ms"]), int(data["at_ms"])
-        rows = list(data["items"])
-    except (KeyError, TypeError, ValueError):
-        return []
-    span = data.get("coalesced")
-    coalesced = (
-        (span[0], span[1])
-        if isinstance(span, list) and len(span) == 2 and all(isinstance(o, int) for o in span)
-        else None
-    )
+    data = BATCH_NOTE.load(text)
+    entry, node, occurrence, at = data["entry"], data["node"], data["occurrence_ms"], data["at_ms"]
     items = []
-    for row in rows:
-        if not (isinstance(row, list) and len(row) == 3 and isinstance(row[0], str)):
+    for name, outcome, lateness in data["items"]:
+        if tenant is not None and name != tenant:
             continue
-        name, outcome, lateness = row
-        if (tenant is not None and name != tenant) or not isinstance(lateness, int):
-            continue
+        if not 0 <= at - lateness <= INSTANT_MAX_MS:
+            raise BadNote(f"tenant {json.dumps(name[:80])}: lateness {lateness}ms is out of range")
         items.append(
             HistoryItem(
                 id=firing_id(tenant_address(base, name), occurrence),
@@ -337,10 +350,10 @@ def batch_items(base: str, text: str, tenant: str | None = None) -> list[History
                 occurrence_ms=occurrence,
                 release_ms=at - lateness,
                 node=node,
-                outcome=str(outcome),
+                outcome=outcome,
                 lateness_ms=lateness,
                 at_ms=at,
-                coalesced=coalesced,
+                coalesced=data.get("coalesced"),
             )
         )
     return items
@@ -397,10 +410,20 @@ def drift(records: Iterable[NodeRecord]) -> list[str]:
     return problems
 
 
-def read_registry(notes: Mapping[str, str]) -> list[NodeRecord]:
-    """The readable records of a registry kind's notes."""
-    records = (NodeRecord.from_json(text) for text in notes.values())
-    return [r for r in records if r is not None]
+def read_registry(
+    notes: Mapping[str, str], namespace: str, skipped: Skipped | None = None
+) -> list[NodeRecord]:
+    """The records of ``namespace``'s registry notes that fit their schema; the others
+    are told to ``skipped``."""
+    return [r for _, r in parse_each(nodes_kind(namespace), notes, NodeRecord.parse, skipped)]
+
+
+def read_history(
+    address: str, notes: Mapping[str, str], skipped: Skipped | None = None
+) -> list[HistoryItem]:
+    """The items of ``address``'s history notes that fit their schema; the others are
+    told to ``skipped``."""
+    return [i for _, i in parse_each(history_kind(address), notes, HistoryItem.parse, skipped)]
 
 
 class Board:
@@ -444,6 +467,8 @@ class Board:
         self._swept_ms: int | None = None
         self._entries_ms: int | None = None
         self._warned = WarnEvery()
+        self.skipped = SkippedNotes()
+        """The notes read that did not fit their schema (:meth:`skip`)."""
         self.last_wake_ms: int | None = None
         self.restarts = 0
         self.last_failure: str | None = None
@@ -602,6 +627,7 @@ class Board:
             for name, value in stats.as_dict().items():
                 if isinstance(value, int) and not name.startswith("lateness"):
                     counters[name] = counters.get(name, 0) + value
+        counters["skipped_notes"] = self.skipped.total
         return NodeRecord(
             node=scheduler.node,
             host=self.host,
@@ -694,7 +720,7 @@ class Board:
         if registry_due:
             kinds.append(nodes_kind(self.namespace))
         notes = self.store.read_notes(kinds)
-        self.controls = read_controls(notes[kinds[0]])
+        self.controls = read_controls(notes[kinds[0]], self.namespace, self)
         again = [
             note
             for control in self.controls.values()
@@ -704,10 +730,10 @@ class Board:
             self.store.post(again)
         self._take_requests(notes[kinds[1]], now)
         if preference.enabled:
-            preference.read(notes[preference.kind])
+            preference.read(notes[preference.kind], self)
         if registry_due:
             self._registry_ms = now
-            self.registry = read_registry(notes[nodes_kind(self.namespace)])
+            self.registry = read_registry(notes[nodes_kind(self.namespace)], self.namespace, self)
             preference.registry = self.registry
             for problem in drift(self.registry):
                 if self._may_warn(problem, DRIFT_WARN_EVERY_MS, now):
@@ -715,14 +741,10 @@ class Board:
 
     def _take_requests(self, notes: Mapping[str, str], now: int) -> None:
         """Queue the run-now requests not seen before, once each."""
-        fresh = []
-        for key, text in notes.items():
-            if key in self._seen_requests:
-                continue
-            control = Control.from_json(text)
-            self._seen_requests[key] = now
-            if control is not None and control.action == "run-now":
-                fresh.append(control)
+        unseen = {key: text for key, text in notes.items() if key not in self._seen_requests}
+        self._seen_requests.update(dict.fromkeys(unseen, now))
+        requests = read_requests(unseen, self.namespace, self).values()
+        fresh = [control for control in requests if control.action == "run-now"]
         with self._lock:
             self._run_now.extend(sorted(fresh, key=lambda c: c.at_ms))
         for key, seen in list(self._seen_requests.items()):
@@ -738,7 +760,7 @@ class Board:
 
         scheduler = self.scheduler
         schedule = scheduler.schedule
-        for view, occurrences in sweep_missed(self.store, schedule, scheduler.node, now):
+        for view, occurrences in sweep_missed(self.store, schedule, scheduler.node, now, self):
             entry = schedule.entry(view.name)
             for occurrence in occurrences:
                 firing = Firing.of(entry, None, view.address, occurrence)
@@ -768,6 +790,24 @@ class Board:
 
     def _may_warn(self, key: str, every_ms: int, now: int) -> bool:
         return self._warned.allows(key, every_ms, now)
+
+    def skip(self, kind: str, key: str, text: str, reason: str) -> None:
+        """A note read does not fit its schema (:class:`~beatless._schema.Skipped`): count
+        it once, and warn once per kind and key (at most every ``SKIPPED_WARN_EVERY_MS``)."""
+        if not self.skipped.add(family(kind), kind, key, text):
+            return
+        if self._may_warn(
+            f"skipped\0{kind}\0{key}", SKIPPED_WARN_EVERY_MS, self.scheduler.now_ms()
+        ):
+            logger.warning(
+                "node %s: note %s of kind %s in the claim store skipped: %s; it is not a "
+                "record this version can read (written by hand, by another version or a "
+                "bug?): delete it, or let its writer post it again",
+                shown(self.scheduler.node, quoted=False),
+                shown(key),
+                shown(kind),
+                shown(reason, quoted=False, limit=ERROR_LIMIT),
+            )
 
     # -- running --------------------------------------------------------------------
 

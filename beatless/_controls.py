@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from beatless._schema import CONTROL, BadNote, Skipped, parse_each
 from beatless.firing import Firing, manual_id
 from beatless.stores.base import ClaimStore, Note
 
@@ -61,15 +62,6 @@ def json_text(value: Mapping[str, Any]) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
-def json_object(text: str) -> dict[str, Any] | None:
-    """A note's value read back; ``None`` for one that is not a JSON object."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
 @dataclass(frozen=True, slots=True)
 class Control:
     """An operator's action, as kept in the store."""
@@ -93,13 +85,17 @@ class Control:
         return json_text(asdict(self))
 
     @classmethod
+    def parse(cls, text: str) -> Control:
+        """The control, checked against :data:`~beatless._schema.CONTROL`; raises
+        :class:`~beatless._schema.BadNote`."""
+        return cls(**CONTROL.load(text))
+
+    @classmethod
     def from_json(cls, text: str) -> Control | None:
-        data = json_object(text)
-        if data is None:
-            return None
+        """The control, or ``None`` for one that does not fit its schema."""
         try:
-            return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
-        except TypeError:
+            return cls.parse(text)
+        except BadNote:
             return None
 
     def pauses(self, now_ms: int) -> bool:
@@ -182,20 +178,39 @@ def refreshed(namespace: str, control: Control, now: int, live_ms: int | None) -
     return _pause_note(namespace, replace(control, posted_ms=now), now, live_ms)
 
 
-def read_controls(notes: dict[str, str]) -> dict[str, Control]:
-    """The readable controls of a controls kind's notes, by entry."""
+def read_controls(
+    notes: Mapping[str, str], namespace: str, skipped: Skipped | None = None
+) -> dict[str, Control]:
+    """The controls of ``namespace``'s controls notes, by entry: those that fit their
+    schema and whose entry is their key (the others are told to ``skipped``)."""
+    kind = controls_kind(namespace)
     controls = {}
-    for entry, text in notes.items():
-        control = Control.from_json(text)
-        if control is not None and control.entry == entry:
-            controls[entry] = control
+    for entry, control in parse_each(kind, notes, Control.parse, skipped):
+        if control.entry != entry:
+            if skipped is not None:
+                named = json.dumps(control.entry[:80])
+                why = f"its entry {named} is not its key (the entry it controls)"
+                skipped.skip(kind, entry, notes[entry], why)
+            continue
+        controls[entry] = control
     return controls
 
 
-def read_audit(notes: dict[str, str], last: int = 20) -> list[Control]:
-    """The last ``last`` audit records, oldest first."""
-    records = [Control.from_json(notes[key]) for key in sorted(notes)[-last:]]
-    return [r for r in records if r is not None]
+def read_requests(
+    notes: Mapping[str, str], namespace: str, skipped: Skipped | None = None
+) -> dict[str, Control]:
+    """The run-now requests of ``namespace``'s run-now notes, by key: those that fit their
+    schema (the others are told to ``skipped``)."""
+    return dict(parse_each(run_now_kind(namespace), notes, Control.parse, skipped))
+
+
+def read_audit(
+    notes: Mapping[str, str], namespace: str, skipped: Skipped | None = None, last: int = 20
+) -> list[Control]:
+    """The last ``last`` audit records, oldest first (of those that fit their schema;
+    the others are told to ``skipped``)."""
+    recent = {key: notes[key] for key in sorted(notes)[-last:]}
+    return [c for _, c in parse_each(audit_kind(namespace), recent, Control.parse, skipped)]
 
 
 def manual_firing(firing: Firing, request: str) -> Firing:

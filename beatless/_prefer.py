@@ -41,12 +41,13 @@ the release, as without it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from beatless._board import REGISTRY_EVERY_MS, REGISTRY_TTL_MS, NodeRecord
-from beatless._controls import json_object, json_text
+from beatless._board import REGISTRY_EVERY_MS, REGISTRY_TTL_MS, NodeRecord, progress_kind
+from beatless._controls import json_text
 from beatless._fanout import Ranking
+from beatless._schema import PROGRESS, BadNote, Skipped, parse_each
 
 GRACE_MS = 3_000
 """How long after the rung above a lower-ranked node waits: the preferred node's progress
@@ -180,22 +181,20 @@ class Progress:
         return json_text(data)
 
     @classmethod
+    def parse(cls, text: str) -> Progress:
+        """The progress, checked against :data:`~beatless._schema.PROGRESS`; raises
+        :class:`~beatless._schema.BadNote`."""
+        data = PROGRESS.load(text)
+        held = frozenset(data.get("held", ()))
+        return cls(data["view"], data["since_ms"], data["until_ms"], held)
+
+    @classmethod
     def from_json(cls, text: str) -> Progress | None:
-        data = json_object(text)
-        if data is None:
-            return None
+        """The progress, or ``None`` for a note that does not fit its schema."""
         try:
-            held = data.get("held", [])
-            if not isinstance(held, list):
-                return None
-            view, since, until = str(data["view"]), int(data["since_ms"]), int(data["until_ms"])
-            return cls(view, since, until, frozenset(str(i) for i in held))
-        except (KeyError, TypeError, ValueError):
+            return cls.parse(text)
+        except BadNote:
             return None
-
-
-def progress_kind(namespace: str) -> str:
-    return f"beatless/{namespace}/progress"
 
 
 Ranked = tuple[str, int, str]
@@ -336,10 +335,8 @@ class Preference:
         self._posted = progress
         return self.kind, self.node, progress.to_json()
 
-    def read(self, notes: dict[str, str]) -> None:
-        """Take the progress notes of the others, as read."""
-        progress = {}
-        for node, text in notes.items():
-            if node != self.node and (p := Progress.from_json(text)) is not None:
-                progress[node] = p
-        self.progress = progress
+    def read(self, notes: Mapping[str, str], skipped: Skipped | None = None) -> None:
+        """Take the progress notes of the others, as read (those that do not fit their
+        schema are told to ``skipped``)."""
+        others = {node: text for node, text in notes.items() if node != self.node}
+        self.progress = dict(parse_each(self.kind, others, Progress.parse, skipped))

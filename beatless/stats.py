@@ -114,3 +114,35 @@ class EntryStats:
             "lateness_p99_ms": self.lateness.percentile(99),
             "lateness_max_ms": self.lateness.max_ms,
         }
+
+
+SKIPPED_SEEN_LIMIT = 10_000
+"""Skipped notes remembered (so that one read again is not counted again); beyond, the
+memory starts afresh."""
+
+
+@dataclass
+class SkippedNotes:
+    """Notes read from the claim store that did not fit the schema of their kind
+    (:mod:`beatless._schema`) and were skipped, by family of note (``nodes``,
+    ``controls``, ``history`` ...). A note is one record: it is counted once, however
+    often it is read again unchanged, and once more each time it is written anew."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    _seen: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def add(self, family: str, kind: str, key: str, text: str) -> bool:
+        """Count the note ``key`` of ``kind``, unless it was counted as it is; whether it
+        was counted now."""
+        seen = hash(text)
+        if self._seen.get((kind, key)) == seen:
+            return False
+        if len(self._seen) >= SKIPPED_SEEN_LIMIT:
+            self._seen.clear()
+        self._seen[(kind, key)] = seen
+        self.counts[family] = self.counts.get(family, 0) + 1
+        return True

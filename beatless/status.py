@@ -14,7 +14,6 @@ plus the firings the nodes themselves recorded as missed.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -30,10 +29,22 @@ from beatless._board import (
     entry_note,
     history_kind,
     nodes_kind,
+    progress_kind,
+    read_history,
     read_registry,
     trigger_of,
 )
-from beatless._controls import Control, audit_kind, controls_kind, read_audit, read_controls
+from beatless._controls import (
+    Control,
+    audit_kind,
+    controls_kind,
+    read_audit,
+    read_controls,
+    read_requests,
+    run_now_kind,
+)
+from beatless._logtext import ERROR_LIMIT, shown
+from beatless._schema import ENTRY_NOTE, PROGRESS, Collected, Skipped, parse_each
 from beatless.entry import Schedule, tenant_address
 from beatless.firing import firing_id, iso, missed_id, offset_ms
 from beatless.stores.base import TOLERANCE_MS, ClaimRequest, ClaimStore
@@ -68,7 +79,7 @@ class EntryView:
     @classmethod
     def of(cls, note: Mapping[str, Any]) -> EntryView:
         tenants = note.get("tenants")
-        listed = tuple(str(t) for t in tenants) if isinstance(tenants, list) else None
+        listed = tuple(str(t) for t in tenants) if isinstance(tenants, list | tuple) else None
         return cls(
             name=str(note["entry"]),
             address=str(note["address"]),
@@ -96,14 +107,14 @@ def entry_views(schedule: Schedule) -> list[EntryView]:
     return [EntryView.of(entry_note(schedule, entry)) for entry in schedule.entries]
 
 
-def published_entries(notes: Mapping[str, str]) -> list[EntryView]:
-    views = []
-    for text in notes.values():
-        try:
-            views.append(EntryView.of(json.loads(text)))
-        except (ValueError, KeyError, TypeError):
-            continue
-    return sorted(views, key=lambda v: v.name)
+def published_entries(
+    notes: Mapping[str, str], namespace: str, skipped: Skipped | None = None
+) -> list[EntryView]:
+    """The entries the nodes of ``namespace`` publish: of the notes that fit their schema
+    (the others are told to ``skipped``)."""
+    kind = entries_kind(namespace)
+    views = parse_each(kind, notes, lambda text: EntryView.of(ENTRY_NOTE.load(text)), skipped)
+    return sorted((view for _, view in views), key=lambda v: v.name)
 
 
 def known_entries(
@@ -116,7 +127,7 @@ def known_entries(
             e.name: None if e.tenants is None else (e.tenant_list() or ()) for e in schedule.entries
         }
     kind = entries_kind(namespace)
-    return {v.name: None for v in published_entries(store.read_notes([kind])[kind])}
+    return {v.name: None for v in published_entries(store.read_notes([kind])[kind], namespace)}
 
 
 def report(
@@ -131,10 +142,18 @@ def report(
     ``problems``. Raises :class:`~beatless.errors.StoreError` when the store fails."""
     kinds = [nodes_kind(namespace), entries_kind(namespace)]
     kinds += [controls_kind(namespace), audit_kind(namespace)]
+    kinds += [run_now_kind(namespace), progress_kind(namespace)]  # read for their problems
     notes = store.read_notes(kinds)
-    controls = read_controls(notes[kinds[2]])
-    records = sorted(read_registry(notes[kinds[0]]), key=lambda r: r.node)
-    views = entry_views(schedule) if schedule is not None else published_entries(notes[kinds[1]])
+    skipped = Collected()
+    read_requests(notes[kinds[4]], namespace, skipped)
+    dict(parse_each(kinds[5], notes[kinds[5]], PROGRESS.load, skipped))
+    controls = read_controls(notes[kinds[2]], namespace, skipped)
+    records = sorted(read_registry(notes[kinds[0]], namespace, skipped), key=lambda r: r.node)
+    if schedule is not None:
+        views = entry_views(schedule)
+    else:
+        views = published_entries(notes[kinds[1]], namespace, skipped)
+    audit = read_audit(notes[kinds[3]], namespace, skipped)
     wanted = [address for view in views for address, _ in view.addresses()]
     history = store.read_notes([history_kind(a) for a in wanted]) if wanted else {}
 
@@ -162,7 +181,7 @@ def report(
             )
     entries = []
     for view in views:
-        items = _items(view, history)
+        items = _items(view, history, skipped)
         summary = _entry(view, items, now_ms, next_count, controls.get(view.name))
         if summary["missed"]:
             problems.append(
@@ -170,23 +189,43 @@ def report(
                 f"the last at {summary['missed_last']}"
             )
         entries.append(summary)
+    problems.extend(skipped_problems(skipped.notes))
     return {
         "namespace": namespace,
         "at": iso(now_ms),
         "nodes": [_node(r, now_ms) for r in records],
         "entries": entries,
         "problems": problems,
-        "audit": [_control(c) for c in read_audit(notes[kinds[3]])],
+        "audit": [_control(c) for c in audit],
     }
 
 
-def _items(view: EntryView, history: Mapping[str, Mapping[str, str]]) -> list[HistoryItem]:
+SKIPPED_LISTED = 20
+"""Of the notes skipped for not fitting their schema, ``status`` lists this many."""
+
+
+def skipped_problems(skipped: Sequence[tuple[str, str, str]]) -> list[str]:
+    """The problems of the notes skipped (kind, key, reason): one each, up to
+    ``SKIPPED_LISTED``, then how many more."""
+    problems = [
+        f"note {shown(key)} of kind {shown(kind)} skipped: "
+        f"{shown(reason, quoted=False, limit=ERROR_LIMIT)}; "
+        "delete it, or let its writer post it again"
+        for kind, key, reason in skipped[:SKIPPED_LISTED]
+    ]
+    if len(skipped) > SKIPPED_LISTED:
+        problems.append(
+            f"{len(skipped) - SKIPPED_LISTED} more note(s) skipped for not fitting their schema"
+        )
+    return problems
+
+
+def _items(
+    view: EntryView, history: Mapping[str, Mapping[str, str]], skipped: Skipped | None = None
+) -> list[HistoryItem]:
     items = []
     for address, _ in view.addresses():
-        for text in history.get(history_kind(address), {}).values():
-            item = HistoryItem.from_json(text)
-            if item is not None:
-                items.append(item)
+        items += read_history(address, history.get(history_kind(address), {}), skipped)
     return sorted(items, key=lambda i: (i.occurrence_ms, i.at_ms))
 
 
@@ -311,7 +350,7 @@ def _missed(view: EntryView, items: Sequence[HistoryItem], now_ms: int) -> list[
 
 
 def sweep_missed(
-    store: ClaimStore, schedule: Schedule, node: str, now_ms: int
+    store: ClaimStore, schedule: Schedule, node: str, now_ms: int, skipped: Skipped | None = None
 ) -> list[tuple[EntryView, list[int]]]:
     """The missed firings of ``schedule`` that this node is the first in the fleet to
     find: per entry, their occurrences.
@@ -319,8 +358,9 @@ def sweep_missed(
     Each missed firing found in the history (:func:`_missed`, entries without fan-out)
     is claimed once more under a marker id of its own, never late and remembered
     ``MARKER_MEMORY_MS``: one node in the fleet wins each marker, and only that node
-    counts, logs and records the firing missed. Raises
-    :class:`~beatless.errors.StoreError` when the store fails.
+    counts, logs and records the firing missed. History notes that do not fit their
+    schema are told to ``skipped``. Raises :class:`~beatless.errors.StoreError` when the
+    store fails.
     """
     from beatless.runs import NEVER_LATE_MS
 
@@ -330,7 +370,7 @@ def sweep_missed(
     history = store.read_notes([history_kind(v.address) for v in views])
     found: list[tuple[EntryView, int]] = []
     for view in views:
-        items = _items(view, history)
+        items = _items(view, history, skipped)
         recorded = {i.occurrence_ms for i in items if i.outcome == "missed"}
         fresh = [o for o in _missed(view, items, now_ms) if o not in recorded]
         found.extend((view, occurrence) for occurrence in fresh)
