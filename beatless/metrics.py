@@ -111,6 +111,7 @@ class _Families:
     next_release: GaugeMetricFamily
     loop_alive: GaugeMetricFamily
     last_wake: GaugeMetricFamily
+    skipped_notes: CounterMetricFamily
 
     @classmethod
     def empty(cls) -> _Families:
@@ -171,6 +172,12 @@ class _Families:
                 "When this node's scheduler loop last woke (it wakes at least every second), "
                 "in epoch seconds on the node's clock",
             ),
+            skipped_notes=CounterMetricFamily(
+                "beatless_skipped_notes",
+                "Notes this node read from the claim store that did not fit the schema of "
+                "their kind and were skipped, each counted once, by kind",
+                labels=(*NODE_LABELS, "kind"),
+            ),
         )
 
     def __iter__(self) -> Iterator[Metric]:
@@ -202,6 +209,8 @@ class _Families:
         self.loop_alive.add_metric(node, 1 if scheduler.loop_alive() else 0)
         if scheduler.board.last_wake_ms is not None:
             self.last_wake.add_metric(node, scheduler.board.last_wake_ms / 1_000)
+        for kind, count in dict(scheduler.board.skipped.counts).items():
+            self.skipped_notes.add_metric([*node, kind], count)
 
 
 def _buckets(histogram: Histogram) -> list[tuple[str, float]]:

@@ -507,6 +507,26 @@ def test_malformed_notes_never_stop_the_loop_and_each_is_counted_and_warned_once
     assert "problems:" in render(status)
 
 
+def test_the_skipped_notes_are_a_metric_by_kind() -> None:
+    pytest.importorskip("prometheus_client", reason="the metrics need the 'metrics' extra")
+    from prometheus_client import CollectorRegistry
+
+    from beatless import metrics
+
+    fleet = memory_fleet()
+    registry = CollectorRegistry()
+    metrics.register(fleet.nodes[0], registry)
+    fleet.store.post(bad_notes("m"))
+    fleet.run(6)
+
+    def sample(kind: str) -> float | None:
+        labels = {"namespace": NS, "node": "n0", "kind": kind}
+        return registry.get_sample_value("beatless_skipped_notes_total", labels)
+
+    assert [sample(k) for k in ("nodes", "controls", "run-now", "progress")] == [2, 1, 2, 2]
+    metrics.unregister(fleet.nodes[0])
+
+
 def test_a_mistyped_registry_note_does_not_freeze_the_view_so_dead_nodes_are_dropped() -> None:
     """Four nodes; a registry note with a string for an instant is written; three nodes die.
     The live node must drop them from its view when their records run out and claim every
