@@ -7,15 +7,20 @@ history. The report is one mapping with the keys ``nodes``, ``entries`` and
 
 A firing is **missed** when its occurrence + max_late + jitter + the store's tolerance
 has passed and no node wrote it into the history: no node claimed it in time. The
-status judges the occurrences of the last hour that are newer than the oldest firing
-the history still holds (so a fresh fleet, whose history is empty, has missed nothing),
-plus the firings the nodes themselves recorded as missed.
+status counts, each once, the missed firings of the last hour that the nodes counted
+(their missed-count notes, :class:`~beatless._board.MissedRecord`, kept for the hour
+whatever the history still holds), those the history records missed, and the
+occurrences of the last hour newer than the oldest firing the history still holds that
+it does not hold (so a fresh fleet, whose history is empty, has missed nothing).
+
+Each firing is shown once, with its strongest outcome
+(:func:`~beatless._board.strongest`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -29,8 +34,11 @@ from beatless._board import (
     entries_kind,
     entry_note,
     history_kind,
+    missed_kind,
     nodes_kind,
+    read_missed,
     read_registry,
+    strongest,
     trigger_of,
 )
 from beatless._controls import Control, audit_kind, controls_kind, read_audit, read_controls
@@ -135,8 +143,9 @@ def report(
     controls = read_controls(notes[kinds[2]])
     records = sorted(read_registry(notes[kinds[0]]), key=lambda r: r.node)
     views = entry_views(schedule) if schedule is not None else published_entries(notes[kinds[1]])
-    wanted = [address for view in views for address, _ in view.addresses()]
-    history = store.read_notes([history_kind(a) for a in wanted]) if wanted else {}
+    wanted = [history_kind(address) for view in views for address, _ in view.addresses()]
+    wanted += [missed_kind(view.address) for view in views if view.fan_out is None]
+    history = store.read_notes(wanted) if wanted else {}
 
     problems: list[str] = []
     if not records:
@@ -163,7 +172,8 @@ def report(
     entries = []
     for view in views:
         items = _items(view, history)
-        summary = _entry(view, items, now_ms, next_count, controls.get(view.name))
+        counted = read_missed(history.get(missed_kind(view.address), {}))
+        summary = _entry(view, items, now_ms, next_count, controls.get(view.name), counted=counted)
         if summary["missed"]:
             problems.append(
                 f"entry {view.name}: {summary['missed']} missed firing(s) in the last hour, "
@@ -181,13 +191,14 @@ def report(
 
 
 def _items(view: EntryView, history: Mapping[str, Mapping[str, str]]) -> list[HistoryItem]:
+    """The firings of ``view`` in the history, each once with its strongest outcome."""
     items = []
     for address, _ in view.addresses():
         for text in history.get(history_kind(address), {}).values():
             item = HistoryItem.from_json(text)
             if item is not None:
                 items.append(item)
-    return sorted(items, key=lambda i: (i.occurrence_ms, i.at_ms))
+    return sorted(strongest(items), key=lambda i: (i.occurrence_ms, i.at_ms))
 
 
 def _node(record: NodeRecord, now_ms: int) -> dict[str, Any]:
@@ -220,8 +231,10 @@ def _entry(
     now_ms: int,
     next_count: int,
     control: Control | None,
+    *,
+    counted: Set[int],
 ) -> dict[str, Any]:
-    missed = _missed(view, items, now_ms)
+    missed = _missed(view, items, now_ms, counted)
     last = items[-1] if items else None
     counts: dict[str, int] = {}
     for item in items:
@@ -285,13 +298,18 @@ def _next(view: EntryView, now_ms: int, count: int) -> list[dict[str, Any]]:
     return upcoming
 
 
-def _missed(view: EntryView, items: Sequence[HistoryItem], now_ms: int) -> list[int]:
-    """The occurrences of the last hour with a firing nobody sent in time, as far as the
-    history can tell: the ones recorded missed, and the ones it should hold and does not."""
+def _missed(
+    view: EntryView, items: Sequence[HistoryItem], now_ms: int, counted: Set[int] = frozenset()
+) -> list[int]:
+    """The occurrences of the last hour with a firing nobody sent in time: those the nodes
+    counted (``counted``, their missed-count notes, kept for the hour whatever the history
+    still holds), those the history records missed, and those it should hold and does
+    not (not counted yet)."""
     hour_ago = now_ms - HOUR_MS
-    missed = {
+    missed = {o for o in counted if hour_ago <= o <= now_ms}
+    missed.update(
         i.occurrence_ms for i in items if i.outcome == "missed" and i.occurrence_ms >= hour_ago
-    }
+    )
     if view.trigger is None or view.fan_out or not items:
         return sorted(missed)
     # Judged from the oldest item kept on (the history holds the latest of each address),
