@@ -10,8 +10,10 @@ Every node keeps, in the store it claims from (:class:`~beatless.stores.base.Not
 * the **entries** it schedules (kind ``beatless/{namespace}/entries``), so that
   ``beatless status`` can show a fleet's entries from the store alone;
 * the **history** of each address (kind ``beatless/history/{address}``, key: the firing
-  id), bounded to the last ``HISTORY_KEEP`` firings and ``HISTORY_TTL_MS``: written by
-  the node that decided the firing (the winner, or the node that counted it missed). A
+  id, or ``{id}.{outcome}`` for a node's own decision: :func:`history_key`), bounded to
+  the last ``HISTORY_KEEP`` firings and ``HISTORY_TTL_MS``: written by the node that
+  decided the firing (the winner, or the node that counted it missed), read as each
+  firing's strongest outcome (:data:`HISTORY_STRENGTH`, :func:`strongest`). A
   sent firing's note goes with the store call that makes its claim final (the commit,
   or the atomic claim script: :meth:`Scheduler.history_notes
   <beatless.scheduler.Scheduler.history_notes>`); the rest at the next sync, in one post
@@ -23,7 +25,11 @@ Every node keeps, in the store it claims from (:class:`~beatless.stores.base.Not
   node, listing ``[tenant, outcome, lateness_ms]`` per firing, living as long as the last
   ``HISTORY_KEEP`` occurrences (never more than ``HISTORY_TTL_MS``). A burst of ten
   thousand tenants writes a few notes, not ten thousand histories, and a big fan-out's
-  history costs about 25 bytes per firing instead of a few hundred.
+  history costs about 25 bytes per firing instead of a few hundred;
+* the **missed counts** of each address (kind ``beatless/missed/{address}``): the missed
+  firings a node counted, one note per sweep (:class:`MissedRecord`), living past the
+  hour over which ``status`` counts them, so that count does not shrink as the history
+  rolls over.
 
 Nodes read the registry as they post, and WARN (rate-limited) when live nodes disagree
 on the schedule fingerprint or the tzdata version, or when a node's clock is more than
@@ -39,7 +45,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -61,6 +67,7 @@ from beatless._schema import (
     BATCH_NOTE,
     HISTORY_ITEM,
     INSTANT_MAX_MS,
+    MISSED_RECORD,
     NODE_RECORD,
     BadNote,
     Skipped,
@@ -102,12 +109,30 @@ DRIFT_WARN_EVERY_MS = 300_000
 SKIPPED_WARN_EVERY_MS = 300_000
 """A note skipped for not fitting its schema is told at most this often per kind and key."""
 
-HISTORY_OUTCOMES = frozenset(
-    {"won", "takeover", "skipped_overlap", "forgotten", "missed", "paused"}
-)
+HISTORY_STRENGTH = {
+    "won": 4,
+    "takeover": 4,
+    "forgotten": 3,
+    "skipped_overlap": 3,
+    "paused": 2,
+    "missed": 1,
+}
+"""The one order of the outcomes a firing may have in the history, strongest highest: what
+the history tells of a firing is its strongest outcome. A sent firing (``won``,
+``takeover``) is what happened, whatever a node that did not send it decided; then what
+its claim decided without a send; then ``paused`` (a node chose not to claim it); then
+``missed`` (no claim was found in time)."""
+HISTORY_OUTCOMES = frozenset(HISTORY_STRENGTH)
 """The decisions a node writes into an address's history: those only it made. ``lost`` and
 ``held`` belong to another node's history item; a node-side ``late`` is only this node's
 view (another node may have sent the firing)."""
+CLAIM_DECIDED = frozenset({"won", "takeover", "forgotten", "skipped_overlap"})
+"""The outcomes a claim decides: one of them at most per firing in the whole fleet (the
+store answers it to one node), so their notes share the firing's key. The others
+(``paused``, ``missed``) are a node's own decision, which another node may contradict:
+each has a key of its own (:func:`history_key`), so that no note of a weaker outcome ever
+replaces a stronger one, on any store, and readers take the strongest
+(:func:`strongest`)."""
 
 SENT = frozenset({"won", "takeover"})
 TEMPLATE_OUTCOME = "{{outcome}}"
@@ -131,6 +156,18 @@ def entries_kind(namespace: str) -> str:
 
 def history_kind(address: str) -> str:
     return f"beatless/history/{address}"
+
+
+def history_key(firing_id: str, outcome: str) -> str:
+    """The key of a firing's note in its address's history: the firing id for an outcome
+    its claim decided, ``{id}.{outcome}`` for a node's own decision (see
+    :data:`CLAIM_DECIDED`)."""
+    return firing_id if outcome in CLAIM_DECIDED else f"{firing_id}.{outcome}"
+
+
+def missed_kind(address: str) -> str:
+    """The kind of the missed-count notes of an address (:class:`MissedRecord`)."""
+    return f"beatless/missed/{address}"
 
 
 def fan_out_history_kind(base: str, occurrence_ms: int) -> str:
@@ -259,6 +296,61 @@ class HistoryItem:
             manual=firing.manual,
             coalesced=coalesced,
         )
+
+
+def strongest(items: Iterable[HistoryItem]) -> list[HistoryItem]:
+    """One item per firing, in the order their firings first appear: the one of its
+    strongest outcome (:data:`HISTORY_STRENGTH`; an outcome this version does not know is
+    the weakest), the latest decided of equals. What every reader of a history shows."""
+    best: dict[str, HistoryItem] = {}
+    for item in items:
+        held = best.get(item.id)
+        if held is None or _rank(item) > _rank(held):
+            best[item.id] = item
+    return list(best.values())
+
+
+def _rank(item: HistoryItem) -> tuple[int, int]:
+    return HISTORY_STRENGTH.get(item.outcome, 0), item.at_ms
+
+
+MISSED_LIFE_MS = 3_600_000 + 300_000
+"""How long after its last occurrence a missed-count note lives: past the hour over which
+``status`` counts missed firings."""
+MISSED_PER_NOTE = 1_000
+"""The most occurrences one missed-count note lists (14 bytes each: within a note's value)."""
+MISSED_KEEP = 1_000
+"""The most missed-count notes an address keeps (an hour of sweeps of many nodes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MissedRecord:
+    """Missed firings of one address that one node's sweep found and counted: a note of
+    its own (kind :func:`missed_kind`, key ``{first occurrence}.{node}``) that lives until
+    its occurrences are more than an hour old, so the count of the last hour does not
+    depend on what the history (its last ``HISTORY_KEEP`` firings) still holds. Each
+    missed firing is counted by one node in the fleet, so the records of an address never
+    list an occurrence twice."""
+
+    node: str
+    occurrences: tuple[int, ...]
+
+    def to_json(self) -> str:
+        return json_text({"v": 1, "node": self.node, "occurrences": list(self.occurrences)})
+
+    @classmethod
+    def parse(cls, text: str) -> MissedRecord:
+        """The record, checked against :data:`~beatless._schema.MISSED_RECORD`; raises
+        :class:`~beatless._schema.BadNote`."""
+        data = MISSED_RECORD.load(text)
+        return cls(data["node"], tuple(data["occurrences"]))
+
+
+def read_missed(kind: str, notes: Mapping[str, str], skipped: Skipped | None = None) -> set[int]:
+    """The occurrences the missed-count notes of one address (``kind``) list; a note that
+    does not fit its schema is told to ``skipped``."""
+    records = parse_each(kind, notes, MissedRecord.parse, skipped)
+    return {o for _, record in records for o in record.occurrences}
 
 
 def trigger_spec(trigger: Trigger) -> dict[str, Any]:
@@ -447,6 +539,8 @@ class Board:
         self._loop_alive = loop_alive or (lambda: True)
         self._pending: deque[tuple[str, HistoryItem]] = deque(maxlen=HISTORY_BUFFER)
         """History items to post at the next sync, each with its address."""
+        self._pending_missed: list[Note] = []
+        """Missed-count notes to post at the next sync, with the history."""
         entries = scheduler.schedule.entries
         self._shown = {
             e.name: frozenset(e.tenants[:TENANTS_PUBLISHED])
@@ -553,18 +647,32 @@ class Board:
 
     def history_note(self, address: str, item: HistoryItem, text: str | None = None) -> Note:
         """The note of ``item`` in the history of ``address`` (its value ``text`` if given,
-        the item's JSON otherwise)."""
+        the item's JSON otherwise), under its :func:`history_key`."""
         value = item.to_json() if text is None else text
-        return self._history_note(address, item.id, item.occurrence_ms, item.at_ms, value)
+        key = history_key(item.id, item.outcome)
+        return self._history_note(address, key, item.occurrence_ms, item.at_ms, value)
 
     def _history_note(
-        self, address: str, id_: str, occurrence_ms: int, at_ms: int, value: str
+        self, address: str, key: str, occurrence_ms: int, at_ms: int, value: str
     ) -> Note:
         # Living from the occurrence, not the post, the notes of an address expire in the
         # order of their occurrences, so its bound keeps the latest HISTORY_KEEP of them
         # (a firing recorded missed long after its occurrence does not outlive later ones).
         ttl = max(occurrence_ms + HISTORY_TTL_MS - at_ms, MIN_HISTORY_TTL_MS)
-        return Note(history_kind(address), id_, value, self._ttl(ttl), HISTORY_KEEP)
+        return Note(history_kind(address), key, value, self._ttl(ttl), HISTORY_KEEP)
+
+    def missed_notes(self, address: str, occurrences: Sequence[int], now_ms: int) -> list[Note]:
+        """The missed-count notes of ``occurrences`` of ``address``, found missed by this
+        node at ``now_ms`` (:class:`MissedRecord`)."""
+        ordered = sorted(occurrences)
+        notes = []
+        for start in range(0, len(ordered), MISSED_PER_NOTE):
+            chunk = tuple(ordered[start : start + MISSED_PER_NOTE])
+            ttl = max(chunk[-1] + MISSED_LIFE_MS - now_ms, MIN_HISTORY_TTL_MS)
+            value = MissedRecord(self.scheduler.node, chunk).to_json()
+            key = f"{chunk[0]}.{self.scheduler.node}"
+            notes.append(Note(missed_kind(address), key, value, self._ttl(ttl), MISSED_KEEP))
+        return notes
 
     def history_template(
         self, firing: Firing, now_ms: int, coalesced: tuple[int, int] | None = None
@@ -657,7 +765,8 @@ class Board:
         with self._lock:
             history = list(self._pending)
             self._pending.clear()
-        notes = self.history_notes(history)
+            missed, self._pending_missed = self._pending_missed, []
+        notes = self.history_notes(history) + missed
         registry_due = self._registry_ms is None or now - self._registry_ms >= REGISTRY_EVERY_MS
         if registry_due:
             record = self.node_record(now)
@@ -683,7 +792,7 @@ class Board:
                 self._swept_ms = now
                 self._sweep_missed(now)
         except StoreError as exc:
-            self._requeue(history)
+            self._requeue(history, missed)
             if self._may_warn("store", 60_000, now):
                 logger.warning(
                     "node %s: registry and history not written to the claim store (%s); "
@@ -695,10 +804,12 @@ class Board:
     def _ttl(self, ttl_ms: int) -> int:
         return capped_ttl(ttl_ms, self.store.notes_live_ms)
 
-    def _requeue(self, history: list[tuple[str, HistoryItem]]) -> None:
-        """Put the history of a failed post back, before what came since."""
+    def _requeue(self, history: list[tuple[str, HistoryItem]], missed: list[Note]) -> None:
+        """Put the history and missed counts of a failed post back, before what came
+        since."""
         with self._lock:
             self._pending.extendleft(reversed(history))
+            self._pending_missed[:0] = missed
 
     def _entry_notes(self) -> list[Note]:
         schedule = self.scheduler.schedule
@@ -766,6 +877,10 @@ class Board:
                 firing = Firing.of(entry, None, view.address, occurrence)
                 decision = Decision(firing, "missed", scheduler.node, now - firing.release_ms)
                 self.record_item(firing.address, HistoryItem.of(decision))
+            # Counted apart from the history, which keeps only its last firings: posted
+            # with these items at the next sync.
+            with self._lock:
+                self._pending_missed.extend(self.missed_notes(view.address, occurrences, now))
             scheduler.stats[entry.name].missed += len(occurrences)
             logger.warning(
                 "entry %s: %d firing(s) from %s to %s missed: no node claimed them within "

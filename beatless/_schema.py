@@ -326,6 +326,14 @@ PROGRESS = schema(
 )
 """A preferred claimer's progress (:class:`beatless._prefer.Progress`)."""
 
+MISSED_RECORD = schema(
+    "missed-count note",
+    node=NAME,
+    occurrences=listed(INSTANT),
+)
+"""The missed firings of one address one node's sweep counted
+(:class:`beatless._board.MissedRecord`)."""
+
 TRIGGER = schema(
     "trigger",
     every_ms=optional(integer(1, SPAN_MAX_MS)),

@@ -479,6 +479,7 @@ def what_happened(
         batch_items,
         fan_out_history_kind,
         history_kind,
+        strongest,
     )
 
     firing = Firing.of(entry, tenant, schedule.address(entry, tenant), at_ms)
@@ -487,15 +488,14 @@ def what_happened(
         kinds.append(fan_out_history_kind(schedule.address(entry), at_ms))
     read = store.read_notes(kinds)
     notes = read[kinds[0]]
-    text = notes.get(firing.id)
-    item = HistoryItem.from_json(text) if text is not None else None
+    kept = [i for i in map(HistoryItem.from_json, notes.values()) if i is not None]
     batches = read[kinds[1]].values() if tenant is not None else ()
     for batch in batches:
-        if item is not None:
-            break
-        found = batch_items(schedule.address(entry), batch, tenant)
-        item = found[0] if found else None
-    into = [i for i in map(HistoryItem.from_json, notes.values()) if i and i.covers(at_ms)]
+        kept += batch_items(schedule.address(entry), batch, tenant)
+    # Every note of the firing (nodes may disagree: one sent it, one found it paused);
+    # the history tells its strongest outcome.
+    item = next((i for i in strongest(kept) if i.id == firing.id), None)
+    into = [i for i in kept if i.covers(at_ms)]
     if item is None and into:
         return (
             f"coalesced: catch_up {entry.catch_up!r} left it unclaimed when a node started, "

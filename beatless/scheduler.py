@@ -458,7 +458,7 @@ class Scheduler:
         self.board.woke(now)
         self.preference.adopt(now)
         self._take_run_now(now)
-        due = self._prefer(self._drop_paused(self._pop_due(now), now), now)
+        due = self._drop_paused(self._prefer(self._pop_due(now), now), now)
         if due and not self.clockwatch.check(now):
             for firing in due:
                 self.decide(firing, "clock_skew")
@@ -524,7 +524,13 @@ class Scheduler:
         return due
 
     def _drop_paused(self, due: list[Firing], now: int) -> list[Firing]:
-        """Decide the firings of paused entries ``paused``: not claimed, not missed."""
+        """Decide the firings of paused entries ``paused``: not claimed, not missed.
+
+        Only firings this node would claim now get here (after :meth:`_prefer`): a firing
+        left to the node preferred for it is looked at again at this node's rung, and
+        delegated if that node's progress shows it dealt with it (sent it, or found it
+        paused too), so a firing another node won is not recorded paused by this one. A
+        paused note never replaces a sent firing's in any case (``history_key``)."""
         if not self.board.controls:
             return due
         kept = []

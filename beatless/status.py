@@ -7,14 +7,19 @@ history. The report is one mapping with the keys ``nodes``, ``entries`` and
 
 A firing is **missed** when its occurrence + max_late + jitter + the store's tolerance
 has passed and no node wrote it into the history: no node claimed it in time. The
-status judges the occurrences of the last hour that are newer than the oldest firing
-the history still holds (so a fresh fleet, whose history is empty, has missed nothing),
-plus the firings the nodes themselves recorded as missed.
+status counts, each once, the missed firings of the last hour that the nodes counted
+(their missed-count notes, :class:`~beatless._board.MissedRecord`, kept for the hour
+whatever the history still holds), those the history records missed, and the
+occurrences of the last hour newer than the oldest firing the history still holds that
+it does not hold (so a fresh fleet, whose history is empty, has missed nothing).
+
+Each firing is shown once, with its strongest outcome
+(:func:`~beatless._board.strongest`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -28,10 +33,13 @@ from beatless._board import (
     entries_kind,
     entry_note,
     history_kind,
+    missed_kind,
     nodes_kind,
     progress_kind,
     read_history,
+    read_missed,
     read_registry,
+    strongest,
     trigger_of,
 )
 from beatless._controls import (
@@ -154,8 +162,9 @@ def report(
     else:
         views = published_entries(notes[kinds[1]], namespace, skipped)
     audit = read_audit(notes[kinds[3]], namespace, skipped)
-    wanted = [address for view in views for address, _ in view.addresses()]
-    history = store.read_notes([history_kind(a) for a in wanted]) if wanted else {}
+    wanted = [history_kind(address) for view in views for address, _ in view.addresses()]
+    wanted += [missed_kind(view.address) for view in views if view.fan_out is None]
+    history = store.read_notes(wanted) if wanted else {}
 
     problems: list[str] = []
     if not records:
@@ -182,7 +191,9 @@ def report(
     entries = []
     for view in views:
         items = _items(view, history, skipped)
-        summary = _entry(view, items, now_ms, next_count, controls.get(view.name))
+        kind = missed_kind(view.address)
+        counted = read_missed(kind, history.get(kind, {}), skipped)
+        summary = _entry(view, items, now_ms, next_count, controls.get(view.name), counted=counted)
         if summary["missed"]:
             problems.append(
                 f"entry {view.name}: {summary['missed']} missed firing(s) in the last hour, "
@@ -223,10 +234,11 @@ def skipped_problems(skipped: Sequence[tuple[str, str, str]]) -> list[str]:
 def _items(
     view: EntryView, history: Mapping[str, Mapping[str, str]], skipped: Skipped | None = None
 ) -> list[HistoryItem]:
+    """The firings of ``view`` in the history, each once with its strongest outcome."""
     items = []
     for address, _ in view.addresses():
         items += read_history(address, history.get(history_kind(address), {}), skipped)
-    return sorted(items, key=lambda i: (i.occurrence_ms, i.at_ms))
+    return sorted(strongest(items), key=lambda i: (i.occurrence_ms, i.at_ms))
 
 
 def _node(record: NodeRecord, now_ms: int) -> dict[str, Any]:
@@ -259,8 +271,10 @@ def _entry(
     now_ms: int,
     next_count: int,
     control: Control | None,
+    *,
+    counted: Set[int],
 ) -> dict[str, Any]:
-    missed = _missed(view, items, now_ms)
+    missed = _missed(view, items, now_ms, counted)
     last = items[-1] if items else None
     counts: dict[str, int] = {}
     for item in items:
@@ -324,13 +338,18 @@ def _next(view: EntryView, now_ms: int, count: int) -> list[dict[str, Any]]:
     return upcoming
 
 
-def _missed(view: EntryView, items: Sequence[HistoryItem], now_ms: int) -> list[int]:
-    """The occurrences of the last hour with a firing nobody sent in time, as far as the
-    history can tell: the ones recorded missed, and the ones it should hold and does not."""
+def _missed(
+    view: EntryView, items: Sequence[HistoryItem], now_ms: int, counted: Set[int] = frozenset()
+) -> list[int]:
+    """The occurrences of the last hour with a firing nobody sent in time: those the nodes
+    counted (``counted``, their missed-count notes, kept for the hour whatever the history
+    still holds), those the history records missed, and those it should hold and does
+    not (not counted yet)."""
     hour_ago = now_ms - HOUR_MS
-    missed = {
+    missed = {o for o in counted if hour_ago <= o <= now_ms}
+    missed.update(
         i.occurrence_ms for i in items if i.outcome == "missed" and i.occurrence_ms >= hour_ago
-    }
+    )
     if view.trigger is None or view.fan_out or not items:
         return sorted(missed)
     # Judged from the oldest item kept on (the history holds the latest of each address),

@@ -27,7 +27,7 @@ from fleet import environment
 from service_check import require_service
 from stores import REDIS
 
-from beatless._board import entries_kind, history_kind, nodes_kind
+from beatless._board import entries_kind, history_kind, missed_kind, nodes_kind
 from beatless._controls import audit_kind, controls_kind, run_now_kind
 from beatless.loader import load_schedule
 
@@ -67,6 +67,7 @@ def _delete_notes(namespace: str) -> None:
     store = RedisStore(URL)
     kinds = [nodes_kind(namespace), entries_kind(namespace)]
     kinds += [history_kind(f"{namespace}/{name}") for name in ("tick", "slow")]
+    kinds += [missed_kind(f"{namespace}/{name}") for name in ("tick", "slow")]
     kinds += [controls_kind(namespace), run_now_kind(namespace), audit_kind(namespace)]
     with redis.Redis(host=REDIS[1], port=REDIS[2]) as client:
         for kind in kinds:
