@@ -50,6 +50,7 @@ from beatless.durations import DurationLike
 from beatless.entry import Entry, Schedule
 from beatless.errors import ConfigError, ScheduleError, StoreError, StoreUnavailable
 from beatless.firing import Firing, iso
+from beatless.problems import limits
 from beatless.stats import EntryStats
 from beatless.stores.base import ClaimStore, Note, NoteItem
 from beatless.triggers import Trigger
@@ -287,7 +288,7 @@ class Scheduler:
             )
 
     def _check_store(self) -> None:
-        errors = self.schedule.check_store(
+        errors = limits(self.schedule) + self.schedule.check_store(
             self.store.remembers, self.store.name, run_leases=self.store.holds_run_leases
         )
         if errors:
