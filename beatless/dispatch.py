@@ -8,13 +8,16 @@ every one of them through the :class:`Wake` it passes along. Two implementations
   time: firings are claimed in sub-batches sized from the measured send rate so that a
   sub-batch is sent within a third of the lease, and right before every send the claim
   must be younger than half its lease (monotonic clock) and the firing not late (node
-  clock). Each sub-batch is committed as soon as it is sent.
+  clock). Each sub-batch is committed as soon as it is sent. A commit that fails stops
+  the sends: nothing more is sent until a commit succeeds again.
 * an atomic dispatcher, where the claim store is the broker's own Redis and one script
   claims and enqueues (``beatless.celery`` and ``beatless.dramatiq`` provide them):
   they implement :meth:`Dispatcher.dispatch` over ``claim_and_push``.
 
 A dispatcher may raise: the loop then retries every firing of the wake it was not told
-about, until it is late, so no firing leaves the loop uncounted.
+about, until it is late, so no firing leaves the loop uncounted. A firing it was told is
+:meth:`Wake.sent` is never retried: whatever is done after a send (the commit, the
+history note, the counters) may fail, and is counted, but never sends it again.
 """
 
 from __future__ import annotations
@@ -63,6 +66,13 @@ LATE_COMMIT = (
     "and another node may send it too; the workers' once-only check refuses such a second copy"
 )
 """The WARNING of a sent firing whose commit the store refused (the two-phase window)."""
+
+COMMIT_FAILED = (
+    "commit of %d sent firing(s) failed (%s): this node sends nothing more until a commit "
+    "succeeds (it commits them again first); if their leases run out meanwhile another "
+    "node may send them too, under the same message id (the two-phase window): %s"
+)
+"""The WARNING of a failed commit, naming the firings it leaves in the two-phase window."""
 
 FAILURE_WARN_S = 10.0
 """Failed sends are told in one WARNING at most this often, with their count."""
@@ -118,6 +128,18 @@ class Wake(Protocol):
 
     def retry(self, firing: Firing, outcome: str) -> None:
         """The firing was not enqueued here and may be tried again until it is late."""
+        ...
+
+    def sent(self, firing: Firing, outcome: str) -> None:
+        """The firing's message was handed to the broker (``outcome``: ``won`` or
+        ``takeover``), told before any step after the send runs: from now on it is never
+        retried, whatever raises. The dispatcher still decides it; a firing it leaves
+        undecided, the loop decides ``outcome``."""
+        ...
+
+    def failed_after_send(self, firings: Sequence[Firing], step: str, exc: Exception) -> None:
+        """A step after the send of ``firings`` (``step``: their history notes, the
+        commit) raised ``exc``: counted and logged; they are not sent again."""
         ...
 
     def prepared(self, firing: Firing) -> object | None:
@@ -202,6 +224,12 @@ class TwoPhase(Dispatcher):
     is released so that another node or the next wake retries it. It should give up
     within :func:`send_deadline_s` of the lease (the integrations configure their broker
     clients so); a send that takes longer is logged, since its claim may have run out.
+
+    Once ``enqueue`` returns, the firing is :meth:`Wake.sent`, and every later step runs
+    in :meth:`_after_send`, where nothing raises. A commit that fails leaves its firings
+    *uncommitted*: no firing is sent again until they are committed, on a later sub-batch
+    or wake (the firings due meanwhile are retried ``commit_failed`` while not late), so
+    the sends another node may repeat are those in flight when the store failed.
     """
 
     def __init__(
@@ -221,6 +249,8 @@ class TwoPhase(Dispatcher):
         self.rate = SendRate()
         self._failures = 0
         self._failure_warned: float | None = None
+        self.uncommitted: list[Firing] = []
+        """Sent firings whose commit failed: committed before anything more is sent."""
 
     def __repr__(self) -> str:
         return f"TwoPhase({self.store!r}, lease={self.lease_ms}ms)"
@@ -237,8 +267,13 @@ class TwoPhase(Dispatcher):
                     wake.decide(firing, "late")
                 else:
                     fresh.append(firing)
-            if fresh:
-                self._sub_batch(fresh, wake)
+            if not fresh:
+                continue
+            if self.uncommitted and not self._commit_again(wake):
+                for firing in fresh:  # nothing is claimed, so nothing is to release
+                    wake.retry(firing, "commit_failed")
+                continue
+            self._sub_batch(fresh, wake)
 
     def _sub_batch(self, firings: list[Firing], wake: Wake) -> None:
         claimed_at = self.monotonic()
@@ -253,20 +288,26 @@ class TwoPhase(Dispatcher):
                 decide_claimed(wake, firing, outcome)
             elif outcome is Outcome.WON and wake.was_held(firing):
                 forgotten.append(firing)  # held by another node, now new: the store forgot
-            elif self._send_one(firing, claimed_at, wake, began := self.monotonic()):
+            elif self.uncommitted:  # a commit of this sub-batch failed: send nothing more
+                wake.retry(firing, "commit_failed")
+                unsent.append(firing)
+            elif self._send_one(firing, outcome, claimed_at, wake, began := self.monotonic()):
                 first_sent = first_sent if sent else began
                 sent.append((firing, outcome))
                 if self.monotonic() - first_sent >= COMMIT_EVERY_S:
-                    self._commit(sent, wake)  # what is sent is soon committed
+                    self._after_send(sent, wake)  # what is sent is soon committed
                     sent = []
             else:
                 unsent.append(firing)
-        self._commit(sent, wake)
+        self._after_send(sent, wake)
         self._forget(forgotten, wake)
         self._release(unsent, wake.node)
 
-    def _send_one(self, firing: Firing, claimed_at: float, wake: Wake, now: float) -> bool:
-        """Send one won firing if its claim is still young and it is not late."""
+    def _send_one(
+        self, firing: Firing, outcome: Outcome, claimed_at: float, wake: Wake, now: float
+    ) -> bool:
+        """Send one won firing if its claim is still young and it is not late; once sent,
+        it is :meth:`Wake.sent` before anything else."""
         age_ms = (now - claimed_at) * 1_000
         if age_ms >= self.lease_ms / 2:
             wake.retry(firing, "stale_claim")
@@ -283,6 +324,7 @@ class TwoPhase(Dispatcher):
             self._warn_failed(firing, exc)
             wake.retry(firing, "enqueue_failed")
             return False
+        wake.sent(firing, outcome.value)
         took = self.monotonic() - began
         self.rate.observe(took)
         if took > send_deadline_s(self.lease_ms):
@@ -315,39 +357,92 @@ class TwoPhase(Dispatcher):
         )
         self._failure_warned, self._failures = now, 0
 
-    def _commit(self, sent: list[tuple[Firing, Outcome]], wake: Wake) -> None:
-        """Commit what was just sent; the firings are decided whatever the store says."""
+    def _after_send(self, sent: list[tuple[Firing, Outcome]], wake: Wake) -> None:
+        """Every step after a send, in one place that never raises: commit the sent
+        firings with their history notes, and decide each. A step that fails is counted
+        and logged (:meth:`Wake.failed_after_send`); a commit that fails keeps the
+        firings :attr:`uncommitted`, which stops the sends until one succeeds."""
         if not sent:
             return
+        firings = [f for f, _ in sent]
         notes = self._history(wake, [(f, o.value) for f, o in sent])
-        kept, recorded = commit_quietly(self.store, [f for f, _ in sent], wake.node, notes)
-        recorded = recorded and self.store.commits_notes
+        kept, recorded = self._commit(firings, wake, notes)
         for (firing, outcome), ok in zip(sent, kept, strict=True):
             if not ok:
-                logger.warning(
-                    LATE_COMMIT,
-                    firing.id,
-                    shown(firing.entry.name),
-                )
+                logger.warning(LATE_COMMIT, firing.id, shown(firing.entry.name))
             decide_claimed(wake, firing, outcome, recorded=recorded)
+
+    def _commit(
+        self, firings: list[Firing], wake: Wake, notes: Sequence[Note]
+    ) -> tuple[list[bool], bool]:
+        """Commit the sent ``firings`` with ``notes``: per firing, whether it was kept, and
+        whether the notes were written. A commit that fails (a store error, or anything a
+        store raises) is told once, and its firings are kept to be committed again."""
+        try:
+            kept = self.store.commit([f.id for f in firings], node=wake.node, notes=notes)
+        except Exception as exc:
+            wake.failed_after_send(firings, "commit", exc)
+            self.uncommitted += firings
+            logger.warning(
+                COMMIT_FAILED,
+                len(firings),
+                shown(exc, quoted=False, limit=ERROR_LIMIT),
+                ", ".join(f.id for f in firings[:5]) + (", ..." if len(firings) > 5 else ""),
+            )
+            return [True] * len(firings), False
+        return kept, self.store.commits_notes
+
+    def _commit_again(self, wake: Wake) -> bool:
+        """Commit the :attr:`uncommitted` firings (without their notes: their history is
+        posted at the node's next sync); whether it succeeded, so sends may go on. One
+        whose claim another node took meanwhile is told as the two-phase window."""
+        firings = self.uncommitted
+        try:
+            kept = self.store.commit([f.id for f in firings], node=wake.node)
+        except Exception:
+            return False
+        self.uncommitted = []
+        logger.info(
+            "commit of %d sent firing(s) succeeded again (%d had been taken over); sending goes on",
+            len(firings),
+            kept.count(False),
+        )
+        for firing, ok in zip(firings, kept, strict=True):
+            if not ok:
+                logger.warning(LATE_COMMIT, firing.id, shown(firing.entry.name))
+        return True
 
     def _forget(self, firings: list[Firing], wake: Wake) -> None:
         """Firings the store forgot: keep them committed, unsent, so no node sends them."""
         if not firings:
             return
         notes = self._history(wake, [(f, "forgotten") for f in firings])
-        _, recorded = commit_quietly(self.store, firings, wake.node, notes)
-        recorded = recorded and self.store.commits_notes
+        try:
+            self.store.commit([f.id for f in firings], node=wake.node, notes=notes)
+            recorded = self.store.commits_notes
+        except StoreError as exc:
+            recorded = False
+            logger.warning(
+                "could not commit %d forgotten firing(s) (%s): when their leases run out, "
+                "another node may send them",
+                len(firings),
+                shown(exc, quoted=False, limit=ERROR_LIMIT),
+            )
         for firing in firings:
             wake.decide(firing, "forgotten", recorded=recorded)
 
     def _history(self, wake: Wake, decided: list[tuple[Firing, str]]) -> list[Note]:
         """The history notes to write with a commit: on a store that writes them in the
         commit's own operation; elsewhere the node posts them at its next sync, off the
-        loop, since nothing would be gained by waiting for them here."""
+        loop, since nothing would be gained by waiting for them here. Notes that cannot
+        be built are told and left out: the commit goes on without them."""
         if not self.store.commits_notes:
             return []
-        return wake.history_notes(decided)
+        try:
+            return wake.history_notes(decided)
+        except Exception as exc:
+            wake.failed_after_send([f for f, _ in decided], "history notes", exc)
+            return []
 
     def _release(self, firings: list[Firing], node: str) -> None:
         if not firings:
@@ -362,24 +457,6 @@ class TwoPhase(Dispatcher):
             )
 
 
-def commit_quietly(
-    store: ClaimStore, firings: Sequence[Firing], node: str, notes: Sequence[Note] = ()
-) -> tuple[list[bool], bool]:
-    """Commit the pending claims of ``firings`` with their history ``notes``; a store error
-    is logged, not raised (the messages are already in the broker). Returns, per firing,
-    whether it was kept, and whether the notes were written."""
-    try:
-        return store.commit([f.id for f in firings], node=node, notes=notes), True
-    except StoreError as exc:
-        logger.warning(
-            "commit of %d enqueued firing(s) failed (%s): if their leases run out another "
-            "node may enqueue them again under the same message id",
-            len(firings),
-            shown(exc, quoted=False, limit=ERROR_LIMIT),
-        )
-        return [True] * len(firings), False
-
-
 class Recorder:
     """A :class:`Wake` that only records what it is told: for tests and one-off dispatches
     outside the loop (nothing is retried; ``held`` firings are not rechecked)."""
@@ -391,6 +468,8 @@ class Recorder:
         self.held: set[str] = set()
         self.built: dict[str, object] = {}
         """What :meth:`Dispatcher.prepare` built, by firing id, to hand back once."""
+        self.failures: list[tuple[str, str, Exception]] = []
+        """Steps after a send that failed: ``(firing id, step, error)``."""
 
     def now_ms(self) -> int:
         return math.floor(self.clock() * 1_000)
@@ -406,6 +485,12 @@ class Recorder:
 
     def retry(self, firing: Firing, outcome: str) -> None:
         self.outcomes[firing.id] = outcome
+
+    def sent(self, firing: Firing, outcome: str) -> None:
+        self.outcomes[firing.id] = outcome
+
+    def failed_after_send(self, firings: Sequence[Firing], step: str, exc: Exception) -> None:
+        self.failures += [(f.id, step, exc) for f in firings]
 
     def prepared(self, firing: Firing) -> object | None:
         return self.built.pop(firing.id, None)

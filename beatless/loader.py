@@ -54,6 +54,7 @@ from beatless.entry import (
     overlap_policy,
 )
 from beatless.errors import ConfigError, ScheduleError
+from beatless.problems import limits
 from beatless.triggers import Cron, Every, Trigger, zone
 
 RUN_KEYS = ("overlap", "run_lease", "heartbeat", "once_only")
@@ -81,8 +82,18 @@ def load_schedule(target: str) -> Schedule:
     """The schedule a target names: a path to a TOML file, or ``module:attribute``.
 
     The attribute may be a :class:`~beatless.Schedule` or a list of
-    :class:`~beatless.Entry` (wrapped in a schedule with the default namespace).
+    :class:`~beatless.Entry` (wrapped in a schedule with the default namespace). A
+    schedule whose names break the store's :func:`~beatless.problems.limits` is a
+    :class:`~beatless.errors.ScheduleError` listing them.
     """
+    schedule = _load(target)
+    errors = limits(schedule)
+    if errors:
+        raise ScheduleError("; ".join(errors), errors)
+    return schedule
+
+
+def _load(target: str) -> Schedule:
     path = Path(target)
     if path.suffix.lower() == ".toml" or path.is_file():
         return load_toml(path)

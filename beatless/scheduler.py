@@ -50,6 +50,7 @@ from beatless.durations import DurationLike
 from beatless.entry import Entry, Schedule
 from beatless.errors import ConfigError, ScheduleError, StoreError, StoreUnavailable
 from beatless.firing import Firing, iso
+from beatless.problems import limits
 from beatless.stats import EntryStats
 from beatless.stores.base import ClaimStore, Note, NoteItem
 from beatless.triggers import Trigger
@@ -122,7 +123,9 @@ class Decision:
     of another task under the same address), ``clock_skew`` (this node's clock is too
     far off the store's to claim), ``delegated`` (left to the node preferred for it).
     Retried: ``enqueue_failed``, ``stale_claim`` (the claim got older than half its
-    lease before the send), ``unavailable`` (the store could not be reached), ``error``."""
+    lease before the send), ``commit_failed`` (a commit of this node failed, and it sends
+    nothing until one succeeds), ``unavailable`` (the store could not be reached),
+    ``error``."""
     node: str
     lateness_ms: int
 
@@ -244,6 +247,8 @@ class Scheduler:
         self._tenants: dict[str, tuple[str, ...]] = {}
         self._held: set[str] = set()
         self._open: dict[str, Firing] = {}
+        self._sent: dict[str, tuple[Firing, str]] = {}
+        """Firings of the wake whose message was sent and that are not decided yet."""
         self._decisions: list[Decision] = []
         self._trouble = _Trouble()
         self._warned = WarnEvery()
@@ -283,7 +288,7 @@ class Scheduler:
             )
 
     def _check_store(self) -> None:
-        errors = self.schedule.check_store(
+        errors = limits(self.schedule) + self.schedule.check_store(
             self.store.remembers, self.store.name, run_leases=self.store.holds_run_leases
         )
         if errors:
@@ -672,8 +677,11 @@ class Scheduler:
         self._trouble.add(("late", entry.name, occurrence), count, self.now_ms())
 
     def _dispatch(self, firings: list[Firing]) -> None:
-        """Hand the due firings to the dispatcher; retry whatever it did not decide."""
+        """Hand the due firings to the dispatcher; retry whatever it did not decide and
+        did not send. A sent firing is never retried: one the dispatcher sent and then
+        failed to decide is decided as sent, and the failure counted."""
         self._open = {f.id: f for f in firings}
+        self._sent = {}
         try:
             self.dispatcher.dispatch(firings, self)
         except StoreUnavailable as exc:
@@ -685,7 +693,19 @@ class Scheduler:
                 logger.exception("dispatch failed; its firings are retried until late")
             self._retry_open("error", f"dispatch failed ({type(exc).__name__}: {exc})")
         finally:
+            self._decide_sent()
             self._retry_open("error", "dispatch returned without deciding")
+
+    def _decide_sent(self) -> None:
+        """Decide the firings the dispatcher sent but left undecided (a step after their
+        send raised): they are sent, so they are never tried again."""
+        if not self._sent:
+            return
+        sent = list(self._sent.values())
+        error = RuntimeError("the dispatcher raised before deciding them")
+        self.failed_after_send([f for f, _ in sent], "deciding", error)
+        for firing, outcome in sent:
+            self.decide(firing, outcome)
 
     def _retry_open(self, outcome: str, why: str) -> None:
         if not self._open:
@@ -711,8 +731,18 @@ class Scheduler:
 
     def decide(self, firing: Firing, outcome: str, *, recorded: bool = False) -> None:
         """Record this node's final decision for ``firing``; ``recorded`` when its history
-        note was written with the store call that decided it."""
+        note was written with the store call that decided it. The firing leaves the wake
+        first: what fails after that (counters, history, hooks) is counted and logged,
+        never a reason to try the firing again."""
         self._open.pop(firing.id, None)
+        self._sent.pop(firing.id, None)
+        try:
+            self._record(firing, outcome, recorded=recorded)
+        except Exception as exc:
+            self.failed_after_send([firing], f"recording its outcome {outcome!r}", exc)
+
+    def _record(self, firing: Firing, outcome: str, *, recorded: bool) -> None:
+        """Count, settle and report one decision."""
         now = self.now_ms()
         self._count(firing, outcome, now)
         self._settle(firing, outcome)
@@ -744,11 +774,46 @@ class Scheduler:
     def retry(self, firing: Firing, outcome: str) -> None:
         """``firing`` was not enqueued: count why, and try it again soon, until late."""
         self._open.pop(firing.id, None)
+        if firing.id in self._sent:
+            return  # sent already: never tried again (the dispatcher decides it)
         now = self.now_ms()
-        self._count(firing, outcome, now)
-        self._settle(firing, outcome)
         self._push(now + RETRY_MS, firing)
-        self._report(Decision(firing, outcome, self.node, now - firing.release_ms))
+        try:
+            self._count(firing, outcome, now)
+            self._settle(firing, outcome)
+            self._report(Decision(firing, outcome, self.node, now - firing.release_ms))
+        except Exception as exc:
+            self._step_failed([firing], f"recording its retry {outcome!r}", exc)
+
+    def sent(self, firing: Firing, outcome: str) -> None:
+        """``firing`` was handed to the broker: it leaves the firings to retry at once,
+        before any step after the send can fail."""
+        self._open.pop(firing.id, None)
+        self._sent[firing.id] = (firing, outcome)
+
+    def failed_after_send(self, firings: Sequence[Firing], step: str, exc: Exception) -> None:
+        """A step after a decision or a send failed: counted per entry
+        (``post_send_errors``) and logged, one WARNING per minute; never retried."""
+        self._step_failed(firings, step, exc)
+
+    def _step_failed(self, firings: Sequence[Firing], step: str, exc: Exception) -> None:
+        for firing in firings:
+            self.stats[firing.entry.name].post_send_errors += 1
+        self._summary["post_send_error"] += len(firings)
+        if not firings or not self._may_warn("post_send", WARN_EVERY_MS):
+            return
+        first = firings[0]
+        logger.warning(
+            "firing %s of entry %s (and %d more): a step after its send or decision failed "
+            "(%s: %s: %s); counted in post_send_errors, and it is not tried again",
+            first.id,
+            shown(first.entry.name),
+            len(firings) - 1,
+            step,
+            type(exc).__name__,
+            shown(exc, quoted=False, limit=ERROR_LIMIT),
+            exc_info=logger.isEnabledFor(logging.DEBUG),
+        )
 
     def _settle(self, firing: Firing, outcome: str) -> None:
         if self.preference.enabled and not firing.manual:

@@ -53,6 +53,7 @@ _COUNTERS = {
     "delegated": "delegated",
     "enqueue_failed": "enqueue_failures",
     "stale_claim": "stale_claims",
+    "commit_failed": "commit_failures",
     "unavailable": "store_unavailable",
     "error": "errors",
 }
@@ -91,6 +92,12 @@ class EntryStats:
     """Firings not claimed because an operator paused the entry (``beatless pause``)."""
     enqueue_failures: int = 0
     stale_claims: int = 0
+    commit_failures: int = 0
+    """Firings not sent, and retried, because a commit of this node had failed: after
+    one, a node sends nothing until a commit succeeds again."""
+    post_send_errors: int = 0
+    """Steps after a firing was sent or decided (its history note, the commit, a
+    counter) that raised: counted and logged, never a reason to send it again."""
     store_unavailable: int = 0
     errors: int = 0
     takeovers: int = 0
@@ -108,6 +115,7 @@ class EntryStats:
         counters = {name: getattr(self, name) for name in dict.fromkeys(_COUNTERS.values())}
         return {
             **counters,
+            "post_send_errors": self.post_send_errors,
             "takeovers": self.takeovers,
             "catch_up_skipped": self.catch_up_skipped,
             "lateness_p50_ms": self.lateness.percentile(50),

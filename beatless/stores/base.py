@@ -115,6 +115,14 @@ NOTE_NAME_LIMIT = 1_000
 """The longest kind or key of a note, in characters."""
 NOTE_VALUE_LIMIT = 16_384
 """The longest value of a note, in bytes of UTF-8."""
+NOT_IN_NAMES = "\x00"
+"""The character no name may hold (a namespace, an entry, a tenant, a note's kind or
+key): note kinds and keys refuse it, and PostgreSQL text cannot hold it."""
+
+# These limits bound a schedule's names: an address ``namespace/entry[/tenant]`` names its
+# history note, and every entry has a note of what the fleet shows of it. The rules that
+# follow from them are checked before a node starts (:func:`beatless.problems.limits`),
+# so that no note is refused once a firing has been sent.
 
 TAG_LENGTH = 16
 """The longest task tag a store keeps: hex digits only."""
@@ -222,7 +230,7 @@ class Note:
 
     def __post_init__(self) -> None:
         for part, text in (("kind", self.kind), ("key", self.key)):
-            if not text or len(text) > NOTE_NAME_LIMIT or "\x00" in text:
+            if not text or len(text) > NOTE_NAME_LIMIT or NOT_IN_NAMES in text:
                 raise ConfigError(
                     f"note {part} {text[:80]!r}: must be 1 to {NOTE_NAME_LIMIT} characters, "
                     "without NUL"
