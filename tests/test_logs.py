@@ -4,8 +4,11 @@ the task's arguments."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import re
+import uuid
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -13,6 +16,7 @@ from test_scheduler import Clock, run_nodes
 from test_two_phase import monotonic_of
 
 from beatless import Entry, Every, Firing, Schedule, StoreUnavailable
+from beatless._board import nodes_kind
 from beatless._logtext import LIMIT, shown
 from beatless.dispatch import Dispatcher, Wake, decide_claimed
 from beatless.scheduler import FOREIGN_WARN_EVERY_MS, SUMMARY_EVERY_MS, Scheduler
@@ -360,3 +364,45 @@ def test_nodes_of_one_app_are_never_foreign_to_each_other(
 
     assert sum(n.stats["cleanup"].foreign for n in nodes) == 0
     assert not [r for r in logs.records if r.levelno >= logging.WARNING]
+
+
+# -- names read from the store -------------------------------------------------------------
+
+
+def test_a_registry_note_with_a_huge_or_forged_node_name_makes_one_short_drift_line(
+    logs: pytest.LogCaptureFixture,
+) -> None:
+    """One registry note written by hand into a live fleet's store (any client can): a
+    node name of 2 MB and one with line breaks and ANSI escapes, each with another
+    fingerprint and tzdata, are warned about as drift in lines of bounded length that
+    hold no line break and no escape."""
+    pytest.importorskip("redis")
+    import redis
+    from stores import REDIS, _RedisTestStore
+
+    clock = Clock()
+    store = _RedisTestStore(
+        f"redis://{REDIS[1]}:{REDIS[2]}/0", prefix=f"beatless-test:{uuid.uuid4().hex}:"
+    )
+    node = Scheduler(forged(), store=store, clock=clock, node="n0")
+    try:
+        record = json.loads(node.board.node_record(clock.ms).to_json())
+        kind = nodes_kind(NAMESPACE)  # the notes hash as the Redis store documents it
+        hash_key = f"{store.prefix}notes:{hashlib.sha256(kind.encode()).hexdigest()}"
+        huge = "n" * 2_000_000
+        expires = 10**15
+        with redis.Redis(host=REDIS[1], port=REDIS[2]) as client:
+            for name, fingerprint in ((huge, "f" * 2_000_000), (NODE + "\x1b[31m", FORGED)):
+                note = {**record, "node": name, "fingerprint": fingerprint, "tzdata": FORGED}
+                client.hset(hash_key, name, f"v=1|{expires}|{json.dumps(note)}")
+        node.board.sync(clock.ms)
+    finally:
+        store.close()
+
+    drift = [r.getMessage() for r in logs.records if "different" in r.getMessage()]
+    assert len(drift) == 2, drift  # fingerprints, tzdata
+    for message in drift:
+        assert not any(c in message for c in LINE_BREAKS), message
+        assert len(message) < 3_000, len(message)
+        assert "...(1999800 more characters)" in message or "tzdata" in message
+        assert "CRITICAL forged" in message  # escaped, not left out
