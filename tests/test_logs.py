@@ -4,17 +4,20 @@ the task's arguments."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import logging
 import re
 import uuid
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 from test_scheduler import Clock, run_nodes
 from test_two_phase import monotonic_of
 
+import beatless
 from beatless import Entry, Every, Firing, Schedule, StoreUnavailable
 from beatless._board import nodes_kind
 from beatless._logtext import LIMIT, shown
@@ -406,3 +409,40 @@ def test_a_registry_note_with_a_huge_or_forged_node_name_makes_one_short_drift_l
         assert len(message) < 3_000, len(message)
         assert "...(1999800 more characters)" in message or "tzdata" in message
         assert "CRITICAL forged" in message  # escaped, not left out
+
+
+NAME_WORDS = frozenset(
+    {"node", "name", "address", "tenant", "namespace", "entry", "task", "host", "bucket"}
+    | {"queue", "message_id", "path", "where", "prefix", "schema", "store"}
+)
+"""What a value that holds a name is called where it is logged (``firing.entry.name``,
+``run.address``, ``self.node``): written through ``shown``, it cannot forge a line."""
+
+
+def _logged_names(source: str) -> list[tuple[int, str]]:
+    """The arguments of each ``logger.<level>(...)`` call in ``source`` that pass a name
+    as it is, with their line."""
+    levels = {"debug", "info", "warning", "error", "exception", "critical"}
+    found = []
+    for call in ast.walk(ast.parse(source)):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
+            continue
+        owner = call.func.value
+        name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", "")
+        if call.func.attr not in levels or "logger" not in name:
+            continue
+        for arg in call.args[1:]:
+            word = arg.id if isinstance(arg, ast.Name) else getattr(arg, "attr", None)
+            if isinstance(arg, ast.Name | ast.Attribute) and str(word).lstrip("_") in NAME_WORDS:
+                found.append((arg.lineno, ast.unparse(arg)))
+    return found
+
+
+def test_every_name_a_log_line_carries_goes_through_shown() -> None:
+    package = Path(beatless.__file__).parent
+    raw = [
+        f"{path.relative_to(package.parent)}:{line}: {arg}"
+        for path in sorted(package.rglob("*.py"))
+        for line, arg in _logged_names(path.read_text())
+    ]
+    assert raw == [], "write these through beatless._logtext.shown:\n" + "\n".join(raw)
