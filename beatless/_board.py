@@ -471,13 +471,19 @@ def entry_note(schedule: Schedule, entry: Entry) -> dict[str, Any]:
     }
 
 
+DRIFT_SHOWN = 5
+"""Values and node names a drift problem lists; the rest are counted."""
+
+
 def _published(tenants: tuple[str, ...] | None) -> list[str] | str:
     return "callable" if tenants is None else list(tenants[:TENANTS_PUBLISHED])
 
 
 def drift(records: Iterable[NodeRecord]) -> list[str]:
     """What live nodes disagree on, one line each: schedule fingerprint, tzdata, and
-    clocks more than ``OFFSET_WARN_MS`` from the store's."""
+    clocks more than ``OFFSET_WARN_MS`` from the store's. Node names and the values
+    compared come from the store: each is escaped and cut as a log line shows it, so a
+    problem is one line of bounded length whatever a registry note holds."""
     records = sorted(records, key=lambda r: r.node)
     problems = []
     for what, values in (
@@ -489,17 +495,26 @@ def drift(records: Iterable[NodeRecord]) -> list[str]:
             groups.setdefault(value, []).append(node)
         if len(groups) > 1:
             told = "; ".join(
-                f"{value} on {', '.join(nodes)}" for value, nodes in sorted(groups.items())
+                f"{shown(value, quoted=False)} on {_nodes_shown(nodes)}"
+                for value, nodes in sorted(groups.items())[:DRIFT_SHOWN]
             )
+            more = len(groups) - DRIFT_SHOWN
+            told += f"; {more} more" if more > 0 else ""
             problems.append(f"live nodes run different {what}s: {told}")
     for record in records:
         offset = record.clock_offset_ms
         if offset is not None and abs(offset) > OFFSET_WARN_MS:
             problems.append(
-                f"node {record.node}: clock {-offset:+d}ms from the store's (over "
-                f"{OFFSET_WARN_MS}ms)"
+                f"node {shown(record.node, quoted=False)}: clock {-offset:+d}ms from the "
+                f"store's (over {OFFSET_WARN_MS}ms)"
             )
     return problems
+
+
+def _nodes_shown(nodes: list[str]) -> str:
+    told = ", ".join(shown(node, quoted=False) for node in nodes[:DRIFT_SHOWN])
+    more = len(nodes) - DRIFT_SHOWN
+    return told + (f" and {more} more" if more > 0 else "")
 
 
 def read_registry(

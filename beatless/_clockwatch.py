@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from beatless._logtext import ERROR_LIMIT, shown
 from beatless.errors import StoreError
 from beatless.stores.base import TOLERANCE_MS, ClaimStore
 
@@ -72,7 +73,11 @@ class ClockWatch:
         try:
             sample = measure(self.store, self.clock)
         except StoreError as exc:
-            logger.debug("node %s: clock offset not measured: %s", self.node, exc)
+            logger.debug(
+                "node %s: clock offset not measured: %s",
+                shown(self.node, quoted=False),
+                shown(exc, quoted=False, limit=ERROR_LIMIT),
+            )
             self._next_ms = now_ms + EVERY_WHEN_OFF_MS
             return
         was_refusing = self.refusing
@@ -83,7 +88,7 @@ class ClockWatch:
         if was_refusing and not self.refusing:
             logger.warning(
                 "node %s: clock back within %dms of the store's (offset %+dms); claiming again",
-                self.node,
+                shown(self.node, quoted=False),
                 TOLERANCE_MS,
                 sample.offset_ms,
             )
@@ -100,7 +105,7 @@ class ClockWatch:
                 "node %s: clock is %+dms off the claim store's (round trip %dms), over the "
                 "%dms tolerance: this node claims nothing until its clock is fixed (run NTP); "
                 "other nodes carry on",
-                self.node,
+                shown(self.node, quoted=False),
                 -sample.offset_ms,
                 sample.round_trip_ms,
                 TOLERANCE_MS,
@@ -109,7 +114,7 @@ class ClockWatch:
             logger.warning(
                 "node %s: clock is %+dms off the claim store's (round trip %dms); over %dms "
                 "firings are released early or late: run NTP",
-                self.node,
+                shown(self.node, quoted=False),
                 -sample.offset_ms,
                 sample.round_trip_ms,
                 WARN_MS,

@@ -6,6 +6,11 @@ the fresh ``#status`` in, so the page never reloads and never loses its scroll.
 ``/status.json`` is the report itself. Both read the store on each request; a store that
 fails answers 503 (the page then shows the error, and the next refresh recovers).
 
+The page answers only to the names it is served under: a request whose ``Host`` is not
+a loopback name, an IP address, the address it listens on or a name given with
+``--allow-host`` gets 421 and no data. A page on another site that rebinds its own name to
+this server's address (DNS rebinding) so reaches it under that name, and is refused.
+
 Every value that comes from the store is user text (entry, node and host names, health
 messages) and is escaped here, in one place. The page loads nothing from elsewhere, and
 its Content-Security-Policy allows only its own script and style, by hash, so even a
@@ -14,6 +19,7 @@ value that slipped through could not run.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import math
@@ -141,9 +147,14 @@ POLICY = (
 """Only this page's own script and style run, and it talks only to its own server."""
 
 
-def serve(report: Report, *, host: str, port: int) -> None:
-    """Serve the page for ``report`` on ``host:port`` until SIGINT or SIGTERM."""
-    server = make_server(report, host, port)
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+"""Host names that reach this machine only, answered to by default (with any IP address)."""
+
+
+def serve(report: Report, *, host: str, port: int, allow_hosts: Iterable[str] = ()) -> None:
+    """Serve the page for ``report`` on ``host:port`` until SIGINT or SIGTERM; requests
+    naming another ``Host`` than ``allowed_hosts(host, allow_hosts)`` are refused."""
+    server = make_server(report, host, port, allow_hosts)
 
     def stop(*_: object) -> None:
         # shutdown() waits for serve_forever(), which runs in this (the handler's) thread.
@@ -169,17 +180,22 @@ class PageServer(ThreadingHTTPServer):
     """Serves one fleet's status; the store is read by one request at a time, so a store
     client that is not safe to share between threads is never shared."""
 
-    def __init__(self, report: Report, address: tuple[str, int]) -> None:
+    def __init__(self, report: Report, address: tuple[str, int], allowed: frozenset[str]) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.report = report
+        self.allowed = allowed
         self.reading = threading.Lock()
         super().__init__(address, _Handler)
 
 
-def make_server(report: Report, host: str, port: int) -> ThreadingHTTPServer:
-    """A server for ``report`` bound to ``host:port`` (0: any free port), not yet serving."""
+def make_server(
+    report: Report, host: str, port: int, allow_hosts: Iterable[str] = ()
+) -> ThreadingHTTPServer:
+    """A server for ``report`` bound to ``host:port`` (0: any free port), not yet serving,
+    that answers only requests whose ``Host`` it serves (see :func:`allowed_hosts`)."""
+    allowed = allowed_hosts(host, allow_hosts)
     try:
-        return PageServer(report, (host, port))
+        return PageServer(report, (host, port), allowed)
     except OSError as exc:
         raise ConfigError(
             f"cannot serve the status page on {host} port {port}: {exc.strerror or exc}; "
@@ -187,10 +203,42 @@ def make_server(report: Report, host: str, port: int) -> ThreadingHTTPServer:
         ) from None
 
 
+def allowed_hosts(host: str, allow_hosts: Iterable[str] = ()) -> frozenset[str]:
+    """The ``Host`` names a page listening on ``host`` answers to besides IP addresses:
+    the loopback names, ``host`` itself and each of ``allow_hosts``."""
+    given = list(allow_hosts)
+    bad = [name for name in given if not host_name(name) or any(c in name for c in "/ @?#")]
+    if bad:
+        raise ConfigError(f"--allow-host {bad[0]!r}: give a host name such as status.example.com")
+    return frozenset({host_name(name) for name in (host, *given)} | LOOPBACK_NAMES)
+
+
+def host_name(header: str) -> str:
+    """The name a ``Host`` header (or an ``--allow-host``) names: lower case, without its
+    port, brackets or trailing dot."""
+    name = header.strip().lower()
+    if name.startswith("["):
+        name = name[1:].partition("]")[0]
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    return name.rstrip(".")
+
+
+def _is_address(name: str) -> bool:
+    """Whether ``name`` is an IP address, which no rebinding page can be served under."""
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
 class _Handler(BaseHTTPRequestHandler):
     server_version = f"beatless/{__version__}"
 
     def do_GET(self) -> None:
+        if not self._host_served():
+            return
         path = urlsplit(self.path).path
         if path == "/":
             self._page()
@@ -198,6 +246,23 @@ class _Handler(BaseHTTPRequestHandler):
             self._json()
         else:
             self._send(HTTPStatus.NOT_FOUND, "text/plain", f"no page at {path}\n")
+
+    def _host_served(self) -> bool:
+        """Whether the request names a ``Host`` this page is served under; if not, it is
+        answered 421 here, with no data."""
+        allowed = cast("PageServer", self.server).allowed
+        headers = self.headers.get_all("Host") or []
+        if len(headers) <= 1:
+            name = host_name(headers[0]) if headers else ""
+            if not headers or name in allowed or _is_address(name):
+                return True
+        self._send(
+            HTTPStatus.MISDIRECTED_REQUEST,
+            "text/plain",
+            "this page answers only to localhost, an IP address or a name given with "
+            "--allow-host NAME\n",
+        )
+        return False
 
     def _status(self) -> tuple[Mapping[str, Any] | None, str | None]:
         """The report, or why the store could not give it."""

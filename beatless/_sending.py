@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 
+from beatless._logtext import ERROR_LIMIT, shown
 from beatless.errors import BrokerUnavailable
 from beatless.firing import Firing
 
@@ -59,15 +60,16 @@ def warn_outcome_unknown(
 ) -> None:
     """The one residual case of two-phase: the send may have reached the broker."""
     logger.warning(
-        "firing %s of entry %r: the send failed after %.1fs (deadline %.1fs) with %r; its "
+        "firing %s of entry %s: the send failed after %.1fs (deadline %.1fs) with %s: %s; its "
         "outcome is unknown: the claim is released and the firing retried while it is not "
         "late, so if the broker did take the message a second copy with the same %s %s "
         "may reach it",
         firing.id,
-        firing.entry.name,
+        shown(firing.entry.name),
         took,
         deadline_s,
-        exc,
+        type(exc).__name__,
+        shown(exc, quoted=False, limit=ERROR_LIMIT),
         id_name,
         firing.id,
     )

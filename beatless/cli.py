@@ -141,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     status.add_argument(
         "--host", default="127.0.0.1", help="the address the page listens on (127.0.0.1)"
     )
+    status.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name the page answers to besides localhost and IP addresses (repeatable)",
+    )
 
     pause = commands.add_parser("pause", help="pause an entry on every node, through the store")
     _fleet_source(pause, target_help)
@@ -727,6 +734,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 lambda: report(store, namespace, schedule=schedule, now_ms=_now_ms()),
                 host=args.host,
                 port=args.serve,
+                allow_hosts=args.allow_host,
             )
             return 0
         return print_status(store, namespace, schedule=schedule, as_json=args.json)

@@ -41,6 +41,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from beatless._logtext import shown
 from beatless.durations import as_timedelta
 from beatless.entry import (
     DEFAULT_CATCH_UP,
@@ -137,7 +138,52 @@ def load_toml(path: Path) -> Schedule:
         raise ConfigError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(
+            f"{path}: values nested too deep to read; a schedule nests at most "
+            f"{MAX_DEPTH} levels of tables and arrays"
+        ) from None
+    too_deep = _too_deep(data)
+    if too_deep is not None:
+        raise ConfigError(
+            f"{path}: the value of {too_deep} is nested over {MAX_DEPTH} "
+            f"levels of tables and arrays; a schedule nests at most {MAX_DEPTH}"
+        )
     return schedule_from_mapping(data, source=str(path))
+
+
+MAX_DEPTH = 100
+"""Levels of tables and arrays a schedule file may nest: its options need 4, and task
+``args`` and ``kwargs`` get the rest."""
+
+
+def _too_deep(data: Mapping[str, Any]) -> str | None:
+    """Where ``data`` nests over ``MAX_DEPTH`` levels (``entry[0].kwargs.k[0][0]...``),
+    found without recursion; ``None`` if nowhere."""
+    stack: list[tuple[object, str, int]] = [(data, "", 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return where
+        if len(where) > PATH_SHOWN and not where.endswith("..."):
+            where += "..."
+        shown_at = where if where.endswith("...") else None
+        if isinstance(value, Mapping):
+            stack += [
+                (
+                    v,
+                    shown_at or (f"{where}.{shown(k, quoted=False)}" if where else str(k)),
+                    depth + 1,
+                )
+                for k, v in value.items()
+            ]
+        elif isinstance(value, list):
+            stack += [(v, shown_at or f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
+    return None
+
+
+PATH_SHOWN = 60
+"""Characters of the path to a value nested too deep that an error shows."""
 
 
 def schedule_from_mapping(data: Mapping[str, Any], *, source: str = "schedule") -> Schedule:

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from beatless._logtext import shown
+from beatless._logtext import ERROR_LIMIT, shown
 from beatless.entry import Entry, Schedule
 from beatless.errors import ConfigError
 from beatless.firing import offset_ms
@@ -395,7 +395,7 @@ def publish(
             logger.warning(
                 "node %s: %s; it schedules on without them",
                 shown(scheduler.node, quoted=False),
-                exc,
+                shown(exc, quoted=False, limit=ERROR_LIMIT),
             )
             return
     logger.info("beatless metrics on http://%s:%d/metrics", addr, port)

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from beatless._logtext import ERROR_LIMIT, shown
 from beatless.durations import to_ms
 from beatless.errors import ConfigError, StoreError
 from beatless.firing import executed_id, run_lease_id
@@ -290,9 +291,9 @@ class Runs:
         logger.warning(
             "beatless: firing %s of %s %s; the claim store cannot be reached: %s",
             run.firing_id,
-            run.address,
-            said,
-            exc,
+            shown(run.address),
+            shown(said, quoted=False, limit=ERROR_LIMIT),
+            shown(exc, quoted=False, limit=ERROR_LIMIT),
         )
         run.verdict = verdict
         return run
@@ -312,7 +313,7 @@ class Runs:
                 logger.warning(
                     "beatless: firing %s of %s (attempt %d) not run: another copy of it %s",
                     firing_id,
-                    run.address,
+                    shown(run.address),
                     attempt,
                     {
                         Outcome.HELD: "runs (its run has been renewed for a whole run_lease)",
@@ -327,7 +328,7 @@ class Runs:
                     "beatless: firing %s of %s (attempt %d) runs again: an earlier copy "
                     "started and its worker stopped renewing its run (killed?)",
                     firing_id,
-                    run.address,
+                    shown(run.address),
                     attempt,
                 )
             elif not said.is_won:
@@ -336,7 +337,7 @@ class Runs:
                     "beatless: firing %s of %s runs without its once-only check: the claim "
                     "store answered %s",
                     firing_id,
-                    run.address,
+                    shown(run.address),
                     said.value,
                 )
         if lease and not by_id[lease].is_won:
@@ -344,8 +345,8 @@ class Runs:
                 "beatless: firing %s of %s not run: a run of %s is in progress "
                 "(overlap 'skip'; store: %s)",
                 firing_id,
-                run.address,
-                run.address,
+                shown(run.address),
+                shown(run.address),
                 by_id[lease].value,
             )
             return self._refuse(run, "skipped_overlap", commit=True)
@@ -366,7 +367,9 @@ class Runs:
                 else:
                     store.release([run.executed], node=run.token)
         except StoreError as exc:
-            logger.warning("beatless: %s: %s", run.firing_id, exc)
+            logger.warning(
+                "beatless: %s: %s", run.firing_id, shown(exc, quoted=False, limit=ERROR_LIMIT)
+            )
         run.held, run.executed = (), ""
         return run
 
@@ -389,7 +392,7 @@ class Runs:
                     "beatless: firing %s of %s ended after its once-only record lapsed: "
                     "another copy may have run",
                     run.firing_id,
-                    run.address,
+                    shown(run.address),
                 )
             if lease:
                 store.release(lease, node=run.token)
@@ -398,8 +401,8 @@ class Runs:
                 "beatless: firing %s of %s ended, but its records were not updated (%s): "
                 "they lapse %d ms after the last heartbeat",
                 run.firing_id,
-                run.address,
-                exc,
+                shown(run.address),
+                shown(exc, quoted=False, limit=ERROR_LIMIT),
                 run.policy.lease_ms,
             )
 
@@ -440,8 +443,8 @@ class Runs:
                 "beatless: heartbeat of firing %s of %s failed (%s); its run lease lapses "
                 "%d ms after the last one that succeeded",
                 run.firing_id,
-                run.address,
-                exc,
+                shown(run.address),
+                shown(exc, quoted=False, limit=ERROR_LIMIT),
                 run.policy.lease_ms,
             )
             return
@@ -453,7 +456,7 @@ class Runs:
                 "worker paused longer than the run_lease of %d ms; another run of it may "
                 "start",
                 run.firing_id,
-                run.address,
+                shown(run.address),
                 ", ".join(o.value for o in outcomes),
                 run.policy.lease_ms,
             )

@@ -51,7 +51,7 @@ from beatless._controls import (
     read_requests,
     run_now_kind,
 )
-from beatless._logtext import ERROR_LIMIT, shown
+from beatless._logtext import ERROR_LIMIT, LIMIT, shown
 from beatless._schema import ENTRY_NOTE, PROGRESS, Collected, Skipped, parse_each
 from beatless.entry import Schedule, tenant_address
 from beatless.firing import firing_id, iso, missed_id, offset_ms
@@ -418,15 +418,19 @@ def sweep_missed(
 
 
 def render(status: Mapping[str, Any]) -> str:
-    """The report as text for a terminal."""
-    lines = [f"namespace {status['namespace']} at {status['at']}", "", "nodes:"]
+    """The report as text for a terminal. Every value read from the store (names,
+    tenants, hosts, health, problems) is written as a log line writes it: escaped, so
+    that none can start a line of its own or drive the terminal, and names cut."""
+    e = _text
+    lines = [f"namespace {e(status['namespace'])} at {e(status['at'])}", "", "nodes:"]
     for node in status["nodes"]:
         offset = node["clock_offset_ms"]
         lines.append(
-            f"  {node['node']}  {node['framework']} on {node['host']} pid {node['pid']}  "
-            f"beatless {node['version']}  schedule {node['fingerprint']}  tzdata "
-            f"{node['tzdata']}  offset {'?' if offset is None else f'{offset:+d}ms'}  "
-            f"last wake {node['last_wake'] or 'never'}  {node['health']}"
+            f"  {e(node['node'])}  {e(node['framework'])} on {e(node['host'])} pid "
+            f"{e(node['pid'])}  beatless {e(node['version'])}  schedule "
+            f"{e(node['fingerprint'])}  tzdata {e(node['tzdata'])}  offset "
+            f"{'?' if offset is None else f'{offset:+d}ms'}  last wake "
+            f"{e(node['last_wake'] or 'never')}  {e(node['health'], LONG)}"
         )
     if not status["nodes"]:
         lines.append("  (none live)")
@@ -436,26 +440,36 @@ def render(status: Mapping[str, Any]) -> str:
         told = (
             "never fired (in the history kept)"
             if last is None
-            else f"last {last['outcome']} {last['occurrence']} on {last['node']} "
-            f"({last['lateness_ms']}ms after release)"
+            else f"last {e(last['outcome'])} {e(last['occurrence'])} on {e(last['node'])} "
+            f"({e(last['lateness_ms'])}ms after release)"
         )
-        upcoming = ", ".join(n["release"] for n in entry["next"]) or "unknown"
-        lines.append(f"  {entry['entry']}  {entry['trigger']}")
-        lines.append(f"    {told}; missed in the last hour: {entry['missed']}")
+        upcoming = ", ".join(e(n["release"]) for n in entry["next"]) or "unknown"
+        lines.append(f"  {e(entry['entry'])}  {e(entry['trigger'])}")
+        lines.append(f"    {told}; missed in the last hour: {e(entry['missed'])}")
         lines.append(f"    next releases: {upcoming}")
         control = entry["control"]
         if entry["paused"]:
-            until = f" until {control['until']}" if control["until"] else " until resumed"
-            lines.append(f"    PAUSED{until}, by {control['by']} on {control['host']}")
+            until = f" until {e(control['until'])}" if control["until"] else " until resumed"
+            lines.append(f"    PAUSED{until}, by {e(control['by'])} on {e(control['host'])}")
     if status["audit"]:
         lines += ["", "recent controls:"]
         lines += [
-            f"  {c['at']}  {c['action']} {c['entry']}"
-            + (f" until {c['until']}" if c["until"] else "")
-            + (f" tenant {c['tenant']}" if c["tenant"] else "")
-            + f"  by {c['by']} on {c['host']}"
+            f"  {e(c['at'])}  {e(c['action'])} {e(c['entry'])}"
+            + (f" until {e(c['until'])}" if c["until"] else "")
+            + (f" tenant {e(c['tenant'])}" if c["tenant"] else "")
+            + f"  by {e(c['by'])} on {e(c['host'])}"
             for c in status["audit"][-5:]
         ]
     lines += ["", "problems:" if status["problems"] else "no problems"]
-    lines += [f"  - {p}" for p in status["problems"]]
+    lines += [f"  - {e(p, LONG)}" for p in status["problems"]]
     return "\n".join(lines)
+
+
+LONG = 10_000
+"""Characters of a sentence of the report (a health, a problem) kept in text output; a
+name is cut at :data:`beatless._logtext.LIMIT`."""
+
+
+def _text(value: object, limit: int = LIMIT) -> str:
+    """``value`` as the text output shows it: on one line, escaped, cut at ``limit``."""
+    return shown(value, quoted=False, limit=limit)

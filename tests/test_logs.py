@@ -4,15 +4,22 @@ the task's arguments."""
 
 from __future__ import annotations
 
+import ast
+import hashlib
+import json
 import logging
 import re
+import uuid
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 from test_scheduler import Clock, run_nodes
 from test_two_phase import monotonic_of
 
+import beatless
 from beatless import Entry, Every, Firing, Schedule, StoreUnavailable
+from beatless._board import nodes_kind
 from beatless._logtext import LIMIT, shown
 from beatless.dispatch import Dispatcher, Wake, decide_claimed
 from beatless.scheduler import FOREIGN_WARN_EVERY_MS, SUMMARY_EVERY_MS, Scheduler
@@ -360,3 +367,82 @@ def test_nodes_of_one_app_are_never_foreign_to_each_other(
 
     assert sum(n.stats["cleanup"].foreign for n in nodes) == 0
     assert not [r for r in logs.records if r.levelno >= logging.WARNING]
+
+
+# -- names read from the store -------------------------------------------------------------
+
+
+def test_a_registry_note_with_a_huge_or_forged_node_name_makes_one_short_drift_line(
+    logs: pytest.LogCaptureFixture,
+) -> None:
+    """One registry note written by hand into a live fleet's store (any client can): a
+    node name of 2 MB and one with line breaks and ANSI escapes, each with another
+    fingerprint and tzdata, are warned about as drift in lines of bounded length that
+    hold no line break and no escape."""
+    pytest.importorskip("redis")
+    import redis
+    from stores import REDIS, _RedisTestStore
+
+    clock = Clock()
+    store = _RedisTestStore(
+        f"redis://{REDIS[1]}:{REDIS[2]}/0", prefix=f"beatless-test:{uuid.uuid4().hex}:"
+    )
+    node = Scheduler(forged(), store=store, clock=clock, node="n0")
+    try:
+        record = json.loads(node.board.node_record(clock.ms).to_json())
+        kind = nodes_kind(NAMESPACE)  # the notes hash as the Redis store documents it
+        hash_key = f"{store.prefix}notes:{hashlib.sha256(kind.encode()).hexdigest()}"
+        huge = "n" * 2_000_000
+        expires = 10**15
+        with redis.Redis(host=REDIS[1], port=REDIS[2]) as client:
+            for name, fingerprint in ((huge, "f" * 2_000_000), (NODE + "\x1b[31m", FORGED)):
+                note = {**record, "node": name, "fingerprint": fingerprint, "tzdata": FORGED}
+                client.hset(hash_key, name, f"v=1|{expires}|{json.dumps(note)}")
+        node.board.sync(clock.ms)
+    finally:
+        store.close()
+
+    drift = [r.getMessage() for r in logs.records if "different" in r.getMessage()]
+    assert len(drift) == 2, drift  # fingerprints, tzdata
+    for message in drift:
+        assert not any(c in message for c in LINE_BREAKS), message
+        assert len(message) < 3_000, len(message)
+        assert "...(1999800 more characters)" in message or "tzdata" in message
+        assert "CRITICAL forged" in message  # escaped, not left out
+
+
+NAME_WORDS = frozenset(
+    {"node", "name", "address", "tenant", "namespace", "entry", "task", "host", "bucket"}
+    | {"queue", "message_id", "path", "where", "prefix", "schema", "store"}
+)
+"""What a value that holds a name is called where it is logged (``firing.entry.name``,
+``run.address``, ``self.node``): written through ``shown``, it cannot forge a line."""
+
+
+def _logged_names(source: str) -> list[tuple[int, str]]:
+    """The arguments of each ``logger.<level>(...)`` call in ``source`` that pass a name
+    as it is, with their line."""
+    levels = {"debug", "info", "warning", "error", "exception", "critical"}
+    found = []
+    for call in ast.walk(ast.parse(source)):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
+            continue
+        owner = call.func.value
+        name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", "")
+        if call.func.attr not in levels or "logger" not in name:
+            continue
+        for arg in call.args[1:]:
+            word = arg.id if isinstance(arg, ast.Name) else getattr(arg, "attr", None)
+            if isinstance(arg, ast.Name | ast.Attribute) and str(word).lstrip("_") in NAME_WORDS:
+                found.append((arg.lineno, ast.unparse(arg)))
+    return found
+
+
+def test_every_name_a_log_line_carries_goes_through_shown() -> None:
+    package = Path(beatless.__file__).parent
+    raw = [
+        f"{path.relative_to(package.parent)}:{line}: {arg}"
+        for path in sorted(package.rglob("*.py"))
+        for line, arg in _logged_names(path.read_text())
+    ]
+    assert raw == [], "write these through beatless._logtext.shown:\n" + "\n".join(raw)

@@ -236,6 +236,67 @@ def test_store_text_is_escaped_in_the_page(serve: Any) -> None:
     assert [a["data-node"] for a in elements.having("data-node")] == [EVIL]
 
 
+def get_as(url: str, host: str) -> tuple[int, str]:
+    """Status and body of a GET of ``url`` sent with ``Host: host``, as a browser sends
+    it for a page whose name resolves to this server."""
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.netloc, timeout=10)
+    try:
+        connection.putrequest("GET", parts.path, skip_host=True)
+        connection.putheader("Host", host)
+        connection.endheaders()
+        answer = connection.getresponse()
+        return answer.status, answer.read().decode()
+    finally:
+        connection.close()
+
+
+def test_a_foreign_host_name_gets_421_and_no_data(serve: Any) -> None:
+    calls = []
+
+    def report() -> dict[str, Any]:
+        calls.append(1)
+        return sample_status()
+
+    base = serve(report)
+    port = base.rsplit(":", 1)[1]
+    for host in (f"rebind.attacker.example:{port}", "rebind.attacker.example", "localhost.evil"):
+        for path in ("/status.json", "/", "/nothing"):
+            code, body = get_as(base + path, host)
+            assert code == 421, (host, path)
+            assert "page-test" not in body
+            assert "tick" not in body
+    assert calls == []
+    for host in (f"localhost:{port}", "LOCALHOST.", f"127.0.0.1:{port}", "[::1]:80", "10.1.2.3"):
+        code, body = get_as(f"{base}/status.json", host)
+        assert code == 200, host
+        assert json.loads(body)["namespace"] == "page-test"
+
+
+def test_allow_host_adds_a_name_the_page_answers_to(tmp_path: Path) -> None:
+    log = tmp_path / "page.log"
+    server = beatless(
+        *("status", "--store", f"sqlite:///{tmp_path / 'claims.db'}", "--namespace", "ns"),
+        *("--serve", "0", "--allow-host", "status.example.com", "--allow-host", "beat.lan"),
+        log=log,
+    )
+    try:
+        base = page_url(log, server)
+        port = base.rstrip("/").rsplit(":", 1)[1]
+        for host in (f"status.example.com:{port}", "Beat.LAN"):
+            code, body = get_as(f"{base}status.json", host)
+            assert code == 200, host
+            assert json.loads(body)["namespace"] == "ns"
+        assert get_as(f"{base}status.json", "status.example.com.evil")[0] == 421
+    finally:
+        kill([server])
+
+
+def test_an_allow_host_that_is_not_a_name_is_refused() -> None:
+    with pytest.raises(ConfigError, match="--allow-host 'http://x/'"):
+        make_server(sample_status, "127.0.0.1", 0, ["http://x/"])
+
+
 # -- in a real browser, with real nodes -------------------------------------------------
 
 SCHEDULE = """

@@ -53,6 +53,7 @@ from typing import Any
 from celery import signals
 from celery.exceptions import Ignore
 
+from beatless._logtext import ERROR_LIMIT, shown
 from beatless.celery.messages import ADDRESS_HEADER, _header
 from beatless.errors import ConfigError, StoreUnavailable
 from beatless.runs import RUN_HEADER, Run, RunPolicy, Runs
@@ -98,7 +99,11 @@ class RunGate:
             wrapped.append(name)
         self.guarded = (*self.guarded, *wrapped)
         if wrapped:
-            logger.debug("beatless: %d task(s) checked at start: %s", len(wrapped), wrapped)
+            logger.debug(
+                "beatless: %d task(s) checked at start: %s",
+                len(wrapped),
+                shown(wrapped, quoted=False, limit=ERROR_LIMIT),
+            )
         return wrapped
 
     def rebuild_tracers(self, hostname: str) -> None:
@@ -176,7 +181,11 @@ class RunGate:
             return
         if runs.counts:
             said = ", ".join(f"{k}={v}" for k, v in sorted(runs.counts.items()))
-            logger.info("beatless runs of node %s: %s", runs.node, said)
+            logger.info(
+                "beatless runs of node %s: %s",
+                shown(runs.node, quoted=False),
+                shown(said, quoted=False, limit=ERROR_LIMIT),
+            )
         runs.close()
 
 

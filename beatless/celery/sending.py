@@ -34,6 +34,7 @@ from typing import Any
 
 from kombu.exceptions import OperationalError
 
+from beatless._logtext import ERROR_LIMIT, shown
 from beatless._sending import COOLDOWN_S, Cooldown, timed_out, warn_outcome_unknown
 from beatless.celery.messages import send_task_options
 from beatless.errors import BeatlessError, ConfigError
@@ -130,7 +131,11 @@ class Sender:
             try:
                 connection.release()
             except Exception as exc:  # closing is best effort: the socket goes either way
-                logger.debug("beatless sender: closing the broker connection failed: %r", exc)
+                logger.debug(
+                    "beatless sender: closing the broker connection failed: %s: %s",
+                    type(exc).__name__,
+                    shown(exc, quoted=False, limit=ERROR_LIMIT),
+                )
                 connection.collect()
 
     # -- the connection ------------------------------------------------------------------

@@ -38,6 +38,7 @@ import click
 from celery import bootsteps
 
 from beatless import metrics
+from beatless._logtext import ERROR_LIMIT, shown
 from beatless.celery.gate import RunGate, find_gate, gate_of
 from beatless.celery.schedule import (
     CeleryScheduler,
@@ -96,7 +97,7 @@ class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
             report_consuming(logger, found.problems, consume_with=CONSUME_WITH)
             return
         for warning in unregistered_tasks(app, found.schedule):
-            logger.warning("beatless: %s", warning)
+            logger.warning("beatless: %s", shown(warning, quoted=False, limit=ERROR_LIMIT))
         node = f"{worker.hostname}:{os.getpid()}"
         try:
             settings = CelerySettings.from_app(app)

@@ -156,10 +156,10 @@ class RedisBrokerStore(Dispatcher):
                 ready.append((firing, self._ready(firing, wake, now_ms)))
             except Exception:
                 logger.exception(
-                    "firing %s of entry %r: its message cannot be prepared for the claim "
+                    "firing %s of entry %s: its message cannot be prepared for the claim "
                     "script; sending it two-phase through broker.enqueue",
                     firing.id,
-                    firing.entry.name,
+                    shown(firing.entry.name),
                 )
                 fallback.append(firing)
         self._push(ready, wake)
@@ -192,7 +192,10 @@ class RedisBrokerStore(Dispatcher):
         why = f"middleware {', '.join(hooked)} hooks before_enqueue"
         if why != self._told:
             self._told = why
-            logger.info("beatless: firings go two-phase through broker.enqueue: %s", why)
+            logger.info(
+                "beatless: firings go two-phase through broker.enqueue: %s",
+                shown(why, quoted=False, limit=ERROR_LIMIT),
+            )
         return why
 
     def _push(self, ready: list[tuple[Firing, Ready[Message[Any]]]], wake: Wake) -> None:

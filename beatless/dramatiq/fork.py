@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+from beatless._logtext import shown
 from beatless.errors import BeatlessError, ConfigError
 
 if TYPE_CHECKING:
@@ -187,7 +188,7 @@ def serve(parent: int) -> int:
     logger.info(
         "beatless scheduler process %d: node %s, %d entries",
         os.getpid(),
-        scheduler.node,
+        shown(scheduler.node, quoted=False),
         len(scheduler.schedule.entries),
     )
     try:

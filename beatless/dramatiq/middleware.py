@@ -37,6 +37,7 @@ from dramatiq import Middleware, get_encoder
 from dramatiq.middleware import MiddlewareError, SkipMessage
 
 from beatless import metrics as exported
+from beatless._logtext import ERROR_LIMIT, shown
 from beatless.dispatch import DEFAULT_LEASE, Dispatcher
 from beatless.dramatiq.fork import run_scheduler
 from beatless.dramatiq.messages import ADDRESS_OPTION, ENTRY_OPTION, TENANT_OPTION, message_for
@@ -267,7 +268,7 @@ class Beatless(Middleware):
         if address is None:
             logger.warning(
                 "beatless: message %s carries a run policy but no address; run unchecked",
-                message.message_id,
+                shown(message.message_id),
             )
             return
         runs = self.runs(broker)
@@ -336,7 +337,11 @@ class Beatless(Middleware):
         if runs is not None and mine and not closed:
             if runs.counts:
                 said = ", ".join(f"{k}={v}" for k, v in sorted(runs.counts.items()))
-                logger.info("beatless runs of node %s: %s", runs.node, said)
+                logger.info(
+                    "beatless runs of node %s: %s",
+                    shown(runs.node, quoted=False),
+                    shown(said, quoted=False, limit=ERROR_LIMIT),
+                )
             runs.close()
 
     def status_store(self, broker: Broker) -> ClaimStore:
@@ -577,7 +582,10 @@ class Beatless(Middleware):
             raise ConfigError(
                 f"Beatless: store must be a URL, a ClaimStore or a redis client, got {store!r}"
             )
-        logger.info("beatless: two-phase claim and enqueue through %r", store)
+        logger.info(
+            "beatless: two-phase claim and enqueue through %s",
+            shown(repr(store), quoted=False, limit=ERROR_LIMIT),
+        )
         return store
 
     def _atomic_store(self, any_broker: Broker, sender: Sender) -> Dispatcher | None:

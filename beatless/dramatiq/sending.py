@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from dramatiq import errors as dramatiq_errors
 
+from beatless._logtext import ERROR_LIMIT, shown
 from beatless._sending import COOLDOWN_S, Cooldown, timed_out, warn_outcome_unknown
 from beatless.dramatiq.messages import message_for
 from beatless.errors import ConfigError
@@ -136,7 +137,11 @@ class Sender:
             try:
                 close()
             except Exception as exc:  # closing is best effort: the sockets go either way
-                logger.debug("beatless sender: closing a broker connection failed: %r", exc)
+                logger.debug(
+                    "beatless sender: closing a broker connection failed: %s: %s",
+                    type(exc).__name__,
+                    shown(exc, quoted=False, limit=ERROR_LIMIT),
+                )
 
     # -- the bounded copy of the broker --------------------------------------------------
 

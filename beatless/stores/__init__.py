@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from beatless.errors import ConfigError
+from beatless.errors import BeatlessError, ConfigError, StoreError
 from beatless.stores.base import ClaimRequest, ClaimStore, Outcome
 from beatless.stores.memory import MemoryStore
-from beatless.urls import mask_url
+from beatless.urls import ambiguous_user_part, mask_url, scrub
 
 __all__ = ["ClaimRequest", "ClaimStore", "MemoryStore", "Outcome", "open_store"]
 
@@ -27,9 +27,37 @@ def open_store(url: str, *, namespace: str | None = None, **options: Any) -> Cla
     and embedders all open stores here. ``namespace`` names the keys of a store that
     keeps several schedules apart by key (Redis: ``beatless:{namespace}:``); the others
     keep them apart by the address, which starts with the namespace. ``options`` go to
-    the store's constructor.
+    the store's constructor. An error quotes the URL masked, and no part of its password.
     """
+    try:
+        return _open(url, namespace, options)
+    except (ValueError, StoreError) as exc:
+        raise _scrubbed(exc, url) from None
+
+
+def _scrubbed(exc: ValueError | StoreError, url: str) -> BeatlessError:
+    """``exc`` with no piece of ``url``'s password in its text: a driver's URL parser may
+    quote one as a port, a host or an option."""
+    if not isinstance(exc, BeatlessError):
+        exc = ConfigError(f"bad store URL {mask_url(url)}: {exc}")
+    text = scrub(str(exc), url)
+    return exc if text == str(exc) else type(exc)(text)
+
+
+def _checked_user_part(url: str, scheme: str) -> None:
+    """Refuse a URL whose password one driver would read and another would cut: the
+    drivers disagree on where its user part ends, so none can be trusted to quote it."""
+    if scheme not in ("memory", "sqlite") and ambiguous_user_part(url):
+        raise ConfigError(
+            f"store URL {mask_url(url)}: an '@' stands after a '/', '?' or '#', so the "
+            f"password cannot be told from the host: in the password write '/' as %2F, "
+            f"'?' as %3F and '#' as %23 (and an '@' in a path or query as %40)"
+        )
+
+
+def _open(url: str, namespace: str | None, options: dict[str, Any]) -> ClaimStore:
     scheme = urlsplit(url).scheme.lower()
+    _checked_user_part(url, scheme)
     if scheme == "memory":
         return MemoryStore(**options)
     if scheme == "sqlite":

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from beatless._logtext import ERROR_LIMIT, shown
+
 if TYPE_CHECKING:
     from nats.aio.client import Client
 
@@ -259,7 +261,7 @@ class Bucket:
             pass
         try:
             await self._api("STREAM.CREATE", new())
-            logger.info("nats store: created bucket %s", self.name)
+            logger.info("nats store: created bucket %s", shown(self.name))
         except BucketMissing:  # nothing answers the JetStream API
             raise NoJetStream from None
         except JetStreamError as exc:
@@ -373,7 +375,7 @@ class NoteStream:
         )
         try:
             await self._api(f"STREAM.CREATE.{self.name}", config)
-            logger.info("nats store: created stream %s", self.name)
+            logger.info("nats store: created stream %s", shown(self.name))
         except JetStreamError as exc:
             if exc.err_code not in (STREAM_NAME_IN_USE, SUBJECTS_OVERLAP):
                 raise
@@ -580,7 +582,7 @@ class Link:
         self.last_error = text = self.scrub(exc)
         if _REFUSED.search(text):
             self.refusal = text  # kept over later errors, such as the reset after it
-        logger.debug("nats store: %s", text)
+        logger.debug("nats store: %s", shown(text, quoted=False, limit=ERROR_LIMIT))
 
     async def _disconnect(self) -> None:
         client, self._client = self._client, None

@@ -84,7 +84,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
-from beatless._logtext import shown
+from beatless._logtext import ERROR_LIMIT, shown
 from beatless.durations import DurationLike, as_timedelta, describe, to_ms
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms
@@ -570,7 +570,7 @@ class NATSStore(ClaimStore):
             logger.warning(
                 "nats store %s: bucket %s allows purges or roll-ups (it was not created by "
                 "beatless): a purge would empty it unnoticed, and a firing could be sent twice",
-                where,
+                shown(where, quoted=False, limit=ERROR_LIMIT),
                 shown(name),
             )
 
@@ -633,7 +633,7 @@ class NATSStore(ClaimStore):
         if self.epoch is not None and has_changed(self.epoch, epoch):
             logger.warning(
                 "nats store %s, bucket %s: %s",
-                self._where,
+                shown(self._where, quoted=False, limit=ERROR_LIMIT),
                 shown(self.bucket),
                 describe_change(self.epoch, epoch),
             )

@@ -600,7 +600,7 @@ class RabbitMQStore(ClaimStore):
         if _token_of(got.body) == token:
             yield a.Settle(got.delivery_tag, ack=True)
         else:
-            logger.warning("rabbitmq store: slot %s held another claim than ours", queue)
+            logger.warning("rabbitmq store: slot %s held another claim than ours", shown(queue))
             yield a.Settle(got.delivery_tag, ack=False)
         return None
 

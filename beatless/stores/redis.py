@@ -98,7 +98,7 @@ from beatless.stores.base import (
     NoteItem,
     Outcome,
 )
-from beatless.urls import mask_url, secrets_of
+from beatless.urls import mask_url, scrub, secrets_of
 
 if TYPE_CHECKING:
     import redis as redis_module
@@ -635,7 +635,7 @@ def _client_from_url(
             url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=retry
         )
     except ValueError as exc:
-        raise ConfigError(f"redis store: bad URL {where}: {exc}") from None
+        raise ConfigError(f"redis store: bad URL {where}: {scrub(str(exc), url)}") from None
     return client
 
 

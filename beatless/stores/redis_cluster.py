@@ -110,7 +110,7 @@ from beatless.stores.redis import (
     key_prefix,
     note_args,
 )
-from beatless.urls import mask_url, secrets_of
+from beatless.urls import mask_url, scrub, secrets_of
 
 if TYPE_CHECKING:
     from redis.cluster import RedisCluster
@@ -562,7 +562,7 @@ def _cluster_options(
     try:
         driver.connection.parse_url(first)
     except ValueError as exc:
-        raise ConfigError(f"redis cluster store: bad URL {where}: {exc}") from None
+        raise ConfigError(f"redis cluster store: bad URL {where}: {scrub(str(exc), url)}") from None
     startup = [driver.cluster.ClusterNode(h, p) for h, p in nodes[1:]]
     return {
         "url": first,
