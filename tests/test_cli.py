@@ -246,7 +246,7 @@ class ForgetfulStore(MemoryStore):
 def test_check_with_a_store_refuses_entries_the_store_forgets_too_soon(
     schedule_file: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(stores, "open_store", lambda url: ForgetfulStore())
+    monkeypatch.setattr(stores, "open_store", lambda url, namespace: ForgetfulStore())
     assert main(["check", schedule_file, "--store", "forgetful://"]) == 1
     err = capsys.readouterr().err
     # heartbeat: 0 + 5m + 10s, nightly: 2m + 5m + 10s, both over 90 s
@@ -285,7 +285,7 @@ def test_check_warns_when_the_store_clock_is_over_a_second_away(
     schedule_file: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ahead = MemoryStore(clock=lambda: time.time() + 2.5)
-    monkeypatch.setattr(stores, "open_store", lambda url: ahead)
+    monkeypatch.setattr(stores, "open_store", lambda url, namespace: ahead)
 
     assert main(["check", schedule_file, "--store", "memory://"]) == 0
 
@@ -428,7 +428,8 @@ def test_explain_of_a_fan_out_entry_without_a_tenant_is_bad_input(
         (["explain", "{file}", "heartbeat", "--at", "someday"], "cannot read 'someday'"),
         (["run", "{file}"], "give --store URL or set BEATLESS_STORE"),
         (["run", "{file}", "--store", "carrier-pigeon://x"], "unknown store URL scheme"),
-        (["next"], "required: TARGET"),
+        (["next"], "give TARGET, --celery APP, --dramatiq BROKER, or --store URL"),
+        (["next", "--store", "memory://"], "give --namespace NS with --store"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_on_stderr_and_no_traceback(
