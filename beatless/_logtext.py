@@ -32,10 +32,14 @@ def shown(value: object, *, quoted: bool = True, limit: int = LIMIT) -> str:
     cut = len(text) - limit
     if cut > 0:
         text = text[:limit]
-    escaped = repr(text)
-    if not quoted:
-        escaped = escaped[1:-1]
+    escaped = repr(text) if quoted else "".join(map(_bare, text))
     return f"{escaped}...({cut} more characters)" if cut > 0 else escaped
+
+
+def _bare(char: str) -> str:
+    """One character of an unquoted value: itself, or the escape ``repr`` gives it when it
+    is not printable (or a backslash, so that an escape cannot be forged)."""
+    return char if char.isprintable() and char != "\\" else repr(char)[1:-1]
 
 
 class WarnEvery:

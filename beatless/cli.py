@@ -17,8 +17,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import partial
 from itertools import islice
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -61,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     target_help = "a TOML schedule file, or module:attribute naming a Schedule or list of Entry"
 
     nxt = commands.add_parser("next", help="list the coming firings, sorted by release")
-    nxt.add_argument("target", metavar="TARGET", help=target_help)
+    nxt.add_argument("schedule", metavar="TARGET", nargs="?", help=f"{target_help} (as --schedule)")
+    _fleet_source(nxt, target_help)
     nxt.add_argument("--entry", metavar="NAME", help="only this entry")
     nxt.add_argument(
         "--tenant", metavar="T", help="only this tenant of the fan-out entry --entry names"
@@ -99,16 +102,17 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
         help="also connect to this store: probe it, check rule 5, measure the clock offset",
     )
 
-    explain = commands.add_parser("explain", help="derive a firing's id, offset and release")
-    explain.add_argument("target", metavar="TARGET", help=target_help)
+    explain = commands.add_parser(
+        "explain",
+        help="derive a firing's id, offset and release; with a store, say what happened to it",
+    )
+    explain.add_argument(
+        "schedule", metavar="TARGET", nargs="?", help=f"{target_help} (as --schedule)"
+    )
     explain.add_argument("entry", metavar="ENTRY", help="the entry's name")
+    _fleet_source(explain, target_help)
     explain.add_argument("--at", required=True, metavar="ISO", help="the occurrence")
     explain.add_argument("--tenant", metavar="T", help="the tenant, for a fan-out entry")
-    explain.add_argument(
-        "--store",
-        metavar="URL",
-        help="also say what happened to this firing, from the address's history in the store",
-    )
 
     run = commands.add_parser("run", help="run a standalone node with a logging enqueue")
     run.add_argument("target", metavar="TARGET", help=target_help)
@@ -174,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
 
 
 def _fleet_source(parser: argparse.ArgumentParser, target_help: str) -> None:
-    """The options that name a fleet's store and namespace, shared by status and controls."""
+    """The options that name a fleet's schedule, store and namespace, shared by every
+    command that reads or steers a fleet (status, the controls, next, explain)."""
     parser.add_argument(
         "--schedule",
         dest="target",
@@ -192,7 +197,12 @@ def _fleet_source(parser: argparse.ArgumentParser, target_help: str) -> None:
         help="take the store and namespace from a Dramatiq broker's Beatless middleware",
     )
     parser.add_argument("--store", metavar="URL", help="claim store URL (env BEATLESS_STORE)")
-    parser.add_argument("--namespace", metavar="NS", help="the namespace (with --store alone)")
+    parser.add_argument(
+        "--namespace",
+        metavar="NS",
+        help="the fleet's namespace (with --store alone: beatless_namespace of a Celery app, "
+        "Beatless(namespace=...) of Dramatiq, a schedule's namespace)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -223,7 +233,7 @@ def _one_line(exc: BeatlessError) -> str:
 
 
 def cmd_next(args: argparse.Namespace) -> int:
-    schedule = load_schedule(args.target)
+    schedule = fleet_from_args(args).known_schedule()
     if args.count < 1:
         raise ConfigError(f"--count must be at least 1, got {args.count}")
     after_ms = _instant_ms(args.after, "--after") if args.after else _now_ms()
@@ -348,7 +358,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         from beatless._clockwatch import measure
         from beatless.stores import open_store
 
-        with open_store(args.store) as store:
+        with open_store(args.store, namespace=schedule.namespace) as store:
             store.probe()
             offset = measure(store, time.time)
             remembers = store.remembers
@@ -452,7 +462,8 @@ def _print_offset(offset: Sample) -> None:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    schedule = load_schedule(args.target)
+    fleet = fleet_from_args(args)
+    schedule = fleet.known_schedule()
     entry = schedule.entry(args.entry)
     at_ms = _instant_ms(args.at, "--at")
     tenant = _tenant(entry, args.tenant)
@@ -467,10 +478,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return EXIT_PROBLEMS
     for line in explanation(schedule, entry, tenant, at_ms):
         print(line)
-    if args.store:
-        from beatless.stores import open_store
-
-        with open_store(args.store) as store:
+    if fleet.has_store:
+        with fleet.open() as store:
             print(f"{'  happened':<13} {what_happened(store, schedule, entry, tenant, at_ms)}")
     return 0
 
@@ -670,7 +679,7 @@ def run_node(
 
         metrics.metrics_port(metrics_port, "--metrics-port")  # prometheus-client, a port
 
-    with open_probed(store_url) as store:
+    with open_probed(store_url, namespace=schedule.namespace) as store:
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
         )
@@ -691,8 +700,8 @@ def run_node(
     return 0 if stopping.is_set() else EXIT_PROBLEMS
 
 
-def open_probed(url: str, *, wait_s: float = STORE_WAIT_S) -> ClaimStore:
-    """Open the store at ``url`` and probe it before anything else.
+def open_probed(url: str, *, namespace: str, wait_s: float = STORE_WAIT_S) -> ClaimStore:
+    """Open the store at ``url`` for ``namespace`` and probe it before anything else.
 
     A store that refuses the credentials (or any error but unavailability) fails at
     once; one that cannot be reached is tried again for up to ``wait_s`` seconds, then
@@ -703,7 +712,7 @@ def open_probed(url: str, *, wait_s: float = STORE_WAIT_S) -> ClaimStore:
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            return _probed(open_store(url))
+            return _probed(open_store(url, namespace=namespace))
         except StoreUnavailable as exc:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -724,20 +733,40 @@ def _probed(store: ClaimStore) -> ClaimStore:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    store, namespace, schedule = _status_source(args)
-    with store:
+    fleet = fleet_from_args(args)
+    with fleet.open() as store:
         if args.serve is not None:
-            from beatless._page import serve
-            from beatless.status import report
-
-            serve(
-                lambda: report(store, namespace, schedule=schedule, now_ms=_now_ms()),
-                host=args.host,
-                port=args.serve,
+            return serve_status(
+                store,
+                fleet.namespace,
+                fleet.schedule,
+                args.host,
+                args.serve,
                 allow_hosts=args.allow_host,
             )
-            return 0
-        return print_status(store, namespace, schedule=schedule, as_json=args.json)
+        return print_status(store, fleet.namespace, schedule=fleet.schedule, as_json=args.json)
+
+
+def serve_status(
+    store: ClaimStore,
+    namespace: str,
+    schedule: Schedule | None,
+    host: str,
+    port: int,
+    *,
+    allow_hosts: Sequence[str] = (),
+) -> int:
+    """Serve the read-only status page of ``namespace`` until SIGINT or SIGTERM."""
+    from beatless._page import serve
+    from beatless.status import report
+
+    serve(
+        lambda: report(store, namespace, schedule=schedule, now_ms=_now_ms()),
+        host=host,
+        port=port,
+        allow_hosts=allow_hosts,
+    )
+    return 0
 
 
 def print_status(
@@ -756,9 +785,10 @@ def cmd_control(args: argparse.Namespace) -> int:
     from beatless._controls import set_control
     from beatless.status import known_entries
 
-    store, namespace, schedule = _status_source(args)
-    with store:
-        entries = known_entries(store, namespace, schedule)
+    fleet = fleet_from_args(args)
+    namespace = fleet.namespace
+    with fleet.open() as store:
+        entries = known_entries(store, namespace, fleet.schedule)
         if args.entry not in entries:
             raise ConfigError(
                 f"no entry named {args.entry!r} in namespace {namespace!r}"
@@ -801,40 +831,158 @@ def _until_ms(text: str, now_ms: int) -> int:
     return until
 
 
-def _status_source(args: argparse.Namespace) -> tuple[ClaimStore, str, Schedule | None]:
-    """The store, namespace and (if known) schedule that ``status`` reads."""
+# -- a fleet: the namespace, the schedule and the store a command addresses --------------
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """What a command addresses: a namespace, its schedule when known, and how to open its
+    claim store, always by :func:`~beatless.stores.open_store` with that namespace (or by
+    the integration, which opens it the same way), so every command and every node of
+    the fleet address the same keys."""
+
+    namespace: str
+    schedule: Schedule | None
+    opener: Callable[[], ClaimStore] | None
+    """``None`` when no store is named."""
+
+    @property
+    def has_store(self) -> bool:
+        return self.opener is not None
+
+    def open(self) -> ClaimStore:
+        if self.opener is None:
+            raise ConfigError(
+                "give --store URL (or BEATLESS_STORE), --celery APP or --dramatiq BROKER: "
+                "this command reads the fleet's claim store"
+            )
+        return self.opener()
+
+    def known_schedule(self) -> Schedule:
+        """The schedule, else the entries the fleet's nodes publish in its store."""
+        if self.schedule is not None:
+            return self.schedule
+        with self.open() as store:
+            return published_schedule(store, self.namespace)
+
+
+def fleet_from_args(args: argparse.Namespace) -> Fleet:
+    """The fleet named by TARGET (or ``--schedule``), ``--celery``, ``--dramatiq`` or
+    ``--store`` with ``--namespace``: one of the first three, or the store alone.
+
+    The namespace is the schedule's or the app's: a ``--namespace`` that differs is
+    refused rather than followed, so no command writes where no node reads."""
+    url = args.store or os.environ.get("BEATLESS_STORE") or None
+    target = args.target or getattr(args, "schedule", None)
+    if sum(map(bool, (target, args.celery, args.dramatiq))) > 1:
+        raise ConfigError("give one of TARGET, --celery APP or --dramatiq BROKER, not two")
+    if args.celery:
+        fleet = celery_fleet(_load_celery(args.celery), url)
+    elif args.dramatiq:
+        fleet = _dramatiq_fleet(args.dramatiq, url)
+    elif target:
+        schedule = load_schedule(target)
+        fleet = Fleet(schedule.namespace, schedule, _opener(url, schedule.namespace))
+    elif not url:
+        raise ConfigError(
+            "give TARGET, --celery APP, --dramatiq BROKER, or --store URL (or BEATLESS_STORE) "
+            "with --namespace NS"
+        )
+    elif not args.namespace:
+        raise ConfigError(
+            "give --namespace NS with --store: the fleet's namespace (beatless_namespace of a "
+            "Celery app, Beatless(namespace=...) of Dramatiq, a schedule's namespace)"
+        )
+    else:
+        return Fleet(args.namespace, None, _opener(url, args.namespace))
+    if args.namespace and args.namespace != fleet.namespace:
+        raise ConfigError(
+            f"--namespace {args.namespace!r} is not the fleet's namespace {fleet.namespace!r}: "
+            "drop --namespace"
+        )
+    return fleet
+
+
+def _opener(url: str | None, namespace: str) -> Callable[[], ClaimStore] | None:
     from beatless.stores import open_store
 
-    url = args.store or os.environ.get("BEATLESS_STORE")
-    if args.celery:
-        from beatless._app_check import load_celery
-        from beatless.celery.schedule import fleet_of
+    return None if url is None else partial(open_store, url, namespace=namespace)
 
-        return fleet_of(load_celery(args.celery), url)
-    if args.dramatiq:
-        from beatless._app_check import load_dramatiq
 
-        broker, middleware = load_dramatiq(args.dramatiq[0], args.dramatiq[1:])
-        schedule = middleware.check(broker).schedule
-        namespace = middleware.address_namespace
-        if url:
-            return open_store(url, namespace=namespace), namespace, schedule
-        return middleware.status_store(broker), namespace, schedule
-    if not url:
-        raise ConfigError("give --store URL (or BEATLESS_STORE), --celery APP or --dramatiq BROKER")
-    # Opened as ``beatless run`` opens it: its notes name the namespace themselves.
-    target = args.target or getattr(args, "schedule", None)
-    if target:
-        schedule = load_schedule(target)
-        if args.namespace and args.namespace != schedule.namespace:
-            raise ConfigError(
-                f"--namespace {args.namespace!r} is not the schedule's namespace "
-                f"{schedule.namespace!r}"
+def _load_celery(name: str) -> Any:
+    from beatless._app_check import load_celery
+
+    return load_celery(name)
+
+
+def celery_fleet(app: Any, url: str | None = None) -> Fleet:
+    """A Celery app's fleet: its namespace, its schedule (``None`` with problems) and its
+    claim store (``beatless_store_url``, or ``url``)."""
+    from beatless.celery.schedule import check_app, open_claim_store
+    from beatless.celery.settings import CelerySettings
+
+    settings = CelerySettings.from_app(app)
+    schedule = check_app(app, settings).schedule
+    return Fleet(settings.namespace, schedule, partial(open_claim_store, settings, url))
+
+
+def _dramatiq_fleet(names: Sequence[str], url: str | None) -> Fleet:
+    """A Dramatiq broker's fleet, from its Beatless middleware."""
+    from beatless._app_check import load_dramatiq
+
+    broker, middleware = load_dramatiq(names[0], names[1:])
+    schedule = middleware.check(broker).schedule
+    namespace = middleware.address_namespace
+    if url:
+        return Fleet(namespace, schedule, _opener(url, namespace))
+    return Fleet(namespace, schedule, partial(middleware.status_store, broker))
+
+
+def published_schedule(store: ClaimStore, namespace: str) -> Schedule:
+    """The schedule as the live nodes of ``namespace`` publish it in ``store``: each
+    entry's task, trigger, jitter, max_late, catch_up, overlap and listed tenants (a
+    fan-out's first 20). What is not published (arguments, run leases, once_only) takes
+    its default; ``check`` with the schedule itself tells those."""
+    from beatless._board import entries_kind, trigger_of
+
+    kind = entries_kind(namespace)
+    entries = []
+    for text in store.read_notes([kind])[kind].values():
+        try:
+            note = json.loads(text)
+            trigger = trigger_of(note["trigger"])
+            tenants = note.get("tenants")
+            if trigger is None:
+                continue
+            entries.append(
+                Entry(
+                    name=note["entry"],
+                    task=note["task"],
+                    trigger=trigger,
+                    jitter=timedelta(milliseconds=int(note["jitter_ms"])),
+                    max_late=timedelta(milliseconds=int(note["max_late_ms"])),
+                    tenants=None
+                    if tenants is None
+                    else tenants
+                    if isinstance(tenants, list)
+                    else (),
+                    catch_up=note.get("catch_up", "latest"),
+                    overlap=note.get("overlap", "allow"),
+                )
             )
-        return open_store(url), schedule.namespace, schedule
-    if not args.namespace:
-        raise ConfigError("give --namespace NS (or a TARGET schedule) with --store")
-    return open_store(url), args.namespace, None
+        except (ValueError, KeyError, TypeError, BeatlessError):
+            continue  # a note this version cannot read: the entry is left out
+    if not entries:
+        raise ConfigError(
+            f"no node of namespace {namespace!r} has published its entries in this store "
+            "(is the namespace right, and a node running?): give TARGET, --celery APP or "
+            "--dramatiq BROKER"
+        )
+    print(
+        f"note: the entries of namespace {namespace!r} as its nodes publish them in the store",
+        file=sys.stderr,
+    )
+    return Schedule(sorted(entries, key=lambda e: e.name), namespace=namespace)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

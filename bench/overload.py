@@ -43,8 +43,7 @@ def main() -> None:
         tenants=[f"tenant-{i}" for i in range(args.tenants)],
     )
     namespace = f"bench-{uuid.uuid4().hex[:8]}"
-    options = {"namespace": namespace} if args.store.startswith("redis") else {}
-    store = open_store(args.store, **options)
+    store = open_store(args.store, namespace=namespace)
     sent: Counter[int] = Counter()
     lateness: dict[int, list[int]] = defaultdict(list)
 

@@ -277,7 +277,8 @@ else:  # two-phase: claim, send (one RPUSH per firing, as a broker client would)
         client.rpush(key, firing.id)
 
     schedule = Schedule([entry], namespace=namespace)
-    scheduler = Scheduler(schedule, store=open_store(url), enqueue=enqueue, node=node,
+    store = open_store(url, namespace=namespace)
+    scheduler = Scheduler(schedule, store=store, enqueue=enqueue, node=node,
                           preferred=preferred == "1")
 scheduler.start()
 time.sleep(max(0.0, float(at_s) - 1 - time.time()))

@@ -36,7 +36,7 @@ url, first_s = sys.argv[1], int(sys.argv[2])
 entry = SCHEDULE.entry("every-1s")
 address = SCHEDULE.address(entry)
 firings = [Firing.of(entry, None, address, s * 1000) for s in range(first_s, first_s + 3)]
-store = open_store(url)
+store = open_store(url, namespace=SCHEDULE.namespace)
 outcomes = store.claim([ClaimRequest.of(f) for f in firings], node="squatter", lease_ms=30_000)
 assert outcomes == [Outcome.WON] * 3, outcomes
 print(" ".join(f.id for f in firings), flush=True)

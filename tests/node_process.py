@@ -43,7 +43,7 @@ def main() -> None:
             out.write(json.dumps(record) + "\n")
             out.flush()
 
-        store = open_store(url)
+        store = open_store(url, namespace=SCHEDULE.namespace)
         scheduler = Scheduler(SCHEDULE, store=store, enqueue=enqueue, node=node)
         scheduler.start()
         time.sleep(seconds)

@@ -11,10 +11,12 @@ import sys
 import textwrap
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from service_check import require_service
 from stores import PrivateRedis, free_port
 
 from beatless import __version__, stores
@@ -246,7 +248,7 @@ class ForgetfulStore(MemoryStore):
 def test_check_with_a_store_refuses_entries_the_store_forgets_too_soon(
     schedule_file: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(stores, "open_store", lambda url: ForgetfulStore())
+    monkeypatch.setattr(stores, "open_store", lambda url, namespace: ForgetfulStore())
     assert main(["check", schedule_file, "--store", "forgetful://"]) == 1
     err = capsys.readouterr().err
     # heartbeat: 0 + 5m + 10s, nightly: 2m + 5m + 10s, both over 90 s
@@ -285,7 +287,7 @@ def test_check_warns_when_the_store_clock_is_over_a_second_away(
     schedule_file: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ahead = MemoryStore(clock=lambda: time.time() + 2.5)
-    monkeypatch.setattr(stores, "open_store", lambda url: ahead)
+    monkeypatch.setattr(stores, "open_store", lambda url, namespace: ahead)
 
     assert main(["check", schedule_file, "--store", "memory://"]) == 0
 
@@ -428,7 +430,8 @@ def test_explain_of_a_fan_out_entry_without_a_tenant_is_bad_input(
         (["explain", "{file}", "heartbeat", "--at", "someday"], "cannot read 'someday'"),
         (["run", "{file}"], "give --store URL or set BEATLESS_STORE"),
         (["run", "{file}", "--store", "carrier-pigeon://x"], "unknown store URL scheme"),
-        (["next"], "required: TARGET"),
+        (["next"], "give TARGET, --celery APP, --dramatiq BROKER, or --store URL"),
+        (["next", "--store", "memory://"], "give --namespace NS with --store"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_on_stderr_and_no_traceback(
@@ -666,3 +669,140 @@ def test_run_enqueues_through_the_log_and_stops_cleanly_on_sigterm(tmp_path: Pat
     assert "task=demo.tick" in err
     assert "outcome=won" in err
     assert "Traceback" not in err
+
+
+# -- one key space per fleet: every command by --store URL --namespace NS ----------------
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture
+def keyed_namespace() -> Iterator[str]:
+    """A namespace of this test alone on Redis database 0; its keys go at the end."""
+    redis = pytest.importorskip("redis")
+    require_service("Redis", "127.0.0.1", 6379)
+    name = f"bl-cli-{uuid.uuid4().hex[:10]}"
+    yield name
+    with redis.Redis.from_url(REDIS_URL) as client:
+        keys = list(client.scan_iter(match=f"beatless:{name}:*", count=1_000))
+        if keys:
+            client.delete(*keys)
+
+
+def test_every_command_by_store_and_namespace_reads_and_steers_a_node_keyed_by_its_namespace(
+    keyed_namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A node whose store is keyed by its namespace (as every integration opens it): the
+    commands given the URL and that namespace see it, pause it, and find what it sent."""
+    from beatless.entry import Entry, Schedule
+    from beatless.scheduler import Scheduler
+    from beatless.triggers import Every
+
+    ns = keyed_namespace
+    plan = Schedule([Entry(name="tick", task="t.tick", trigger=Every(1))], namespace=ns)
+    sent: list[int] = []
+    node = Scheduler(
+        plan,
+        store=stores.open_store(REDIS_URL, namespace=ns),
+        node="keyed-node",
+        enqueue=lambda firing: sent.append(firing.occurrence_ms),
+    )
+    fleet = ["--store", REDIS_URL, "--namespace", ns]
+    try:
+        deadline = time.monotonic() + 5
+        while not sent and time.monotonic() < deadline:
+            node.tick()
+            time.sleep(0.1)
+        node.board.sync()
+        assert sent, "the node sent nothing"
+        capsys.readouterr()
+
+        assert main(["status", *fleet, "--json"]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert [n["node"] for n in status["nodes"]] == ["keyed-node"]
+
+        at = datetime.fromtimestamp(sent[0] / 1000, UTC).isoformat()
+        assert main(["explain", "tick", "--at", at, *fleet]) == 0
+        assert "fired: sent by node keyed-node" in capsys.readouterr().out
+
+        assert main(["next", *fleet, "--json", "--count", "2"]) == 0
+        listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert [f["address"] for f in listed] == [f"{ns}/tick"] * 2
+
+        assert main(["pause", "tick", *fleet]) == 0
+        node.board.sync()
+        assert node.board.paused("tick", node.now_ms()) is not None
+        assert main(["resume", "tick", *fleet]) == 0
+        node.board.sync()
+        assert node.board.paused("tick", node.now_ms()) is None
+    finally:
+        node.stop(timeout=5)
+        node.store.close()
+
+
+def test_a_namespace_other_than_the_schedules_is_refused(
+    schedule_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for command in (["status"], ["pause", "heartbeat"], ["next"]):
+        given = [*command, "--schedule", schedule_file, "--store", "memory://", "--namespace", "x"]
+        assert main(given) == 2
+        assert "--namespace 'x' is not the fleet's namespace 'shop'" in capsys.readouterr().err
+
+
+def test_next_and_explain_read_a_celery_apps_and_a_dramatiq_brokers_schedule(
+    tmp_path: Path,
+) -> None:
+    celery_project(tmp_path, SOUND_CELERY)
+    dramatiq_project(tmp_path, 'namespace="shop"', 'bd.every("30s")')
+    fleets = {  # nightly: 02:00 in the app's timezone, Europe/Berlin; the broker's, UTC
+        "2026-01-01T02:00:00+01:00": ["--celery", "shop_celery"],
+        "2026-01-01T02:00:00+00:00": ["--dramatiq", "shop_broker", "shop_actors"],
+    }
+    for at, fleet in fleets.items():
+        listed = run_cli(
+            "next", *fleet, "--json", "--entry", "nightly", "--count", "1", cwd=tmp_path
+        )
+        assert listed.returncode == 0, listed.stderr
+        (firing,) = [json.loads(line) for line in listed.stdout.splitlines()]
+        assert firing["address"] == "shop/nightly"
+
+        told = run_cli("explain", "nightly", *fleet, "--at", at, cwd=tmp_path)
+        assert told.returncode == 0, told.stderr
+        assert "shop/nightly" in told.stdout
+        assert "  happened" in told.stdout  # read from the app's own store
+
+
+@pytest.mark.slow
+def test_a_run_node_is_seen_and_paused_by_store_and_namespace_as_an_integrations_node_is(
+    tmp_path: Path, keyed_namespace: str
+) -> None:
+    """``beatless run`` keys its store by the schedule's namespace, as the integrations
+    do: ``--store URL --namespace NS`` reads and steers it, whoever runs the fleet."""
+    ns = keyed_namespace
+    plan = tmp_path / "s.toml"
+    plan.write_text(f'namespace = "{ns}"\n[[entry]]\nname = "tick"\ntask = "t.tick"\nevery = 1\n')
+    fleet = ["--store", REDIS_URL, "--namespace", ns]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "beatless", "run", str(plan), "--store", REDIS_URL, "--node", "r1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline, status = time.monotonic() + 20, {}
+        while time.monotonic() < deadline:
+            shown = run_cli("status", *fleet, "--json")
+            status = json.loads(shown.stdout or "{}")
+            if shown.returncode == 0 and status["entries"][0].get("last"):
+                break
+            time.sleep(0.5)
+        assert [n["node"] for n in status.get("nodes", [])] == ["r1"], status
+        paused = run_cli("pause", "tick", *fleet)
+        assert paused.returncode == 0, paused.stderr
+        time.sleep(2.5)
+        assert run_cli("resume", "tick", *fleet).returncode == 0
+        time.sleep(1.5)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=15)
+    assert "outcome=paused" in err, err[-2_000:]

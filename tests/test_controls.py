@@ -99,7 +99,7 @@ def test_the_cli_pauses_resumes_and_runs_now_through_a_store_it_shares_with_node
     tmp_path: Path,
 ) -> None:
     url = f"sqlite:///{tmp_path / 'claims.db'}"
-    store = open_store(url)
+    store = open_store(url, namespace=NS)
     from beatless.scheduler import Scheduler
 
     node = Scheduler(schedule(), store=store, node="n0", enqueue=lambda f: None, lease="2s")
@@ -195,8 +195,9 @@ def test_explain_with_a_store_reads_the_history_from_the_command_line(tmp_path: 
     from beatless.loader import load_schedule
     from beatless.scheduler import Scheduler
 
-    store = open_store(url)
-    node = Scheduler(load_schedule(str(plan_file)), store=store, node="n0", enqueue=lambda f: None)
+    plan = load_schedule(str(plan_file))
+    store = open_store(url, namespace=plan.namespace)
+    node = Scheduler(plan, store=store, node="n0", enqueue=lambda f: None)
     import time
 
     deadline = time.monotonic() + 10

@@ -739,7 +739,7 @@ def test_pipelined_scripts_unknown_to_the_server_are_loaded_again(
 
 def test_scripts_are_loaded_again_after_script_flush(private_redis: Path) -> None:
     url = f"unix://:s3cret-pass@{private_redis}?db=0"
-    store = open_store(url, prefix="beatless-test:")
+    store = open_store(url, namespace="default", prefix="beatless-test:")
     now = int(time.time() * 1_000)
     first, second = firing(now), firing(now)
     assert store.claim([first], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
@@ -755,7 +755,7 @@ def test_scripts_are_loaded_again_after_script_flush(private_redis: Path) -> Non
 
 
 def test_url_and_client_forms_share_the_same_claims(client: redis.Redis, prefix: str) -> None:
-    from_url = open_store(URL, prefix=prefix)
+    from_url = open_store(URL, namespace="default", prefix=prefix)
     from_client = RedisStore(client, prefix=prefix)
     text_client = redis.Redis(host=HOST, port=PORT, decode_responses=True)
     decoding = RedisStore(text_client, prefix=prefix)
@@ -833,7 +833,7 @@ def test_password_is_masked_in_repr_logs_and_errors(caplog: pytest.LogCaptureFix
 
 
 def test_wrong_password_is_a_store_error_that_does_not_show_it(private_redis: Path) -> None:
-    store = open_store(f"unix://:not-the-pass-123@{private_redis}?db=0")
+    store = open_store(f"unix://:not-the-pass-123@{private_redis}?db=0", namespace="default")
 
     with pytest.raises(StoreError) as caught:
         store.claim([firing(int(time.time() * 1_000))], node="a", lease_ms=LEASE_MS)
@@ -856,15 +856,15 @@ def test_mask_url_hides_the_password_wherever_the_url_carries_it() -> None:
 
 def test_a_mistyped_store_url_is_refused_without_showing_its_password() -> None:
     with pytest.raises(ConfigError, match="unknown store URL scheme") as caught:
-        open_store("redsi://user:hunter2@host:6379/0")
+        open_store("redsi://user:hunter2@host:6379/0", namespace="default")
     assert "hunter2" not in str(caught.value)
 
 
 def test_open_store_routes_redis_rediss_and_unix_urls_without_connecting() -> None:
     stores = [
         open_store(f"redis://127.0.0.1:{closed_port()}/2", namespace="app"),
-        open_store("rediss://:pw@redis.example.invalid:6380/0"),
-        open_store("unix:///run/redis/redis.sock?db=1"),
+        open_store("rediss://:pw@redis.example.invalid:6380/0", namespace="default"),
+        open_store("unix:///run/redis/redis.sock?db=1", namespace="default"),
     ]
 
     assert [type(s) for s in stores] == [RedisStore] * 3

@@ -80,10 +80,12 @@ def test_no_command_prints_a_password_that_breaks_the_url(
 
 def test_an_at_sign_past_the_host_is_refused_with_how_to_encode_it() -> None:
     with pytest.raises(BeatlessError) as caught:
-        open_store("redis://user:1234/secret@localhost:6379/0")
+        open_store("redis://user:1234/secret@localhost:6379/0", namespace="secrets")
     text = str(caught.value)
     assert "secret" not in text
     assert "redis://user:***@localhost:6379/0" in text
     assert "%2F" in text
-    with open_store("redis://user:s%2Fcret@localhost:6379/0?client_name=a%40b") as store:
+    with open_store(
+        "redis://user:s%2Fcret@localhost:6379/0?client_name=a%40b", namespace="secrets"
+    ) as store:
         assert "s%2Fcret" not in repr(store)

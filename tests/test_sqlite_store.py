@@ -664,7 +664,7 @@ def test_a_url_with_four_slashes_names_an_absolute_path(tmp_path: Path) -> None:
 
 
 def test_open_store_opens_a_sqlite_url(tmp_path: Path) -> None:
-    with open_store(f"sqlite:///{tmp_path}/claims.db", busy_timeout=1) as store:
+    with open_store(f"sqlite:///{tmp_path}/claims.db", namespace="app", busy_timeout=1) as store:
         assert isinstance(store, SQLiteStore)
         assert repr(store) == f"SQLiteStore('{tmp_path}/claims.db')"
 

@@ -568,14 +568,14 @@ def test_wrong_password_is_a_store_error_that_does_not_show_it(tmp_path: Path) -
     server = PrivateNats(tmp_path / "js", auth="--user app --pass s3cret-pass")
     server.start()
     try:
-        wrong = open_store(server.url("app:hunter2-secret@"))
+        wrong = open_store(server.url("app:hunter2-secret@"), namespace="default")
         with pytest.raises(StoreError) as caught:
             wrong.probe()
         assert not isinstance(caught.value, StoreUnavailable)
         assert "Authorization Violation" in str(caught.value)
         assert "hunter2" not in str(caught.value)
         assert "***" in str(caught.value)
-        right = open_store(server.url("app:s3cret-pass@"))
+        right = open_store(server.url("app:s3cret-pass@"), namespace="default")
         right.probe()
         for opened in (wrong, right):
             opened.close()
@@ -619,8 +619,12 @@ def test_a_server_without_jetstream_is_a_store_error_saying_so(tmp_path: Path) -
 
 def test_passwords_and_tokens_are_masked_in_repr_and_errors() -> None:
     port = free_port()
-    with_password = open_store(f"nats://app:hunter2-secret@127.0.0.1:{port}/?timeout=1")
-    with_token = open_store(f"nats://s3cr3t-token@127.0.0.1:{port},127.0.0.1:{port}?timeout=1")
+    with_password = open_store(
+        f"nats://app:hunter2-secret@127.0.0.1:{port}/?timeout=1", namespace="default"
+    )
+    with_token = open_store(
+        f"nats://s3cr3t-token@127.0.0.1:{port},127.0.0.1:{port}?timeout=1", namespace="default"
+    )
 
     assert (
         repr(with_password)
@@ -687,7 +691,9 @@ def test_open_store_routes_nats_urls_without_connecting() -> None:
     port = free_port()
     store = open_store(f"nats://127.0.0.1:{port}", namespace="app")
     named = open_store(
-        "nats://h1:4222,h2:4223/?bucket=claims&ttl=10m&timeout=2s&replicas=3", ttl="15m"
+        "nats://h1:4222,h2:4223/?bucket=claims&ttl=10m&timeout=2s&replicas=3",
+        namespace="default",
+        ttl="15m",
     )
 
     assert isinstance(store, NATSStore)
@@ -720,7 +726,7 @@ def test_open_store_routes_nats_urls_without_connecting() -> None:
 )
 def test_a_bad_url_is_a_config_error_that_says_what_to_write(url: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        open_store(url)
+        open_store(url, namespace="default")
 
 
 def test_a_namespace_that_cannot_name_a_bucket_asks_for_one() -> None:

@@ -1,5 +1,6 @@
 """``celery -A proj beatless status``: the fleet's status, with the store and namespace of
-the app (registered through Celery's ``celery.commands`` entry point)."""
+the app (registered through Celery's ``celery.commands`` entry point). The same command
+as ``beatless status --celery proj``, page included (``--serve PORT``)."""
 
 from __future__ import annotations
 
@@ -20,18 +21,31 @@ def beatless() -> None:
 @beatless.command(cls=CeleryCommand)
 @click.option("--json", "as_json", is_flag=True, help="one JSON object")
 @click.option("--store", metavar="URL", help="another claim store than beatless_store_url")
+@click.option(
+    "--serve", type=int, metavar="PORT", help="serve a read-only status page on this port"
+)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="the address the page listens on",
+)
 @click.pass_context
 @handle_preload_options  # type: ignore[untyped-decorator]
-def status(ctx: Any, as_json: bool, store: str | None) -> None:
+def status(ctx: Any, as_json: bool, store: str | None, serve: int | None, host: str) -> None:
     """What the fleet did and does: live nodes, drift, each entry's last and next
     firings, missed firings. Exit 0 when healthy, 1 with problems, 2 on an error."""
-    from beatless.celery.schedule import fleet_of
-    from beatless.cli import EXIT_BAD_INPUT, print_status
+    from beatless.cli import EXIT_BAD_INPUT, celery_fleet, print_status, serve_status
 
     try:
-        opened, namespace, schedule = fleet_of(ctx.obj.app, store)
-        with opened:
-            code = print_status(opened, namespace, schedule=schedule, as_json=as_json)
+        fleet = celery_fleet(ctx.obj.app, store)
+        with fleet.open() as opened:
+            if serve is not None:
+                code = serve_status(opened, fleet.namespace, fleet.schedule, host, serve)
+            else:
+                code = print_status(
+                    opened, fleet.namespace, schedule=fleet.schedule, as_json=as_json
+                )
     except BeatlessError as exc:
         click.echo(f"celery beatless status: error: {' '.join(str(exc).split())}", err=True)
         sys.exit(EXIT_BAD_INPUT)

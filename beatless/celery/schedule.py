@@ -401,14 +401,6 @@ def open_claim_store(settings: CelerySettings, url: str | None = None) -> ClaimS
     return open_store(url or settings.store_url, namespace=settings.namespace)
 
 
-def fleet_of(app: Any, store_url: str | None = None) -> tuple[ClaimStore, str, Schedule | None]:
-    """What ``beatless status`` and the controls read of ``app``: its claim store (or the
-    one at ``store_url``), its namespace and its schedule (``None`` with problems)."""
-    settings = CelerySettings.from_app(app)
-    schedule = check_app(app, settings).schedule
-    return open_claim_store(settings, store_url), settings.namespace, schedule
-
-
 def _atomic_store(
     app: Any, store: ClaimStore, settings: CelerySettings, enqueue: Enqueue
 ) -> Any | None:

@@ -13,7 +13,7 @@ from beatless.urls import ambiguous_user_part, mask_url, scrub
 __all__ = ["ClaimRequest", "ClaimStore", "MemoryStore", "Outcome", "open_store"]
 
 
-def open_store(url: str, *, namespace: str | None = None, **options: Any) -> ClaimStore:
+def open_store(url: str, *, namespace: str, **options: Any) -> ClaimStore:
     """Open a claim store from a URL: ``memory://``, ``sqlite:///path/to/file.db``,
     ``redis://host:port/db`` (also ``rediss://``, ``unix:///path/to/redis.sock`` and
     kombu's spelling ``redis+socket:///path``), ``redis+cluster://host:port[,host:port...]``
@@ -23,12 +23,19 @@ def open_store(url: str, *, namespace: str | None = None, **options: Any) -> Cla
     ``amqp://user:password@host:5672/vhost`` (also ``amqps://``; RabbitMQ, queues under
     ``beatless.{namespace}.``; ``?durable=false`` for transient ones).
 
-    The one place a URL becomes a store: the CLI, the Celery and Dramatiq integrations
-    and embedders all open stores here. ``namespace`` names the keys of a store that
-    keeps several schedules apart by key (Redis: ``beatless:{namespace}:``); the others
-    keep them apart by the address, which starts with the namespace. ``options`` go to
-    the store's constructor. An error quotes the URL masked, and no part of its password.
+    The one place a URL becomes a store, and the one rule for a fleet's key space: the
+    CLI (``run``, ``status``, ``explain``, the controls), the Celery and Dramatiq
+    integrations and embedders all open stores here, with the namespace of the schedule
+    the store serves, so every one of them addresses the same keys. ``namespace`` is
+    required for that reason: it names the key space of a store that keeps namespaces
+    apart by key (Redis: ``beatless:{namespace}:``; PostgreSQL: the ``namespace`` column;
+    NATS: the bucket ``beatless_{namespace}``; RabbitMQ: ``beatless.{namespace}.``); the
+    memory and SQLite stores keep them apart by the address alone, which starts with the
+    namespace. ``options`` go to the store's constructor. An error quotes
+    the URL masked, and no part of its password.
     """
+    if not isinstance(namespace, str) or not namespace:
+        raise ConfigError(f"open_store: namespace must be a non-empty string, got {namespace!r}")
     try:
         return _open(url, namespace, options)
     except (ValueError, StoreError) as exc:
@@ -55,9 +62,11 @@ def _checked_user_part(url: str, scheme: str) -> None:
         )
 
 
-def _open(url: str, namespace: str | None, options: dict[str, Any]) -> ClaimStore:
+def _open(url: str, namespace: str, options: dict[str, Any]) -> ClaimStore:
     scheme = urlsplit(url).scheme.lower()
     _checked_user_part(url, scheme)
+    if scheme not in ("memory", "sqlite"):
+        options["namespace"] = namespace
     if scheme == "memory":
         return MemoryStore(**options)
     if scheme == "sqlite":
@@ -65,24 +74,18 @@ def _open(url: str, namespace: str | None, options: dict[str, Any]) -> ClaimStor
 
         return SQLiteStore.from_url(url, **options)
     if scheme in ("redis", "rediss", "unix", "redis+socket", "redis+cluster", "rediss+cluster"):
-        return _open_redis(url, scheme, namespace, options)
+        return _open_redis(url, scheme, options)
     if scheme in ("postgresql", "postgres"):
         from beatless.stores.postgres import PostgresStore
 
-        if namespace is not None:
-            options["namespace"] = namespace
         return PostgresStore(url, **options)
     if scheme == "nats":
         from beatless.stores.nats import NATSStore
 
-        if namespace is not None:
-            options["namespace"] = namespace
         return NATSStore.from_url(url, **options)
     if scheme in ("amqp", "amqps"):
         from beatless.stores.rabbitmq import RabbitMQStore
 
-        if namespace is not None:
-            options["namespace"] = namespace
         return RabbitMQStore(url, **options)
     raise ConfigError(
         f"unknown store URL scheme {scheme!r} in {mask_url(url)!r}: use memory://, sqlite:///path, "
@@ -92,13 +95,9 @@ def _open(url: str, namespace: str | None, options: dict[str, Any]) -> ClaimStor
     )
 
 
-def _open_redis(
-    url: str, scheme: str, namespace: str | None, options: dict[str, Any]
-) -> ClaimStore:
+def _open_redis(url: str, scheme: str, options: dict[str, Any]) -> ClaimStore:
     """A Redis store, or a Redis Cluster store for ``redis+cluster://`` and
     ``rediss+cluster://``."""
-    if namespace is not None:
-        options["namespace"] = namespace
     if scheme.endswith("+cluster"):
         from beatless.stores.redis_cluster import RedisClusterStore
 
