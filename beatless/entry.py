@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -339,11 +341,13 @@ class Schedule:
     @cached_property
     def fingerprint(self) -> str:
         """16 hex digits of a SHA-256 over every entry's address with its trigger, jitter,
-        max_late, task, tenants and policies: equal on nodes that run the same schedule,
-        different when a node runs another version of it (a rollout in progress).
+        max_late, task, tenants, policies, args, kwargs and options: equal on nodes that
+        run the same schedule, different when a node runs another version of it (a
+        rollout in progress, even one that changes only a task's arguments).
 
         The text hashed is one line per entry, ``|``-separated, the lines sorted and
-        joined by newlines, the tenants joined by commas (``callable`` for a callable).
+        joined by newlines, the tenants joined by commas (``callable`` for a callable),
+        the args, kwargs and options written by :func:`canonical`.
         It is fed to the hash a piece at a time, so that a million tenants are never
         joined into one string (14 MB, and as much again encoded)."""
         parts = sorted((self._fingerprint_parts(e) for e in self.entries), key=lambda p: p[0])
@@ -365,8 +369,9 @@ class Schedule:
         tenants, and what comes after them."""
         head = (self.address(e), repr(e.trigger), str(e.jitter_ms), str(e.max_late_ms), e.task)
         tail = (e.catch_up, e.overlap, str(to_ms(e.run_lease)), str(to_ms(e.heartbeat)))
+        sent = (canonical(e.args), canonical(e.kwargs), canonical(e.options))
         tenants = ("callable",) if callable(e.tenants) else (e.tenants or ())
-        return "|".join(head) + "|", tenants, "|" + "|".join((*tail, str(e.once_only)))
+        return "|".join(head) + "|", tenants, "|" + "|".join((*tail, str(e.once_only), *sent))
 
     def entry(self, name: str) -> Entry:
         for entry in self.entries:
@@ -398,6 +403,28 @@ class Schedule:
             for e in self.entries
             if e.memory_needed >= remembers
         ]
+
+
+_ADDRESS = re.compile(r" at 0x[0-9A-Fa-f]+")
+"""The memory address in a default ``repr``, which differs from process to process."""
+
+
+def canonical(value: Any) -> str:
+    """A text of ``value`` that every node writes alike for equal values: mappings with
+    their keys sorted, lists and tuples alike (the wire makes both a list), sets sorted,
+    plain values as JSON, and anything else by its ``repr`` without memory addresses
+    (a kombu ``Queue``, a ``datetime``): what the schedule fingerprint hashes of an
+    entry's args, kwargs and options."""
+    if isinstance(value, Mapping):
+        items = sorted((canonical(key), canonical(item)) for key, item in value.items())
+        return "{" + ",".join(f"{key}:{item}" for key, item in items) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(canonical(item) for item in value) + "]"
+    if isinstance(value, set | frozenset):
+        return "set(" + ",".join(sorted(canonical(item) for item in value)) + ")"
+    if value is None or isinstance(value, str | int | float):
+        return json.dumps(value)
+    return _ADDRESS.sub("", repr(value))
 
 
 def _bind(entry: Entry, timezone: str) -> Entry:
