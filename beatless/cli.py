@@ -350,7 +350,12 @@ def cmd_check(args: argparse.Namespace) -> int:
             store.probe()
             offset = measure(store, time.time)
             remembers = store.remembers
-            errors = schedule.check_store(remembers, store.name, run_leases=store.holds_run_leases)
+            errors = schedule.check_store(
+                remembers,
+                store.name,
+                run_leases=store.holds_run_leases,
+                lengthen=store.lengthen_memory,
+            )
         if errors:
             return _print_problems(label, errors)
         store_note = (

@@ -380,11 +380,18 @@ class Schedule:
         raise ConfigError(f"no entry named {name!r} in namespace {self.namespace!r}")
 
     def check_store(
-        self, remembers: timedelta | None, store: str, *, run_leases: bool = True
+        self,
+        remembers: timedelta | None,
+        store: str,
+        *,
+        run_leases: bool = True,
+        lengthen: Callable[[timedelta], str] | None = None,
     ) -> list[str]:
         """Rule 5: every entry's ``jitter + max_late + 10s`` fits the store's memory; and,
         on a store that cannot hold a run lease without a gap (``run_leases`` false), no
-        entry asks for ``overlap = "skip"``."""
+        entry asks for ``overlap = "skip"``. ``lengthen`` says, for the memory an entry
+        needs, how to give the store that much
+        (:meth:`~beatless.stores.base.ClaimStore.lengthen_memory`)."""
         errors = [
             f"entry {e.name!r}: overlap 'skip' needs a claim store that renews a run lease "
             f"without a gap, which the {store} store cannot (a renewal reopens the lease for "
@@ -395,11 +402,12 @@ class Schedule:
         ]
         if remembers is None:
             return errors
+        how = lengthen or (lambda _: "lengthen the store's memory")
         return errors + [
             f"entry {e.name!r}: jitter {describe(e.jitter)} + max_late {describe(e.max_late)}"
             f" + tolerance {describe(STORE_TOLERANCE)} = {describe(e.memory_needed)} must be "
             f"under what {store} remembers ({describe(remembers)}); lower max_late or "
-            f"jitter, or lengthen the store's memory"
+            f"jitter, or {how(e.memory_needed)}"
             for e in self.entries
             if e.memory_needed >= remembers
         ]
