@@ -516,13 +516,24 @@ def _upcoming(upcoming: Sequence[Mapping[str, Any]], paused: bool) -> str:
     if not upcoming:
         return '<p class="muted">Next firings: unknown (the trigger is not known here).</p>'
     note = " (not claimed while paused)" if paused else ""
-    items = "".join(
+    items = "".join(_next_item(n) for n in upcoming)
+    return f'<div>Next firings{note}:</div><ol class="upcoming">{items}</ol>'
+
+
+def _next_item(n: Mapping[str, Any]) -> str:
+    """One coming firing; a fan-out's (no offset of its own) as its tenants' window."""
+    if n.get("offset_ms") is None:
+        window = int(n.get("window_ms") or 0)
+        return (
+            f'<li class="next" data-window-ms="{window}">{_e(n["occurrence"])}: each tenant '
+            f"released at its own offset within the {window / 1_000:.3f} s jitter window "
+            f"→ {_e(n['release'])} to {_e(n.get('release_last') or n['release'])}</li>"
+        )
+    return (
         f'<li class="next" data-offset-ms="{int(n["offset_ms"])}">'
         f"{_e(n['occurrence'])} + jitter offset {int(n['offset_ms']) / 1_000:.3f} s "
         f"→ released {_e(n['release'])}</li>"
-        for n in upcoming
     )
-    return f'<div>Next firings{note}:</div><ol class="upcoming">{items}</ol>'
 
 
 def _controls(audit: Iterable[Mapping[str, Any]]) -> str:

@@ -130,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
         metavar="PORT",
         help="serve Prometheus metrics on this port (needs beatless[metrics])",
     )
+    run.add_argument(
+        "--metrics-host",
+        metavar="ADDR",
+        help="the address the metrics port listens on (127.0.0.1; 0.0.0.0 for every interface)",
+    )
 
     status = commands.add_parser(
         "status", help="what the fleet did and does, read from the claim store"
@@ -362,7 +367,12 @@ def cmd_check(args: argparse.Namespace) -> int:
             store.probe()
             offset = measure(store, time.time)
             remembers = store.remembers
-            errors = schedule.check_store(remembers, store.name, run_leases=store.holds_run_leases)
+            errors = schedule.check_store(
+                remembers,
+                store.name,
+                run_leases=store.holds_run_leases,
+                lengthen=store.lengthen_memory,
+            )
         if errors:
             return _print_problems(label, errors)
         store_note = (
@@ -658,6 +668,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         store_url=store,
         node=node,
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
         preferred=not args.every_node_claims,
     )
 
@@ -668,16 +679,20 @@ def run_node(
     store_url: str,
     node: str | None,
     metrics_port: int | None = None,
+    metrics_host: str | None = None,
     preferred: bool = True,
 ) -> int:
     """Run one node until SIGINT or SIGTERM, logging each firing's decision; with
-    ``metrics_port``, serve its Prometheus metrics there (a port taken is an error)."""
+    ``metrics_port``, serve its Prometheus metrics there, on ``metrics_host`` (127.0.0.1
+    unless given; a port taken is an error)."""
+    from beatless import metrics
     from beatless.scheduler import Scheduler
 
+    if metrics_host is not None and metrics_port is None:
+        raise ConfigError("--metrics-host needs --metrics-port: give the port to serve on")
     if metrics_port is not None:
-        from beatless import metrics
-
         metrics.metrics_port(metrics_port, "--metrics-port")  # prometheus-client, a port
+        metrics_host = metrics.metrics_host(metrics_host or metrics.DEFAULT_ADDR, "--metrics-host")
 
     with open_probed(store_url, namespace=schedule.namespace) as store:
         logging.basicConfig(
@@ -689,7 +704,7 @@ def run_node(
         )
         if metrics_port is not None:
             metrics.register(scheduler)
-            metrics.serve(metrics_port)
+            metrics.serve(metrics_port, addr=metrics_host or metrics.DEFAULT_ADDR)
         stopping = threading.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: stopping.set())

@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 from beatless.durations import DurationLike, as_timedelta, describe, to_ms
 from beatless.errors import ConfigError, ScheduleError
@@ -20,6 +22,9 @@ FINGERPRINT_CHUNK = 10_000
 """Tenants joined at a time into the text of the schedule fingerprint."""
 STORE_TOLERANCE = timedelta(seconds=10)
 """The store refuses a new claim more than ``max_late`` + this behind its own clock."""
+
+T = TypeVar("T")
+D = TypeVar("D")
 
 TASK_TAG_LENGTH = 8
 """Hex digits of a task tag (:attr:`Entry.task_tag`)."""
@@ -85,64 +90,29 @@ class Entry:
     ) -> None:
         setter = object.__setattr__
         setter(self, "name", _name(name, "entry name"))
-        if not isinstance(task, str) or not task:
-            raise ConfigError(f"entry {name!r}: task must be a non-empty string, got {task!r}")
-        setter(self, "task", task)
-        if not isinstance(trigger, Trigger):
-            raise ConfigError(
-                f"entry {name!r}: trigger must be a Cron or an Every, got {trigger!r}"
-            )
-        setter(self, "trigger", trigger)
+        label = f"entry {name!r}"
+        found = _Problems()
+        setter(self, "task", found.keep(lambda: _task(label, task), task))
+        setter(self, "trigger", found.keep(lambda: _trigger(label, trigger), trigger))
         setter(self, "args", tuple(args))
         setter(self, "kwargs", dict(kwargs or {}))
         setter(self, "options", dict(options or {}))
-        setter(self, "jitter", as_timedelta(jitter, name=f"entry {name!r}: jitter"))
-        setter(self, "max_late", as_timedelta(max_late, name=f"entry {name!r}: max_late"))
-        if tenants is not None and not callable(tenants):
-            if isinstance(tenants, str):
-                raise ConfigError(f"entry {name!r}: tenants must be a list, not a string")
-            if type(tenants) is not tuple or not all(type(t) is str for t in tenants):
-                tenants = tuple(str(t) for t in tenants)  # a tuple of str is kept as given
-            repeated = _repeated(tenants)
-            if repeated is not None:
-                raise ConfigError(f"entry {name!r}: tenants must not repeat ({repeated!r} does)")
-        setter(self, "tenants", tenants)
-        setter(self, "catch_up", catch_up_policy(catch_up, f"entry {name!r}"))
-        setter(self, "overlap", overlap_policy(overlap, f"entry {name!r}"))
-        setter(self, "run_lease", as_timedelta(run_lease, name=f"entry {name!r}: run_lease"))
-        setter(self, "heartbeat", as_timedelta(heartbeat, name=f"entry {name!r}: heartbeat"))
-        if not isinstance(once_only, bool):
-            raise ConfigError(f"entry {name!r}: once_only must be true or false, got {once_only!r}")
-        setter(self, "once_only", once_only)
-        self._check_durations()
+        setter(self, "tenants", found.keep(lambda: _tenants(label, tenants), None))
 
-    def _check_durations(self) -> None:
-        if self.jitter < timedelta(0):
-            raise ScheduleError(
-                f"entry {self.name!r}: jitter must not be negative, got {describe(self.jitter)}"
-            )
-        if self.max_late <= timedelta(0):
-            raise ScheduleError(
-                f"entry {self.name!r}: max_late must be positive, got {describe(self.max_late)}"
-            )
-        if self.max_late <= self.jitter:
-            raise ScheduleError(
-                f"entry {self.name!r}: max_late {describe(self.max_late)} must be longer than "
-                f"jitter {describe(self.jitter)}, or a node waiting its full offset is already "
-                f"late; raise max_late above {describe(self.jitter)} or lower the jitter"
-            )
-        if self.run_lease <= timedelta(0) or self.heartbeat <= timedelta(0):
-            raise ScheduleError(
-                f"entry {self.name!r}: run_lease {describe(self.run_lease)} and heartbeat "
-                f"{describe(self.heartbeat)} must be positive"
-            )
-        if 2 * self.heartbeat >= self.run_lease:
-            raise ScheduleError(
-                f"entry {self.name!r}: heartbeat {describe(self.heartbeat)} must be under half "
-                f"the run_lease {describe(self.run_lease)} (rule 6: a run lease is renewed at "
-                f"least twice before it can run out); lower the heartbeat under "
-                f"{describe(self.run_lease / 2)} or lengthen the run_lease"
-            )
+        def duration(value: DurationLike, key: str) -> timedelta | None:
+            return found.keep(lambda: as_timedelta(value, name=f"{label}: {key}"), None)
+
+        setter(self, "jitter", duration(jitter, "jitter"))
+        setter(self, "max_late", duration(max_late, "max_late"))
+        setter(self, "catch_up", found.keep(lambda: catch_up_policy(catch_up, label), catch_up))
+        setter(self, "overlap", found.keep(lambda: overlap_policy(overlap, label), overlap))
+        setter(self, "run_lease", duration(run_lease, "run_lease"))
+        setter(self, "heartbeat", duration(heartbeat, "heartbeat"))
+        setter(self, "once_only", found.keep(lambda: _once_only(label, once_only), once_only))
+        found.extend(
+            _timing_problems(label, self.jitter, self.max_late, self.run_lease, self.heartbeat)
+        )
+        found.raise_any()
 
     @cached_property
     def jitter_ms(self) -> int:
@@ -180,6 +150,109 @@ class Entry:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         values.update(changes)
         return Entry(**values)
+
+
+class _Problems:
+    """The problems of one entry, collected rather than raised at the first, so that a
+    typo in one option does not hide a timing rule another one breaks."""
+
+    def __init__(self) -> None:
+        self.found: list[str] = []
+        self.first: ConfigError | None = None
+
+    def keep(self, build: Callable[[], T], default: D) -> T | D:
+        """``build()``, or ``default`` with what it raised noted."""
+        try:
+            return build()
+        except ScheduleError as exc:
+            self.first = self.first or exc
+            self.found.extend(exc.errors)
+        except ConfigError as exc:
+            self.first = self.first or exc
+            self.found.append(str(exc))
+        return default
+
+    def extend(self, problems: Iterable[str]) -> None:
+        for problem in problems:
+            self.first = self.first or ScheduleError(problem)
+            self.found.append(problem)
+
+    def raise_any(self) -> None:
+        """Nothing when no problem was found; the one error as it was raised when there
+        is one; else a :class:`ScheduleError` listing them all."""
+        if self.first is None:
+            return
+        if len(self.found) == 1:
+            raise self.first
+        raise ScheduleError("; ".join(self.found), list(self.found))
+
+
+def _task(label: str, task: object) -> str:
+    if not isinstance(task, str) or not task:
+        raise ConfigError(f"{label}: task must be a non-empty string, got {task!r}")
+    return task
+
+
+def _trigger(label: str, trigger: object) -> Trigger:
+    if not isinstance(trigger, Trigger):
+        raise ConfigError(f"{label}: trigger must be a Cron or an Every, got {trigger!r}")
+    return trigger
+
+
+def _tenants(label: str, tenants: Tenants) -> Tenants:
+    if tenants is None or callable(tenants):
+        return tenants
+    if isinstance(tenants, str):
+        raise ConfigError(f"{label}: tenants must be a list, not a string")
+    if type(tenants) is not tuple or not all(type(t) is str for t in tenants):
+        tenants = tuple(str(t) for t in tenants)  # a tuple of str is kept as given
+    repeated = _repeated(tenants)
+    if repeated is not None:
+        raise ConfigError(f"{label}: tenants must not repeat ({repeated!r} does)")
+    return tenants
+
+
+def _once_only(label: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{label}: once_only must be true or false, got {value!r}")
+    return value
+
+
+def _timing_problems(
+    label: str,
+    jitter: timedelta | None,
+    max_late: timedelta | None,
+    run_lease: timedelta | None,
+    heartbeat: timedelta | None,
+) -> list[str]:
+    """The rules between an entry's durations, each checked when the durations it
+    compares could be read (``None``: one that could not, reported on its own)."""
+    found = []
+    if jitter is not None and jitter < timedelta(0):
+        found.append(f"{label}: jitter must not be negative, got {describe(jitter)}")
+    if max_late is not None and max_late <= timedelta(0):
+        found.append(f"{label}: max_late must be positive, got {describe(max_late)}")
+    elif max_late is not None and jitter is not None and max_late <= jitter:
+        found.append(
+            f"{label}: max_late {describe(max_late)} must be longer than jitter "
+            f"{describe(jitter)}, or a node waiting its full offset is already late; raise "
+            f"max_late above {describe(jitter)} or lower the jitter"
+        )
+    if run_lease is None or heartbeat is None:
+        return found
+    if run_lease <= timedelta(0) or heartbeat <= timedelta(0):
+        found.append(
+            f"{label}: run_lease {describe(run_lease)} and heartbeat {describe(heartbeat)} "
+            f"must be positive"
+        )
+    elif 2 * heartbeat >= run_lease:
+        found.append(
+            f"{label}: heartbeat {describe(heartbeat)} must be under half the run_lease "
+            f"{describe(run_lease)} (rule 6: a run lease is renewed at least twice before "
+            f"it can run out); lower the heartbeat under {describe(run_lease / 2)} or "
+            f"lengthen the run_lease"
+        )
+    return found
 
 
 def catch_up_policy(value: object, where: str) -> str:
@@ -268,11 +341,13 @@ class Schedule:
     @cached_property
     def fingerprint(self) -> str:
         """16 hex digits of a SHA-256 over every entry's address with its trigger, jitter,
-        max_late, task, tenants and policies: equal on nodes that run the same schedule,
-        different when a node runs another version of it (a rollout in progress).
+        max_late, task, tenants, policies, args, kwargs and options: equal on nodes that
+        run the same schedule, different when a node runs another version of it (a
+        rollout in progress, even one that changes only a task's arguments).
 
         The text hashed is one line per entry, ``|``-separated, the lines sorted and
-        joined by newlines, the tenants joined by commas (``callable`` for a callable).
+        joined by newlines, the tenants joined by commas (``callable`` for a callable),
+        the args, kwargs and options written by :func:`canonical`.
         It is fed to the hash a piece at a time, so that a million tenants are never
         joined into one string (14 MB, and as much again encoded)."""
         parts = sorted((self._fingerprint_parts(e) for e in self.entries), key=lambda p: p[0])
@@ -294,8 +369,9 @@ class Schedule:
         tenants, and what comes after them."""
         head = (self.address(e), repr(e.trigger), str(e.jitter_ms), str(e.max_late_ms), e.task)
         tail = (e.catch_up, e.overlap, str(to_ms(e.run_lease)), str(to_ms(e.heartbeat)))
+        sent = (canonical(e.args), canonical(e.kwargs), canonical(e.options))
         tenants = ("callable",) if callable(e.tenants) else (e.tenants or ())
-        return "|".join(head) + "|", tenants, "|" + "|".join((*tail, str(e.once_only)))
+        return "|".join(head) + "|", tenants, "|" + "|".join((*tail, str(e.once_only), *sent))
 
     def entry(self, name: str) -> Entry:
         for entry in self.entries:
@@ -304,11 +380,18 @@ class Schedule:
         raise ConfigError(f"no entry named {name!r} in namespace {self.namespace!r}")
 
     def check_store(
-        self, remembers: timedelta | None, store: str, *, run_leases: bool = True
+        self,
+        remembers: timedelta | None,
+        store: str,
+        *,
+        run_leases: bool = True,
+        lengthen: Callable[[timedelta], str] | None = None,
     ) -> list[str]:
         """Rule 5: every entry's ``jitter + max_late + 10s`` fits the store's memory; and,
         on a store that cannot hold a run lease without a gap (``run_leases`` false), no
-        entry asks for ``overlap = "skip"``."""
+        entry asks for ``overlap = "skip"``. ``lengthen`` says, for the memory an entry
+        needs, how to give the store that much
+        (:meth:`~beatless.stores.base.ClaimStore.lengthen_memory`)."""
         errors = [
             f"entry {e.name!r}: overlap 'skip' needs a claim store that renews a run lease "
             f"without a gap, which the {store} store cannot (a renewal reopens the lease for "
@@ -319,14 +402,37 @@ class Schedule:
         ]
         if remembers is None:
             return errors
+        how = lengthen or (lambda _: "lengthen the store's memory")
         return errors + [
             f"entry {e.name!r}: jitter {describe(e.jitter)} + max_late {describe(e.max_late)}"
             f" + tolerance {describe(STORE_TOLERANCE)} = {describe(e.memory_needed)} must be "
             f"under what {store} remembers ({describe(remembers)}); lower max_late or "
-            f"jitter, or lengthen the store's memory"
+            f"jitter, or {how(e.memory_needed)}"
             for e in self.entries
             if e.memory_needed >= remembers
         ]
+
+
+_ADDRESS = re.compile(r" at 0x[0-9A-Fa-f]+")
+"""The memory address in a default ``repr``, which differs from process to process."""
+
+
+def canonical(value: Any) -> str:
+    """A text of ``value`` that every node writes alike for equal values: mappings with
+    their keys sorted, lists and tuples alike (the wire makes both a list), sets sorted,
+    plain values as JSON, and anything else by its ``repr`` without memory addresses
+    (a kombu ``Queue``, a ``datetime``): what the schedule fingerprint hashes of an
+    entry's args, kwargs and options."""
+    if isinstance(value, Mapping):
+        items = sorted((canonical(key), canonical(item)) for key, item in value.items())
+        return "{" + ",".join(f"{key}:{item}" for key, item in items) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(canonical(item) for item in value) + "]"
+    if isinstance(value, set | frozenset):
+        return "set(" + ",".join(sorted(canonical(item) for item in value)) + ")"
+    if value is None or isinstance(value, str | int | float):
+        return json.dumps(value)
+    return _ADDRESS.sub("", repr(value))
 
 
 def _bind(entry: Entry, timezone: str) -> Entry:

@@ -55,10 +55,13 @@ from beatless.entry import (
     overlap_policy,
 )
 from beatless.errors import ConfigError, ScheduleError
-from beatless.problems import limits
+from beatless.problems import STAND_IN_TRIGGER, entry_of, keep, limits
 from beatless.triggers import Cron, Every, Trigger, zone
 
 RUN_KEYS = ("overlap", "run_lease", "heartbeat", "once_only")
+DEFAULTED_KEYS = ("jitter", "max_late", "catch_up")
+"""Entry keys that take the top level's value when an entry does not set its own (the
+run keys too)."""
 TOP_KEYS = ("namespace", "timezone", "max_late", "jitter", "catch_up", *RUN_KEYS, "entry")
 ENTRY_KEYS = (
     "name",
@@ -242,32 +245,27 @@ def _collect(build: Any, errors: list[str]) -> Any:
 
 
 def _entry(table: Mapping[str, Any], index: int, defaults: Mapping[str, Any]) -> Entry:
+    """The entry of one ``[[entry]]`` table; every problem of it at once."""
     name = table.get("name")
     label = f"entry {name!r}" if isinstance(name, str) and name else f"entry #{index}"
+    found: list[str] = []
     unknown = sorted(set(table) - set(ENTRY_KEYS))
     if unknown:
-        raise ConfigError(f"{label}: {_unknown(unknown, ENTRY_KEYS)}")
+        found.append(_unknown(unknown, ENTRY_KEYS))
     if not isinstance(name, str) or not name:
-        raise ConfigError(f"{label}: 'name' is required and must be a string")
-    try:
-        return Entry(
-            name=name,
-            task=_text(table.get("task"), "task"),
-            trigger=_trigger(table),
-            args=_typed(table, "args", list, []),
-            kwargs=_typed(table, "kwargs", dict, {}),
-            options=_typed(table, "options", dict, {}),
-            jitter=table.get("jitter", defaults["jitter"]),
-            max_late=table.get("max_late", defaults["max_late"]),
-            tenants=_tenants(table.get("tenants")),
-            catch_up=table.get("catch_up", defaults["catch_up"]),
-            **{key: table.get(key, defaults[key]) for key in RUN_KEYS},
-        )
-    except ConfigError as exc:
-        message = str(exc)
-        if message.startswith(label):
-            raise
-        raise type(exc)(f"{label}: {message}") from None
+        found.append("'name' is required and must be a string")
+        problems = [f"{label}: {problem}" for problem in found]
+        raise ScheduleError("; ".join(problems), problems)
+    pieces: dict[str, Any] = {
+        "task": keep(lambda: _text(table.get("task"), "task"), "?", found),
+        "trigger": keep(lambda: _trigger(table), STAND_IN_TRIGGER, found),
+        "args": keep(lambda: _typed(table, "args", list, []), [], found),
+        "kwargs": keep(lambda: _typed(table, "kwargs", dict, {}), {}, found),
+        "options": keep(lambda: _typed(table, "options", dict, {}), {}, found),
+        "tenants": keep(lambda: _tenants(table.get("tenants")), None, found),
+    }
+    options = {key: table.get(key, defaults[key]) for key in (*DEFAULTED_KEYS, *RUN_KEYS)}
+    return entry_of(label, found, lambda: Entry(name=name, **pieces, **options))
 
 
 def _run_defaults(data: Mapping[str, Any], errors: list[str]) -> dict[str, Any]:

@@ -56,6 +56,7 @@ __all__ = [
     "DEFAULT_ADDR",
     "OUTCOMES",
     "SchedulerCollector",
+    "metrics_host",
     "metrics_port",
     "metrics_registry",
     "publish",
@@ -68,8 +69,11 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'beatless[metrics]'"
-DEFAULT_ADDR = "0.0.0.0"  # noqa: S104 - an exposition is scraped from other hosts
-"""Where :func:`serve` listens unless told: every interface, as prometheus_client does."""
+DEFAULT_ADDR = "127.0.0.1"
+"""Where :func:`serve` listens unless told: this host only, as the status page does. A
+Prometheus on another host needs the node's own address, or ``0.0.0.0`` (every
+interface): ``beatless_metrics_host``, ``Beatless(metrics_host=...)``,
+``beatless run --metrics-host``."""
 MAX_PORT = 65_535
 
 NODE_LABELS = ("namespace", "node")
@@ -410,6 +414,18 @@ def metrics_port(value: object, name: str) -> int:
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port <= MAX_PORT:
         raise ConfigError(f"{name} must be a TCP port (1 to {MAX_PORT}), got {value!r}")
     return port
+
+
+def metrics_host(value: object, name: str) -> str:
+    """An address to serve metrics on (an IP address or a host name of this host), given
+    as a non-empty string: checked where a node is configured, so that a bad one is a
+    start-up error naming ``name``."""
+    if not isinstance(value, str) or not value.strip() or value != value.strip():
+        raise ConfigError(
+            f"{name} must be an address of this host to listen on, such as '127.0.0.1' "
+            f"(the default) or '0.0.0.0' (every interface), got {value!r}"
+        )
+    return value
 
 
 def metrics_registry(value: object, name: str) -> CollectorRegistry:

@@ -37,6 +37,7 @@ from beatless._logtext import shown
 from beatless.entry import Entry, Schedule, tenant_address
 from beatless.errors import ConfigError, ScheduleError
 from beatless.stores.base import NOT_IN_NAMES, NOTE_NAME_LIMIT, NOTE_VALUE_LIMIT
+from beatless.triggers import Every, Trigger
 
 REFUSE = "refuse"
 CONSUME = "consume"
@@ -44,6 +45,10 @@ ON_SCHEDULE_ERROR = (REFUSE, CONSUME)
 """What a node does when its schedule has problems."""
 
 T = TypeVar("T")
+
+STAND_IN_TRIGGER: Trigger = Every(60)
+"""What an entry whose own trigger could not be built is checked with, so that the
+problems of its other options are still found (the entry itself is refused)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,33 @@ def collect(build: Callable[[], T], problems: list[str]) -> T | None:
     except ConfigError as exc:
         problems.append(one_line(str(exc)))
     return None
+
+
+def keep(build: Callable[[], T], stand_in: T, problems: list[str]) -> T:
+    """``build()``, or ``stand_in`` with its problems added to ``problems``: a part of
+    an entry that is wrong, replaced so that the entry's other options are still
+    checked."""
+    built = collect(build, problems)
+    return stand_in if built is None else built
+
+
+def entry_of(label: str, problems: Iterable[str], build: Callable[[], Entry]) -> Entry:
+    """The entry ``build()`` makes, when neither it nor what its front end found before
+    (``problems``: an unknown option, a trigger that does not parse, whose stand-in
+    ``build`` was given) has a problem. Otherwise one
+    :class:`~beatless.errors.ScheduleError` with every problem of the entry, each
+    starting with ``label``: a typo in one option never hides a rule another breaks."""
+    found = list(problems)
+    entry = collect(build, found)
+    if entry is None or found:
+        found = [labelled(label, problem) for problem in found]
+        raise ScheduleError("; ".join(found), found)
+    return entry
+
+
+def labelled(label: str, problem: str) -> str:
+    """``problem`` starting with ``label`` (``entry 'name'``), once."""
+    return problem if problem.startswith(label) else f"{label}: {problem}"
 
 
 def checked(

@@ -289,7 +289,10 @@ class Scheduler:
 
     def _check_store(self) -> None:
         errors = limits(self.schedule) + self.schedule.check_store(
-            self.store.remembers, self.store.name, run_leases=self.store.holds_run_leases
+            self.store.remembers,
+            self.store.name,
+            run_leases=self.store.holds_run_leases,
+            lengthen=self.store.lengthen_memory,
         )
         if errors:
             raise ScheduleError("; ".join(errors), errors)

@@ -323,19 +323,42 @@ def _item(item: HistoryItem) -> dict[str, Any]:
 
 
 def _next(view: EntryView, now_ms: int, count: int) -> list[dict[str, Any]]:
+    """The coming occurrences with their release. A fan-out's tenants each have an offset
+    of their own: its ``offset_ms`` is ``None``, and they are released from ``release``
+    over ``window_ms``, up to ``release_last``."""
     if view.trigger is None:
         return []
     upcoming = []
     for occurrence in islice(view.trigger.after(now_ms), count):
-        offset = 0 if view.fan_out else offset_ms(view.address, occurrence, view.jitter_ms)
+        if view.fan_out:
+            upcoming.append(
+                {
+                    "occurrence": iso(occurrence),
+                    "offset_ms": None,
+                    "window_ms": view.jitter_ms,
+                    "release": iso(occurrence),
+                    "release_last": iso(occurrence + view.jitter_ms),
+                }
+            )
+            continue
+        offset = offset_ms(view.address, occurrence, view.jitter_ms)
         upcoming.append(
             {
                 "occurrence": iso(occurrence),
                 "offset_ms": offset,
+                "window_ms": view.jitter_ms,
                 "release": iso(occurrence + offset),
             }
         )
     return upcoming
+
+
+def _release_text(upcoming: dict[str, Any]) -> str:
+    """One coming release as ``status`` prints it; a fan-out's, as the span its tenants
+    are released over."""
+    if upcoming["offset_ms"] is not None or not upcoming["window_ms"]:
+        return str(upcoming["release"])
+    return f"{upcoming['release']} to {upcoming['release_last']} (each tenant at its offset)"
 
 
 def _missed(
@@ -443,7 +466,7 @@ def render(status: Mapping[str, Any]) -> str:
             else f"last {e(last['outcome'])} {e(last['occurrence'])} on {e(last['node'])} "
             f"({e(last['lateness_ms'])}ms after release)"
         )
-        upcoming = ", ".join(e(n["release"]) for n in entry["next"]) or "unknown"
+        upcoming = ", ".join(e(_release_text(n)) for n in entry["next"]) or "unknown"
         lines.append(f"  {e(entry['entry'])}  {e(entry['trigger'])}")
         lines.append(f"    {told}; missed in the last hour: {e(entry['missed'])}")
         lines.append(f"    next releases: {upcoming}")

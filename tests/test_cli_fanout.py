@@ -15,6 +15,7 @@ import pytest
 from beatless import Entry, Every, Firing, Schedule
 from beatless._fanout import CHUNK, FanOut, bucket_count, earliest
 from beatless.cli import main, upcoming
+from beatless.entry import canonical
 from beatless.errors import ConfigError
 
 WIDE = 50_000
@@ -323,6 +324,9 @@ def reference_fingerprint(schedule: Schedule) -> str:
                 str(int(e.run_lease.total_seconds() * 1_000)),
                 str(int(e.heartbeat.total_seconds() * 1_000)),
                 str(e.once_only),
+                canonical(e.args),
+                canonical(e.kwargs),
+                canonical(e.options),
             )
         )
         for e in schedule.entries

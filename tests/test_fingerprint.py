@@ -43,6 +43,9 @@ def test_the_same_schedule_has_the_same_fingerprint_whatever_the_entry_order() -
         {"run_lease": "1m"},
         {"heartbeat": "10s"},
         {"once_only": False},
+        {"args": ("x",)},
+        {"kwargs": {"format": "pdf"}},
+        {"options": {"queue": "reports"}},
     ],
     ids=lambda change: next(iter(change)),
 )
@@ -50,6 +53,39 @@ def test_any_change_a_node_acts_on_changes_the_fingerprint(change: dict[str, obj
     base = entries()
     changed = [base[0].replace(**change), base[1]]
     assert Schedule(changed).fingerprint != Schedule(base).fingerprint
+
+
+def test_schedules_differing_only_in_arguments_have_different_fingerprints() -> None:
+    def schedule(*args: object, **kwargs: object) -> Schedule:
+        return Schedule(
+            [Entry(name="e", task="t", trigger=Every(30), args=args, kwargs=kwargs)],
+            namespace="shop",
+        )
+
+    assert schedule(1).fingerprint != schedule(2).fingerprint
+    assert schedule(1).fingerprint != schedule("1").fingerprint
+    assert schedule(size=1).fingerprint != schedule(size=2).fingerprint
+    assert schedule([1, 2]).fingerprint != schedule([2, 1]).fingerprint
+
+
+def test_arguments_written_alike_have_the_same_fingerprint_on_every_node() -> None:
+    """Key order, a tuple for a list, and an object's memory address do not count: what
+    the task receives does."""
+
+    class Marker:
+        pass
+
+    def schedule(args: object, kwargs: dict[str, object], options: dict[str, object]) -> Schedule:
+        entry = Entry(
+            name="e", task="t", trigger=Every(30), args=args, kwargs=kwargs, options=options
+        )
+        return Schedule([entry])
+
+    one = schedule([1, (2, 3)], {"a": 1, "b": {"x": 1, "y": 2}}, {"marker": Marker()})
+    two = schedule((1, [2, 3]), {"b": {"y": 2, "x": 1}, "a": 1}, {"marker": Marker()})
+    assert one.fingerprint == two.fingerprint
+    sets = schedule([], {"s": {"b", "a", "c"}}, {}), schedule([], {"s": {"c", "a", "b"}}, {})
+    assert sets[0].fingerprint == sets[1].fingerprint
 
 
 def test_namespace_and_zone_of_unzoned_crons_change_the_fingerprint() -> None:

@@ -340,6 +340,48 @@ def test_publish_serves_a_port_once_per_process_for_every_scheduler(
     assert "cannot serve" not in caplog.text
 
 
+def test_the_exposition_listens_on_this_host_only_unless_told(
+    registry: CollectorRegistry,
+) -> None:
+    server, thread = metrics.serve(0, registry=registry)
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    (node,) = Fleet(1).nodes
+    port = free_port()
+    try:
+        metrics.publish(node, port=port, registry=registry)
+        assert (os.getpid(), "127.0.0.1", port) in metrics._served
+    finally:
+        metrics.unregister(node)
+        served = metrics._served.pop((os.getpid(), "127.0.0.1", port), None)
+        if served is not None:
+            served[0].shutdown()
+            served[0].server_close()
+
+
+@pytest.mark.parametrize("value", ["", " 0.0.0.0", None, 8080])
+def test_a_metrics_host_must_be_an_address(value: object) -> None:
+    with pytest.raises(ConfigError, match="setting_name must be an address of this host"):
+        metrics.metrics_host(value, "setting_name")
+    assert metrics.metrics_host("10.0.0.5", "setting_name") == "10.0.0.5"
+
+
+def test_beatless_run_refuses_a_metrics_host_without_a_port(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from beatless.cli import main
+
+    plan = tmp_path / "schedule.toml"
+    plan.write_text('[[entry]]\nname = "tick"\ntask = "t"\nevery = "1s"\n')
+    store = f"sqlite:///{tmp_path / 'claims.db'}"
+    assert main(["run", str(plan), "--store", store, "--metrics-host", "10.0.0.5"]) == 2
+    assert "--metrics-host needs --metrics-port" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", [True, 0, 70_000, "x", 9808.0, None])
 def test_a_metrics_port_must_be_a_tcp_port(value: object) -> None:
     with pytest.raises(ConfigError, match="setting_name must be a TCP port"):

@@ -364,20 +364,58 @@ def test_remembers_is_the_ttl_so_rule_5_is_checked_against_it(bucket: str) -> No
         opened.close()
 
 
-def test_an_existing_bucket_that_forgets_sooner_than_the_ttl_is_refused_with_the_numbers(
-    bucket: str,
+def test_a_bucket_made_with_a_shorter_ttl_is_lengthened_to_a_later_one(
+    bucket: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """``check --store ...`` with the default 5 minutes, then the nodes with ``&ttl=10m``."""
+    caplog.set_level(logging.WARNING, logger="beatless")
     short = NATSStore(NATS_URL, bucket=bucket, ttl="90s")
-    short.probe()
-    short.close()
+    assert short.claim([firing(now_ms())], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
     store = NATSStore(NATS_URL, bucket=bucket, ttl="5m")
 
-    with pytest.raises(StoreError, match="keeps claims for 1m30s") as caught:
-        store.claim([firing(now_ms())], node="a", lease_ms=LEASE_MS)
+    assert store.claim([firing(now_ms())], node="b", lease_ms=LEASE_MS) == [Outcome.WON]
+
+    assert stream_info(bucket)["config"]["max_age"] == 300 * 10**9
+    assert "kept claims for 1m30s, less than the ttl 5m: it keeps them for 5m" in caplog.text
+    # The same bucket, its claims kept: not a store that forgot, for either node.
+    assert store.epoch == short.epoch
+    assert short.claim([firing(now_ms())], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    assert short.epoch == store.epoch
+    assert stream_info(bucket)["config"]["max_age"] == 300 * 10**9  # never shortened
+    for opened in (short, store):
+        opened.close()
+
+
+def test_a_bucket_left_shorter_than_the_ttl_is_refused_with_the_numbers_and_the_fix() -> None:
+    """What a node says when the bucket could not be lengthened (a user without the right
+    to update the stream): the numbers, and the command that lengthens it."""
+    store = NATSStore(NATS_URL, bucket="claims", ttl="5m")
+    info = BucketInfo(
+        created="2026-01-01T00:00:00Z",
+        created_ms=0,
+        description="",
+        max_age_ms=90_000,
+        replicas=1,
+        direct=True,
+        drops_old=False,
+        purgeable=False,
+        last_ms=None,
+        server_ms=None,
+    )
+    with pytest.raises(StoreError, match="keeps claims for 1m30s, less than the ttl 5m") as caught:
+        store._check(info)
 
     assert not isinstance(caught.value, StoreUnavailable)
-    assert "ttl 5m" in str(caught.value)
-    assert NATSStore(NATS_URL, bucket=bucket, ttl="60s").time_ms() > 0
+    assert "nats stream edit KV_claims --max-age 5m" in str(caught.value)
+    store.close()
+
+
+def test_rule_5_on_nats_says_which_ttl_would_do() -> None:
+    schedule = Schedule([Entry(name="e", task="t", trigger=Every(600), jitter="2m", max_late="5m")])
+    store = NATSStore(NATS_URL, ttl="5m")
+    (error,) = schedule.check_store(store.remembers, store.name, lengthen=store.lengthen_memory)
+    assert "7m10s must be under what nats remembers (5m)" in error
+    assert "open the store with ?ttl=8m (or &ttl=8m after other options" in error
     store.close()
 
 

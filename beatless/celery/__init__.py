@@ -1,7 +1,8 @@
 """beatless for Celery: run periodic tasks from every worker, or as any number of beats.
 
 * In every worker, no beat: ``beatless.celery.install(app)`` (the bootstep is
-  :class:`BeatlessStep`).
+  :class:`BeatlessStep`; ``Beatless``, its first name, still loads it, with a
+  ``DeprecationWarning``).
 * As ``celery beat`` on any number of hosts:
   ``beat_scheduler = "beatless.celery:BeatScheduler"`` (``Scheduler`` is the same class,
   under the name first documented).
@@ -15,6 +16,9 @@ Importing this module imports Celery, never a broker driver.
 """
 
 from __future__ import annotations
+
+import warnings
+from typing import Any
 
 from beatless.celery import control  # noqa: F401 - registers `celery inspect beatless`
 from beatless.celery.beat import BeatScheduler, Scheduler
@@ -42,3 +46,20 @@ __all__ = [
     "task_firing_id",
     "tenant",
 ]
+
+
+RENAMED = {"Beatless": "BeatlessStep"}
+"""Names this module had, and what they are called now: still importable, with a
+``DeprecationWarning``."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in RENAMED:
+        warnings.warn(
+            f"beatless.celery.{name} is renamed beatless.celery.{RENAMED[name]}; the old "
+            f"name will be removed in a future release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return globals()[RENAMED[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

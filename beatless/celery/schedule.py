@@ -31,6 +31,7 @@ read the schedule through it.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -50,7 +51,15 @@ from beatless.celery.settings import CelerySettings, normalise_redis_url, zone_n
 from beatless.durations import to_ms
 from beatless.entry import Entry, Schedule
 from beatless.errors import ConfigError, ScheduleError, StoreError
-from beatless.problems import Checked, argument_problems, checked, collect
+from beatless.problems import (
+    STAND_IN_TRIGGER,
+    Checked,
+    argument_problems,
+    checked,
+    collect,
+    entry_of,
+    keep,
+)
 from beatless.scheduler import Decision, Enqueue, Scheduler, send_deadline_s
 from beatless.stores import open_store
 from beatless.stores.base import ClaimStore
@@ -140,29 +149,38 @@ def unregistered_tasks(app: Any, schedule: Schedule) -> list[str]:
 
 
 def read_entry(name: str, spec: Any, settings: CelerySettings) -> Entry:
-    """One ``beat_schedule`` entry as a beatless :class:`~beatless.Entry`."""
+    """One ``beat_schedule`` entry as a beatless :class:`~beatless.Entry`; a
+    :class:`~beatless.errors.ScheduleError` lists every problem of it at once."""
     if not isinstance(spec, Mapping):
         raise ConfigError(f"entry {name!r}: expected a dict with 'task' and 'schedule'")
+    found: list[str] = []
     options = dict(spec.get("options") or {})
-    beatless = entry_settings(name, options.pop(SETTINGS_OPTION, None))
+    beatless = entry_settings(name, options.pop(SETTINGS_OPTION, None), found)
     if "schedule" not in spec:
-        raise ConfigError(f"entry {name!r}: 'schedule' is missing")
+        found.append(f"entry {name!r}: 'schedule' is missing")
+    trigger = keep(
+        lambda: trigger_of(name, spec["schedule"], settings.timezone), STAND_IN_TRIGGER, found
+    )
     task: Any = spec.get("task")
-    return Entry(
-        name=name,
-        task=task,
-        trigger=trigger_of(name, spec["schedule"], settings.timezone),
-        args=spec.get("args") or (),
-        kwargs=spec.get("kwargs") or {},
-        options=options,
-        jitter=beatless.get("jitter", settings.jitter),
-        max_late=beatless.get("max_late", settings.max_late),
-        tenants=_tenants(name, beatless.get("tenants")),
-        catch_up=beatless.get("catch_up", settings.catch_up),
-        overlap=beatless.get("overlap", settings.overlap),
-        run_lease=beatless.get("run_lease", settings.run_lease),
-        heartbeat=beatless.get("heartbeat", settings.heartbeat),
-        once_only=beatless.get("once_only", settings.once_only),
+    return entry_of(
+        f"entry {name!r}",
+        found,
+        lambda: Entry(
+            name=name,
+            task=task,
+            trigger=trigger,
+            args=spec.get("args") or (),
+            kwargs=spec.get("kwargs") or {},
+            options=options,
+            jitter=beatless.get("jitter", settings.jitter),
+            max_late=beatless.get("max_late", settings.max_late),
+            tenants=_tenants(name, beatless.get("tenants")),
+            catch_up=beatless.get("catch_up", settings.catch_up),
+            overlap=beatless.get("overlap", settings.overlap),
+            run_lease=beatless.get("run_lease", settings.run_lease),
+            heartbeat=beatless.get("heartbeat", settings.heartbeat),
+            once_only=beatless.get("once_only", settings.once_only),
+        ),
     )
 
 
@@ -182,15 +200,28 @@ def _tenants(name: str, value: Any) -> Any:
     return found
 
 
-def entry_settings(name: str, value: Any) -> dict[str, Any]:
-    """The beatless settings of one entry, with unknown keys refused."""
+def entry_settings(name: str, value: Any, problems: list[str] | None = None) -> dict[str, Any]:
+    """The beatless settings of one entry, with unknown keys refused: raised, or, with
+    ``problems`` given, added there and the known keys returned (so that they are still
+    checked)."""
+    found: list[str] = []
+    known = _entry_settings(name, value, found)
+    if problems is not None:
+        problems.extend(found)
+    elif found:
+        raise ConfigError(found[0])
+    return known
+
+
+def _entry_settings(name: str, value: Any, problems: list[str]) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ConfigError(
+        problems.append(
             f"entry {name!r}: options[{SETTINGS_OPTION!r}] must be a dict with keys "
             f"{', '.join(ENTRY_SETTINGS)}; got {value!r}"
         )
+        return {}
     unknown = sorted(set(value) - set(ENTRY_SETTINGS))
     if unknown:
         hint = (
@@ -198,11 +229,18 @@ def entry_settings(name: str, value: Any) -> dict[str, Any]:
             if "namespace" in unknown
             else ""
         )
-        raise ConfigError(
-            f"entry {name!r}: unknown beatless setting(s) {', '.join(map(repr, unknown))} in "
+        named = ", ".join(_guess(key) for key in unknown)
+        problems.append(
+            f"entry {name!r}: unknown beatless setting(s) {named} in "
             f"options[{SETTINGS_OPTION!r}]; allowed: {', '.join(ENTRY_SETTINGS)}{hint}"
         )
-    return dict(value)
+    return {key: item for key, item in value.items() if key in ENTRY_SETTINGS}
+
+
+def _guess(key: Any) -> str:
+    """An unknown setting, with the known one it is likely a typo of."""
+    close = difflib.get_close_matches(key, ENTRY_SETTINGS, n=1) if isinstance(key, str) else []
+    return f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
 
 
 def trigger_of(name: str, value: Any, timezone: str) -> Trigger:

@@ -41,6 +41,9 @@
                                    (:mod:`beatless.metrics`), from the worker's main process
                                    or the beat process. Default: none (needs the ``metrics``
                                    extra).
+``beatless_metrics_host``          The address the metrics port listens on. Default:
+                                   ``127.0.0.1`` (this host only); ``0.0.0.0`` for a
+                                   Prometheus on another host.
 ``beatless_metrics_registry``      A prometheus_client ``CollectorRegistry`` to register the
                                    node's metrics in (and serve on the port), instead of
                                    prometheus_client's default registry.
@@ -74,7 +77,7 @@ from beatless.entry import (
     overlap_policy,
 )
 from beatless.errors import ConfigError, ScheduleError
-from beatless.metrics import metrics_port, metrics_registry
+from beatless.metrics import DEFAULT_ADDR, metrics_host, metrics_port, metrics_registry
 from beatless.problems import REFUSE, on_schedule_error
 from beatless.triggers import zone
 from beatless.urls import mask_url
@@ -86,6 +89,7 @@ REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+socket")
 _DEFAULT_PORTS = {"redis": 6379, "rediss": 6379}
 ON_SCHEDULE_ERROR_SETTING = "beatless_on_schedule_error"
 METRICS_PORT_SETTING = "beatless_metrics_port"
+METRICS_HOST_SETTING = "beatless_metrics_host"
 METRICS_REGISTRY_SETTING = "beatless_metrics_registry"
 CONSUME_WITH = f'app.conf.{ON_SCHEDULE_ERROR_SETTING} = "consume"'
 T = TypeVar("T")
@@ -112,6 +116,7 @@ class CelerySettings:
     preferred_claimer: bool = True
     on_schedule_error: str = REFUSE
     metrics_port: int | None = None
+    metrics_host: str = DEFAULT_ADDR
     metrics_registry: CollectorRegistry | None = None
 
     def __repr__(self) -> str:
@@ -126,7 +131,8 @@ class CelerySettings:
             f"expires_from_lateness={self.expires_from_lateness!r}, "
             f"preferred_claimer={self.preferred_claimer!r}, "
             f"on_schedule_error={self.on_schedule_error!r}, "
-            f"metrics_port={self.metrics_port!r}, metrics_registry={self.metrics_registry!r})"
+            f"metrics_port={self.metrics_port!r}, metrics_host={self.metrics_host!r}, "
+            f"metrics_registry={self.metrics_registry!r})"
         )
 
     @classmethod
@@ -183,6 +189,7 @@ class CelerySettings:
             ),
             on_schedule_error=read(lambda: on_schedule_error_of(app), REFUSE),
             metrics_port=read(lambda: _metrics_port(conf), None),
+            metrics_host=read(lambda: _metrics_host(conf), DEFAULT_ADDR),
             metrics_registry=read(lambda: _metrics_registry(conf), None),
         )
         errors.extend(_run_timing(conf))
@@ -416,6 +423,11 @@ def _run_timing(conf: Any) -> list[str]:
 def _metrics_port(conf: Any) -> int | None:
     value = conf.get(METRICS_PORT_SETTING)
     return None if value is None else metrics_port(value, METRICS_PORT_SETTING)
+
+
+def _metrics_host(conf: Any) -> str:
+    value = conf.get(METRICS_HOST_SETTING)
+    return DEFAULT_ADDR if value is None else metrics_host(value, METRICS_HOST_SETTING)
 
 
 def _metrics_registry(conf: Any) -> CollectorRegistry | None:

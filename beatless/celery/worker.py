@@ -128,10 +128,15 @@ class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
 def publish_metrics(scheduler: CeleryScheduler, settings: CelerySettings) -> None:
     """Export the node's metrics as the settings ask: into ``beatless_metrics_registry``
-    (or prometheus_client's default registry), served on ``beatless_metrics_port`` once
-    per process."""
+    (or prometheus_client's default registry), served on ``beatless_metrics_port`` (at
+    ``beatless_metrics_host``) once per process."""
     if settings.metrics_port is not None or settings.metrics_registry is not None:
-        metrics.publish(scheduler, port=settings.metrics_port, registry=settings.metrics_registry)
+        metrics.publish(
+            scheduler,
+            port=settings.metrics_port,
+            registry=settings.metrics_registry,
+            addr=settings.metrics_host,
+        )
 
 
 def install(app: Any) -> None:

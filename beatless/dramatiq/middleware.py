@@ -130,7 +130,9 @@ class Beatless(Middleware):
     turns the metrics on. Under the ``dramatiq`` CLI the scheduler runs in a process of
     its own, whose metrics Dramatiq's ``Prometheus`` middleware cannot show (it exposes
     what its worker processes write to its multiprocess directory): give
-    ``metrics_port`` and scrape it beside Dramatiq's port.
+    ``metrics_port`` and scrape it beside Dramatiq's port. ``metrics_host`` is the address
+    that port listens on: ``127.0.0.1`` (this host only) unless given, ``0.0.0.0`` for a
+    Prometheus on another host.
 
     ``preferred_claimer`` (default on): each firing is claimed first by one node of the
     live registry, chosen by rendezvous hashing on its id, the others claiming only if it
@@ -158,6 +160,7 @@ class Beatless(Middleware):
         clock: Callable[[], float] = time.time,
         metrics: bool | CollectorRegistry = False,
         metrics_port: int | None = None,
+        metrics_host: str = exported.DEFAULT_ADDR,
         preferred_claimer: bool = True,
     ) -> None:
         self.store = store
@@ -196,6 +199,7 @@ class Beatless(Middleware):
             if metrics_port is None
             else exported.metrics_port(metrics_port, "Beatless: metrics_port")
         )
+        self.metrics_host = exported.metrics_host(metrics_host, "Beatless: metrics_host")
         if not isinstance(preferred_claimer, bool):
             raise ConfigError(
                 f"Beatless: preferred_claimer must be true or false, got {preferred_claimer!r}"
@@ -553,7 +557,9 @@ class Beatless(Middleware):
         if self.metrics is False and self.metrics_port is None:
             return
         registry = None if isinstance(self.metrics, bool) else self.metrics
-        exported.publish(scheduler, port=self.metrics_port, registry=registry)
+        exported.publish(
+            scheduler, port=self.metrics_port, registry=registry, addr=self.metrics_host
+        )
 
     def close(self) -> None:
         """Close the stores and the broker connections the middleware opened itself."""

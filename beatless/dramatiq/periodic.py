@@ -26,8 +26,8 @@ from beatless.entry import (
     catch_up_policy,
     overlap_policy,
 )
-from beatless.errors import ConfigError, ScheduleError
-from beatless.problems import collect
+from beatless.errors import ConfigError
+from beatless.problems import STAND_IN_TRIGGER, collect, entry_of
 from beatless.triggers import Cron, Every, Trigger
 
 OPTION = "periodic"
@@ -74,24 +74,26 @@ class Periodic:
     ) -> Entry:
         """The entry of this declaration on ``actor_name``, with the defaults given."""
         name = self.name or actor_name
-        if self.problems or self.trigger is None:
-            errors = [f"entry {name!r}: {problem}" for problem in self.problems]
-            raise ScheduleError("; ".join(errors), errors)
-        return Entry(
-            name=name,
-            task=actor_name,
-            trigger=self.trigger,
-            args=self.args,
-            kwargs=self.kwargs,
-            options=self.options,
-            jitter=jitter if self.jitter is None else self.jitter,
-            max_late=max_late if self.max_late is None else self.max_late,
-            tenants=self.tenants,
-            catch_up=catch_up if self.catch_up is None else self.catch_up,
-            overlap=overlap if self.overlap is None else self.overlap,
-            run_lease=run_lease if self.run_lease is None else self.run_lease,
-            heartbeat=heartbeat if self.heartbeat is None else self.heartbeat,
-            once_only=once_only if self.once_only is None else self.once_only,
+        trigger = STAND_IN_TRIGGER if self.trigger is None else self.trigger
+        return entry_of(
+            f"entry {name!r}",
+            self.problems,
+            lambda: Entry(
+                name=name,
+                task=actor_name,
+                trigger=trigger,
+                args=self.args,
+                kwargs=self.kwargs,
+                options=self.options,
+                jitter=jitter if self.jitter is None else self.jitter,
+                max_late=max_late if self.max_late is None else self.max_late,
+                tenants=self.tenants,
+                catch_up=catch_up if self.catch_up is None else self.catch_up,
+                overlap=overlap if self.overlap is None else self.overlap,
+                run_lease=run_lease if self.run_lease is None else self.run_lease,
+                heartbeat=heartbeat if self.heartbeat is None else self.heartbeat,
+                once_only=once_only if self.once_only is None else self.once_only,
+            ),
         )
 
 

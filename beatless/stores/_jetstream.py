@@ -246,6 +246,14 @@ class Bucket:
     async def info(self) -> BucketInfo:
         return bucket_info(await self._api("STREAM.INFO"))
 
+    async def keep_for(self, max_age_ms: int) -> BucketInfo:
+        """Make the bucket keep each message ``max_age_ms``: its own configuration, read
+        now, updated with that ``max_age`` alone (NATS takes a longer one at any time;
+        what the bucket forgot is not brought back)."""
+        config = dict((await self._api("STREAM.INFO"))["config"])
+        config["max_age"] = max_age_ms * NS_PER_MS
+        return bucket_info(await self._api("STREAM.UPDATE", config))
+
     async def reading(
         self, new: Callable[[], dict[str, object]], *, write_clock: bool = True
     ) -> BucketInfo:

@@ -346,6 +346,11 @@ class ClaimStore(ABC):
         cover (rule 5)."""
         return None
 
+    def lengthen_memory(self, needed: timedelta) -> str:
+        """What to change so that the store remembers a claim longer than ``needed``:
+        the end of rule 5's error, for a store whose :attr:`remembers` is too short."""
+        return "lengthen the store's memory"
+
     epoch: Epoch | None = None
     """The epoch this store object last saw (``None`` before its first claim)."""
 

@@ -531,6 +531,8 @@ class NATSStore(ClaimStore):
     async def _state(self, kv: Bucket) -> _State:
         """The server's clock now and the bucket's epoch; the bucket is made if missing."""
         info = await kv.reading(self._new_bucket, write_clock=not self._server_time)
+        if 0 < info.max_age_ms < to_ms(self.ttl):
+            info = await self._lengthen(kv, info)
         self._check(info)
         self._server_time = info.server_ms is not None
         now = info.server_ms if info.server_ms is not None else info.last_ms
@@ -549,6 +551,43 @@ class NATSStore(ClaimStore):
             replicas=self.replicas,
         )
 
+    async def _lengthen(self, kv: Bucket, info: BucketInfo) -> BucketInfo:
+        """A bucket that keeps claims for less than this store's ``ttl`` (made with a
+        shorter one): made to keep them for the ``ttl``. Lengthening is safe while other
+        nodes run with the shorter ``ttl``: each needs at least its own."""
+        was = describe(timedelta(milliseconds=info.max_age_ms))
+        try:
+            longer = await kv.keep_for(to_ms(self.ttl))
+        except (JetStreamError, BucketMissing, TimeoutError) as exc:  # refused, or denied
+            logger.warning(
+                "nats store %s: bucket %s keeps claims for %s; lengthening it to the ttl %s "
+                "failed (%s)",
+                shown(self._where, quoted=False),
+                shown(self.bucket),
+                was,
+                describe(self.ttl),
+                exc,
+            )
+            return info
+        logger.warning(
+            "nats store %s: bucket %s kept claims for %s, less than the ttl %s: it keeps "
+            "them for %s from now on",
+            shown(self._where, quoted=False),
+            shown(self.bucket),
+            was,
+            describe(self.ttl),
+            describe(self.ttl),
+        )
+        return longer
+
+    def lengthen_memory(self, needed: timedelta) -> str:
+        """Open the store with a ``ttl`` over ``needed``, in whole minutes."""
+        minutes = to_ms(needed) // 60_000 + 1
+        return (
+            f"open the store with ?ttl={minutes}m (or &ttl={minutes}m after other options; "
+            f"the bucket is lengthened to it at start)"
+        )
+
     def _check(self, info: BucketInfo) -> None:
         """Refuse a bucket that would forget claims sooner than this store says it keeps them."""
         where, name, need = self._where, self.bucket, to_ms(self.ttl)
@@ -556,8 +595,11 @@ class NATSStore(ClaimStore):
             raise StoreError(
                 f"nats store {where}: bucket {name!r} keeps claims for "
                 f"{describe(timedelta(milliseconds=info.max_age_ms))}, less than the ttl "
-                f"{describe(self.ttl)} this store promises; delete the bucket (beatless creates "
-                f"it again), or open the store with ?ttl= no longer than the bucket's max age"
+                f"{describe(self.ttl)} this store promises, and it could not be lengthened; "
+                f"give the NATS user the right to update the stream (STREAM.UPDATE), "
+                f"lengthen its max age with `nats stream edit KV_{name} --max-age "
+                f"{describe(self.ttl)}`, or open the store with ?ttl= no longer than the "
+                f"bucket's max age"
             )
         if info.drops_old:
             raise StoreError(

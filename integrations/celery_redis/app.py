@@ -19,6 +19,10 @@ Settings (read here, at the app's edge):
     several copies can share one server.
 ``BEATLESS_DEMO_MAX_LATE``
     How late a firing may still be enqueued (``beatless_max_late``); ``30s`` by default.
+``BEATLESS_DEMO_METRICS_PORT``, ``BEATLESS_DEMO_METRICS_HOST``
+    Serve the node's Prometheus metrics on this port (``beatless_metrics_port``; needs
+    the ``metrics`` extra), at this address (``beatless_metrics_host``; ``127.0.0.1`` by
+    default, ``0.0.0.0`` in a container scraped from outside it). Unset: no metrics.
 ``BEATLESS_DEMO_RECORD``
     A Redis URL: each run is appended to the list ``{namespace}:runs`` there as one JSON
     object (the end-to-end tests read it). Unset: runs are only logged.
@@ -58,6 +62,9 @@ app.conf.update(
 )
 if os.environ.get("BEATLESS_DEMO_STORE"):
     app.conf.beatless_store_url = os.environ["BEATLESS_DEMO_STORE"]
+if os.environ.get("BEATLESS_DEMO_METRICS_PORT"):
+    app.conf.beatless_metrics_port = os.environ["BEATLESS_DEMO_METRICS_PORT"]
+    app.conf.beatless_metrics_host = os.environ.get("BEATLESS_DEMO_METRICS_HOST", "127.0.0.1")
 
 # The one line: a beatless scheduler in every worker. Remove it to roll back to beat.
 beatless.celery.install(app)

@@ -46,16 +46,24 @@ def test_metrics_settings_are_read_and_checked_with_the_others() -> None:
     )
     assert settings.metrics_port == 9808
     assert settings.metrics_registry is registry
+    assert settings.metrics_host == "127.0.0.1"  # this host only, as the status page
     assert CelerySettings.from_app(memory_app()).metrics_port is None
+    exposed = CelerySettings.from_app(memory_app(beatless_metrics_host="10.0.0.5"))
+    assert exposed.metrics_host == "10.0.0.5"
 
     with pytest.raises(ScheduleError) as refused:
         CelerySettings.from_app(
-            memory_app(beatless_metrics_port=True, beatless_metrics_registry="registry")
+            memory_app(
+                beatless_metrics_port=True,
+                beatless_metrics_registry="registry",
+                beatless_metrics_host="",
+            )
         )
     assert "beatless_metrics_port must be a TCP port (1 to 65535), got True" in str(refused.value)
     assert "beatless_metrics_registry must be a prometheus_client CollectorRegistry" in str(
         refused.value
     )
+    assert "beatless_metrics_host must be an address of this host" in str(refused.value)
 
 
 def test_the_beat_scheduler_exports_its_node_until_it_closes() -> None:
@@ -102,4 +110,4 @@ def test_a_worker_serves_its_metrics_on_the_port_it_is_given(project: CeleryProj
     finally:
         code = worker.stop()
     assert code == 0, worker.output()
-    assert f"beatless metrics on http://0.0.0.0:{port}/metrics" in worker.output()
+    assert f"beatless metrics on http://127.0.0.1:{port}/metrics" in worker.output()

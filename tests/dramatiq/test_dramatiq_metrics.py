@@ -76,6 +76,10 @@ def test_metrics_options_are_checked_when_the_middleware_is_made() -> None:
     with pytest.raises(ConfigError, match=r"Beatless: metrics_port must be a TCP port"):
         bd.Beatless(store="memory://", metrics_port=0)
     assert bd.Beatless(store="memory://", metrics_port=9808).metrics_port == 9808
+    assert bd.Beatless(store="memory://", metrics_port=9808).metrics_host == "127.0.0.1"
+    assert bd.Beatless(store="memory://", metrics_host="10.0.0.5").metrics_host == "10.0.0.5"
+    with pytest.raises(ConfigError, match=r"Beatless: metrics_host must be an address"):
+        bd.Beatless(store="memory://", metrics_host=" ")
 
 
 def test_a_worker_in_your_own_process_exports_its_scheduler_while_it_runs() -> None:
@@ -156,4 +160,4 @@ def test_under_the_dramatiq_command_the_scheduler_process_serves_the_metrics_por
         code = process.wait(5)
     text = log.read_text(errors="replace")
     assert code == 0, text
-    assert f"beatless metrics on http://0.0.0.0:{port}/metrics" in text
+    assert f"beatless metrics on http://127.0.0.1:{port}/metrics" in text
