@@ -29,7 +29,7 @@ from typing import Protocol
 
 from beatless._logtext import ERROR_LIMIT, shown
 from beatless.durations import DurationLike, as_timedelta, to_ms
-from beatless.errors import ConfigError, StoreError
+from beatless.errors import ConfigError, StoreError, StoreFull
 from beatless.firing import Firing
 from beatless.stores.base import ClaimRequest, ClaimStore, Note, NoteItem, Outcome
 
@@ -371,6 +371,8 @@ def commit_quietly(
     try:
         return store.commit([f.id for f in firings], node=node, notes=notes), True
     except StoreError as exc:
+        if isinstance(exc, StoreFull) and exc.kept is not None:
+            return exc.kept, False  # committed without room; the notes follow at a sync
         logger.warning(
             "commit of %d enqueued firing(s) failed (%s): if their leases run out another "
             "node may enqueue them again under the same message id",

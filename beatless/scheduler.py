@@ -48,10 +48,17 @@ from beatless.dispatch import (
 )
 from beatless.durations import DurationLike
 from beatless.entry import Entry, Schedule
-from beatless.errors import ConfigError, ScheduleError, StoreError, StoreUnavailable
+from beatless.errors import (
+    ConfigError,
+    ScheduleError,
+    StoreError,
+    StoreFull,
+    StoreRefused,
+    StoreUnavailable,
+)
 from beatless.firing import Firing, iso
 from beatless.stats import EntryStats
-from beatless.stores.base import ClaimStore, Note, NoteItem
+from beatless.stores.base import ClaimStore, Note, NoteItem, Verdict
 from beatless.triggers import Trigger
 
 logger = logging.getLogger(__name__)
@@ -107,6 +114,9 @@ _WARNINGS = {
     "forgotten": "not sent: the claim store lost its memory (restarted without persistence?) "
     "after they were released, so they may already have been enqueued",
     "corrupt": "not sent: the store holds a record for them that it cannot read",
+    "missed": "missed: the claim store refused every claim of them until they were late "
+    "(full, or its settings refused: see its WARNING), so this node could not judge them; "
+    "not sent by this node",
 }
 """Outcomes an operator must hear about, and what they mean."""
 
@@ -244,6 +254,9 @@ class Scheduler:
         self._tenants: dict[str, tuple[str, ...]] = {}
         self._held: set[str] = set()
         self._open: dict[str, Firing] = {}
+        self._unjudged: set[str] = set()
+        """Firings whose claim the store refused (full, or its settings refused): decided
+        ``missed`` rather than ``late`` if never claimed (:meth:`decide`)."""
         self._decisions: list[Decision] = []
         self._trouble = _Trouble()
         self._warned = WarnEvery()
@@ -288,6 +301,12 @@ class Scheduler:
         )
         if errors:
             raise ScheduleError("; ".join(errors), errors)
+        facts = self.store.watch()  # read again at every sync (beatless._board)
+        if self.store.refusal is not None:
+            raise StoreRefused(self.store.refusal)
+        for fact in facts.facts:
+            if fact.verdict is not Verdict.OK:
+                logger.warning("%s: %s %s: %s", facts.store, fact.name, fact.value, fact.why)
         if isinstance(self.dispatcher, TwoPhase):
             self._warn_no_takeover()
 
@@ -670,6 +689,10 @@ class Scheduler:
         self._open = {f.id: f for f in firings}
         try:
             self.dispatcher.dispatch(firings, self)
+        except (StoreFull, StoreRefused) as exc:
+            self._unjudged.update(self._open)  # counted missed if still so when late
+            full = isinstance(exc, StoreFull)
+            self._retry_open("store_full" if full else "store_refused", str(exc))
         except StoreUnavailable as exc:
             self._retry_open("unavailable", f"claim store unavailable ({exc})")
         except StoreError as exc:
@@ -707,6 +730,10 @@ class Scheduler:
         """Record this node's final decision for ``firing``; ``recorded`` when its history
         note was written with the store call that decided it."""
         self._open.pop(firing.id, None)
+        if firing.id in self._unjudged:
+            self._unjudged.discard(firing.id)
+            if outcome == "late":  # never claimed: the store refused every claim of it
+                outcome, recorded = "missed", True
         now = self.now_ms()
         self._count(firing, outcome, now)
         self._settle(firing, outcome)

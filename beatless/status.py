@@ -145,6 +145,8 @@ def report(
         trouble = record.health()
         if trouble:
             problems.append(f"node {record.node}: {trouble}")
+        if (record.store_verdict or "").startswith("refuse"):
+            problems.append(f"node {record.node}: claims stopped, store {record.store_verdict}")
         failed = record.last_failure_ms
         if failed is not None and now_ms - failed <= HOUR_MS:
             problems.append(
@@ -211,6 +213,7 @@ def _node(record: NodeRecord, now_ms: int) -> dict[str, Any]:
         "restarts": record.restarts,
         "last_failure": record.last_failure,
         "last_failure_at": None if record.last_failure_ms is None else iso(record.last_failure_ms),
+        "store_verdict": record.store_verdict,
     }
 
 
@@ -368,6 +371,7 @@ def render(status: Mapping[str, Any]) -> str:
             f"beatless {node['version']}  schedule {node['fingerprint']}  tzdata "
             f"{node['tzdata']}  offset {'?' if offset is None else f'{offset:+d}ms'}  "
             f"last wake {node['last_wake'] or 'never'}  {node['health']}"
+            + (f"  store {node['store_verdict']}" if node.get("store_verdict") else "")
         )
     if not status["nodes"]:
         lines.append("  (none live)")
