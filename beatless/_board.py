@@ -685,7 +685,7 @@ class Board:
             logger.debug("store settings not read: %s", exc)
             return
         refusal = self.store.refusal
-        if refusal is not None and (was is None or self._may_warn("refused", 60_000, now)):
+        if refusal is not None and (self._may_warn("refused", 60_000, now) or was is None):
             logger.warning(
                 "node %s: claims stopped: %s", shown(self.scheduler.node, quoted=False), refusal
             )
