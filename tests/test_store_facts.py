@@ -18,6 +18,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).parent / "faults"))
 from redis_server import RedisServer, redis_server_binary
+from stores import StoreFactory
 
 from beatless import Entry, Every, Schedule
 from beatless.cli import main
@@ -229,3 +230,57 @@ def test_claims_resume_once_the_policy_is_fixed(server: RedisServer, admin: redi
         admin.config_set("maxmemory-policy", "noeviction")
         store.watch()
         assert store.claim([request], node="n1", lease_ms=5_000)[0].is_won
+
+
+def test_every_store_reads_its_facts_and_none_of_the_test_servers_is_refused(
+    store_factory: StoreFactory,
+) -> None:
+    store = store_factory()
+    store.probe()  # a bucket or a schema exists from here on
+
+    facts = store.watch()
+
+    assert facts.store.startswith(f"{store.name.replace('-', ' ')} store")
+    assert facts.refusal() is None
+    assert store.refusal is None
+    assert all(f.value != UNKNOWN for f in facts.facts), facts
+    assert all(f.why for f in facts.facts if f.verdict is not Verdict.OK)
+    expected = {
+        "memory": set(),
+        "sqlite": set(),
+        "redis": {"maxmemory-policy", "appendonly", "role"},
+        "redis-cluster": {"maxmemory-policy", "appendonly", "role"},
+        "postgres": {"synchronous_commit", "fsync", "standby", "replicas"},
+        "nats": {"storage", "replicas"},
+        "rabbitmq": {"slot queues", "durable"},
+    }[store.name]
+    assert expected <= {f.name.split(" @")[0] for f in facts.facts}
+
+
+@pytest.mark.parametrize(
+    ("row", "verdict", "named"),
+    [
+        (("on", "on", False, "", 0), Verdict.OK, None),
+        (("off", "on", False, "", 0), Verdict.WARN, "synchronous_commit"),
+        (("on", "on", False, "", 2), Verdict.WARN, "replicas"),
+        (("on", "on", False, "ANY 1 (s1, s2)", 2), Verdict.OK, None),
+        (("on", "off", False, "", 0), Verdict.WARN, "fsync"),
+        (("on", "on", True, "", 0), Verdict.REFUSE, "standby"),
+    ],
+)
+def test_postgres_settings_are_judged_on_what_a_crash_or_a_failover_would_cost(
+    row: tuple[object, ...], verdict: Verdict, named: str | None
+) -> None:
+    pytest.importorskip("psycopg")
+    from beatless.stores.postgres import settings_facts
+
+    facts = settings_facts("postgres store postgresql://db/test", row)
+
+    assert facts.verdict is verdict
+    if named is not None:
+        assert [f.name for f in facts.facts if f.verdict is verdict] == [named]
+    if verdict is Verdict.REFUSE:
+        assert facts.refusal() == (
+            "postgres store postgresql://db/test: standby yes: a standby (in recovery) is "
+            "read-only: point the URL at the primary"
+        )
