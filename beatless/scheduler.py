@@ -304,9 +304,12 @@ class Scheduler:
         facts = self.store.watch()  # read again at every sync (beatless._board)
         if self.store.refusal is not None:
             raise StoreRefused(self.store.refusal)
+        # What a fault would cost is said once per start, at INFO: a Redis kept without
+        # persistence on purpose must not be a WARNING at every worker's start. The
+        # verdict stays in the registry record, `status` and `check --store`.
         for fact in facts.facts:
             if fact.verdict is not Verdict.OK:
-                logger.warning("%s: %s %s: %s", facts.store, fact.name, fact.value, fact.why)
+                logger.info("%s: %s %s: %s", facts.store, fact.name, fact.value, fact.why)
         if isinstance(self.dispatcher, TwoPhase):
             self._warn_no_takeover()
 

@@ -102,7 +102,7 @@ def test_an_evicting_policy_without_maxmemory_is_a_warning_not_a_refusal(
     # maxmemory 0: Redis evicts nothing, and a limit set later is seen within a sync.
     admin.config_set("maxmemory-policy", "allkeys-lru")
 
-    with store_of(server) as store, caplog.at_level(logging.WARNING):
+    with store_of(server) as store, caplog.at_level(logging.INFO):
         Scheduler(schedule(), store=store, node="n1")
 
     fact = store.facts().fact("maxmemory-policy")
