@@ -78,7 +78,7 @@ from beatless.entry import tenant_address
 from beatless.errors import StoreError
 from beatless.firing import firing_id, iso
 from beatless.stats import SkippedNotes
-from beatless.stores.base import NOTE_VALUE_LIMIT, Note, NoteItem
+from beatless.stores.base import NOTE_VALUE_LIMIT, Note, NoteItem, StoreFacts
 from beatless.triggers import Cron, Every, Trigger, tzdata_version
 
 if TYPE_CHECKING:
@@ -201,6 +201,10 @@ class NodeRecord:
     last_failure: str | None = None
     """How the scheduler process last died (``killed by SIGKILL``), if it did."""
     last_failure_ms: int | None = None
+    store_verdict: str | None = None
+    """What the node last read of the store's settings (:meth:`StoreFacts.summary
+    <beatless.stores.base.StoreFacts.summary>`): ``ok``, ``warn: appendonly no``,
+    ``refuse: maxmemory-policy allkeys-lru`` (claims stopped)."""
 
     def to_json(self) -> str:
         return json_text(asdict(self))
@@ -597,6 +601,8 @@ class Board:
         self.tzdata = tzdata_version()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.store_facts: StoreFacts | None = None
+        """The store's settings as the last sync read them (:meth:`watch_store`)."""
 
     def woke(self, now_ms: int) -> None:
         """The loop calls this at every wake."""
@@ -770,6 +776,7 @@ class Board:
             restarts=self.restarts,
             last_failure=self.last_failure,
             last_failure_ms=self.last_failure_ms,
+            store_verdict=None if self.store_facts is None else self.store_facts.summary(),
         )
 
     def sync(self, now_ms: int | None = None) -> None:
@@ -777,6 +784,7 @@ class Board:
         the registry and warn about drift. A store error is logged (rate-limited) and the
         history kept for the next sync."""
         now = self.scheduler.now_ms() if now_ms is None else now_ms
+        self.watch_store(now)
         with self._lock:
             history = list(self._pending)
             self._pending.clear()
@@ -815,6 +823,28 @@ class Board:
                     shown(self.scheduler.node, quoted=False),
                     exc,
                 )
+
+    def watch_store(self, now: int) -> None:
+        """Read the store's settings again (:meth:`ClaimStore.watch
+        <beatless.stores.base.ClaimStore.watch>`): a refused one stops the claims until
+        it is fixed, said at WARNING once a minute while it holds."""
+        was = None if self.store_facts is None else self.store.refusal
+        try:
+            self.store_facts = self.store.watch()
+        except StoreError as exc:
+            logger.debug("store settings not read: %s", exc)
+            return
+        refusal = self.store.refusal
+        if refusal is not None and (self._may_warn("refused", 60_000, now) or was is None):
+            logger.warning(
+                "node %s: claims stopped: %s", shown(self.scheduler.node, quoted=False), refusal
+            )
+        elif refusal is None and was is not None:
+            logger.warning(
+                "node %s: claims resumed: the store's settings are %s",
+                shown(self.scheduler.node, quoted=False),
+                self.store_facts.summary(),
+            )
 
     def _ttl(self, ttl_ms: int) -> int:
         return capped_ttl(ttl_ms, self.store.notes_live_ms)

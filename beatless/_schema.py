@@ -272,6 +272,7 @@ NODE_RECORD = schema(
     restarts=optional(COUNT),
     last_failure=optional(nullable(TEXT)),
     last_failure_ms=optional(nullable(INSTANT)),
+    store_verdict=optional(nullable(TEXT)),
 )
 """A node's registry record (:class:`beatless._board.NodeRecord`)."""
 

@@ -36,6 +36,7 @@ from beatless.triggers import tzdata_version
 if TYPE_CHECKING:
     from beatless._clockwatch import Sample
     from beatless.stores import ClaimStore
+    from beatless.stores.base import StoreFacts
     from beatless.triggers import Trigger
 
 EXIT_PROBLEMS = 1
@@ -358,6 +359,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         return _print_problems(label, found.problems)
     schedule = found.schedule
     offset: Sample | None = None
+    facts: StoreFacts | None = None
     store_note = ""
     if args.store:
         from beatless._clockwatch import measure
@@ -373,7 +375,11 @@ def cmd_check(args: argparse.Namespace) -> int:
                 run_leases=store.holds_run_leases,
                 lengthen=store.lengthen_memory,
             )
+            facts = store.facts()
+        refusal = facts.refusal()
+        errors += [refusal] if refusal else []
         if errors:
+            print_facts(facts)
             return _print_problems(label, errors)
         store_note = (
             f", {store.name} store keeps each claim as long as it asks"
@@ -391,6 +397,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     )
     if offset is not None:
         _print_offset(offset)
+    if facts is not None:
+        print_facts(facts)
     _print_load(schedule)
     _print_table(
         ["entry", "trigger", "jitter", "max_late", "catch_up", "overlap", "once", "tenants"],
@@ -409,6 +417,16 @@ def cmd_check(args: argparse.Namespace) -> int:
         ],
     )
     return 0
+
+
+def print_facts(facts: StoreFacts) -> None:
+    """What the store remembers: its settings as a table, each with its verdict."""
+    print(f"{facts.store}: {facts.verdict.value}" + (f", {facts.usage}" if facts.usage else ""))
+    if facts.facts:
+        _print_table(
+            ["  setting", "value", "verdict", "why"],
+            [[f"  {f.name}", f.value, f.verdict.value, f.why] for f in facts.facts],
+        )
 
 
 def _print_problems(label: str, problems: Sequence[str]) -> int:

@@ -32,7 +32,7 @@ from typing import Protocol
 
 from beatless._logtext import ERROR_LIMIT, shown
 from beatless.durations import DurationLike, as_timedelta, to_ms
-from beatless.errors import ConfigError, StoreError
+from beatless.errors import ConfigError, StoreError, StoreFull
 from beatless.firing import Firing
 from beatless.stores.base import ClaimRequest, ClaimStore, Note, NoteItem, Outcome
 
@@ -380,17 +380,27 @@ class TwoPhase(Dispatcher):
         store raises) is told once, and its firings are kept to be committed again."""
         try:
             kept = self.store.commit([f.id for f in firings], node=wake.node, notes=notes)
+        except StoreFull as exc:
+            if exc.kept is None:
+                return self._commit_failed(firings, wake, exc)
+            return exc.kept, False  # committed without room; the notes follow at a sync
         except Exception as exc:
-            wake.failed_after_send(firings, "commit", exc)
-            self.uncommitted += firings
-            logger.warning(
-                COMMIT_FAILED,
-                len(firings),
-                shown(exc, quoted=False, limit=ERROR_LIMIT),
-                ", ".join(f.id for f in firings[:5]) + (", ..." if len(firings) > 5 else ""),
-            )
-            return [True] * len(firings), False
+            return self._commit_failed(firings, wake, exc)
         return kept, self.store.commits_notes
+
+    def _commit_failed(
+        self, firings: list[Firing], wake: Wake, exc: Exception
+    ) -> tuple[list[bool], bool]:
+        """A commit that failed: told once, its firings kept to be committed again."""
+        wake.failed_after_send(firings, "commit", exc)
+        self.uncommitted += firings
+        logger.warning(
+            COMMIT_FAILED,
+            len(firings),
+            shown(exc, quoted=False, limit=ERROR_LIMIT),
+            ", ".join(f.id for f in firings[:5]) + (", ..." if len(firings) > 5 else ""),
+        )
+        return [True] * len(firings), False
 
     def _commit_again(self, wake: Wake) -> bool:
         """Commit the :attr:`uncommitted` firings (without their notes: their history is

@@ -31,6 +31,31 @@ class StoreUnavailable(StoreError):
     """The claim store cannot be reached right now; the loop retries until the firing is late."""
 
 
+class StoreFull(StoreError):
+    """The claim store refused a write because it is full: Redis at ``maxmemory`` under
+    ``noeviction`` (``OOM command not allowed``), PostgreSQL out of disk (``53100``), a
+    JetStream stream at its storage limit. Nothing the refused call would have written
+    was written; the loop retries the firing until it is late, and counts it missed then.
+
+    ``usage`` says how full the store is when it could tell (``used_memory 8.1 MB of
+    maxmemory 8.0 MB``); ``kept`` is set by a commit that could still make its claims
+    committed without room (Redis: a script allowed to run out of memory) but not write
+    its notes: per id, as :meth:`~beatless.stores.base.ClaimStore.commit` returns it."""
+
+    def __init__(
+        self, message: str, *, usage: str | None = None, kept: list[bool] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.usage = usage
+        self.kept = kept
+
+
+class StoreRefused(StoreError):
+    """The claim store's settings are refused (:meth:`~beatless.stores.base.ClaimStore.facts`):
+    a Redis that evicts keys, a PostgreSQL standby. Nothing is claimed from it until a
+    setting is fixed; the message names the setting and the fix."""
+
+
 class BrokerUnavailable(BeatlessError, ConnectionError):
     """A two-phase send refused at once: the previous one failed a moment ago, and the
     broker is left alone for a short cooldown rather than costing a deadline per firing."""

@@ -48,11 +48,18 @@ from beatless.dispatch import (
 )
 from beatless.durations import DurationLike
 from beatless.entry import Entry, Schedule
-from beatless.errors import ConfigError, ScheduleError, StoreError, StoreUnavailable
+from beatless.errors import (
+    ConfigError,
+    ScheduleError,
+    StoreError,
+    StoreFull,
+    StoreRefused,
+    StoreUnavailable,
+)
 from beatless.firing import Firing, iso
 from beatless.problems import limits
 from beatless.stats import EntryStats
-from beatless.stores.base import ClaimStore, Note, NoteItem
+from beatless.stores.base import ClaimStore, Note, NoteItem, Verdict
 from beatless.triggers import Trigger
 
 logger = logging.getLogger(__name__)
@@ -108,6 +115,9 @@ _WARNINGS = {
     "forgotten": "not sent: the claim store lost its memory (restarted without persistence?) "
     "after they were released, so they may already have been enqueued",
     "corrupt": "not sent: the store holds a record for them that it cannot read",
+    "missed": "missed: the claim store refused every claim of them until they were late "
+    "(full, or its settings refused: see its WARNING), so this node could not judge them; "
+    "not sent by this node",
 }
 """Outcomes an operator must hear about, and what they mean."""
 
@@ -194,6 +204,21 @@ class _Trouble:
         return [(key, self._counts.pop(key)[0]) for key in ready]
 
 
+def _dispatcher(
+    store: ClaimStore | Dispatcher,
+    enqueue: Enqueue | None,
+    lease: DurationLike,
+    monotonic: Callable[[], float],
+) -> Dispatcher:
+    """The dispatcher a scheduler calls: ``store`` when it is one, else the two-phase one
+    over the claim store ``store``."""
+    if isinstance(store, Dispatcher):
+        return store
+    if isinstance(store, ClaimStore):
+        return TwoPhase(store, enqueue or log_enqueue, lease=lease, monotonic=monotonic)
+    raise ConfigError(f"store must be a ClaimStore or a Dispatcher, got {store!r}")
+
+
 class Scheduler:
     """The loop of one node. Drive it with :meth:`run` / :meth:`start`, or :meth:`tick`.
 
@@ -219,16 +244,8 @@ class Scheduler:
         preferred: bool = True,
     ) -> None:
         self.schedule = schedule
-        self.lease_ms = lease_ms_of(lease)
-        if isinstance(store, Dispatcher):
-            self.dispatcher = store
-            self.lease_ms = getattr(store, "lease_ms", self.lease_ms)
-        elif isinstance(store, ClaimStore):
-            self.dispatcher = TwoPhase(
-                store, enqueue or log_enqueue, lease=lease, monotonic=monotonic
-            )
-        else:
-            raise ConfigError(f"store must be a ClaimStore or a Dispatcher, got {store!r}")
+        self.dispatcher = _dispatcher(store, enqueue, lease, monotonic)
+        self.lease_ms = getattr(self.dispatcher, "lease_ms", lease_ms_of(lease))
         self.store: ClaimStore = self.dispatcher.store
         self.clock = clock
         self.node = node or default_node_name()
@@ -249,6 +266,9 @@ class Scheduler:
         self._open: dict[str, Firing] = {}
         self._sent: dict[str, tuple[Firing, str]] = {}
         """Firings of the wake whose message was sent and that are not decided yet."""
+        self._unjudged: set[str] = set()
+        """Firings whose claim the store refused (full, or its settings refused): decided
+        ``missed`` rather than ``late`` if never claimed (:meth:`decide`)."""
         self._decisions: list[Decision] = []
         self._trouble = _Trouble()
         self._warned = WarnEvery()
@@ -296,6 +316,21 @@ class Scheduler:
         )
         if errors:
             raise ScheduleError("; ".join(errors), errors)
+        facts = self.store.watch()  # read again at every sync (beatless._board)
+        if self.store.refusal is not None:
+            raise StoreRefused(self.store.refusal)
+        # What a fault would cost is said once per start, at INFO: a Redis kept without
+        # persistence on purpose must not be a WARNING at every worker's start. The
+        # verdict stays in the registry record, `status` and `check --store`.
+        for fact in facts.facts:
+            if fact.verdict is not Verdict.OK:
+                logger.info(
+                    "%s: %s %s: %s",
+                    shown(facts.store, quoted=False),
+                    shown(fact.name, quoted=False),
+                    fact.value,
+                    fact.why,
+                )
         if isinstance(self.dispatcher, TwoPhase):
             self._warn_no_takeover()
 
@@ -687,6 +722,10 @@ class Scheduler:
         self._sent = {}
         try:
             self.dispatcher.dispatch(firings, self)
+        except (StoreFull, StoreRefused) as exc:
+            self._unjudged.update(self._open)  # counted missed if still so when late
+            full = isinstance(exc, StoreFull)
+            self._retry_open("store_full" if full else "store_refused", str(exc))
         except StoreUnavailable as exc:
             self._retry_open("unavailable", f"claim store unavailable ({exc})")
         except StoreError as exc:
@@ -738,6 +777,10 @@ class Scheduler:
         first: what fails after that (counters, history, hooks) is counted and logged,
         never a reason to try the firing again."""
         self._open.pop(firing.id, None)
+        if firing.id in self._unjudged:
+            self._unjudged.discard(firing.id)
+            if outcome == "late":  # never claimed: the store refused every claim of it
+                outcome, recorded = "missed", True
         self._sent.pop(firing.id, None)
         try:
             self._record(firing, outcome, recorded=recorded)

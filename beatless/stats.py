@@ -55,6 +55,8 @@ _COUNTERS = {
     "stale_claim": "stale_claims",
     "commit_failed": "commit_failures",
     "unavailable": "store_unavailable",
+    "store_full": "store_full",
+    "store_refused": "store_refused",
     "error": "errors",
 }
 """The counter each decision adds to (a takeover is also a win). ``lost`` and ``held`` are
@@ -87,7 +89,9 @@ class EntryStats:
     unclaimed (``latest``: coalesced into the last one; ``none``: all of them)."""
     missed: int = 0
     """Firings no node claimed in time, found by this node's sweep of the history and
-    counted by this node alone in the fleet (:mod:`beatless._missed`)."""
+    counted by this node alone in the fleet (:mod:`beatless._missed`); and firings whose
+    every claim by this node the store refused (full, or its settings refused) until they
+    were late, counted by each node that could not judge them."""
     paused: int = 0
     """Firings not claimed because an operator paused the entry (``beatless pause``)."""
     enqueue_failures: int = 0
@@ -99,6 +103,11 @@ class EntryStats:
     """Steps after a firing was sent or decided (its history note, the commit, a
     counter) that raised: counted and logged, never a reason to send it again."""
     store_unavailable: int = 0
+    store_full: int = 0
+    """Claims the store refused as full (each retry counts); a firing never claimed so is
+    counted ``missed`` once it is late."""
+    store_refused: int = 0
+    """Claims not made because the store's settings are refused (an evicting Redis)."""
     errors: int = 0
     takeovers: int = 0
     lateness: Histogram = field(default_factory=Histogram)

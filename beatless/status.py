@@ -173,6 +173,8 @@ def report(
         trouble = record.health()
         if trouble:
             problems.append(f"node {record.node}: {trouble}")
+        if (record.store_verdict or "").startswith("refuse"):
+            problems.append(f"node {record.node}: claims stopped, store {record.store_verdict}")
         failed = record.last_failure_ms
         if failed is not None and now_ms - failed <= HOUR_MS:
             problems.append(
@@ -262,6 +264,7 @@ def _node(record: NodeRecord, now_ms: int) -> dict[str, Any]:
         "restarts": record.restarts,
         "last_failure": record.last_failure,
         "last_failure_at": None if record.last_failure_ms is None else iso(record.last_failure_ms),
+        "store_verdict": record.store_verdict,
     }
 
 
@@ -454,6 +457,7 @@ def render(status: Mapping[str, Any]) -> str:
             f"{e(node['fingerprint'])}  tzdata {e(node['tzdata'])}  offset "
             f"{'?' if offset is None else f'{offset:+d}ms'}  last wake "
             f"{e(node['last_wake'] or 'never')}  {e(node['health'], LONG)}"
+            + (f"  store {e(node['store_verdict'])}" if node.get("store_verdict") else "")
         )
     if not status["nodes"]:
         lines.append("  (none live)")

@@ -71,6 +71,24 @@ class JetStreamError(Exception):
         self.description = description
 
 
+FULL_CODES = frozenset({10023, 10047, 10054, 10077})
+"""JetStream's answers to a write refused for want of room: insufficient resources,
+insufficient storage, maximum bytes exceeded, maximum messages exceeded."""
+
+
+def is_full(exc: BaseException) -> bool:
+    """Whether a JetStream error (or a publish acknowledgement's) refused a write for want
+    of room: a storage limit, or resources the server has run out of."""
+    if isinstance(exc, JetStreamError) and exc.err_code in FULL_CODES:
+        return True
+    text = str(exc).lower()
+    return (
+        "insufficient resources" in text
+        or "insufficient storage" in text
+        or ("maximum" in text and "exceeded" in text)
+    )
+
+
 class BucketMissing(Exception):
     """Nothing answers for the bucket's stream: it was never created, or deleted."""
 
@@ -122,6 +140,12 @@ class BucketInfo:
     """The stamp of the stream's last message, on the server's clock."""
     server_ms: int | None
     """The server's clock when it answered, where the server tells it (newer servers than 2.9)."""
+    storage: str = "file"
+    """Where the stream keeps its messages: ``file``, or ``memory`` (lost on a restart)."""
+    max_bytes: int = -1
+    """The stream's size limit in bytes; -1 for none."""
+    bytes: int = 0
+    """The bytes the stream holds now."""
 
 
 def parse_stamp_ms(text: str) -> int:
@@ -151,6 +175,9 @@ def bucket_info(response: dict[str, Any]) -> BucketInfo:
         purgeable=not config.get("deny_purge") or bool(config.get("allow_rollup_hdrs")),
         last_ms=parse_stamp_ms(last_ts) if state.get("messages") and last_ts else None,
         server_ms=parse_stamp_ms(response["ts"]) if response.get("ts") else None,
+        storage=str(config.get("storage") or "file"),
+        max_bytes=int(config.get("max_bytes", -1)),
+        bytes=int(state.get("bytes") or 0),
     )
 
 

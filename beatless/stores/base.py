@@ -81,6 +81,27 @@ notes at most for a fixed time (a stream's retention) says so in
 :attr:`ClaimStore.notes_live_ms` and refuses a longer ``ttl_ms`` with a
 :class:`~beatless.errors.ConfigError`: a note that must live longer is posted again.
 
+**What the store remembers.** Whether a claim survives depends on settings of the server
+as much as on this contract: a Redis that evicts keys when its memory is full forgets
+claims (and a firing whose claim was evicted is sent again), one without persistence
+forgets every claim when it restarts. :meth:`ClaimStore.facts` reads those settings and
+judges each (:class:`Fact`, :class:`Verdict`): ``refuse`` for a setting under which the
+store cannot keep this contract, ``warn`` for one that costs firings on a fault (and for
+a setting that could not be read), ``ok``. :meth:`ClaimStore.watch` reads them and keeps
+the refusal: a store whose settings are refused answers no claim (it raises
+:class:`~beatless.errors.StoreRefused` naming the setting and the fix) until a later
+``watch`` finds them fixed. Nodes call ``watch`` at start (a refusal stops the start) and
+at every sync of the registry, about once a second, so a setting changed under a running
+fleet, or a reconnection to another server, is noticed within a sync.
+
+**A full store.** A write the store refuses because it is full (Redis at ``maxmemory``
+under ``noeviction``, PostgreSQL out of disk, a JetStream stream at its limit) raises
+:class:`~beatless.errors.StoreFull`, having written nothing. A ``commit`` refused so may
+still make its claims committed, without writing its notes, where the store can do that
+without room (Redis: a commit script allowed to run out of memory): it then raises
+``StoreFull`` with :attr:`~beatless.errors.StoreFull.kept` set, so that a claim whose
+message was sent is not taken over as if its winner had died.
+
 A record the store cannot read (a corrupt value, a newer format, another program's key)
 fails only its own firing, with :attr:`Outcome.CORRUPT`; nothing is written for it.
 
@@ -103,7 +124,7 @@ from typing import TYPE_CHECKING, Protocol, Self
 
 from beatless.durations import to_ms
 from beatless.entry import STORE_TOLERANCE
-from beatless.errors import ConfigError
+from beatless.errors import ConfigError, StoreRefused
 from beatless.firing import run_lease_id
 
 if TYPE_CHECKING:
@@ -323,6 +344,78 @@ def _judge_live(request: ClaimRequest, held: Held, node: str) -> Outcome:
     return Outcome.WON if held.node == node else Outcome.HELD
 
 
+UNKNOWN = "unknown"
+"""The value of a setting that nothing answered for (a managed Redis that renames
+``CONFIG``, a server that cannot be reached)."""
+
+
+class Verdict(enum.Enum):
+    """What a store's setting means for the claims: see "What the store remembers"."""
+
+    OK = "ok"
+    WARN = "warn"
+    """The store keeps the contract, but a fault (a restart, a failover) costs firings,
+    or the setting could not be read."""
+    REFUSE = "refuse"
+    """The store cannot keep the contract: nodes do not claim from it."""
+
+    @property
+    def rank(self) -> int:
+        return _RANKS[self]
+
+
+_RANKS = {Verdict.OK: 0, Verdict.WARN: 1, Verdict.REFUSE: 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    """One setting of a store that decides whether a claim survives, as read, judged."""
+
+    name: str
+    """The setting as the server names it: ``maxmemory-policy``, ``synchronous_commit``."""
+    value: str
+    """Its value as read, or :data:`UNKNOWN`."""
+    verdict: Verdict = Verdict.OK
+    why: str = ""
+    """For a ``warn`` or ``refuse``: what the setting costs, and what to change."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreFacts:
+    """What :meth:`ClaimStore.facts` read: the store's settings, each judged."""
+
+    store: str
+    """The store as messages name it, its URL masked: ``redis store redis://host:6379/0``."""
+    facts: tuple[Fact, ...] = ()
+    usage: str | None = None
+    """How full the store is, where it has a limit: ``used_memory 7.9 MB of maxmemory
+    8.0 MB (99%)``."""
+
+    @property
+    def verdict(self) -> Verdict:
+        """The worst verdict of the facts; ``ok`` for a store with none to read."""
+        return max((f.verdict for f in self.facts), key=lambda v: v.rank, default=Verdict.OK)
+
+    def fact(self, name: str) -> Fact | None:
+        return next((f for f in self.facts if f.name == name), None)
+
+    def refusal(self) -> str | None:
+        """One line naming each refused setting, its value and the fix; ``None`` if none."""
+        refused = [f for f in self.facts if f.verdict is Verdict.REFUSE]
+        if not refused:
+            return None
+        return f"{self.store}: " + "; ".join(f"{f.name} {f.value}: {f.why}" for f in refused)
+
+    def summary(self) -> str:
+        """The verdict and the settings that decide it, on one short line: ``ok``,
+        ``warn: appendonly no, save ''``, ``refuse: maxmemory-policy allkeys-lru``."""
+        verdict = self.verdict
+        if verdict is Verdict.OK:
+            return "ok"
+        named = ", ".join(f"{f.name} {f.value}" for f in self.facts if f.verdict is verdict)
+        return f"{verdict.value}: {named}"
+
+
 @dataclass(frozen=True, slots=True)
 class Epoch:
     """The identity of a store's memory: changes when the store loses what it knew."""
@@ -374,6 +467,30 @@ class ClaimStore(ABC):
         at every wake.
         """
 
+    def facts(self) -> StoreFacts:
+        """The store's settings that decide whether a claim survives, each judged (see
+        "What the store remembers" in the module docstring). Never raises for a store
+        that cannot be reached or will not say: such a setting's value is
+        :data:`UNKNOWN`, a warning. A store with nothing to read (memory, SQLite) has
+        no facts, a verdict of ``ok``."""
+        return StoreFacts(f"{self.name} store")
+
+    refusal: str | None = None
+    """Why claims are refused, as the last :meth:`watch` found (``None``: they are not)."""
+
+    def watch(self) -> StoreFacts:
+        """Read :meth:`facts` and keep their refusal: while it holds, a claim raises
+        :class:`~beatless.errors.StoreRefused` with it (:meth:`refuse_claims`)."""
+        facts = self.facts()
+        self.refusal = facts.refusal()
+        return facts
+
+    def refuse_claims(self) -> None:
+        """Raise :class:`~beatless.errors.StoreRefused` while the last :meth:`watch`
+        refused the store's settings: every store calls it before it claims."""
+        if self.refusal is not None:
+            raise StoreRefused(f"claims stopped: {self.refusal}")
+
     commits_notes: bool = True
     """Whether :meth:`commit` writes its notes in the same operation as the claims (the
     history of a sent firing then exists exactly when its commit does)."""
@@ -409,7 +526,9 @@ class ClaimStore(ABC):
         the commit, in the same call (:attr:`commits_notes` false).
 
         Returns, per id, whether the claim was still this node's: ``False`` means its
-        lease ran out and another node took it over.
+        lease ran out and another node took it over. A store that is full raises
+        :class:`~beatless.errors.StoreFull` (with ``kept`` when the claims were committed
+        all the same, the notes not written).
         """
 
     @abstractmethod

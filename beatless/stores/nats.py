@@ -86,7 +86,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from beatless._logtext import ERROR_LIMIT, shown
 from beatless.durations import DurationLike, as_timedelta, describe, to_ms
-from beatless.errors import ConfigError, StoreError, StoreUnavailable
+from beatless.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms
 from beatless.stores._jetstream import (
     WRONG_LAST_SEQUENCE,
@@ -102,8 +102,20 @@ from beatless.stores._jetstream import (
     NoteStream,
     Stored,
     bucket_config,
+    is_full,
 )
-from beatless.stores.base import ClaimRequest, ClaimStore, Epoch, Note, Outcome, judge
+from beatless.stores.base import (
+    UNKNOWN,
+    ClaimRequest,
+    ClaimStore,
+    Epoch,
+    Fact,
+    Note,
+    Outcome,
+    StoreFacts,
+    Verdict,
+    judge,
+)
 from beatless.urls import mask_url, secrets_of
 
 logger = logging.getLogger(__name__)
@@ -616,6 +628,27 @@ class NATSStore(ClaimStore):
                 shown(name),
             )
 
+    def facts(self) -> StoreFacts:
+        """The bucket's storage (``file`` or ``memory``), its replicas and its size limit
+        (``STREAM.INFO``)."""
+        store = f"nats store {self._where}"
+        try:
+            info = self._call("read its settings", lambda kv: kv.info(), notes=True)
+        except StoreError:
+            why = "could not be read"
+            unread = (Fact(n, UNKNOWN, Verdict.WARN, why) for n in ("storage", "replicas"))
+            return StoreFacts(store, tuple(unread))
+        facts = [Fact("storage", info.storage)]
+        if info.storage != "file":
+            why = "a restart of the server forgets every claim; use a bucket with file storage"
+            facts[0] = Fact("storage", info.storage, Verdict.WARN, why)
+        facts.append(Fact("replicas", str(info.replicas)))
+        usage = None
+        if info.max_bytes > 0:
+            share = info.bytes / info.max_bytes
+            usage = f"{info.bytes} bytes of max_bytes {info.max_bytes} ({share:.0%})"
+        return StoreFacts(store, tuple(facts), usage=usage)
+
     # -- calls and their errors ------------------------------------------------------------
 
     def _call(self, what: str, make: Callable[[Bucket], Awaitable[T]], *, notes: bool = False) -> T:
@@ -648,8 +681,10 @@ class NATSStore(ClaimStore):
                 f"{prefix}: JetStream does not answer: start nats-server with JetStream "
                 f"enabled (-js) and give this account JetStream access"
             )
-        if isinstance(exc, JetStreamError):
-            return StoreError(f"{prefix}: {self._scrub(exc)}")
+        if isinstance(exc, JetStreamError) or is_full(exc):
+            full = is_full(exc)
+            told = f"{prefix}: {'the stream is full: ' * full}{self._scrub(exc)}"
+            return StoreFull(told) if full else StoreError(told)
         return StoreError(f"{prefix}: {type(exc).__name__}: {self._scrub(exc)}")
 
     def _outage(self, exc: Exception) -> str | None:

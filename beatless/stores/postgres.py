@@ -69,11 +69,22 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from beatless._logtext import shown
+from beatless._logtext import WarnEvery, shown
 from beatless.durations import DurationLike, as_timedelta
-from beatless.errors import ConfigError, StoreError, StoreUnavailable
+from beatless.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
-from beatless.stores.base import TOLERANCE_MS, ClaimRequest, ClaimStore, Epoch, Note, Outcome
+from beatless.stores.base import (
+    TOLERANCE_MS,
+    UNKNOWN,
+    ClaimRequest,
+    ClaimStore,
+    Epoch,
+    Fact,
+    Note,
+    Outcome,
+    StoreFacts,
+    Verdict,
+)
 from beatless.urls import mask_url, secrets_of
 
 if TYPE_CHECKING:
@@ -120,6 +131,15 @@ _MAX_IDENTIFIER = 63
 _LOST_SCHEMA = ("42883", "42P01", "3F000")
 """undefined_function, undefined_table, invalid_schema_name: the schema is gone."""
 _TRANSIENT_STATES = ("40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03", "53300")
+_FULL_STATES = ("53100",)
+"""``disk_full``: a write refused because the server's disk is full (:class:`StoreFull`)."""
+FULL_WARN_EVERY_S = 60.0
+_SETTINGS = (
+    "SELECT current_setting('synchronous_commit'), current_setting('fsync'), "
+    "pg_is_in_recovery(), current_setting('synchronous_standby_names'), "
+    "(SELECT count(*) FROM pg_stat_replication)"
+)
+"""What :meth:`PostgresStore.facts` reads, in one round trip."""
 _REFUSED = (
     "authentication failed",
     "does not exist",
@@ -177,6 +197,7 @@ class PostgresStore(ClaimStore):
         clock: Callable[[], float] | None = None,
     ) -> None:
         driver = _driver()
+        self._full_warned = WarnEvery()
         if not isinstance(namespace, str) or not namespace or "\x00" in namespace:
             raise ConfigError(
                 f"postgres store: namespace must be a non-empty string, got {namespace!r}"
@@ -237,10 +258,21 @@ class PostgresStore(ClaimStore):
         _check_node(node)
         for request in requests:
             _check_request(request)
+        self.refuse_claims()
         outcomes: list[Outcome] = []
         for start in range(0, len(requests), CHUNK):
             outcomes += self._claim_chunk(requests[start : start + CHUNK], node, lease_ms)
         return outcomes
+
+    def facts(self) -> StoreFacts:
+        """``synchronous_commit``, ``fsync``, whether the server is a standby
+        (``pg_is_in_recovery()``) and its replicas (``pg_stat_replication``,
+        ``synchronous_standby_names``), in one round trip."""
+        try:
+            row = self._row("read its settings", self._driver.sql.SQL(_SETTINGS), ())
+        except StoreError:
+            row = None
+        return settings_facts(f"postgres store {self._where}", row)
 
     def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
         """One call of ``commit_v1`` per :data:`CHUNK` ids; the notes ride in the first, one
@@ -528,13 +560,68 @@ class PostgresStore(ClaimStore):
                     raise StoreUnavailable(text) from None
             if exc.sqlstate in _TRANSIENT_STATES:
                 raise StoreUnavailable(text) from None
+            if exc.sqlstate in _FULL_STATES:
+                raise self._full(text) from None
             raise StoreError(text) from None
+
+    def _full(self, text: str) -> StoreFull:
+        """A write refused as the disk is full, said at WARNING at most once a minute."""
+        if self._full_warned.allows("full", int(FULL_WARN_EVERY_S * 1_000), _monotonic_ms()):
+            logger.warning(
+                "%s: the server's disk is full and refuses writes; claims are refused and "
+                "their firings missed (reported) until it has room: free disk space",
+                text,
+            )
+        return StoreFull(text)
 
     def _mask(self, exc: BaseException) -> str:
         text = " ".join((str(exc) or type(exc).__name__).split())
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return text
+
+
+def _monotonic_ms() -> int:
+    return int(time.monotonic() * 1_000)
+
+
+def settings_facts(store: str, row: Sequence[Any] | None) -> StoreFacts:
+    """The facts of a PostgreSQL server from the row of ``_SETTINGS`` (``None``: unread)."""
+    if row is None:
+        why = "could not be read"
+        names = ("synchronous_commit", "fsync", "standby", "replicas")
+        return StoreFacts(store, tuple(Fact(n, UNKNOWN, Verdict.WARN, why) for n in names))
+    sync_commit, fsync, standby, standby_names, replicas = row
+    facts = [Fact("synchronous_commit", str(sync_commit))]
+    if sync_commit == "off":
+        why = (
+            "a crash of the server loses the last claims it acknowledged (up to three "
+            "wal_writer_delay), and their firings may be sent again; ALTER ROLE ... SET "
+            "synchronous_commit = on for the role the nodes use"
+        )
+        facts[0] = Fact("synchronous_commit", "off", Verdict.WARN, why)
+    if fsync == "off":
+        why = "a crash of the server's host may lose or corrupt claims; set fsync = on"
+        facts.append(Fact("fsync", "off", Verdict.WARN, why))
+    else:
+        facts.append(Fact("fsync", str(fsync)))
+    if standby:
+        why = "a standby (in recovery) is read-only: point the URL at the primary"
+        facts.append(Fact("standby", "yes", Verdict.REFUSE, why))
+    else:
+        facts.append(Fact("standby", "no"))
+    count = int(replicas or 0)
+    if count and not standby_names:
+        why = (
+            "replication is asynchronous (synchronous_standby_names is empty): a standby "
+            "promoted by a failover may lack the last claims, and their firings may be sent "
+            "again"
+        )
+        facts.append(Fact("replicas", str(count), Verdict.WARN, why))
+    else:
+        sync = f" (synchronous: {standby_names})" if count and standby_names else ""
+        facts.append(Fact("replicas", f"{count}{sync}"))
+    return StoreFacts(store, tuple(facts))
 
 
 class _Statements:

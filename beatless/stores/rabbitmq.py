@@ -86,7 +86,16 @@ from beatless._logtext import shown
 from beatless.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
-from beatless.stores.base import ClaimRequest, ClaimStore, Epoch, Note, Outcome
+from beatless.stores.base import (
+    ClaimRequest,
+    ClaimStore,
+    Epoch,
+    Fact,
+    Note,
+    Outcome,
+    StoreFacts,
+    Verdict,
+)
 from beatless.urls import mask_url, secrets_of
 
 if TYPE_CHECKING:
@@ -331,6 +340,24 @@ class RabbitMQStore(ClaimStore):
 
     def __repr__(self) -> str:
         return f"RabbitMQStore({self._where!r}, prefix={self.prefix!r}, durable={self.durable})"
+
+    def facts(self) -> StoreFacts:
+        """The queues this store declares: classic slot queues (a queue of length one
+        that refuses a second message needs the classic type), durable or not. Read from
+        its own settings: nothing is asked of the broker."""
+        queues = Fact(
+            "slot queues",
+            "classic",
+            why="each firing's slot lives on one node of a cluster, not replicated",
+        )
+        store = f"rabbitmq store {self._where}"
+        if self.durable:
+            return StoreFacts(store, (queues, Fact("durable", "yes")))
+        why = (
+            "transient queues and messages: a broker restart forgets every claim, and the "
+            "firings released before it are reported forgotten; drop ?durable=false"
+        )
+        return StoreFacts(store, (queues, Fact("durable", "no", Verdict.WARN, why)))
 
     # -- the contract ---------------------------------------------------------------
 

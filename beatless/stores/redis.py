@@ -74,6 +74,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -83,20 +84,24 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
-from beatless._logtext import shown
+from beatless._logtext import WarnEvery, shown
 from beatless.durations import DurationLike, as_timedelta
-from beatless.errors import ConfigError, StoreError, StoreUnavailable
+from beatless.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
 from beatless.stores.base import (
     ITEM_TAIL_LIMIT,
     NOTE_VALUE_LIMIT,
     TOLERANCE_MS,
+    UNKNOWN,
     ClaimRequest,
     ClaimStore,
     Epoch,
+    Fact,
     Note,
     NoteItem,
     Outcome,
+    StoreFacts,
+    Verdict,
 )
 from beatless.urls import mask_url, scrub, secrets_of
 
@@ -151,6 +156,10 @@ def _script(*names: str) -> str:
 
 
 _CLAIM, _COMMIT = (_script("prelude.lua", "notes.lua", n) for n in ("claim.lua", "commit.lua"))
+_COMMIT_WITHOUT_ROOM = "#!lua flags=allow-oom\n" + _COMMIT
+"""The commit script, allowed to write when Redis is out of memory (Redis 7 and later):
+run without notes when a commit is refused as full, it turns pending claims into
+committed ones in place, growing no key by more than a few bytes."""
 _RELEASE = _script("prelude.lua", "release.lua")
 _POST = _script("notes.lua", "post.lua")
 
@@ -233,9 +242,12 @@ class RedisStore(ClaimStore):
                 f"{type(client_or_url).__name__}"
             )
         self._driver = driver
+        self._lost = (driver.exceptions.RedisError, OSError)
         self._noscript = driver.exceptions.NoScriptError
         self._claim = self._client.register_script(_CLAIM)
         self._commit = self._client.register_script(_COMMIT)
+        self._commit_anyway = self._client.register_script(_COMMIT_WITHOUT_ROOM)
+        self._full_warned = WarnEvery()
         self._release = self._client.register_script(_RELEASE)
         self._post = self._client.register_script(_POST)
         logger.debug(
@@ -309,6 +321,7 @@ class RedisStore(ClaimStore):
         commands: Sequence[Sequence[Sequence[str]] | str] | None,
         notes: Sequence[Note | NoteItem | None] | None,
     ) -> list[Outcome]:
+        self.refuse_claims()
         id_from = len(self._claim_key("")) + 1
         atomic = "0" if commands is None else "1"
         seen = self.epoch.token if self.epoch is not None else ""
@@ -358,11 +371,43 @@ class RedisStore(ClaimStore):
                 keys += note_keys
                 args += kinds
             calls.append((keys, args))
-        with self._errors("commit"):
-            replies = self._run(self._commit, calls)
+        try:
+            with self._errors("commit"):
+                replies = self._run(self._commit, calls)
+        except StoreFull as exc:
+            kept = self._commit_without_room(ids, node)
+            raise StoreFull(str(exc), usage=exc.usage, kept=kept) from None
         if self.epoch is None and replies:
             # Only a first sighting: a changed epoch is left for the next claim to judge.
             self.epoch = _parse_epoch(_text(replies[-1][1]))
+        return [flag == "1" for flag in "".join(_text(r[0]) for r in replies)]
+
+    def _commit_without_room(self, ids: Sequence[str], node: str) -> list[bool] | None:
+        """Commit the claims of ``ids`` without their notes, with the script that may
+        write when Redis is out of memory: a claim whose message was sent must not be
+        taken over when its lease runs out. ``None`` when that failed too (Redis before
+        7 has no such script): the claims stay pending, and while Redis refuses writes,
+        no other node can take them over either."""
+        head: list[str | int] = [FORMAT_VERSION, EXPIRY_SLACK_MS, node]
+        calls: list[tuple[list[str], list[str | int]]] = [
+            (
+                [self._epoch_key, *(self._claim_key(i) for i in ids[start : start + CHUNK])],
+                [*head, len(ids[start : start + CHUNK]), NOTE_VERSION],
+            )
+            for start in range(0, len(ids), CHUNK)
+        ]
+        try:
+            with self._errors("commit without room"):
+                replies = self._run(self._commit_anyway, calls)
+        except StoreError as exc:
+            logger.warning(
+                "redis store %s: %d sent firing(s) left pending (%s); while Redis refuses "
+                "writes no other node can take them over",
+                shown(self._where, quoted=False),
+                len(ids),
+                exc,
+            )
+            return None
         return [flag == "1" for flag in "".join(_text(r[0]) for r in replies)]
 
     def release(self, ids: Sequence[str], *, node: str) -> None:
@@ -409,6 +454,13 @@ class RedisStore(ClaimStore):
             raise StoreError(
                 f"redis store {self._where}: probe: wrote {key!r} but read back {got!r}"
             )
+
+    def facts(self) -> StoreFacts:
+        """``maxmemory-policy``, ``maxmemory``, ``appendonly``, ``save`` (``CONFIG GET``,
+        or ``INFO`` where ``CONFIG`` is renamed), the role and the connected replicas
+        (``INFO replication``), in one round trip."""
+        config, info = ({}, {}) if self._closed else read_settings(self._client, self._lost)
+        return judge_settings(f"redis store {self._where}", config, info)
 
     def server_run_id(self) -> str:
         """The server's ``run_id`` (``INFO server``): it changes when Redis restarts."""
@@ -537,8 +589,206 @@ class RedisStore(ClaimStore):
     def _errors(self, what: str) -> Iterator[None]:
         if self._closed:
             raise StoreError(f"redis store {self._where}: cannot {what}: the store is closed")
-        with driver_errors(self._driver, f"redis store {self._where}", what, self._secrets):
-            yield
+        try:
+            with driver_errors(self._driver, f"redis store {self._where}", what, self._secrets):
+                yield
+        except StoreFull as exc:
+            raise self._full(exc) from None
+
+    def _full(self, exc: StoreFull) -> StoreFull:
+        """``exc`` with how full Redis is (``INFO memory``), said at WARNING at most once
+        per ``FULL_WARN_EVERY_MS``."""
+        try:
+            usage = usage_of(self._client.info("memory"))
+        except self._lost:
+            usage = None
+        told = f"{exc} ({usage})" if usage else str(exc)
+        if self._full_warned.allows("full", FULL_WARN_EVERY_MS, int(time.monotonic() * 1_000)):
+            logger.warning(
+                "%s: Redis is full and refuses writes; claims are refused and their firings "
+                "missed (reported) until it has room: raise maxmemory, free memory, or give "
+                "the claim store a Redis of its own",
+                told,
+            )
+        return StoreFull(told, usage=usage, kept=exc.kept)
+
+
+SETTINGS = ("maxmemory-policy", "maxmemory", "appendonly", "save")
+"""The settings :meth:`RedisStore.facts` reads with ``CONFIG GET``."""
+INFO_SECTIONS = ("memory", "persistence", "replication")
+"""The ``INFO`` sections it reads beside them, and falls back on when ``CONFIG`` is
+renamed or disabled (managed Redis): ``maxmemory_policy``, ``maxmemory``,
+``used_memory``, ``aof_enabled``, ``role``, ``connected_slaves``."""
+EVICTING = ("allkeys-", "volatile-")
+"""The prefixes of the ``maxmemory-policy`` values that evict keys. Claims carry a TTL,
+so the ``volatile-*`` policies evict them as readily as ``allkeys-*``."""
+NEARLY_FULL = 0.9
+"""A Redis under ``noeviction`` this full (``used_memory / maxmemory``) is warned about."""
+FULL_WARN_EVERY_MS = 60_000
+"""A store that refuses writes as full says so at WARNING at most this often."""
+FIX_POLICY = (
+    "run CONFIG SET maxmemory-policy noeviction (and CONFIG REWRITE), or give the claim "
+    "store a Redis of its own"
+)
+
+
+def read_settings(
+    client: Any, errors: tuple[type[BaseException], ...]
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """``CONFIG GET`` of each of ``SETTINGS`` and ``INFO`` of each of ``INFO_SECTIONS``,
+    in one round trip: ``(config, info)``. A command refused (``CONFIG`` renamed) is left
+    out of its dict; a connection that fails (``errors``) leaves both empty."""
+    try:
+        pipe = client.pipeline(transaction=False)
+        for name in SETTINGS:
+            pipe.config_get(name)
+        for section in INFO_SECTIONS:
+            pipe.info(section)
+        replies = pipe.execute(raise_on_error=False)
+    except errors:
+        return {}, {}
+    config: dict[str, str] = {}
+    for reply in replies[: len(SETTINGS)]:
+        if isinstance(reply, dict):
+            config.update({_text(k): _text(v) for k, v in reply.items()})
+    info: dict[str, Any] = {}
+    for reply in replies[len(SETTINGS) :]:
+        if isinstance(reply, dict):
+            info.update({_text(k): v for k, v in reply.items()})
+    return config, info
+
+
+def judge_settings(store: str, config: dict[str, str], info: dict[str, Any]) -> StoreFacts:
+    """The facts of one Redis server from what :func:`read_settings` read."""
+    maxmemory = _number(config.get("maxmemory", info.get("maxmemory")))
+    facts = (
+        _policy_fact(config.get("maxmemory-policy", info.get("maxmemory_policy")), maxmemory),
+        _maxmemory_fact(maxmemory, _number(info.get("used_memory")), config, info),
+        *_persistence_facts(config, info),
+        *_replication_facts(info),
+    )
+    return StoreFacts(store, facts, usage=usage_of(info, maxmemory))
+
+
+def _policy_fact(policy: object, maxmemory: int | None) -> Fact:
+    name = "maxmemory-policy"
+    if policy is None:
+        why = "could not be read (CONFIG and INFO refused): make sure it is noeviction"
+        return Fact(name, UNKNOWN, Verdict.WARN, why)
+    value = _text(policy)
+    if not value.startswith(EVICTING):
+        return Fact(name, value)
+    if maxmemory == 0:
+        why = (
+            "evicts keys, claims included, once a maxmemory is set (none is: nothing is "
+            f"evicted now, and a limit set later is noticed within a second); {FIX_POLICY}"
+        )
+        return Fact(name, value, Verdict.WARN, why)
+    why = (
+        "Redis evicts keys when its memory is full, claims included (they carry a TTL, so "
+        "volatile-* policies evict them too), and a firing whose claim was evicted is sent "
+        f"again; {FIX_POLICY}"
+    )
+    return Fact(name, value, Verdict.REFUSE, why)
+
+
+def _maxmemory_fact(
+    maxmemory: int | None, used: int | None, config: dict[str, str], info: dict[str, Any]
+) -> Fact:
+    if maxmemory is None:
+        return Fact("maxmemory", UNKNOWN, Verdict.WARN, "could not be read")
+    if maxmemory == 0:
+        return Fact("maxmemory", "0 (no limit)")
+    value = _size(maxmemory)
+    policy = _text(config.get("maxmemory-policy", info.get("maxmemory_policy", "")))
+    if used is not None and used >= NEARLY_FULL * maxmemory and not policy.startswith(EVICTING):
+        why = (
+            f"used_memory {_size(used)} is {used / maxmemory:.0%} of it: a full Redis refuses "
+            "claims, and their firings are missed (reported); raise maxmemory or free memory"
+        )
+        return Fact("maxmemory", value, Verdict.WARN, why)
+    return Fact("maxmemory", value)
+
+
+def _persistence_facts(config: dict[str, str], info: dict[str, Any]) -> list[Fact]:
+    aof = config.get("appendonly")
+    if aof is None and "aof_enabled" in info:
+        aof = "yes" if _number(info["aof_enabled"]) else "no"
+    save = config.get("save")
+    saved = Fact("save", UNKNOWN if save is None else repr(save))
+    if aof == "yes":
+        return [Fact("appendonly", aof), saved]
+    if aof is None:
+        why = "could not be read: a Redis without persistence forgets every claim on restart"
+        return [Fact("appendonly", UNKNOWN, Verdict.WARN, why), saved]
+    lost = (
+        "every claim"
+        if save == ""
+        else "the claims written since the last snapshot"
+        if save
+        else "the claims written since the last snapshot, if it saves any"
+    )
+    why = (
+        f"a restart forgets {lost}: firings released up to then are not sent again, they "
+        "are reported forgotten (missed); appendonly yes keeps them"
+    )
+    return [Fact("appendonly", aof, Verdict.WARN, why), saved]
+
+
+def _replication_facts(info: dict[str, Any]) -> list[Fact]:
+    role = info.get("role")
+    if role is None:
+        return [Fact("role", UNKNOWN, Verdict.WARN, "could not be read (INFO replication)")]
+    role = _text(role)
+    if role != "master":
+        why = "a replica: claims must be written on the primary; point the URL at it"
+        return [Fact("role", role, Verdict.REFUSE, why)]
+    replicas = _number(info.get("connected_slaves")) or 0
+    if not replicas:
+        return [Fact("role", role), Fact("connected replicas", "0")]
+    why = (
+        "replication is asynchronous: a replica promoted by a failover may lack the last "
+        "claims, and their firings may be sent again"
+    )
+    return [Fact("role", role), Fact("connected replicas", str(replicas), Verdict.WARN, why)]
+
+
+def usage_of(info: dict[str, Any], maxmemory: int | None = None) -> str | None:
+    """``used_memory 7.9 MiB of maxmemory 8.0 MiB (99%)`` from ``INFO memory``; ``None``
+    when it has no ``used_memory``."""
+    used = _number(info.get("used_memory"))
+    limit = _number(info.get("maxmemory")) if maxmemory is None else maxmemory
+    if used is None:
+        return None
+    if not limit:
+        return f"used_memory {_size(used)}, no maxmemory"
+    return f"used_memory {_size(used)} of maxmemory {_size(limit)} ({used / limit:.0%})"
+
+
+def _number(value: object) -> int | None:
+    if isinstance(value, int):
+        return value
+    text = _text(value) if value is not None else ""
+    return int(text) if text.isdigit() else None
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    size = float(n)
+    for unit in ("KiB", "MiB"):
+        size /= 1024
+        if size < 1024:
+            return f"{size:.1f} {unit}"
+    return f"{size / 1024:.1f} GiB"
+
+
+def is_oom(error: BaseException) -> bool:
+    """Whether a Redis error is a write refused because memory is full (``OOM command
+    not allowed``, also when raised inside a script)."""
+    oom = getattr(getattr(type(error), "__module__", None), "startswith", None)
+    named = type(error).__name__ == "OutOfMemoryError" and oom is not None and oom("redis")
+    return named or "command not allowed when used memory" in str(error)
 
 
 def key_prefix(store: str, namespace: object, prefix: str | None) -> str:
@@ -607,6 +857,8 @@ def driver_errors(
     except (exc.ConnectionError, exc.TimeoutError, exc.ReadOnlyError, *unavailable) as error:
         raise StoreUnavailable(f"{store}: cannot {what}: {_masked(error, secrets)}") from None
     except (exc.RedisError, *failed) as error:
+        if is_oom(error):
+            raise StoreFull(f"{store}: cannot {what}: {_masked(error, secrets)}") from None
         raise StoreError(f"{store}: cannot {what}: {_masked(error, secrets)}") from None
 
 

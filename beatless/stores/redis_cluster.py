@@ -86,7 +86,16 @@ from beatless._logtext import shown
 from beatless.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
-from beatless.stores.base import TOLERANCE_MS, ClaimRequest, ClaimStore, Epoch, Note, Outcome
+from beatless.stores.base import (
+    TOLERANCE_MS,
+    ClaimRequest,
+    ClaimStore,
+    Epoch,
+    Fact,
+    Note,
+    Outcome,
+    StoreFacts,
+)
 from beatless.stores.redis import (
     _CLAIM,
     _COMMIT,
@@ -107,8 +116,10 @@ from beatless.stores.redis import (
     _script,
     _text,
     driver_errors,
+    judge_settings,
     key_prefix,
     note_args,
+    read_settings,
 )
 from beatless.urls import mask_url, scrub, secrets_of
 
@@ -213,6 +224,7 @@ class RedisClusterStore(ClaimStore):
             raise ConfigError(f"redis cluster store: lease_ms must be positive, got {lease_ms}")
         if not requests:
             return []
+        self.refuse_claims()
         args = [_claim_arg(r, 0) for r in requests]  # refuses bad numbers before any call
         with self._errors("claim"):
             self._read_epochs()
@@ -342,6 +354,27 @@ class RedisClusterStore(ClaimStore):
             client, self._client = self._client, None
         if self._owns_client and client is not None:
             client.close()
+
+    def facts(self) -> StoreFacts:
+        """The facts of each primary, as :meth:`RedisStore.facts
+        <beatless.stores.redis.RedisStore.facts>` reads them, each named with its node
+        (``maxmemory-policy @10.0.0.1:7000``); one that cannot be read is unknown."""
+        store = f"redis cluster store {self._where}"
+        lost = (self._driver.exceptions.RedisError, OSError, StoreError)
+        try:
+            client = self._connected()
+            primaries = client.get_primaries()
+        except lost:
+            return judge_settings(store, {}, {})
+        facts: list[Fact] = []
+        usages: list[str] = []
+        for primary in primaries:
+            config, info = read_settings(client.get_redis_connection(primary), lost)
+            judged = judge_settings(store, config, info)
+            at = f"{primary.host}:{primary.port}"
+            facts += [Fact(f"{f.name} @{at}", f.value, f.verdict, f.why) for f in judged.facts]
+            usages += [f"{at} {judged.usage}"] if judged.usage else []
+        return StoreFacts(store, tuple(facts), usage="; ".join(usages) or None)
 
     # -- internals ------------------------------------------------------------------------
 

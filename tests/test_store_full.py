@@ -1,0 +1,221 @@
+"""A claim store that fills up: a write refused as full is its own outcome. Nothing is
+sent that was not claimed, a claim whose message was sent is committed all the same (so
+no node takes it over), and every firing the store kept this node from judging is
+counted and reported missed. Against a private ``redis-server`` under ``noeviction`` with
+a tiny ``maxmemory``, filled by another client."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("redis", reason="the redis store needs redis-py")
+import redis
+
+sys.path.insert(0, str(Path(__file__).parent / "faults"))
+from redis_server import RedisServer, redis_server_binary
+
+from beatless import Entry, Every, Schedule
+from beatless.errors import StoreFull
+from beatless.firing import Firing
+from beatless.scheduler import Decision, Scheduler
+from beatless.stores.base import ClaimRequest, Outcome
+from beatless.stores.redis import RedisStore
+
+ROOM = 1_000_000
+"""Bytes of maxmemory above what the server uses when a test starts."""
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    if redis_server_binary() is None:
+        pytest.skip("redis-server is not installed")
+    started = RedisServer(tmp_path / "redis", "redis").start()
+    try:
+        yield started
+    finally:
+        started.kill()
+
+
+class Filler:
+    """Another client of the same Redis that fills it to ``maxmemory`` and keeps it full
+    (writing again whenever memory is freed) until :meth:`drain`, which deletes its keys."""
+
+    def __init__(self, port: int) -> None:
+        self.client = redis.Redis(port=port)
+        used = int(self.client.info("memory")["used_memory"])
+        self.client.config_set("maxmemory", str(used + ROOM))
+        self.client.config_set("maxmemory-policy", "noeviction")
+        self.keys = 0
+        self._full = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def fill(self) -> None:
+        """Fill Redis until it refuses writes, and keep it so in a thread."""
+        self._write_until_refused()
+        self._full.set()
+        self._thread = threading.Thread(target=self._keep_full, daemon=True)
+        self._thread.start()
+
+    def _write_until_refused(self) -> None:
+        while True:
+            try:
+                self.client.set(f"fill:{self.keys}", b"x" * 4_096)
+            except redis.exceptions.OutOfMemoryError:
+                return
+            self.keys += 1
+
+    def _keep_full(self) -> None:
+        while self._full.is_set():
+            self._write_until_refused()
+            time.sleep(0.005)
+
+    def drain(self) -> None:
+        self._full.clear()
+        if self._thread is not None:
+            self._thread.join(5)
+        for start in range(0, self.keys + 1, 500):
+            self.client.delete(*(f"fill:{i}" for i in range(start, start + 500)))
+
+    def close(self) -> None:
+        self._full.clear()
+        self.client.close()
+
+
+@pytest.fixture
+def filler(server: RedisServer) -> Iterator[Filler]:
+    made = Filler(server.port)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def request(store: RedisStore, **kw: int) -> ClaimRequest:
+    now = store.time_ms()
+    return ClaimRequest(
+        id=uuid.uuid4().hex,
+        address="full/a",
+        occurrence_ms=now,
+        max_late_ms=kw.get("max_late_ms", 60_000),
+        memory_ms=60_000,
+        release_ms=now,
+    )
+
+
+def test_a_claim_refused_as_full_is_store_full_and_says_how_full_once_a_minute(
+    server: RedisServer, filler: Filler, caplog: pytest.LogCaptureFixture
+) -> None:
+    with RedisStore(server.url, namespace="full") as store:
+        filler.fill()
+        with caplog.at_level(logging.WARNING):
+            for _ in range(3):
+                with pytest.raises(StoreFull) as raised:
+                    store.claim([request(store)], node="n1", lease_ms=5_000)
+        filler.drain()
+        assert store.claim([request(store)], node="n1", lease_ms=5_000)[0] is Outcome.WON
+
+    assert raised.value.usage is not None
+    assert raised.value.usage.startswith("used_memory ")
+    assert " of maxmemory " in raised.value.usage
+    told = [r.getMessage() for r in caplog.records if "Redis is full" in r.getMessage()]
+    assert len(told) == 1, told
+    assert "cannot claim" in told[0]
+    assert raised.value.usage in told[0]
+
+
+def test_a_commit_refused_as_full_still_commits_so_no_node_takes_the_claim_over(
+    server: RedisServer, filler: Filler
+) -> None:
+    with (
+        RedisStore(server.url, namespace="full") as winner,
+        RedisStore(server.url, namespace="full") as other,
+    ):
+        claim = request(winner)
+        assert winner.claim([claim], node="n1", lease_ms=300) == [Outcome.WON]
+        filler.fill()  # the message is sent; then the store fills before the commit
+
+        with pytest.raises(StoreFull) as raised:
+            winner.commit([claim.id], node="n1")
+        assert raised.value.kept == [True]
+
+        filler.drain()
+        time.sleep(0.4)  # the lease the claim was won with has run out
+        assert other.claim([claim], node="n2", lease_ms=300) == [Outcome.LOST]
+
+
+@pytest.mark.slow
+def test_a_full_store_sends_no_firing_twice_and_reports_every_unjudged_firing_missed(
+    server: RedisServer, filler: Filler
+) -> None:
+    schedule = Schedule(
+        [Entry(name="beat", task="tasks.t", trigger=Every(1), jitter="0s", max_late="2s")]
+    )
+    sent: list[Firing] = []
+    decided: list[Decision] = []
+    lock = threading.Lock()
+
+    def enqueue(firing: Firing) -> None:
+        with lock:
+            sent.append(firing)
+
+    def on_decision(decision: Decision) -> None:
+        with lock:
+            decided.append(decision)
+
+    stores = [RedisStore(server.url, namespace="fleet") for _ in range(2)]
+    nodes = [
+        Scheduler(
+            schedule,
+            store=store,
+            node=f"n{i}",
+            enqueue=enqueue,
+            on_decision=on_decision,
+            lease="1s",
+        )
+        for i, store in enumerate(stores)
+    ]
+    began = time.time()
+    try:
+        for node in nodes:
+            node.start()
+        time.sleep(2.0)
+        filler.fill()
+        full_from = time.time()
+        time.sleep(3.5)
+        filler.drain()
+        full_until = time.time()
+        time.sleep(3.0)
+    finally:
+        for node in nodes:
+            node.stop(timeout=5)
+        for store in stores:
+            store.close()
+
+    sends = Counter(f.id for f in sent)
+    assert sends, "nothing was sent"
+    assert max(sends.values()) == 1, [i for i, n in sends.items() if n > 1]
+    missed = {d.firing.id for d in decided if d.outcome == "missed"}
+    assert missed, "no firing was reported missed while the store was full"
+    assert not missed & set(sends)
+    # Every firing of a whole second in the run is sent once or reported missed.
+    window = {
+        d.firing.id: d.firing.occurrence_ms
+        for d in decided
+        if began + 1 <= d.firing.occurrence_ms / 1_000 <= full_until + 0.5
+    }
+    assert len(window) >= int(full_until - began) - 1
+    unreported = sorted(o for i, o in window.items() if i not in sends and i not in missed)
+    assert unreported == []
+    during = [o for i, o in window.items() if i in missed]
+    assert all(o / 1_000 >= full_from - 1 for o in during)
+    counted = sum(node.stats["beat"].missed for node in nodes)
+    assert counted >= len(missed)
