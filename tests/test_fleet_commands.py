@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import http.client
 import json
 import signal
 import subprocess
@@ -343,12 +344,23 @@ def assert_run_now_makes_one_run_each(fleet: Fleet) -> None:
     assert len({r.id for r in runs}) == 2, runs
 
 
+def _status_for_host(port: int, host: str) -> int:
+    """The HTTP status of ``/status.json`` asked for under the Host name ``host``."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        connection.request("GET", "/status.json", headers={"Host": host})
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
 def assert_celery_beatless_status_serves_the_page(fleet: Fleet) -> None:
-    """``celery -A APP beatless status --serve PORT``: the page of ``beatless status``."""
+    """``celery -A APP beatless status --serve PORT``: the page of ``beatless status``,
+    answering only to the host names it serves (``--allow-host`` adds one)."""
     port = free_port()
     command = [sys.executable, "-m", "celery", "-A", celery_nodes.APP, "beatless", "status"]
     process = subprocess.Popen(
-        [*command, "--serve", str(port)],
+        [*command, "--serve", str(port), "--allow-host", "fleet.example"],
         cwd=ROOT,
         env=fleet.env,
         stdout=subprocess.DEVNULL,
@@ -368,6 +380,8 @@ def assert_celery_beatless_status_serves_the_page(fleet: Fleet) -> None:
         assert wait_until(served, 30), seen
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as response:
             assert fleet.namespace in response.read().decode()
+        assert _status_for_host(port, "fleet.example") == 200
+        assert _status_for_host(port, "rebound.example") == 421
     finally:
         process.send_signal(signal.SIGTERM)
         try:

@@ -30,9 +30,24 @@ def beatless() -> None:
     show_default=True,
     help="the address the page listens on",
 )
+@click.option(
+    "--allow-host",
+    "allow_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="a host name the page answers to besides localhost and IP addresses (repeatable)",
+)
 @click.pass_context
 @handle_preload_options  # type: ignore[untyped-decorator]
-def status(ctx: Any, as_json: bool, store: str | None, serve: int | None, host: str) -> None:
+def status(
+    ctx: Any,
+    *,
+    as_json: bool,
+    store: str | None,
+    serve: int | None,
+    host: str,
+    allow_hosts: tuple[str, ...],
+) -> None:
     """What the fleet did and does: live nodes, drift, each entry's last and next
     firings, missed firings. Exit 0 when healthy, 1 with problems, 2 on an error."""
     from beatless.cli import EXIT_BAD_INPUT, celery_fleet, print_status, serve_status
@@ -41,7 +56,9 @@ def status(ctx: Any, as_json: bool, store: str | None, serve: int | None, host: 
         fleet = celery_fleet(ctx.obj.app, store)
         with fleet.open() as opened:
             if serve is not None:
-                code = serve_status(opened, fleet.namespace, fleet.schedule, host, serve)
+                code = serve_status(
+                    opened, fleet.namespace, fleet.schedule, host, serve, allow_hosts=allow_hosts
+                )
             else:
                 code = print_status(
                     opened, fleet.namespace, schedule=fleet.schedule, as_json=as_json
