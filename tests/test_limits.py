@@ -9,9 +9,11 @@ holds each store to both), so the rules are the same on every store."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
+from stores import StoreFactory
 from test_scheduler import T0, Clock
 
 from beatless import Entry, Every, Schedule, ScheduleError
@@ -155,3 +157,44 @@ def test_names_at_the_limits_run_and_their_history_and_entry_notes_are_written()
     assert all(len(notes[k]) == 1 for k in kinds)
     assert len(notes[f"beatless/{NAMESPACE}/entries"]) == 2
     assert len(sent) == 2
+
+
+@pytest.mark.slow
+def test_on_every_store_a_name_over_the_limit_is_refused_and_one_at_it_is_sent_once(
+    store_factory: StoreFactory,
+) -> None:
+    """The limits are the same on every store: a node refuses at start an entry whose
+    address is one character over them, and sends an entry and a tenant at them exactly
+    once per occurrence, with their history and entry notes written."""
+    too_long = Schedule([Entry(name="n" * (LONGEST_NAME + 1), task="t", trigger=Every(60))])
+    with pytest.raises(ScheduleError):
+        Scheduler(too_long, store=store_factory())
+
+    tenant = "t" * (ADDRESS_LIMIT - len(f"{NAMESPACE}/fan/"))
+    entries = [
+        Entry(name="n" * LONGEST_NAME, task="t", trigger=Every(1)),
+        Entry(name="fan", task="t", trigger=Every(1), tenants=[tenant]),
+    ]
+    schedule = Schedule(entries, namespace=NAMESPACE)
+    clock = store_factory.clock if store_factory.exact_clock else time.time
+    sent: list[str] = []
+    node = Scheduler(
+        schedule, store=store_factory(), clock=clock, enqueue=lambda f: sent.append(f.id)
+    )
+    won: list[str] = []
+    for _ in range(40):
+        store_factory.advance(100)
+        won += [d.firing.entry.name for d in node.tick() if d.outcome == "won"]
+        if {"fan", entries[0].name} <= set(won):
+            break
+    assert {"fan", entries[0].name} <= set(won), won
+    assert len(sent) == len(set(sent)) == len(won)
+    node.board.sync()
+    store = store_factory()
+    kinds = [
+        history_kind(schedule.address(entries[0])),
+        history_kind(schedule.address(entries[1], tenant)),
+    ]
+    notes = store.read_notes([*kinds, f"beatless/{NAMESPACE}/entries"])
+    assert all(notes[k] for k in kinds), {k[:40]: len(v) for k, v in notes.items()}
+    assert len(notes[f"beatless/{NAMESPACE}/entries"]) == 2
