@@ -83,6 +83,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
+from beatless._drivers import driver
 from beatless._logtext import shown
 from beatless.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
@@ -550,14 +551,7 @@ def key_prefix(store: str, namespace: object, prefix: str | None) -> str:
 
 
 def _driver() -> ModuleType:
-    try:
-        import redis
-    except ImportError:
-        raise ConfigError(
-            "the redis store needs the redis package (beatless's redis extra): "
-            "pip install 'redis>=5.0.1'"
-        ) from None
-    return redis
+    return driver("redis", "the redis store")
 
 
 def note_args(
