@@ -550,8 +550,8 @@ def key_prefix(store: str, namespace: object, prefix: str | None) -> str:
     return prefix if prefix is not None else f"beatless:{namespace}:"
 
 
-def _driver() -> ModuleType:
-    return driver("redis", "the redis store")
+def _driver(store: str = "the redis store") -> ModuleType:
+    return driver("redis", store)
 
 
 def note_args(
