@@ -122,16 +122,15 @@ FOREIGN_SCHEDULERS = {
     "django_celery_beat.schedulers.DatabaseScheduler": (
         "django-celery-beat's DatabaseScheduler",
         "in the database (its PeriodicTask rows)",
-        "From django-celery-beat",
     ),
     "redbeat.RedBeatScheduler": (
         "RedBeat's RedBeatScheduler",
         "in Redis (with the entries saved there at run time)",
-        "From RedBeat",
     ),
 }
 """The beat schedulers whose schedule lives outside ``beat_schedule``: by class path,
-what it is, where its schedule lives, and the section of docs/migrating-from-beat.md."""
+what it is and where its schedule lives."""
+MIGRATING = "docs/migrating-from-beat.md, 'From django-celery-beat or RedBeat: what to do now'"
 _SCHEDULER_ALIASES = {
     "django": "django_celery_beat.schedulers.DatabaseScheduler",
     "redbeat.schedulers.RedBeatScheduler": "redbeat.RedBeatScheduler",
@@ -154,13 +153,13 @@ def foreign_scheduler(app: Any, entries: int) -> str | None:
     name = _SCHEDULER_ALIASES.get(name, name)
     if name not in FOREIGN_SCHEDULERS:
         return None
-    what, where, section = FOREIGN_SCHEDULERS[name]
+    what, where = FOREIGN_SCHEDULERS[name]
     return (
         f"beat_scheduler {value!r} is {what}: its schedule lives {where}, and beatless does "
         f"not load it; beatless reads only beat_schedule ({entries} entr"
         f"{'y' if entries == 1 else 'ies'} here), which that scheduler sends as well. Move "
         f"the periodic tasks you need into beat_schedule and remove the beat_scheduler "
-        f"setting: see docs/migrating-from-beat.md, '{section}'"
+        f"setting: see {MIGRATING}"
     )
 
 
