@@ -202,8 +202,11 @@ def hide(monkeypatch: pytest.MonkeyPatch, driver: str) -> None:
         if name == driver or name.startswith(f"{driver}."):
             monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, driver, None)
-    for name in ("beatless.stores._amqp", "beatless.stores._jetstream"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
+    import beatless.stores
+
+    for name in ("_amqp", "_jetstream"):  # `from beatless.stores import _amqp` imports anew
+        monkeypatch.delitem(sys.modules, f"beatless.stores.{name}", raising=False)
+        monkeypatch.delattr(beatless.stores, name, raising=False)
 
 
 @pytest.mark.parametrize(("url", "driver", "extra"), DRIVERS)
