@@ -70,20 +70,22 @@ STOP_TIMEOUT = 5.0
 
 
 class StartRefused(WorkerShutdown):  # type: ignore[misc]
-    """This node refuses to start; :attr:`reason` says why. A ``SystemExit`` raised by a
+    """This node refuses to start: :attr:`reason` says why, in the words logged, and
+    :attr:`problems` lists each problem on its own. A ``SystemExit`` raised by a
     bootstep's ``start`` is Celery's clean stop: the worker shuts down with
     :data:`~beatless.problems.EXIT_REFUSED` and no traceback (any other exception is an
     "Unrecoverable error" printed with its traceback)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, problems: Sequence[str]) -> None:
         super().__init__(EXIT_REFUSED)
         self.reason = reason
+        self.problems = tuple(problems)
 
 
-def _refuse(reason: str) -> NoReturn:
+def _refuse(reason: str, problems: Sequence[str]) -> NoReturn:
     """Say why at CRITICAL, once, then stop the worker cleanly."""
     logger.critical("%s", reason)
-    raise StartRefused(reason)
+    raise StartRefused(reason, problems)
 
 
 class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -139,7 +141,7 @@ class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
             return
         except StoreError as exc:  # unreachable, or refusing the credentials
             if mode == REFUSE:
-                _refuse(store_refusal(exc, consume_with=CONSUME_WITH))
+                _refuse(store_refusal(exc, consume_with=CONSUME_WITH), [one_line(str(exc))])
             self.schedule_problems = (one_line(str(exc)),)
             report_store_consuming(logger, exc, consume_with=CONSUME_WITH)
             return
@@ -149,7 +151,7 @@ class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
     def _schedule_problems(self, mode: str, problems: Sequence[str]) -> None:
         """Refuse to start with ``problems``, or (``"consume"``) keep them and say so once."""
         if mode == REFUSE:
-            _refuse(str(refusal(problems, consume_with=CONSUME_WITH)))
+            _refuse(str(refusal(problems, consume_with=CONSUME_WITH)), problems)
         self.schedule_problems = tuple(problems)
         report_consuming(logger, problems, consume_with=CONSUME_WITH)
 
