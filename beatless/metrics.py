@@ -19,7 +19,6 @@ importing this module needs nothing.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import logging
 import os
@@ -29,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+from beatless._drivers import missing
 from beatless._logtext import ERROR_LIMIT, shown
 from beatless.entry import Entry, Schedule
 from beatless.errors import ConfigError
@@ -68,7 +68,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = "pip install 'beatless[metrics]'"
 DEFAULT_ADDR = "127.0.0.1"
 """Where :func:`serve` listens unless told: this host only, as the status page does. A
 Prometheus on another host needs the node's own address, or ``0.0.0.0`` (every
@@ -96,8 +95,9 @@ seconds, written as prometheus_client writes a bucket's bound."""
 def require() -> None:
     """A :class:`~beatless.errors.ConfigError` saying what to install, unless
     prometheus-client is installed."""
-    if importlib.util.find_spec("prometheus_client") is None:
-        raise ConfigError(f"beatless metrics need the prometheus-client package: {INSTALL_HINT}")
+    problem = missing("prometheus_client", "beatless metrics")
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 @dataclass(frozen=True, slots=True)

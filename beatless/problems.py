@@ -257,6 +257,33 @@ def refusal(problems: Iterable[str], *, consume_with: str | None) -> ScheduleErr
     )
 
 
+EXIT_REFUSED = 2
+"""The exit code of a worker that refuses to start (as ``beatless`` exits on bad input)."""
+
+
+def store_refusal(error: Exception, *, consume_with: str | None) -> str:
+    """The one line a node refuses to start with when its claim store cannot be used:
+    unreachable, refusing the credentials, or refusing what the node asked (``error``
+    names the store, with its URL masked)."""
+    hint = f", or set {consume_with} to consume tasks here without scheduling"
+    return (
+        f"beatless: this node refuses to start: its claim store cannot be used: "
+        f"{one_line(str(error))}; fix the store URL or the server (`beatless check --store "
+        f"URL` probes it){hint if consume_with is not None else ''}"
+    )
+
+
+def report_store_consuming(logger: logging.Logger, error: Exception, *, consume_with: str) -> None:
+    """Say once, at ERROR, that this node schedules nothing because its claim store cannot
+    be used."""
+    logger.error(
+        "beatless: the claim store cannot be used: %s; this node schedules nothing: it "
+        "consumes tasks only (%s); nodes whose store answers go on scheduling",
+        one_line(str(error)),
+        consume_with,
+    )
+
+
 def report_consuming(logger: logging.Logger, problems: Iterable[str], *, consume_with: str) -> None:
     """Say once, at ERROR, that this node schedules nothing, and why."""
     errors = list(problems)

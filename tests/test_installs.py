@@ -3,14 +3,17 @@
 The dev venv has every package of every extra, so it cannot show that an extra misses
 one. Here each documented ``pip install`` line runs, exactly as written, in a new venv
 (no dev group) from a copy of this checkout; then that integration's own processes
-(``celery worker``, ``dramatiq``) run from that venv on a small app written to a
-temporary directory, with a one-second entry, and every occurrence must run exactly
-once. Only the worker processes use the fresh venv; this test runs in the dev venv.
+(``beatless check --celery`` / ``--dramatiq``, then ``celery worker`` or ``dramatiq``) run
+from that venv on a small app written to a temporary directory, with a one-second entry,
+on every broker the docs give the line for (its default claim store), and every
+occurrence must run exactly once. A line that lacks a broker's driver (the Celery-on-Redis
+line on RabbitMQ) must say so in one line naming the extra, at check and at start. Only
+the commands use the fresh venv; this test runs in the dev venv.
 
 The fast tests here keep the docs and the declarations honest: every documented line
 has a case below, every package an integration imports is declared by its extras, and
 the test group installs every package of those extras (the latest releases; the lowest
-ones are ``.ci/matrix``'s).
+ones are ``.ci/matrix``'s), and a missing driver is one line naming its extra.
 
 Redis: database 9, keys under a prefix of each test's own, deleted at the end. RabbitMQ:
 queues and exchanges named after that prefix, deleted at the end.
@@ -56,9 +59,10 @@ TEST_COMMAND = (
     ".venv/bin/pip install -e . --group dev && .venv/bin/python -m pytest"
 )
 CELERY = "pip install '.[celery,redis]'"
+CELERY_RABBITMQ = "pip install '.[celery,rabbitmq]'"
 DRAMATIQ = "pip install '.[dramatiq,redis]'"
 DRAMATIQ_RABBITMQ = "pip install '.[dramatiq,rabbitmq,redis]'"
-KNOWN_LINES = {DEMO, TEST_COMMAND, CELERY, DRAMATIQ, DRAMATIQ_RABBITMQ}
+KNOWN_LINES = {DEMO, TEST_COMMAND, CELERY, CELERY_RABBITMQ, DRAMATIQ, DRAMATIQ_RABBITMQ}
 """Every documented install line; the test command is the one ``.ci/run`` runs."""
 
 INSTALL_TIMEOUT_S = 300.0
@@ -172,6 +176,106 @@ def test_every_package_an_integration_imports_is_declared_by_its_extras(
 def test_the_test_group_installs_every_package_of_the_integration_extras() -> None:
     test_group = {_name(r) for r in _pyproject()["dependency-groups"]["test"] if isinstance(r, str)}
     assert _declared("celery", "dramatiq", "redis", "rabbitmq") <= test_group
+
+
+def test_every_driver_the_hint_names_is_what_its_extra_declares() -> None:
+    from beatless._drivers import EXTRAS
+
+    for package, extra in EXTRAS.values():
+        assert package in _declared(extra), (package, extra)
+
+
+DRIVERS = [
+    ("redis://127.0.0.1:6379/9", "redis", "redis"),
+    ("redis+cluster://127.0.0.1:7000", "redis", "redis"),
+    ("postgresql://user@127.0.0.1/test", "psycopg", "postgres"),
+    ("nats://127.0.0.1:4222", "nats", "nats"),
+    ("amqp://guest:guest@127.0.0.1:5672/%2F", "pika", "rabbitmq"),
+]
+"""A store URL of each kind, the driver its store imports, and the extra that installs it."""
+
+
+def hide(monkeypatch: pytest.MonkeyPatch, driver: str) -> None:
+    """Make ``driver`` uninstalled for this test, and the store modules that imported it
+    unimported (they import it again, and fail, as in a venv without it)."""
+    for name in list(sys.modules):
+        if name == driver or name.startswith(f"{driver}."):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, driver, None)
+    import beatless.stores
+
+    for name in ("_amqp", "_jetstream"):  # `from beatless.stores import _amqp` imports anew
+        monkeypatch.delitem(sys.modules, f"beatless.stores.{name}", raising=False)
+        monkeypatch.delattr(beatless.stores, name, raising=False)
+
+
+@pytest.mark.parametrize(("url", "driver", "extra"), DRIVERS)
+def test_a_missing_driver_is_one_line_naming_its_extra_when_the_store_opens_and_at_check(
+    url: str, driver: str, extra: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from beatless.errors import ConfigError
+    from beatless.stores import missing_driver, open_store
+
+    hide(monkeypatch, driver)
+    with pytest.raises(ConfigError) as caught:
+        open_store(url, namespace="app")
+    said = str(caught.value)
+    assert "\n" not in said
+    assert f"which beatless's {extra} extra installs: pip install 'beatless[{extra}]'" in said
+    assert missing_driver(url) == said
+
+
+def test_a_missing_metrics_driver_is_one_line_naming_its_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from beatless import metrics
+    from beatless.errors import ConfigError
+
+    hide(monkeypatch, "prometheus_client")
+    with pytest.raises(ConfigError, match=r"^beatless metrics needs the prometheus-client .*"):
+        metrics.require()
+
+
+def test_celery_on_rabbitmq_without_pika_is_a_problem_at_check_and_at_start(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from types import SimpleNamespace
+
+    from celery import Celery
+
+    from beatless.celery.schedule import check_app
+    from beatless.celery.worker import BeatlessStep, StartRefused
+
+    hide(monkeypatch, "pika")
+    app = Celery("proj", broker=AMQP_URL, set_as_current=False)
+    app.conf.beat_schedule = {"tick": {"task": "proj.tick", "schedule": 1.0}}
+    (problem,) = check_app(app).problems
+    assert problem.startswith(
+        "the claim store (the broker's own server) amqp://guest:***@127.0.0.1:5672/%2F: "
+        "the rabbitmq store needs the pika package, which beatless's rabbitmq extra installs"
+    )
+    worker = SimpleNamespace(app=app, hostname="w")
+    with pytest.raises(StartRefused) as caught:
+        BeatlessStep(worker).start(worker)
+    assert problem in caught.value.reason
+
+
+def test_dramatiq_with_a_store_whose_driver_is_missing_is_a_problem_at_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dramatiq.brokers.stub import StubBroker
+
+    from beatless.dramatiq import Beatless
+
+    hide(monkeypatch, "psycopg")
+    broker = StubBroker()
+    middleware = Beatless(store="postgresql://app:s3cret@db/app", namespace="app")
+    broker.add_middleware(middleware)
+    (problem,) = middleware.check(broker).problems
+    assert problem.startswith(
+        "Beatless store postgresql://app:***@db/app: the postgres store needs the psycopg "
+        "package, which beatless's postgres extra installs"
+    )
 
 
 # -- fresh venvs -----------------------------------------------------------------------
@@ -292,6 +396,18 @@ class Project:
         self.nodes.append(node)
         return node
 
+    def run(self, command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        """One command of the venv, to its end (``beatless check``)."""
+        return subprocess.run(
+            [str(self.venv / "bin" / command[0]), *command[1:]],
+            cwd=self.directory,
+            env={**venv_environment(self.venv), "PYTHONPATH": str(self.directory), **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
     def stop_all(self, timeout: float = 15.0) -> None:
         deadline = time.monotonic() + timeout
         for node in self.nodes:
@@ -347,6 +463,16 @@ def delete_rabbitmq(queues: list[str], exchanges: list[str]) -> None:
             channel.exchange_delete(exchange=exchange)
     finally:
         connection.close()
+
+
+def delete_rabbitmq_store(prefix: str, window: tuple[float, float]) -> None:
+    """What the RabbitMQ store of namespace ``prefix`` keeps: its epoch and notes queues,
+    its exchange, and the slot of each firing of ``prefix/tick`` that can have been
+    claimed in ``window`` (catch-up included); other slots expire on their own."""
+    store = f"beatless.{prefix}."
+    first, last = int(window[0]) - 70, int(window[1]) + 5
+    slots = [f"{store}c.{firing_id(f'{prefix}/tick', s * 1_000)}" for s in range(first, last)]
+    delete_rabbitmq([f"{store}epoch", f"{store}notes", *slots], [f"{store}slots"])
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str, project: Project) -> None:
@@ -433,15 +559,28 @@ def tick(self):
 '''
 
 
-def run_celery(project: Project, broker: str, store: str | None) -> tuple[float, float]:
+def celery_env(project: Project, broker: str, store: str | None) -> dict[str, str]:
     (project.directory / "bt_celery.py").write_text(textwrap.dedent(CELERY_APP))
     env = {"BT_PREFIX": project.prefix, "BT_BROKER": broker, "BT_RECORD": REDIS_URL}
     if store:
         env["BT_STORE"] = store
-    for name in ("one", "two"):
+    return env
+
+
+def start_celery(project: Project, env: dict[str, str], names: tuple[str, ...]) -> None:
+    for name in names:
         worker = ["celery", "-A", "bt_celery", "worker", "-n", f"{name}-{project.prefix}@%h"]
         quiet = ["--without-mingle", "--without-gossip", "--without-heartbeat"]
         project.start(name, [*worker, "-c", "1", "-l", "INFO", *quiet], env)
+
+
+def run_celery(project: Project, broker: str, store: str | None) -> tuple[float, float]:
+    """``beatless check --celery`` passes, then two workers run the entry."""
+    env = celery_env(project, broker, store)
+    checked = project.run(["beatless", "check", "--celery", "bt_celery:app"], env)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "bt_celery:app: sound — 1 entries" in checked.stdout, checked.stdout
+    start_celery(project, env, ("one", "two"))
     return run_nodes(project, lambda node: " ready." in node.text())
 
 
@@ -451,6 +590,23 @@ def test_celery_line_runs_two_workers_on_redis_each_occurrence_once(
 ) -> None:
     nodes = project(installed(CELERY))
     window = run_celery(nodes, REDIS_URL, store=None)
+    runs = read_runs(redis_client, nodes.prefix)
+    check_runs(runs, f"{nodes.prefix}/tick", window, nodes.logs())
+
+
+@pytest.mark.slow
+def test_celery_rabbitmq_line_runs_two_workers_on_rabbitmq_with_claims_in_rabbitmq(
+    installed: Callable[[str], Path], project: Callable[[Path], Project], redis_client: Any
+) -> None:
+    require_service("RabbitMQ", "127.0.0.1", 5672)
+    nodes = project(installed(CELERY_RABBITMQ))
+    window = (time.time(), time.time())
+    try:
+        window = run_celery(nodes, AMQP_URL, store=None)  # the store follows the broker
+    finally:
+        nodes.stop_all()
+        delete_rabbitmq([nodes.prefix], [nodes.prefix])
+        delete_rabbitmq_store(nodes.prefix, window)
     runs = read_runs(redis_client, nodes.prefix)
     check_runs(runs, f"{nodes.prefix}/tick", window, nodes.logs())
 
@@ -468,6 +624,34 @@ def test_celery_line_runs_two_workers_on_rabbitmq_with_claims_in_redis(
         delete_rabbitmq([nodes.prefix], [nodes.prefix])
     runs = read_runs(redis_client, nodes.prefix)
     check_runs(runs, f"{nodes.prefix}/tick", window, nodes.logs())
+
+
+@pytest.mark.slow
+def test_celery_line_on_rabbitmq_with_claims_in_rabbitmq_names_the_missing_extra_in_one_line(
+    installed: Callable[[str], Path], project: Callable[[Path], Project]
+) -> None:
+    require_service("RabbitMQ", "127.0.0.1", 5672)
+    nodes = project(installed(CELERY))
+    hint = "the rabbitmq store needs the pika package, which beatless's rabbitmq extra installs"
+    env = celery_env(nodes, AMQP_URL, store=None)
+    checked = nodes.run(["beatless", "check", "--celery", "bt_celery:app"], env)
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert hint in checked.stderr
+    assert "sound" not in checked.stdout
+    start_celery(nodes, env, ("one",))
+    (worker,) = nodes.nodes
+    try:
+        worker.process.wait(60)
+    finally:
+        nodes.stop_all()
+        delete_rabbitmq([nodes.prefix], [nodes.prefix])
+    log = worker.text()
+    assert worker.process.returncode == 2, log
+    (said,) = [line for line in log.splitlines() if "CRITICAL" in line]
+    assert "this node refuses to start" in said
+    assert hint in log
+    assert "Traceback" not in log
+    assert "ModuleNotFoundError" not in log
 
 
 # -- Dramatiq --------------------------------------------------------------------------
@@ -495,7 +679,7 @@ else:
 
     broker = RedisBroker(url=BROKER, namespace=PREFIX + "-dramatiq")
 broker.add_middleware(CurrentMessage())
-broker.add_middleware(Beatless(store=os.environ["BT_STORE"], namespace=PREFIX))
+broker.add_middleware(Beatless(store=os.environ["BT_STORE"] or None, namespace=PREFIX))
 dramatiq.set_broker(broker)
 
 _runs = redis.Redis.from_url(os.environ["BT_RECORD"])
@@ -512,14 +696,18 @@ def tick():
 '''
 
 
-def run_dramatiq(project: Project, broker: str) -> tuple[float, float]:
+def run_dramatiq(project: Project, broker: str, store: str | None) -> tuple[float, float]:
+    """``beatless check --dramatiq`` passes, then two nodes run the periodic actor."""
     (project.directory / "bt_dramatiq.py").write_text(textwrap.dedent(DRAMATIQ_APP))
     env = {
         "BT_PREFIX": project.prefix,
         "BT_BROKER": broker,
-        "BT_STORE": REDIS_URL,
+        "BT_STORE": store or "",
         "BT_RECORD": REDIS_URL,
     }
+    checked = project.run(["beatless", "check", "--dramatiq", "bt_dramatiq"], env)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "bt_dramatiq: sound — 1 entries" in checked.stdout, checked.stdout
     for name in ("one", "two"):
         project.start(name, ["dramatiq", "bt_dramatiq", "--processes", "1", "--threads", "1"], env)
     return run_nodes(project, lambda node: "ready for action" in node.text())
@@ -530,23 +718,25 @@ def test_dramatiq_line_runs_two_nodes_on_redis_each_occurrence_once(
     installed: Callable[[str], Path], project: Callable[[Path], Project], redis_client: Any
 ) -> None:
     nodes = project(installed(DRAMATIQ))
-    window = run_dramatiq(nodes, REDIS_URL)
+    window = run_dramatiq(nodes, REDIS_URL, store=REDIS_URL)
     runs = read_runs(redis_client, nodes.prefix)
     check_runs(runs, f"{nodes.prefix}/tick", window, nodes.logs())
 
 
 @pytest.mark.slow
-def test_dramatiq_rabbitmq_line_runs_two_nodes_with_claims_in_redis(
+def test_dramatiq_rabbitmq_line_runs_two_nodes_with_claims_in_rabbitmq(
     installed: Callable[[str], Path], project: Callable[[Path], Project], redis_client: Any
 ) -> None:
     require_service("RabbitMQ", "127.0.0.1", 5672)
     nodes = project(installed(DRAMATIQ_RABBITMQ))
     queues = [nodes.prefix, f"{nodes.prefix}.DQ", f"{nodes.prefix}.XQ"]
+    window = (time.time(), time.time())
     try:
-        window = run_dramatiq(nodes, PIKA_URL)
+        window = run_dramatiq(nodes, PIKA_URL, store=None)  # the store follows the broker
     finally:
         nodes.stop_all()
         delete_rabbitmq(queues, [])
+        delete_rabbitmq_store(nodes.prefix, window)
     runs = read_runs(redis_client, nodes.prefix)
     check_runs(runs, f"{nodes.prefix}/tick", window, nodes.logs())
 

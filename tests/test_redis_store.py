@@ -884,7 +884,7 @@ def test_missing_driver_raises_config_error_with_install_hint(
 ) -> None:
     monkeypatch.setitem(sys.modules, "redis", None)
 
-    with pytest.raises(ConfigError, match=r"redis extra\): pip install 'redis>=5.0.1'"):
+    with pytest.raises(ConfigError, match=r"redis extra installs: pip install 'beatless\[redis\]'"):
         RedisStore(URL)
 
 

@@ -61,7 +61,7 @@ from beatless.problems import (
     keep,
 )
 from beatless.scheduler import Decision, Enqueue, Scheduler, send_deadline_s
-from beatless.stores import open_store
+from beatless.stores import missing_driver, open_store, probed
 from beatless.stores.base import ClaimStore
 from beatless.triggers import Cron, Every, Trigger
 from beatless.urls import mask_url
@@ -106,15 +106,18 @@ def check_app(app: Any, settings: CelerySettings | None = None) -> Checked:
     """Every problem of the app's beatless settings and ``beat_schedule`` at once, each
     naming its entry: what a node refuses to start with, and what ``beatless check
     --celery`` reports. Connects to nothing."""
-    if settings is None:
-        problems: list[str] = []
-        settings = collect(lambda: CelerySettings.from_app(app), problems)
-        if settings is None:
-            return Checked(None, tuple(problems))
     beat_schedule = app.conf.beat_schedule or {}
     if not isinstance(beat_schedule, Mapping):
         return Checked(None, (f"beat_schedule must be a dict of entries, got {beat_schedule!r}",))
-    problems = []
+    foreign = foreign_scheduler(app, len(beat_schedule))
+    problems = [] if foreign is None else [foreign]
+    if settings is None:
+        settings = collect(lambda: CelerySettings.from_app(app), problems)
+        if settings is None:
+            return Checked(None, tuple(problems))
+    missing = _missing_driver(settings, app)
+    if missing is not None:
+        problems.append(missing)
     entries = []
     for name, spec in beat_schedule.items():
         entry = collect(partial(read_entry, name, spec, settings), problems)
@@ -122,6 +125,61 @@ def check_app(app: Any, settings: CelerySettings | None = None) -> Checked:
             entries.append(entry)
             problems.extend(argument_problems_of(app, entry))
     return checked(entries, problems, namespace=settings.namespace, timezone=settings.timezone)
+
+
+FOREIGN_SCHEDULERS = {
+    "django_celery_beat.schedulers.DatabaseScheduler": (
+        "django-celery-beat's DatabaseScheduler",
+        "in the database (its PeriodicTask rows)",
+    ),
+    "redbeat.RedBeatScheduler": (
+        "RedBeat's RedBeatScheduler",
+        "in Redis (with the entries saved there at run time)",
+    ),
+}
+"""The beat schedulers whose schedule lives outside ``beat_schedule``: by class path,
+what it is and where its schedule lives."""
+MIGRATING = "docs/migrating-from-beat.md, 'From django-celery-beat or RedBeat: what to do now'"
+_SCHEDULER_ALIASES = {
+    "django": "django_celery_beat.schedulers.DatabaseScheduler",
+    "redbeat.schedulers.RedBeatScheduler": "redbeat.RedBeatScheduler",
+}
+"""Other names of :data:`FOREIGN_SCHEDULERS`: django-celery-beat's entry point
+(``celery beat -S django``) and the module RedBeat's class is defined in."""
+
+
+def foreign_scheduler(app: Any, entries: int) -> str | None:
+    """The problem of an app whose ``beat_scheduler`` is django-celery-beat's
+    ``DatabaseScheduler`` or RedBeat's ``RedBeatScheduler``, given by name (with ``:`` or
+    ``.``, or an alias) or as the class: its schedule lives elsewhere, beatless reads
+    only ``beat_schedule`` (``entries`` of them), and both would send those."""
+    value = app.conf.get("beat_scheduler")
+    if isinstance(value, type):
+        value = f"{value.__module__}.{value.__qualname__}"
+    if not isinstance(value, str):
+        return None
+    name = value.strip().replace(":", ".")
+    name = _SCHEDULER_ALIASES.get(name, name)
+    if name not in FOREIGN_SCHEDULERS:
+        return None
+    what, where = FOREIGN_SCHEDULERS[name]
+    return (
+        f"beat_scheduler {value!r} is {what}: its schedule lives {where}, and beatless does "
+        f"not load it; beatless reads only beat_schedule ({entries} entr"
+        f"{'y' if entries == 1 else 'ies'} here), which that scheduler sends as well. Move "
+        f"the periodic tasks you need into beat_schedule and remove the beat_scheduler "
+        f"setting: see {MIGRATING}"
+    )
+
+
+def _missing_driver(settings: CelerySettings, app: Any) -> str | None:
+    """A line naming the extra to install when the claim store's driver is missing."""
+    problem = missing_driver(settings.store_url)
+    if problem is None:
+        return None
+    configured = app.conf.get("beatless_store_url")
+    which = "beatless_store_url" if configured else "the claim store (the broker's own server)"
+    return f"{which} {mask_url(settings.store_url)}: {problem}"
 
 
 def argument_problems_of(app: Any, entry: Entry) -> list[str]:
@@ -369,8 +427,10 @@ def build_scheduler(
     framework: str = "celery",
 ) -> CeleryScheduler:
     """The scheduler of one node of ``app``, shared by the worker bootstep, the beat
-    scheduler and tests. Reads the settings and ``beat_schedule``, opens the claim store,
-    and picks the path of each entry, logged once at INFO.
+    scheduler and tests. Reads the settings and ``beat_schedule``, opens the claim store
+    and probes it (:func:`~beatless.stores.probed`: a store that refuses the credentials
+    or cannot be reached is a :class:`~beatless.errors.StoreError` naming it), and picks
+    the path of each entry, logged once at INFO.
 
     The atomic path is used when the claim store URL is the broker's own Redis (same
     host, port and db) and ``beatless_force_two_phase`` is off; every other case is
@@ -382,13 +442,15 @@ def build_scheduler(
     settings = settings or CelerySettings.from_app(app)
     schedule = schedule or read_schedule(app, settings)
     store = open_claim_store(settings)
-    sender = Sender(
-        app,
-        deadline_s=send_deadline_s(to_ms(settings.lease)),
-        expires_from_lateness=settings.expires_from_lateness,
-    )
+    sender = None
     atomic = None
     try:
+        probed(store)  # the store, not the broker, is named when it cannot be used
+        sender = Sender(
+            app,
+            deadline_s=send_deadline_s(to_ms(settings.lease)),
+            expires_from_lateness=settings.expires_from_lateness,
+        )
         atomic = _atomic_store(app, store, settings, sender)
         scheduler = CeleryScheduler(
             schedule,
@@ -406,7 +468,8 @@ def build_scheduler(
     except BaseException:
         if atomic is not None:
             atomic.close()
-        sender.close()
+        if sender is not None:
+            sender.close()
         store.close()
         raise
     logger.info("beatless node %s: %s", shown(scheduler.node, quoted=False), scheduler.describe())

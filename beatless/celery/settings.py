@@ -4,8 +4,9 @@
 ``beatless_store_url``             The claim store. Default: the broker's own server when the
                                    broker is Redis (``redis://``, ``rediss://``, ``unix://``,
                                    ``redis+socket://``: atomic claim-and-enqueue) or RabbitMQ
-                                   (``amqp://``, ``pyamqp://``: the RabbitMQ store); required
-                                   with any other broker.
+                                   (``amqp://``, ``pyamqp://``: the RabbitMQ store, whose
+                                   driver the ``rabbitmq`` extra installs); required with
+                                   any other broker.
 ``beatless_namespace``             The namespace of every address. Default: ``app.main``
                                    (``Celery("proj")``); required when the app has no main
                                    name, unless the claim store is ``memory://``.

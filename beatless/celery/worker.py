@@ -22,20 +22,25 @@ closes the claim store. The node name is the worker's hostname and process id. W
 exports the node's Prometheus metrics (:mod:`beatless.metrics`) until the step stops.
 
 Before it schedules, the step checks the whole schedule (:func:`~beatless.celery.
-schedule.check_app`). With problems, the worker does not start: it exits non-zero with
-one error listing every problem. With ``beatless_on_schedule_error = "consume"`` it
-starts, consumes tasks, schedules nothing, says so once at ERROR, and keeps the list in
-:attr:`BeatlessStep.schedule_problems`.
+schedule.check_app`), then opens the claim store and probes it. With problems, or a
+store that cannot be reached or refuses the credentials, the worker does not start: it
+exits with :data:`~beatless.problems.EXIT_REFUSED` after one CRITICAL message listing
+every problem (for the store, one line naming it, its URL masked), with no traceback.
+With ``beatless_on_schedule_error = "consume"`` it starts, consumes tasks, schedules
+nothing, says so once at ERROR, and keeps the problems in
+:attr:`BeatlessStep.schedule_problems` (``celery inspect beatless`` shows them).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 import click
 from celery import bootsteps
+from celery.exceptions import WorkerShutdown
 
 from beatless import metrics
 from beatless._logtext import ERROR_LIMIT, shown
@@ -47,14 +52,41 @@ from beatless.celery.schedule import (
     unregistered_tasks,
 )
 from beatless.celery.settings import CONSUME_WITH, CelerySettings, on_schedule_error_of
-from beatless.errors import ScheduleError
-from beatless.problems import REFUSE, refusal, report_consuming
+from beatless.errors import ConfigError, ScheduleError, StoreError
+from beatless.problems import (
+    EXIT_REFUSED,
+    REFUSE,
+    one_line,
+    refusal,
+    report_consuming,
+    report_store_consuming,
+    store_refusal,
+)
 
 logger = logging.getLogger(__name__)
 
 DISABLE_OPTION = "--without-beatless"
 STOP_TIMEOUT = 5.0
 """Seconds a warm shutdown waits for the wake in progress to end."""
+
+
+class StartRefused(WorkerShutdown):  # type: ignore[misc]
+    """This node refuses to start: :attr:`reason` says why, in the words logged, and
+    :attr:`problems` lists each problem on its own. A ``SystemExit`` raised by a
+    bootstep's ``start`` is Celery's clean stop: the worker shuts down with
+    :data:`~beatless.problems.EXIT_REFUSED` and no traceback (any other exception is an
+    "Unrecoverable error" printed with its traceback)."""
+
+    def __init__(self, reason: str, problems: Sequence[str]) -> None:
+        super().__init__(EXIT_REFUSED)
+        self.reason = reason
+        self.problems = tuple(problems)
+
+
+def _refuse(reason: str, problems: Sequence[str]) -> NoReturn:
+    """Say why at CRITICAL, once, then stop the worker cleanly."""
+    logger.critical("%s", reason)
+    raise StartRefused(reason, problems)
 
 
 class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -83,18 +115,16 @@ class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
         return self
 
     def start(self, worker: Any) -> None:
-        """Check the schedule, then start the scheduler; raising here makes Celery stop
-        the worker with a failure exit code, before it consumes anything."""
+        """Check the schedule, open and probe the claim store, then start the scheduler.
+        A node that refuses raises :class:`StartRefused`: Celery stops the worker with
+        :data:`~beatless.problems.EXIT_REFUSED`, before it consumes anything."""
         if self.scheduler is not None or self.schedule_problems:
             return
         app = worker.app
         mode = on_schedule_error_of(app)
         found = check_app(app)
         if found.schedule is None:
-            if mode == REFUSE:
-                raise refusal(found.problems, consume_with=CONSUME_WITH)
-            self.schedule_problems = found.problems
-            report_consuming(logger, found.problems, consume_with=CONSUME_WITH)
+            self._schedule_problems(mode, found.problems)
             return
         for warning in unregistered_tasks(app, found.schedule):
             logger.warning("beatless: %s", shown(warning, quoted=False, limit=ERROR_LIMIT))
@@ -105,13 +135,26 @@ class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
                 app, node=node, settings=settings, schedule=found.schedule
             )
         except ScheduleError as exc:  # what the claim store refuses, known once it is open
+            self._schedule_problems(mode, exc.errors)
+            return
+        except ConfigError as exc:  # a store URL or option the store refuses
+            self._schedule_problems(mode, [one_line(str(exc))])
+            return
+        except StoreError as exc:  # unreachable, or refusing the credentials
             if mode == REFUSE:
-                raise refusal(exc.errors, consume_with=CONSUME_WITH) from None
-            self.schedule_problems = tuple(exc.errors)
-            report_consuming(logger, exc.errors, consume_with=CONSUME_WITH)
+                _refuse(store_refusal(exc, consume_with=CONSUME_WITH), [one_line(str(exc))])
+            self.schedule_problems = (one_line(str(exc)),)
+            report_store_consuming(logger, exc, consume_with=CONSUME_WITH)
             return
         self.scheduler.start()
         publish_metrics(self.scheduler, settings)
+
+    def _schedule_problems(self, mode: str, problems: Sequence[str]) -> None:
+        """Refuse to start with ``problems``, or (``"consume"``) keep them and say so once."""
+        if mode == REFUSE:
+            _refuse(str(refusal(problems, consume_with=CONSUME_WITH)), problems)
+        self.schedule_problems = tuple(problems)
+        report_consuming(logger, problems, consume_with=CONSUME_WITH)
 
     def stop(self, worker: Any) -> None:
         scheduler, self.scheduler = self.scheduler, None

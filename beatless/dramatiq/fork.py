@@ -167,9 +167,13 @@ def serve(parent: int) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from dramatiq.middleware import MiddlewareError
+
     try:
         broker, middleware = load()
         scheduler = middleware.start(broker)
+    except MiddlewareError:  # the node refused to start, and said why at CRITICAL
+        return EXIT_CONFIG
     except (BeatlessError, ImportError):
         logger.exception("beatless scheduler cannot start")
         return EXIT_CONFIG

@@ -6,11 +6,14 @@ process it runs in a thread started and stopped with the worker. Never both: the
 worker processes emit ``after_process_boot``, and from then on the thread is not started.
 
 Every worker process checks the whole schedule before it consumes (``before_worker_boot``)
-and collects every problem (:mod:`beatless.problems`). By default a schedule with
-problems stops the worker: :class:`ScheduleRefused` ends ``Worker.start``, so the
-``dramatiq`` command exits non-zero with the list. With ``on_schedule_error="consume"``
-the workers consume, the node schedules nothing, and the list is in
-:attr:`Beatless.schedule_problems`.
+and collects every problem (:mod:`beatless.problems`), then opens the claim store and
+probes it. By default a schedule with problems, or a store that cannot be reached or
+refuses the credentials, stops the worker: said once at CRITICAL (for the store, one line
+naming it, its URL masked), then :class:`ScheduleRefused` ends ``Worker.start``, and a
+worker process of the ``dramatiq`` command exits with
+:data:`~beatless.problems.EXIT_REFUSED` and no traceback, so the command exits non-zero.
+With ``on_schedule_error="consume"`` the workers consume, the node schedules nothing, says
+so once at ERROR, and the problems are in :attr:`Beatless.schedule_problems`.
 
 Every worker thread checks a beatless message before its actor's body
 (``before_process_message``): the run policy the message carries
@@ -30,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 from urllib.parse import quote, urlsplit
 
 from dramatiq import Middleware, get_encoder
@@ -57,9 +60,10 @@ from beatless.entry import (
     overlap_policy,
     tenant_address,
 )
-from beatless.errors import ConfigError, ScheduleError
+from beatless.errors import ConfigError, ScheduleError, StoreError
 from beatless.firing import Firing
 from beatless.problems import (
+    EXIT_REFUSED,
     REFUSE,
     Checked,
     argument_problems,
@@ -69,10 +73,12 @@ from beatless.problems import (
     one_line,
     refusal,
     report_consuming,
+    report_store_consuming,
+    store_refusal,
 )
 from beatless.runs import RUN_HEADER, Run, RunPolicy, Runs
 from beatless.scheduler import Scheduler, send_deadline_s
-from beatless.stores import open_store
+from beatless.stores import missing_driver, open_store, probed
 from beatless.stores.base import ClaimRequest, ClaimStore, Note, Outcome
 from beatless.stores.memory import MemoryStore
 from beatless.triggers import zone
@@ -93,8 +99,11 @@ CONSUME_WITH = 'Beatless(..., on_schedule_error="consume")'
 
 
 class ScheduleRefused(ScheduleError, MiddlewareError):
-    """The schedule has problems and the node refuses to start. A middleware error, so
-    that Dramatiq lets it end ``Worker.start`` instead of logging it and going on."""
+    """The node refuses to start: its schedule has problems, or its claim store cannot be
+    used. A middleware error, so that Dramatiq lets it end ``Worker.start`` instead of
+    logging it and going on. (A worker process of the ``dramatiq`` command ends with
+    :data:`~beatless.problems.EXIT_REFUSED` instead, so that the reason is not printed
+    again inside a traceback.)"""
 
 
 class Beatless(Middleware):
@@ -239,8 +248,12 @@ class Beatless(Middleware):
         self._under_cli = True
 
     def before_worker_boot(self, broker: Broker, worker: Worker) -> None:
-        # Under the CLI the fork's scheduler process says it once, not every worker.
-        self.checked_at_start(broker, report=not self._under_cli)
+        # Under the CLI the fork's scheduler process says it once, not every worker; the
+        # workers probe the store only to refuse (they consume whatever it answers).
+        under_cli = self._under_cli
+        self.checked_at_start(
+            broker, report=not under_cli, probe=not under_cli or self.on_schedule_error == REFUSE
+        )
 
     def after_worker_boot(self, broker: Broker, worker: Worker) -> None:
         if self._under_cli or self.schedule_problems:
@@ -427,6 +440,8 @@ class Beatless(Middleware):
             actor = collect(partial(_actor, broker, entry.task, entry.name), problems)
             if actor is not None:
                 problems += self._message_problems(entry, actor, namespace or MEMORY_NAMESPACE)
+        if isinstance(self.store, str) and (missing := missing_driver(self.store)) is not None:
+            problems.append(f"Beatless store {mask_url(self.store)}: {missing}")
         return checked(
             found, problems, namespace=namespace or MEMORY_NAMESPACE, timezone=self.timezone
         )
@@ -439,22 +454,67 @@ class Beatless(Middleware):
             raise ScheduleError("; ".join(found.problems), list(found.problems))
         return found.schedule
 
-    def checked_at_start(self, broker: Broker, *, report: bool = True) -> Schedule | None:
-        """The schedule when it is sound. Otherwise :class:`ScheduleRefused` with every
-        problem, or, with ``on_schedule_error="consume"``, ``None``: the problems go to
-        :attr:`schedule_problems`, and to the log at ERROR once if ``report``."""
+    def checked_at_start(
+        self, broker: Broker, *, report: bool = True, probe: bool = True
+    ) -> Schedule | None:
+        """The schedule when it is sound and (with ``probe``) the claim store answers,
+        accepts the credentials and remembers long enough (rule 5). Otherwise the node
+        refuses to start, said at CRITICAL (:class:`ScheduleRefused`; the ``dramatiq``
+        command's worker processes exit), or, with ``on_schedule_error="consume"``,
+        ``None``: the problems go to :attr:`schedule_problems`, and to the log at ERROR
+        once if ``report``."""
         found = self.check(broker)
-        if found.schedule is not None:
+        problems = list(found.problems)
+        unusable: StoreError | None = None
+        if found.schedule is not None and probe:
+            try:
+                problems = self._store_problems(broker, found.schedule)
+            except StoreError as exc:
+                unusable = exc
+        if found.schedule is not None and not problems and unusable is None:
             return found.schedule
+        if unusable is not None:
+            problems = [one_line(str(unusable))]
         if self.on_schedule_error == REFUSE:
-            error = refusal(found.problems, consume_with=CONSUME_WITH)
-            logger.critical("%s", error)
-            raise ScheduleRefused(str(error), error.errors)
-        self.schedule_problems = found.problems
+            self._refuse(
+                str(refusal(problems, consume_with=CONSUME_WITH))
+                if unusable is None
+                else store_refusal(unusable, consume_with=CONSUME_WITH),
+                problems,
+            )
+        self.schedule_problems = tuple(problems)
         if report and not self._reported:
             self._reported = True
-            report_consuming(logger, found.problems, consume_with=CONSUME_WITH)
+            if unusable is None:
+                report_consuming(logger, problems, consume_with=CONSUME_WITH)
+            else:
+                report_store_consuming(logger, unusable, consume_with=CONSUME_WITH)
         return None
+
+    def _refuse(self, reason: str, problems: list[str]) -> NoReturn:
+        """Say why at CRITICAL, then stop this worker: a worker process of the
+        ``dramatiq`` command exits quietly (Dramatiq's multiprocessing prints any other
+        exception with its traceback), an embedded ``Worker.start`` raises."""
+        logger.critical("%s", reason)
+        if self._under_cli:
+            raise SystemExit(EXIT_REFUSED)
+        raise ScheduleRefused(reason, problems)
+
+    def _store_problems(self, broker: Broker, schedule: Schedule) -> list[str]:
+        """Open the claim store, probe it and check rule 5 on it (what ``beatless check
+        --store`` does); a :class:`~beatless.errors.StoreError` naming the store when it
+        cannot be reached or refuses the credentials."""
+        try:
+            store = self._runs_store(broker)
+        except ConfigError as exc:
+            return [one_line(str(exc))]
+        try:
+            probed(store)
+            return schedule.check_store(
+                store.remembers, store.name, run_leases=store.holds_run_leases
+            )
+        finally:
+            store.close()
 
     def _declared(self, actor: Actor[Any, Any], value: object, problems: list[str]) -> list[Entry]:
         """The entries an actor declares; what is wrong with any goes to ``problems``."""

@@ -2,15 +2,45 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from beatless.errors import BeatlessError, ConfigError, StoreError
+from beatless._drivers import missing
+from beatless.errors import BeatlessError, ConfigError, StoreError, StoreUnavailable
 from beatless.stores.base import ClaimRequest, ClaimStore, Outcome
 from beatless.stores.memory import MemoryStore
 from beatless.urls import ambiguous_user_part, mask_url, scrub
 
-__all__ = ["ClaimRequest", "ClaimStore", "MemoryStore", "Outcome", "open_store"]
+__all__ = [
+    "ClaimRequest",
+    "ClaimStore",
+    "MemoryStore",
+    "Outcome",
+    "missing_driver",
+    "open_store",
+    "probed",
+]
+
+_DRIVERS = {
+    **dict.fromkeys(("redis", "rediss", "unix", "redis+socket"), ("redis", "the redis store")),
+    **dict.fromkeys(("redis+cluster", "rediss+cluster"), ("redis", "the redis cluster store")),
+    **dict.fromkeys(("postgresql", "postgres"), ("psycopg", "the postgres store")),
+    "nats": ("nats", "the nats store"),
+    **dict.fromkeys(("amqp", "amqps"), ("pika", "the rabbitmq store")),
+}
+"""Per URL scheme: the driver module its store imports, and the store's name."""
+PROBE_WAIT_S = 5.0
+"""How long a node starting tries a store it cannot reach before it gives up."""
+PROBE_RETRY_S = 0.25
+
+
+def missing_driver(url: str) -> str | None:
+    """One line naming the extra to install when the driver of the store at ``url`` is not
+    installed, else ``None``; imports nothing and connects to nothing (what ``beatless
+    check`` asks, so that a node does not find out at start)."""
+    found = _DRIVERS.get(urlsplit(url).scheme.lower())
+    return None if found is None else missing(*found)
 
 
 def open_store(url: str, *, namespace: str, **options: Any) -> ClaimStore:
@@ -107,3 +137,24 @@ def _open_redis(url: str, scheme: str, options: dict[str, Any]) -> ClaimStore:
     if scheme == "redis+socket":
         url = "unix" + url[len("redis+socket") :]
     return RedisStore(url, **options)
+
+
+def probed(store: ClaimStore, *, wait_s: float | None = None) -> ClaimStore:
+    """``store`` once its :meth:`~beatless.stores.base.ClaimStore.probe` passed: what a
+    node does before it schedules. A store that refuses (credentials, permissions, any
+    error but unavailability) fails at once; one that cannot be reached is tried again for
+    up to ``wait_s`` seconds (:data:`PROBE_WAIT_S`), then
+    :class:`~beatless.errors.StoreUnavailable` says for how long. The errors name the
+    store, with its URL masked."""
+    wait_s = PROBE_WAIT_S if wait_s is None else wait_s
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            store.probe()
+        except StoreUnavailable as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StoreUnavailable(f"{exc} (tried for {wait_s:g} s)") from None
+            time.sleep(min(PROBE_RETRY_S, left))
+        else:
+            return store

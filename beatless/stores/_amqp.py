@@ -26,12 +26,16 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pika  # type: ignore[import-untyped]
-from pika import spec
-from pika.adapters import select_connection  # type: ignore[import-untyped]
-from pika.channel import Channel  # type: ignore[import-untyped]
+from beatless._drivers import message
+from beatless.errors import ConfigError, StoreError, StoreUnavailable
 
-from beatless.errors import StoreError, StoreUnavailable
+try:  # whoever imports this module first gets the install hint, not a ModuleNotFoundError
+    import pika  # type: ignore[import-untyped]
+    from pika import spec
+    from pika.adapters import select_connection  # type: ignore[import-untyped]
+    from pika.channel import Channel  # type: ignore[import-untyped]
+except ImportError:
+    raise ConfigError(message("pika", "the rabbitmq store")) from None
 
 _CLOSE_WAIT_S = 1.0
 _READ_ACK_EVERY = 100

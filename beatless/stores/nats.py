@@ -84,6 +84,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
+from beatless._drivers import driver
 from beatless._logtext import ERROR_LIMIT, shown
 from beatless.durations import DurationLike, as_timedelta, describe, to_ms
 from beatless.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
@@ -915,11 +916,4 @@ def _secrets(url: str) -> list[str]:
 
 
 def _driver() -> ModuleType:
-    try:
-        import nats
-        import nats.errors
-    except ImportError:
-        raise ConfigError(
-            "the nats store needs the nats-py package: pip install 'beatless[nats]'"
-        ) from None
-    return nats
+    return driver("nats.errors", "the nats store")

@@ -69,6 +69,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from beatless._drivers import driver
 from beatless._logtext import WarnEvery, shown
 from beatless.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
@@ -811,14 +812,7 @@ class _Watchdog:
 
 
 def _driver() -> ModuleType:
-    try:
-        import psycopg
-        import psycopg.sql
-    except ImportError:
-        raise ConfigError(
-            "the postgres store needs the psycopg package: pip install 'beatless[postgres]'"
-        ) from None
-    return psycopg
+    return driver("psycopg.sql", "the postgres store")
 
 
 def _schema_script() -> str:

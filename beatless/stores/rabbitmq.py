@@ -82,6 +82,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from beatless._drivers import driver
 from beatless._logtext import shown
 from beatless.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
@@ -149,13 +150,7 @@ NOTES_START_S = 0.25
 
 
 def _driver() -> Any:
-    try:
-        import pika  # type: ignore[import-untyped]
-    except ImportError:
-        raise ConfigError(
-            "the rabbitmq store needs the pika package: pip install 'beatless[rabbitmq]'"
-        ) from None
-    return pika
+    return driver("pika", "the rabbitmq store")
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,9 +283,9 @@ class RabbitMQStore(ClaimStore):
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        pika = _driver()  # before _amqp, which imports pika as it loads
         from beatless.stores import _amqp
 
-        pika = _driver()
         self._where = mask_url(url)
         self._secrets = secrets_of(url)
         given, rest = _split_url(url, self._where)

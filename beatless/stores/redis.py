@@ -84,6 +84,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
+from beatless._drivers import driver
 from beatless._logtext import WarnEvery, shown
 from beatless.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
@@ -799,15 +800,8 @@ def key_prefix(store: str, namespace: object, prefix: str | None) -> str:
     return prefix if prefix is not None else f"beatless:{namespace}:"
 
 
-def _driver() -> ModuleType:
-    try:
-        import redis
-    except ImportError:
-        raise ConfigError(
-            "the redis store needs the redis package (beatless's redis extra): "
-            "pip install 'redis>=5.0.1'"
-        ) from None
-    return redis
+def _driver(store: str = "the redis store") -> ModuleType:
+    return driver("redis", store)
 
 
 def note_args(

@@ -187,7 +187,7 @@ class RedisClusterStore(ClaimStore):
         prefix: str | None = None,
         socket_timeout: DurationLike = DEFAULT_SOCKET_TIMEOUT,
     ) -> None:
-        driver = _driver()
+        driver = _driver("the redis cluster store")
         self.prefix = key_prefix("redis cluster store", namespace, prefix)
         if not isinstance(self.prefix, str) or not self.prefix or {"{", "}"} & set(self.prefix):
             raise ConfigError(

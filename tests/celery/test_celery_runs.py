@@ -21,6 +21,7 @@ from beatless.celery import BeatlessStep, check_app, read_schedule
 from beatless.celery.gate import RunGate, find_gate
 from beatless.celery.messages import ADDRESS_HEADER, send_task_options
 from beatless.celery.settings import CelerySettings
+from beatless.celery.worker import StartRefused
 from beatless.entry import Entry
 from beatless.errors import ScheduleError, StoreUnavailable
 from beatless.firing import Firing
@@ -145,9 +146,10 @@ def test_what_the_opened_store_refuses_is_a_start_up_problem_too(
     app = make_app(entry("d"), beatless_on_schedule_error=mode)
     step = BeatlessStep(Worker(app, "w"))
     if mode == "refuse":
-        with pytest.raises(ScheduleError, match="this node refuses to start") as caught:
+        with pytest.raises(StartRefused) as caught:
             step.start(Worker(app, "w"))
-        assert caught.value.errors == [said]
+        assert "this node refuses to start" in caught.value.reason
+        assert caught.value.problems == (said,)
     else:
         step.start(Worker(app, "w"))
         assert step.schedule_problems == (said,)

@@ -13,12 +13,16 @@ from typing import Any
 import click
 import pytest
 from celery import Celery
+from celery.exceptions import WorkerShutdown
 
 import beatless.celery
+from beatless import cli
 from beatless.celery import BeatlessStep, install
-from beatless.celery.worker import DISABLE_OPTION
-from beatless.errors import ConfigError, ScheduleError
+from beatless.celery.schedule import check_app
+from beatless.celery.worker import DISABLE_OPTION, StartRefused
+from beatless.errors import ConfigError
 from beatless.firing import firing_id, from_datetime
+from beatless.problems import EXIT_REFUSED
 
 WON = re.compile(r"firing (\S+) entry=(\S+) .* outcome=(won|takeover)")
 
@@ -57,12 +61,19 @@ def bad_app(**conf: Any) -> Celery:
     return app
 
 
-def test_the_step_refuses_to_start_with_one_error_listing_every_problem() -> None:
+def test_the_step_refuses_to_start_with_one_error_listing_every_problem(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     worker = SimpleNamespace(app=bad_app(), hostname="w1@host")
     step = BeatlessStep(worker)
-    with pytest.raises(ScheduleError) as caught:
+    with caplog.at_level(logging.INFO, logger="beatless"), pytest.raises(StartRefused) as caught:
         step.start(worker)
-    message = str(caught.value)
+    # A SystemExit is Celery's clean stop: no "Unrecoverable error" and no traceback.
+    assert isinstance(caught.value, WorkerShutdown)
+    assert not isinstance(caught.value, Exception)
+    assert caught.value.code == EXIT_REFUSED
+    message = caught.value.reason
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [message]
     assert message.startswith("beatless: 3 problems in the schedule; this node refuses to start")
     for name in ("odd", "tight", "opaque"):
         assert f"\n  entry '{name}': " in message
@@ -115,6 +126,148 @@ def test_a_sound_schedule_starts_the_scheduler_and_warns_of_unregistered_tasks(
     assert "entry 'hourly': task 'proj.nowhere' is not registered" in caplog.text
 
 
+# -- a claim store that cannot be used at start ----------------------------------------
+
+
+def store_app(store_url: str, **conf: Any) -> Celery:
+    app = Celery("proj", broker="memory://", set_as_current=False)
+    app.conf.update(
+        beat_schedule={"tick": {"task": "proj.work", "schedule": 60}},
+        beatless_store_url=store_url,
+        **conf,
+    )
+    app.task(name="proj.work")(_work)
+    return app
+
+
+def _work() -> None:
+    pass
+
+
+REFUSING = "redis://nobody:s3cret@127.0.0.1:6379/13"
+"""A user the Redis server does not know: it refuses the credentials at once."""
+UNREACHABLE = "redis://:s3cret@127.0.0.1:1/13"
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        (REFUSING, "redis store redis://nobody:***@127.0.0.1:6379/13: cannot probe: "),
+        (UNREACHABLE, "redis store redis://:***@127.0.0.1:1/13: cannot probe: "),
+    ],
+)
+def test_a_store_that_refuses_or_cannot_be_reached_stops_the_worker_with_one_line_naming_it(
+    url: str, said: str, require: Any, caplog: pytest.LogCaptureFixture, monkeypatch: Any
+) -> None:
+    require("Redis", "127.0.0.1", 6379)
+    monkeypatch.setattr("beatless.stores.PROBE_WAIT_S", 0.3)
+    worker = SimpleNamespace(app=store_app(url), hostname="w1@host")
+    step = BeatlessStep(worker)
+    with caplog.at_level(logging.INFO, logger="beatless"), pytest.raises(StartRefused) as caught:
+        step.start(worker)
+    reason = caught.value.reason
+    assert caught.value.code == EXIT_REFUSED
+    assert reason.startswith(
+        "beatless: this node refuses to start: its claim store cannot be used: "
+    )
+    assert said in reason
+    assert "\n" not in reason
+    assert "s3cret" not in reason
+    assert "broker" not in reason
+    assert 'app.conf.beatless_on_schedule_error = "consume"' in reason
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [reason]
+    assert step.scheduler is None
+
+
+def test_in_consume_mode_a_store_that_refuses_is_one_error_and_a_problem_of_the_node(
+    require: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    require("Redis", "127.0.0.1", 6379)
+    app = store_app(REFUSING, beatless_on_schedule_error="consume")
+    worker = SimpleNamespace(app=app, hostname="w1@host")
+    step = BeatlessStep(worker)
+    with caplog.at_level(logging.INFO, logger="beatless"):
+        step.start(worker)
+        step.start(worker)
+    assert step.scheduler is None
+    (problem,) = step.schedule_problems
+    assert problem.startswith("redis store redis://nobody:***@127.0.0.1:6379/13: cannot probe: ")
+    (said,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert said.levelno == logging.ERROR
+    assert said.getMessage().startswith(f"beatless: the claim store cannot be used: {problem}")
+    assert "this node schedules nothing" in said.getMessage()
+    assert "s3cret" not in caplog.text
+
+
+# -- a schedule that lives elsewhere ------------------------------------------------------
+
+
+class _RedBeat:
+    """Stands for RedBeat's class, given as the class rather than by name."""
+
+
+_RedBeat.__module__, _RedBeat.__qualname__ = "redbeat.schedulers", "RedBeatScheduler"
+DATABASE_SCHEDULER = "django-celery-beat's DatabaseScheduler"
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "said"),
+    [
+        (
+            "django_celery_beat.schedulers:DatabaseScheduler",
+            "django-celery-beat's DatabaseScheduler",
+        ),
+        (
+            "django_celery_beat.schedulers.DatabaseScheduler",
+            "django-celery-beat's DatabaseScheduler",
+        ),
+        ("django", "django-celery-beat's DatabaseScheduler"),
+        ("redbeat.RedBeatScheduler", "RedBeat's RedBeatScheduler"),
+        ("redbeat.schedulers:RedBeatScheduler", "RedBeat's RedBeatScheduler"),
+        (_RedBeat, "RedBeat's RedBeatScheduler"),
+    ],
+)
+def test_a_beat_scheduler_whose_schedule_lives_elsewhere_is_named_at_check_and_start(
+    scheduler: Any, said: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = store_app("memory://", beat_scheduler=scheduler)
+    found = check_app(app)
+    assert found.schedule is None
+    (problem,) = found.problems
+    assert f"is {said}: its schedule lives " in problem
+    assert "beatless does not load it" in problem
+    assert "beat_schedule (1 entry here)" in problem
+    assert "docs/migrating-from-beat.md" in problem
+    worker = SimpleNamespace(app=app, hostname="w")
+    with caplog.at_level(logging.INFO, logger="beatless"), pytest.raises(StartRefused) as caught:
+        BeatlessStep(worker).start(worker)
+    assert problem in caught.value.reason
+
+
+@pytest.mark.parametrize(
+    "scheduler", [None, "beatless.celery:BeatScheduler", "celery.beat:PersistentScheduler"]
+)
+def test_other_beat_schedulers_are_not_taken_for_a_schedule_elsewhere(scheduler: Any) -> None:
+    assert check_app(store_app("memory://", beat_scheduler=scheduler)).is_sound
+
+
+def test_beatless_check_says_the_schedule_lives_in_the_database_not_sound_with_0_entries(
+    tmp_path: Any, monkeypatch: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "bt_django_app.py").write_text(
+        "from celery import Celery\n"
+        "app = Celery('proj', broker='memory://')\n"
+        "app.conf.beatless_store_url = 'memory://'\n"
+        "app.conf.beat_scheduler = 'django_celery_beat.schedulers:DatabaseScheduler'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cli.main(["check", "--celery", "bt_django_app:app"]) == 1
+    out, err = capsys.readouterr()
+    assert "sound" not in out
+    assert "bt_django_app:app: 1 problem(s)" in err
+    assert "its schedule lives in the database" in err
+
+
 @pytest.mark.slow
 def test_a_worker_with_a_bad_schedule_exits_non_zero_before_consuming_with_the_list(
     project: Any, redis_client: Any
@@ -136,11 +289,40 @@ def test_a_worker_with_a_bad_schedule_exits_non_zero_before_consuming_with_the_l
     finally:
         code = node.stop()
     log = node.output()
-    assert code not in (0, None), log
+    assert code == EXIT_REFUSED, log
     assert "beatless: 2 problems in the schedule; this node refuses to start" in log
+    assert "Traceback" not in log
+    assert "Unrecoverable error" not in log
     assert "entry 'odd': unsupported schedule" in log
     assert "entry 'tight': jitter 8s must be under half" in log
     assert "beatless node" not in log
+    assert project.runs(redis_client) == []
+
+
+@pytest.mark.slow
+def test_a_worker_whose_store_refuses_its_password_exits_with_one_line_naming_the_store(
+    project: Any, redis_client: Any
+) -> None:
+    project.configure(
+        {"tick": {"task": "beatless_test.record", "schedule": 1.0, "args": ["tick"]}},
+        beatless_store_url=REFUSING,
+    )
+    node = project.worker("refused", "-P", "solo", install=True)
+    try:
+        node.process.wait(30)
+    finally:
+        code = node.stop()
+    log = node.output()
+    assert code == EXIT_REFUSED, log
+    (line,) = [line for line in log.splitlines() if "CRITICAL" in line]
+    assert (
+        "beatless: this node refuses to start: its claim store cannot be used: redis store " in line
+    )
+    assert "redis://nobody:***@127.0.0.1:6379/13" in line
+    assert "s3cret" not in log
+    assert "Traceback" not in log
+    assert "broker did not answer" not in log
+    assert " ready." not in log
     assert project.runs(redis_client) == []
 
 

@@ -508,7 +508,10 @@ def test_the_fork_module_does_not_import_the_middleware_module_at_run_time() -> 
         for alias in node.names
     ]
     assert "beatless.errors" in imported
-    assert not [name for name in imported if "middleware" in name], imported
+    # Dramatiq's own middleware module is fine; beatless's would close a cycle.
+    assert not [
+        name for name in imported if name.endswith("middleware") and name != "dramatiq.middleware"
+    ], imported
 
 
 def ours(records: list[logging.LogRecord]) -> list[logging.LogRecord]:

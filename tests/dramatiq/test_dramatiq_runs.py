@@ -518,7 +518,8 @@ def test_with_the_store_unreachable_once_only_is_given_up_and_overlap_skip_is_no
     clock: ManualClock, reason: str
 ) -> None:
     given = Unreachable(clock=clock) if reason == "unreachable" else "nosuch://nowhere"
-    stub = stub_broker(given, clock)
+    # A store that cannot be opened refuses the node at start; consuming, it runs tasks.
+    stub = stub_broker(given, clock, on_schedule_error="consume")
     actor, ran = recorder(stub, "job")
     once = Entry(name="once", task="job", trigger=Every(60))
     skip = Entry(name="skip", task="job", trigger=Every(60), overlap="skip")

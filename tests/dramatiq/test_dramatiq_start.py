@@ -1,4 +1,6 @@
-"""Real ``dramatiq`` command lines with a schedule that has problems: refuse or consume."""
+"""Real ``dramatiq`` command lines with a schedule that has problems, or a claim store
+that cannot be used: refuse (exit code 2, the reason said once per process, no traceback)
+or consume."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from pathlib import Path
 import pytest
 from service_check import require_service
 
+from beatless.problems import EXIT_REFUSED
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,20 +36,21 @@ import beatless.dramatiq as bd
 
 NS = os.environ["BT_NS"]
 broker = RedisBroker(url=os.environ["BT_REDIS"], namespace=NS)
+STORE = os.environ.get("BT_STORE") or os.environ["BT_REDIS"]
 broker.add_middleware(
-    bd.Beatless(store=os.environ["BT_REDIS"], namespace=NS, on_schedule_error=os.environ["BT_MODE"])
+    bd.Beatless(store=STORE, namespace=NS, on_schedule_error=os.environ["BT_MODE"])
 )
 dramatiq.set_broker(broker)
 
+if not os.environ.get("BT_STORE"):  # with a store of its own, the schedule is sound
 
-@dramatiq.actor(queue_name=NS, periodic=bd.cron("61 * * * *"))
-def typo():
-    pass
+    @dramatiq.actor(queue_name=NS, periodic=bd.cron("61 * * * *"))
+    def typo():
+        pass
 
-
-@dramatiq.actor(queue_name=NS, periodic=bd.every("10s", jitter="6s"))
-def wide():
-    pass
+    @dramatiq.actor(queue_name=NS, periodic=bd.every("10s", jitter="6s"))
+    def wide():
+        pass
 
 
 @dramatiq.actor(queue_name=NS)
@@ -67,7 +72,9 @@ def namespace() -> Iterator[str]:
     client.close()
 
 
-def start(tmp_path: Path, namespace: str, mode: str) -> tuple[subprocess.Popen[bytes], Path]:
+def start(
+    tmp_path: Path, namespace: str, mode: str, store: str = ""
+) -> tuple[subprocess.Popen[bytes], Path]:
     (tmp_path / "bt_dramatiq_app.py").write_text(textwrap.dedent(APP))
     env = {
         **os.environ,
@@ -75,6 +82,7 @@ def start(tmp_path: Path, namespace: str, mode: str) -> tuple[subprocess.Popen[b
         "BT_NS": namespace,
         "BT_REDIS": REDIS_URL,
         "BT_MODE": mode,
+        "BT_STORE": store,
     }
     log = tmp_path / f"{mode}.log"
     with log.open("wb") as out:
@@ -117,8 +125,9 @@ def test_the_dramatiq_command_exits_non_zero_listing_every_problem(
     finally:
         code = stop(process)
     text = log.read_text(errors="replace")
-    assert code != 0, text
+    assert code == EXIT_REFUSED, text
     assert "beatless: 2 problems in the schedule; this node refuses to start" in text
+    assert "Traceback" not in text
     assert "entry 'typo': cron '61 * * * *'" in text
     assert "entry 'wide': jitter 6s must be under half" in text
     assert "Worker process is ready" not in text
@@ -149,3 +158,49 @@ def test_in_consume_mode_the_dramatiq_command_runs_tasks_and_schedules_nothing(
     assert text.count("This node schedules nothing") == 1, text
     assert "entry 'typo': cron '61 * * * *'" in text
     assert "CRITICAL" not in text, text
+
+
+REFUSING = "redis://nobody:s3cret@127.0.0.1:6379/12"
+"""A user the Redis server does not know: it refuses the credentials at once."""
+UNREACHABLE = "redis://:s3cret@127.0.0.1:1/12"
+
+
+def test_a_store_that_refuses_its_password_stops_the_dramatiq_command_with_one_line(
+    tmp_path: Path, namespace: str
+) -> None:
+    process, log = start(tmp_path, namespace, "refuse", store=REFUSING)
+    try:
+        process.wait(30)
+    finally:
+        code = stop(process)
+    text = log.read_text(errors="replace")
+    assert code == EXIT_REFUSED, text
+    said = [line for line in text.splitlines() if "[beatless.dramatiq.middleware]" in line]
+    assert said, text
+    for line in said:
+        assert "[CRITICAL] beatless: this node refuses to start: its claim store cannot be " in line
+        assert "redis store redis://nobody:***@127.0.0.1:6379/12: cannot probe: " in line
+    assert "s3cret" not in text
+    assert "Traceback" not in text
+    assert "Worker process is ready" not in text
+
+
+def test_in_consume_mode_a_store_that_cannot_be_reached_is_one_error_and_workers_consume(
+    tmp_path: Path, namespace: str
+) -> None:
+    process, log = start(tmp_path, namespace, "consume", store=UNREACHABLE)
+    try:
+        assert wait_for(lambda: log.read_text().count("Worker process is ready") == 2, 30)
+        assert wait_for(lambda: "this node schedules nothing" in log.read_text(), 30)
+    finally:
+        code = stop(process)
+    text = log.read_text(errors="replace")
+    assert code == 0, text
+    (said,) = [line for line in text.splitlines() if "[ERROR]" in line]
+    assert (
+        "beatless: the claim store cannot be used: redis store redis://:***@127.0.0.1:1/12" in said
+    )
+    assert "(tried for 5 s)" in said
+    assert "s3cret" not in text
+    assert "Traceback" not in text
+    assert "CRITICAL" not in text
