@@ -67,6 +67,13 @@ LATE_COMMIT = (
 )
 """The WARNING of a sent firing whose commit the store refused (the two-phase window)."""
 
+NOT_COMMITTED_IN_TIME = (
+    "firing %s of entry %s: sent, but its commit has failed until its %d ms lease ran out; "
+    "another node may claim and send it too, under the same message id (the two-phase "
+    "window); the workers' once-only check refuses such a second copy"
+)
+"""The WARNING, once per firing, of a sent firing still uncommitted when its lease ended."""
+
 COMMIT_FAILED = (
     "commit of %d sent firing(s) failed (%s): this node sends nothing more until a commit "
     "succeeds (it commits them again first); if their leases run out meanwhile another "
@@ -142,6 +149,12 @@ class Wake(Protocol):
         commit) raised ``exc``: counted and logged; they are not sent again."""
         ...
 
+    def in_window(self, firings: Sequence[Firing]) -> None:
+        """These sent firings were not committed while their claims were ours (the commit
+        came after another node took them over): another node may have sent them too,
+        under the same message id (the two-phase window). Counted, and shown in status."""
+        ...
+
     def prepared(self, firing: Firing) -> object | None:
         """What :meth:`Dispatcher.prepare` built for ``firing``, handed back once;
         ``None`` when nothing was."""
@@ -179,6 +192,16 @@ class Dispatcher(ABC):
         takes them back with :meth:`Wake.prepared`. Nothing it builds may depend on the
         instant of the send; without it, :meth:`dispatch` builds the same."""
         return [None] * len(firings)
+
+    @property
+    def settling(self) -> bool:
+        """Whether a step after a send is still owed (a commit that failed): the loop
+        then wakes at least every retry interval and calls :meth:`settle`."""
+        return False
+
+    def settle(self, wake: Wake) -> None:  # noqa: B027 - most dispatchers owe nothing
+        """Do now what is owed from earlier sends (commit what failed to commit), on a
+        wake with nothing to dispatch; never raises."""
 
     def close(self) -> None:  # noqa: B027 - most dispatchers have nothing to close
         """Close what the dispatcher opened itself."""
@@ -251,9 +274,24 @@ class TwoPhase(Dispatcher):
         self._failure_warned: float | None = None
         self.uncommitted: list[Firing] = []
         """Sent firings whose commit failed: committed before anything more is sent."""
+        self._lease_ends: dict[str, float] = {}
+        """When the claim of each uncommitted firing runs out (monotonic clock), until it
+        is told as not committed in time."""
 
     def __repr__(self) -> str:
         return f"TwoPhase({self.store!r}, lease={self.lease_ms}ms)"
+
+    @property
+    def settling(self) -> bool:
+        return bool(self.uncommitted)
+
+    def settle(self, wake: Wake) -> None:
+        """Commit the :attr:`uncommitted` firings again, at once: a loop calls it on every
+        wake while they wait (at least every retry interval), so a commit that failed on
+        a cut connection is made on the next one before the lease runs out, even on a
+        node with nothing due."""
+        if self.uncommitted:
+            self._commit_again(wake)
 
     def dispatch(self, firings: Sequence[Firing], wake: Wake) -> None:
         start = 0
@@ -295,11 +333,11 @@ class TwoPhase(Dispatcher):
                 first_sent = first_sent if sent else began
                 sent.append((firing, outcome))
                 if self.monotonic() - first_sent >= COMMIT_EVERY_S:
-                    self._after_send(sent, wake)  # what is sent is soon committed
+                    self._after_send(sent, wake, claimed_at)  # what is sent is soon committed
                     sent = []
             else:
                 unsent.append(firing)
-        self._after_send(sent, wake)
+        self._after_send(sent, wake, claimed_at)
         self._forget(forgotten, wake)
         self._release(unsent, wake.node)
 
@@ -357,7 +395,9 @@ class TwoPhase(Dispatcher):
         )
         self._failure_warned, self._failures = now, 0
 
-    def _after_send(self, sent: list[tuple[Firing, Outcome]], wake: Wake) -> None:
+    def _after_send(
+        self, sent: list[tuple[Firing, Outcome]], wake: Wake, claimed_at: float
+    ) -> None:
         """Every step after a send, in one place that never raises: commit the sent
         firings with their history notes, and decide each. A step that fails is counted
         and logged (:meth:`Wake.failed_after_send`); a commit that fails keeps the
@@ -366,14 +406,22 @@ class TwoPhase(Dispatcher):
             return
         firings = [f for f, _ in sent]
         notes = self._history(wake, [(f, o.value) for f, o in sent])
-        kept, recorded = self._commit(firings, wake, notes)
-        for (firing, outcome), ok in zip(sent, kept, strict=True):
-            if not ok:
-                logger.warning(LATE_COMMIT, firing.id, shown(firing.entry.name))
+        kept, recorded = self._commit(firings, wake, notes, claimed_at)
+        self._tell_taken_over(firings, kept, wake)
+        for firing, outcome in sent:
             decide_claimed(wake, firing, outcome, recorded=recorded)
 
+    def _tell_taken_over(self, firings: list[Firing], kept: list[bool], wake: Wake) -> None:
+        """Sent firings whose commit found them taken over: each said at WARNING, and
+        counted as the two-phase window (:meth:`Wake.in_window`)."""
+        taken = [f for f, ok in zip(firings, kept, strict=True) if not ok]
+        for firing in taken:
+            logger.warning(LATE_COMMIT, firing.id, shown(firing.entry.name))
+        if taken:
+            wake.in_window(taken)
+
     def _commit(
-        self, firings: list[Firing], wake: Wake, notes: Sequence[Note]
+        self, firings: list[Firing], wake: Wake, notes: Sequence[Note], claimed_at: float
     ) -> tuple[list[bool], bool]:
         """Commit the sent ``firings`` with ``notes``: per firing, whether it was kept, and
         whether the notes were written. A commit that fails (a store error, or anything a
@@ -382,18 +430,20 @@ class TwoPhase(Dispatcher):
             kept = self.store.commit([f.id for f in firings], node=wake.node, notes=notes)
         except StoreFull as exc:
             if exc.kept is None:
-                return self._commit_failed(firings, wake, exc)
+                return self._commit_failed(firings, wake, exc, claimed_at)
             return exc.kept, False  # committed without room; the notes follow at a sync
         except Exception as exc:
-            return self._commit_failed(firings, wake, exc)
+            return self._commit_failed(firings, wake, exc, claimed_at)
         return kept, self.store.commits_notes
 
     def _commit_failed(
-        self, firings: list[Firing], wake: Wake, exc: Exception
+        self, firings: list[Firing], wake: Wake, exc: Exception, claimed_at: float
     ) -> tuple[list[bool], bool]:
         """A commit that failed: told once, its firings kept to be committed again."""
         wake.failed_after_send(firings, "commit", exc)
         self.uncommitted += firings
+        lease_end = claimed_at + self.lease_ms / 1_000
+        self._lease_ends.update((f.id, lease_end) for f in firings)
         logger.warning(
             COMMIT_FAILED,
             len(firings),
@@ -410,17 +460,29 @@ class TwoPhase(Dispatcher):
         try:
             kept = self.store.commit([f.id for f in firings], node=wake.node)
         except Exception:
+            self._tell_run_out()
             return False
         self.uncommitted = []
+        self._lease_ends.clear()
         logger.info(
             "commit of %d sent firing(s) succeeded again (%d had been taken over); sending goes on",
             len(firings),
             kept.count(False),
         )
-        for firing, ok in zip(firings, kept, strict=True):
-            if not ok:
-                logger.warning(LATE_COMMIT, firing.id, shown(firing.entry.name))
+        self._tell_taken_over(firings, kept, wake)
         return True
+
+    def _tell_run_out(self) -> None:
+        """Say, once per firing, which uncommitted firings' leases have run out: from now
+        on another node may claim and send them too (committed later, one found taken
+        over is counted as the two-phase window)."""
+        now = self.monotonic()
+        ran_out = [f for f in self.uncommitted if self._lease_ends.get(f.id, now) <= now]
+        for firing in ran_out:
+            if self._lease_ends.pop(firing.id, None) is not None:
+                logger.warning(
+                    NOT_COMMITTED_IN_TIME, firing.id, shown(firing.entry.name), self.lease_ms
+                )
 
     def _forget(self, firings: list[Firing], wake: Wake) -> None:
         """Firings the store forgot: keep them committed, unsent, so no node sends them."""
@@ -480,6 +542,8 @@ class Recorder:
         """What :meth:`Dispatcher.prepare` built, by firing id, to hand back once."""
         self.failures: list[tuple[str, str, Exception]] = []
         """Steps after a send that failed: ``(firing id, step, error)``."""
+        self.window: list[str] = []
+        """Sent firings whose commit found them taken over (:meth:`Wake.in_window`)."""
 
     def now_ms(self) -> int:
         return math.floor(self.clock() * 1_000)
@@ -501,6 +565,9 @@ class Recorder:
 
     def failed_after_send(self, firings: Sequence[Firing], step: str, exc: Exception) -> None:
         self.failures += [(f.id, step, exc) for f in firings]
+
+    def in_window(self, firings: Sequence[Firing]) -> None:
+        self.window += [f.id for f in firings]
 
     def prepared(self, firing: Firing) -> object | None:
         return self.built.pop(firing.id, None)

@@ -507,6 +507,8 @@ class Scheduler:
                 self.decide(firing, "clock_skew")
         elif due:
             self._dispatch(due)
+        else:
+            self.dispatcher.settle(self)  # a failed commit is retried on every wake
         if self._caught_up:
             self._say_catch_up()
         self.preference.advance(now, self.next_wake_ms())
@@ -837,6 +839,12 @@ class Scheduler:
         self._open.pop(firing.id, None)
         self._sent[firing.id] = (firing, outcome)
 
+    def in_window(self, firings: Sequence[Firing]) -> None:
+        """Sent firings found taken over at their commit: counted per entry
+        (``two_phase_window``, in the registry's counters and so in status)."""
+        for firing in firings:
+            self.stats[firing.entry.name].two_phase_window += 1
+
     def failed_after_send(self, firings: Sequence[Firing], step: str, exc: Exception) -> None:
         """A step after a decision or a send failed: counted per entry
         (``post_send_errors``) and logged, one WARNING per minute; never retried."""
@@ -1035,6 +1043,8 @@ class Scheduler:
         (and never over a second, so the wall clock is re-read at least that often); for a
         dispatcher that builds ahead, ``PREPARE_AHEAD_MS`` before the next release."""
         cap_ms = min(cap_s * 1_000, MAX_SLEEP_MS)
+        if self.dispatcher.settling:  # a commit is owed: try it again soon
+            cap_ms = min(cap_ms, RETRY_MS)
         wake = self.next_wake_ms()
         if wake is None:
             return cap_ms / 1_000

@@ -99,6 +99,10 @@ class EntryStats:
     commit_failures: int = 0
     """Firings not sent, and retried, because a commit of this node had failed: after
     one, a node sends nothing until a commit succeeds again."""
+    two_phase_window: int = 0
+    """Sent firings whose commit found their claim taken over (the commit failed until
+    the lease ran out, and another node claimed them): another node may have sent them
+    too, under the same message id; the workers' once-only check refuses that copy."""
     post_send_errors: int = 0
     """Steps after a firing was sent or decided (its history note, the commit, a
     counter) that raised: counted and logged, never a reason to send it again."""
@@ -125,6 +129,7 @@ class EntryStats:
         return {
             **counters,
             "post_send_errors": self.post_send_errors,
+            "two_phase_window": self.two_phase_window,
             "takeovers": self.takeovers,
             "catch_up_skipped": self.catch_up_skipped,
             "lateness_p50_ms": self.lateness.percentile(50),

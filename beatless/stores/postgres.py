@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from beatless._drivers import driver
-from beatless._logtext import WarnEvery, shown
+from beatless._logtext import ERROR_LIMIT, WarnEvery, shown
 from beatless.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
@@ -132,6 +132,8 @@ _MAX_IDENTIFIER = 63
 _LOST_SCHEMA = ("42883", "42P01", "3F000")
 """undefined_function, undefined_table, invalid_schema_name: the schema is gone."""
 _TRANSIENT_STATES = ("40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03", "53300")
+_SESSION_ENDED = ("57P01", "57P02", "57P03")
+"""admin_shutdown, crash_shutdown, cannot_connect_now: the server ended the session."""
 _FULL_STATES = ("53100",)
 """``disk_full``: a write refused because the server's disk is full (:class:`StoreFull`)."""
 FULL_WARN_EVERY_S = 60.0
@@ -461,16 +463,32 @@ class PostgresStore(ClaimStore):
         the store's lock and the watchdog, with every driver error translated.
 
         A call that finds the schema or a function missing (someone dropped the schema)
-        creates it again and runs once more: its epoch will be new.
+        creates it again and runs once more: its epoch will be new. A call that finds the
+        connection it reused cut (the server restarted, or dropped its sessions) runs
+        once more at once on a new one, so that a commit is not left to the next wake,
+        nor a lease to run out meanwhile: every call here may be run twice (a claim the
+        node already holds is won again, a commit or a release of its own claims is
+        the same twice).
         """
         with self._lock:
             for attempt in (1, 2):
                 with self._errors(what):
+                    reused = self._conn is not None and self._ready
                     conn = self._connection()
+                    began = time.monotonic()
                     try:
                         with self._watchdog.bound(self._sock, self.timeout_s + DEADLINE_SLACK_S):
                             return fn(conn)
                     except self._driver.Error as exc:
+                        if attempt == 1 and self._was_cut(conn, exc, reused, began):
+                            logger.info(
+                                "postgres store %s: the connection was cut (%s); running the "
+                                "call again on a new one",
+                                shown(self._where, quoted=False),
+                                shown(self._mask(exc), quoted=False, limit=ERROR_LIMIT),
+                            )
+                            self._drop_connection()
+                            continue
                         if attempt == 2 or exc.sqlstate not in _LOST_SCHEMA:
                             raise
                         logger.warning(
@@ -483,6 +501,19 @@ class PostgresStore(ClaimStore):
                         )
                         self._ready, self._repair = False, True
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _was_cut(
+        self, conn: psycopg.Connection[Any], exc: Exception, reused: bool, began: float
+    ) -> bool:
+        """Whether ``exc`` says that a connection opened before this call was cut by the
+        server, at once rather than after a wait (a link that holds the bytes, cut by the
+        watchdog, is not tried again: that would double the wait)."""
+        if not reused or not self._owns_conn:
+            return False
+        if not isinstance(exc, self._driver.OperationalError | self._driver.InterfaceError):
+            return False
+        cut = conn.broken or conn.closed or exc.sqlstate in _SESSION_ENDED
+        return cut and time.monotonic() - began < self.timeout_s / 2
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._closed:

@@ -96,6 +96,8 @@ class PostgresServer:
         self.postmasters: list[int] = []
         """Every postmaster pid this object started: the SysV segments it may leave."""
         self.starts = 0
+        self.settings = dict(SERVER_SETTINGS)
+        """The server's settings (``-c``) from its next start."""
         logdir.mkdir(parents=True, exist_ok=True)
 
     def url(self, query: str = "") -> str:
@@ -123,7 +125,7 @@ class PostgresServer:
         self.starts += 1
         command = [str(self.bindir / "postgres"), "-D", str(self.data), "-p", str(self.port)]
         command += ["-k", str(self.workdir)]
-        for key, value in SERVER_SETTINGS.items():
+        for key, value in self.settings.items():
             command += ["-c", f"{key}={value}"]
         with self.log.open("ab") as out:
             out.write(f"--- start {self.starts} on port {self.port}\n".encode())

@@ -167,6 +167,23 @@ def restarted_empty_scenario(
     """The restarted-empty scenario on the store at ``store_url``: ``restart()`` makes
     the store lose everything it held (and returns once it answers again), three times
     while the nodes run (every store with a server of the test's own runs it)."""
+    restarted_scenario(
+        store_url, fleet, restart, lead_s=lead_s, fault="store restarted empty", misses="reported"
+    )
+
+
+def restarted_scenario(
+    store_url: str,
+    fleet: FleetFactory,
+    restart: Callable[[], None],
+    *,
+    lead_s: int,
+    fault: str,
+    misses: str,
+) -> Report:
+    """Three restarts of the store at ``store_url`` while the nodes run, each 3 s into a
+    200-tenant fan-out: ``restart()`` returns once the store answers again. Asserts a
+    clean run (``misses`` as :func:`assert_clean` takes it) and returns the report."""
     anchor = next_whole_second(lead_s)
     run = fleet(
         schedule(
@@ -182,10 +199,12 @@ def restarted_empty_scenario(
         sleep_until(anchor + 15 * k + 3)
         killed = time.time()
         restart()
-        run.fault("store restarted empty", killed, time.time())
-        print(f"store restart {k + 1}: answering again after {time.time() - killed:.1f}s")
+        run.fault(fault, killed, time.time())
+        print(f"{fault} {k + 1}: answering again after {time.time() - killed:.1f}s")
     run.wait(timeout=until - time.time() + 30)
-    assert_clean(run.report((anchor, anchor + 45)), misses="reported")
+    report = run.report((anchor, anchor + 45))
+    assert_clean(report, misses=misses)
+    return report
 
 
 @pytest.mark.parametrize("pause_s", [5, 30, 90])
