@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -269,3 +270,42 @@ def test_wait_options_in_the_url() -> None:
         RedisStore("redis://127.0.0.1:6379/0?wait=1&wait_timeout=5s", namespace="x")
     with pytest.raises(ConfigError, match="wait must be 0 or more"):
         RedisStore(redis.Redis(), namespace="x", wait=-1)
+
+
+# -- PostgreSQL -------------------------------------------------------------------------
+
+
+def test_postgres_store_that_finds_a_new_timeline_forgets_the_firings_nobody_holds() -> None:
+    """A promoted standby starts a new timeline: a store object that read the old one (at
+    start or at a sync) and reads another answers the firings released before then plus
+    10 s that nobody holds ``forgotten``. (The promotion is played by telling the store
+    object it saw another timeline: a standby of the test's own would take minutes.)"""
+    pytest.importorskip("psycopg", reason="the postgres store needs psycopg")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from service_check import require_service
+    from stores import POSTGRES, POSTGRES_URL, drop_postgres_schema
+
+    from beatless.stores.postgres import PostgresStore, timeline_of
+
+    require_service(*POSTGRES)
+    assert timeline_of("000000020000000000000003") == 2
+    assert timeline_of(None) is None
+    schema = f"beatless_test_{uuid.uuid4().hex[:12]}"
+    store = PostgresStore(f"{POSTGRES_URL}?schema={schema}", namespace=NAMESPACE)
+    try:
+        store.facts()
+        now = store.time_ms()
+        assert store.claim([request("a", now)], node="n0", lease_ms=LEASE_MS) == [Outcome.WON]
+        assert store.facts().verdict is not Verdict.REFUSE
+        assert store.claim([request("b", now)], node="n0", lease_ms=LEASE_MS) == [Outcome.WON]
+        store._timeline = 999  # as if it had last read the old primary's timeline
+        store.facts()
+        assert store.claim(
+            [request("c", now), request("a", now)], node="n1", lease_ms=LEASE_MS
+        ) == [
+            Outcome.FORGOTTEN,
+            Outcome.HELD,
+        ]
+    finally:
+        store.close()
+        drop_postgres_schema(schema)
