@@ -358,9 +358,10 @@ def test_the_first_claim_writes_the_epoch_once_and_every_store_object_adopts_it(
 
     record = client.get(f"{prefix}epoch")
     assert isinstance(record, str)
-    version, started_ms, token = record.split("|", 2)
+    version, started_ms, token, replid, cause = record.split("|")
     assert a.epoch is not None
-    assert (version, started_ms, token) == ("v=1", str(a.epoch.started_ms), a.epoch.token)
+    assert (version, started_ms, token) == ("v=2", str(a.epoch.started_ms), a.epoch.token)
+    assert (replid, cause) == (client.info("replication")["master_replid"], "new")
     assert before <= a.epoch.started_ms <= server_now_ms(client)
     assert b.epoch == a.epoch
     assert client.pttl(f"{prefix}epoch") == -1

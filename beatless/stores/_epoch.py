@@ -5,6 +5,13 @@ the *horizon* of that change: the new epoch's start plus the tolerance. Every la
 of a firing nobody holds and released before the horizon is forgotten, not only the
 first batch after the change: a firing the old memory may have seen enqueued stays
 unsendable whichever batch, or retry, brings it to the store.
+
+A failover is a change of identity too: a replica promoted to primary keeps the epoch
+record but may lack the last claims its old primary granted. A store that can tell (Redis:
+the ``master_replid`` of the server, and the history it continued when it was promoted)
+writes the epoch again with a new token and marks it begun by a failover
+(:data:`FAILOVER`), so that the store object of a node that never saw the old primary
+judges the same horizon.
 """
 
 from __future__ import annotations
@@ -17,6 +24,13 @@ from beatless.stores.base import TOLERANCE_MS, Epoch
 def new_token() -> str:
     """A random token for a new epoch record."""
     return secrets.token_hex(16)
+
+
+NEW = "new"
+"""The cause of an epoch written on a store that had none (first use, or memory lost)."""
+FAILOVER = "failover"
+"""The cause of an epoch written on a promoted replica: the claims its old primary
+granted in the replication lag may be lost."""
 
 
 def has_changed(seen: Epoch | None, current: Epoch) -> bool:
@@ -36,4 +50,21 @@ def describe_change(seen: Epoch, current: Epoch) -> str:
         f"{current.token[:12]} (started {current.started_ms} ms); firings released before "
         f"{current.started_ms + TOLERANCE_MS} ms that nobody holds are written committed "
         f"and reported forgotten, not enqueued"
+    )
+
+
+def describe_failover(seen: Epoch | None, current: Epoch, *, waits: bool) -> str:
+    """What a store object says when it finds its store failed over to a replica."""
+    horizon = current.started_ms + TOLERANCE_MS
+    were = f"from epoch {seen.token[:12]} " if seen is not None else ""
+    lost = (
+        "pending claims whose lease ran out"
+        if waits
+        else "firings nobody holds, and pending claims whose lease ran out,"
+    )
+    return (
+        f"the store failed over to a replica that may lack the last claims of its old "
+        f"primary: its epoch changed {were}to {current.token[:12]} (started "
+        f"{current.started_ms} ms); {lost} released before {horizon} ms are written "
+        f"committed and reported forgotten, not enqueued"
     )

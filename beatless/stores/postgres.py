@@ -140,7 +140,8 @@ FULL_WARN_EVERY_S = 60.0
 _SETTINGS = (
     "SELECT current_setting('synchronous_commit'), current_setting('fsync'), "
     "pg_is_in_recovery(), current_setting('synchronous_standby_names'), "
-    "(SELECT count(*) FROM pg_stat_replication)"
+    "(SELECT count(*) FROM pg_stat_replication), "
+    "CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_walfile_name(pg_current_wal_lsn()) END"
 )
 """What :meth:`PostgresStore.facts` reads, in one round trip."""
 _REFUSED = (
@@ -240,6 +241,7 @@ class PostgresStore(ClaimStore):
         self._repair = False
         self._closed = False
         self._forgot_before_ms: int | None = None
+        self._timeline: int | None = None
         self._watchdog = _Watchdog()
         self._sock: socket.socket | None = None
         self._clock = clock
@@ -275,7 +277,35 @@ class PostgresStore(ClaimStore):
             row = self._row("read its settings", self._driver.sql.SQL(_SETTINGS), ())
         except StoreError:
             row = None
-        return settings_facts(f"postgres store {self._where}", row)
+        if row is not None:
+            self._follow_timeline(timeline_of(row[5]))
+        return settings_facts(f"postgres store {self._where}", row and row[:5])
+
+    def _follow_timeline(self, timeline: int | None) -> None:
+        """Note the server's timeline (read with its facts, at start and every sync); a
+        new one is a promoted standby (or a restore to a point in time), which may lack
+        the last claims: from now plus the tolerance back, the firings nobody holds are
+        answered forgotten, as after a lost epoch (see docs/stores.md, "Failover")."""
+        seen, self._timeline = self._timeline, timeline if timeline is not None else self._timeline
+        if seen is None or timeline is None or timeline == seen:
+            return
+        try:
+            horizon = self.time_ms() + TOLERANCE_MS
+        except StoreError:
+            horizon = int(time.time() * 1_000) + TOLERANCE_MS
+        self._forgot_before_ms = max(self._forgot_before_ms or 0, horizon)
+        logger.warning(
+            "postgres store %s (schema %s, namespace %s): the server's timeline changed "
+            "from %d to %d: a standby was promoted (or the database restored), and it may "
+            "lack the last claims of the old primary; firings released before %d ms that "
+            "nobody holds are written committed and reported forgotten, not enqueued",
+            shown(self._where, quoted=False),
+            shown(self.schema),
+            shown(self.namespace),
+            seen,
+            timeline,
+            horizon,
+        )
 
     def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
         """One call of ``commit_v1`` per :data:`CHUNK` ids; the notes ride in the first, one
@@ -615,6 +645,16 @@ class PostgresStore(ClaimStore):
 
 def _monotonic_ms() -> int:
     return int(time.monotonic() * 1_000)
+
+
+def timeline_of(walfile: object) -> int | None:
+    """The timeline of a write-ahead log file's name (its first 8 hex digits), or
+    ``None`` (a standby, or a name not read)."""
+    text = str(walfile) if walfile else ""
+    try:
+        return int(text[:8], 16) if len(text) >= 8 else None
+    except ValueError:
+        return None
 
 
 def settings_facts(store: str, row: Sequence[Any] | None) -> StoreFacts:

@@ -78,17 +78,25 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from beatless._drivers import driver
 from beatless._logtext import WarnEvery, shown
 from beatless.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
-from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
+from beatless.stores._epoch import (
+    FAILOVER,
+    NEW,
+    describe_change,
+    describe_failover,
+    has_changed,
+    horizon_ms,
+    new_token,
+)
 from beatless.stores.base import (
     ITEM_TAIL_LIMIT,
     NOTE_VALUE_LIMIT,
@@ -128,6 +136,24 @@ PROBE_TTL_MS = 10_000
 
 DEFAULT_SOCKET_TIMEOUT = 5.0
 """Seconds a client created from a URL waits to connect, and for each reply."""
+
+DEFAULT_WAIT_TIMEOUT = 1.0
+"""Seconds a claim or commit of a store with ``wait`` waits for its replicas (``WAIT``);
+a two-phase claim waits at most a quarter of its lease, so that it can still be sent."""
+
+WAIT_OPTIONS = ("wait", "wait_timeout")
+"""The query options of a store URL that the store reads itself (the driver does not)."""
+
+_UNACKNOWLEDGED = {
+    "claim": (
+        "its firings are not sent now and are claimed again while not late (a two-phase "
+        "claim stays this node's; one claimed and enqueued in one script is in the queue "
+        "on the primary, and is lost with the claim if the primary is)"
+    ),
+    "commit": (
+        "the sent firings stay uncommitted, and nothing more is sent until they are committed again"
+    ),
+}
 
 LAST_RETENTION_MS = 30 * 86_400_000
 """How long the last-winner hash outlives the last firing won in its namespace."""
@@ -218,8 +244,12 @@ class RedisStore(ClaimStore):
         namespace: str = "default",
         prefix: str | None = None,
         socket_timeout: DurationLike = DEFAULT_SOCKET_TIMEOUT,
+        wait: int = 0,
+        wait_timeout: DurationLike = DEFAULT_WAIT_TIMEOUT,
     ) -> None:
         driver = _driver()
+        if isinstance(client_or_url, str):
+            client_or_url, wait, wait_timeout = wait_in_url(client_or_url, wait, wait_timeout)
         if prefix is not None and (not isinstance(prefix, str) or not prefix):
             raise ConfigError(f"redis store: prefix must be a non-empty string, got {prefix!r}")
         self.prefix = key_prefix("redis store", namespace, prefix)
@@ -242,6 +272,7 @@ class RedisStore(ClaimStore):
                 f"redis store: expected a redis.Redis client or a redis:// URL, got "
                 f"{type(client_or_url).__name__}"
             )
+        self.wait, self.wait_timeout_ms = _checked_wait(self._client, wait, wait_timeout)
         self._driver = driver
         self._lost = (driver.exceptions.RedisError, OSError)
         self._noscript = driver.exceptions.NoScriptError
@@ -324,7 +355,7 @@ class RedisStore(ClaimStore):
     ) -> list[Outcome]:
         self.refuse_claims()
         id_from = len(self._claim_key("")) + 1
-        atomic = "0" if commands is None else "1"
+        atomic = ("0" if commands is None else "1") + ("w" if self.wait else "")
         seen = self.epoch.token if self.epoch is not None else ""
         horizon = "" if self._forgot_before_ms is None else self._forgot_before_ms
         head: list[str | int] = [FORMAT_VERSION, EXPIRY_SLACK_MS, node, lease_ms, TOLERANCE_MS]
@@ -348,8 +379,14 @@ class RedisStore(ClaimStore):
                 keys += note_keys
                 args += note_args
             calls.append((keys, args))
+        # A two-phase claim must leave time to send within half its lease.
+        timeout_ms = (
+            self.wait_timeout_ms
+            if commands is not None
+            else min(self.wait_timeout_ms, max(1, lease_ms // 4))
+        )
         with self._errors("claim"):
-            replies = self._run(self._claim, calls)
+            replies = self._execute(self._claim, calls, "claim", timeout_ms)
         for reply in replies:
             self._adopt(_text(reply[1]))
         return [_OUTCOMES[letter] for letter in "".join(_text(r[0]) for r in replies)]
@@ -374,7 +411,7 @@ class RedisStore(ClaimStore):
             calls.append((keys, args))
         try:
             with self._errors("commit"):
-                replies = self._run(self._commit, calls)
+                replies = self._execute(self._commit, calls, "commit", self.wait_timeout_ms)
         except StoreFull as exc:
             kept = self._commit_without_room(ids, node)
             raise StoreFull(str(exc), usage=exc.usage, kept=kept) from None
@@ -461,7 +498,8 @@ class RedisStore(ClaimStore):
         or ``INFO`` where ``CONFIG`` is renamed), the role and the connected replicas
         (``INFO replication``), in one round trip."""
         config, info = ({}, {}) if self._closed else read_settings(self._client, self._lost)
-        return judge_settings(f"redis store {self._where}", config, info)
+        facts = judge_settings(f"redis store {self._where}", config, info)
+        return with_wait(facts, info, self.wait, self.wait_timeout_ms) if self.wait else facts
 
     def server_run_id(self) -> str:
         """The server's ``run_id`` (``INFO server``): it changes when Redis restarts."""
@@ -553,7 +591,11 @@ class RedisStore(ClaimStore):
         if epoch is None:
             return
         seen, self.epoch = self.epoch, epoch
-        self._forgot_before_ms = horizon_ms(seen, epoch, self._forgot_before_ms)
+        failover = epoch_cause(record) == FAILOVER
+        if not (failover and self.wait):
+            # With ``wait``, a claim on the old primary counted only once a replica had
+            # it: the script forgets pending claims only, on its own.
+            self._forgot_before_ms = horizon_ms(seen, epoch, self._forgot_before_ms)
         if seen is None or not has_changed(seen, epoch):
             return
         try:
@@ -564,8 +606,59 @@ class RedisStore(ClaimStore):
             "redis store %s (server run_id %s): %s",
             shown(self._where, quoted=False),
             shown(run_id, quoted=False),
-            describe_change(seen, epoch),
+            describe_failover(seen, epoch, waits=self.wait > 0)
+            if failover
+            else describe_change(seen, epoch),
         )
+
+    def _execute(
+        self, script: Script, calls: list[tuple[list[str], list[str | int]]], what: str, ms: int
+    ) -> list[Any]:
+        """:meth:`_run`, and with ``wait``, :meth:`_run_acknowledged` waiting ``ms``."""
+        if not self.wait:
+            return self._run(script, calls)
+        return self._run_acknowledged(script, calls, what, ms)
+
+    def _run_acknowledged(
+        self, script: Script, calls: list[tuple[list[str], list[str | int]]], what: str, ms: int
+    ) -> list[Any]:
+        """Run ``script`` once per call, then ``WAIT`` for :attr:`wait` replicas to have
+        what they wrote, up to ``ms``, in one pipeline (one connection, one round trip).
+        Raise :class:`~beatless.errors.StoreUnavailable` when fewer acknowledged: what the
+        scripts wrote stands on the primary, but does not count yet (see "Waiting for a
+        replica" in docs/stores.md). A call answered ``NOSCRIPT`` is run again, once the
+        script is loaded, with its own ``WAIT``."""
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        acked: Any = 0
+        for _attempt in range(2):
+            pipe = self._client.pipeline(transaction=False)
+            for i in todo:
+                keys, args = calls[i]
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.wait(self.wait, ms)
+            *got, acked = pipe.execute(raise_on_error=False)
+            missing = []
+            for i, reply in zip(todo, got, strict=True):
+                if isinstance(reply, self._noscript):
+                    missing.append(i)
+                elif isinstance(reply, Exception):
+                    raise reply
+                replies[i] = reply
+            if isinstance(acked, Exception):
+                raise acked
+            if not missing:
+                break
+            self._client.script_load(script.script)
+            todo = missing
+        if int(acked) < self.wait:
+            raise StoreUnavailable(
+                f"redis store {self._where}: {what}: {int(acked)} of {self.wait} replica(s) "
+                f"acknowledged it within {ms} ms (wait={self.wait}), so it does not count: "
+                + _UNACKNOWLEDGED.get(what, "")
+                + "; check the replicas' lag (INFO replication) or raise wait_timeout"
+            )
+        return replies
 
     def _run(self, script: Script, calls: list[tuple[list[str], list[str | int]]]) -> list[Any]:
         """Run ``script`` once per call: one EVALSHA, or several pipelined in one round trip.
@@ -749,7 +842,9 @@ def _replication_facts(info: dict[str, Any]) -> list[Fact]:
         return [Fact("role", role), Fact("connected replicas", "0")]
     why = (
         "replication is asynchronous: a replica promoted by a failover may lack the last "
-        "claims, and their firings may be sent again"
+        "claims; firings released up to the failover that nobody holds there are reported "
+        "forgotten (missed), not sent again; wait=1 in the store URL makes each claim wait "
+        "for a replica"
     )
     return [Fact("role", role), Fact("connected replicas", str(replicas), Verdict.WARN, why)]
 
@@ -913,11 +1008,73 @@ def _claim_arg(request: ClaimRequest, run: int) -> str:
 
 
 def _parse_epoch(record: str) -> Epoch | None:
-    """``v=1|{started_ms}|{token}`` as an :class:`Epoch` (``None`` when there is none)."""
+    """``v=2|{started_ms}|{token}|{replid}|{cause}`` (or an earlier ``v=1|{started_ms}|
+    {token}``) as an :class:`Epoch` (``None`` when there is none)."""
     parts = record.split("|", 2)
     if len(parts) != 3 or not parts[0].startswith("v=") or not parts[1].isdigit():
         return None
-    return Epoch(parts[2], int(parts[1]))
+    token = parts[2] if parts[0] == "v=1" else parts[2].split("|", 1)[0]
+    return Epoch(token, int(parts[1]))
+
+
+def epoch_cause(record: str) -> str:
+    """What began the epoch of a record: ``failover`` (a promoted replica) or ``new``."""
+    parts = record.split("|")
+    return parts[4] if len(parts) == 5 and parts[0] != "v=1" else NEW
+
+
+def wait_in_url(url: str, wait: int, timeout: DurationLike) -> tuple[str, int, DurationLike]:
+    """``url`` without its ``wait`` and ``wait_timeout`` options, and their values (those
+    given when the URL has none): the driver would refuse them."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    ours = {k: v for k, v in query if k in WAIT_OPTIONS}
+    if not ours:
+        return url, wait, timeout
+    rest = urlencode([(k, v) for k, v in query if k not in WAIT_OPTIONS])
+    given = ours.get("wait", str(wait))
+    if not given.isdigit():
+        raise ConfigError(
+            f"redis store {mask_url(url)}: wait={given!r} must be a number of replicas (0, 1, ...)"
+        )
+    return urlunsplit(parts._replace(query=rest)), int(given), ours.get("wait_timeout", timeout)
+
+
+def _checked_wait(client: Any, wait: int, timeout: DurationLike) -> tuple[int, int]:
+    """``wait`` and ``timeout`` in ms, checked: a timeout under the client's socket
+    timeout, so that ``WAIT`` answers before the connection gives up."""
+    if isinstance(wait, bool) or not isinstance(wait, int) or wait < 0:
+        raise ConfigError(f"redis store: wait must be 0 or more replicas, got {wait!r}")
+    ms = int(as_timedelta(timeout, name="redis store: wait_timeout").total_seconds() * 1_000)
+    if ms <= 0:
+        raise ConfigError(f"redis store: wait_timeout must be positive, got {timeout!r}")
+    socket_s = client.connection_pool.connection_kwargs.get("socket_timeout")
+    if wait and socket_s and ms >= socket_s * 1_000:
+        raise ConfigError(
+            f"redis store: wait_timeout {ms} ms must be under the socket timeout "
+            f"({socket_s * 1_000:.0f} ms), or every unacknowledged claim is a lost connection"
+        )
+    return wait, ms
+
+
+def with_wait(facts: StoreFacts, info: dict[str, Any], wait: int, timeout_ms: int) -> StoreFacts:
+    """``facts`` of a store whose claims wait for ``wait`` replicas: too few connected is a
+    refusal (every claim would time out); enough is no longer a warning."""
+    replicas = _number(info.get("connected_slaves"))
+    if replicas is None:
+        return facts
+    asked = Fact("wait", f"{wait} replica(s) within {timeout_ms} ms")
+    if replicas < wait:
+        why = (
+            f"wait={wait} asks {wait} replica(s) to acknowledge each claim and {replicas} "
+            "is connected: every claim would time out; start a replica, or drop wait from "
+            "the store URL"
+        )
+        got = Fact("connected replicas", str(replicas), Verdict.REFUSE, why)
+    else:
+        got = Fact("connected replicas", str(replicas))
+    kept = tuple(f for f in facts.facts if f.name != "connected replicas")
+    return replace(facts, facts=(*kept, got, asked))
 
 
 def _text(value: Any) -> str:

@@ -3,6 +3,14 @@
 Each server listens on a free loopback port, keeps nothing on disk (``--save ""``,
 ``--appendonly no``), and is stopped or killed by its pid. :meth:`RedisServer.restart`
 starts a new, empty server on the same port: a store that lost its memory.
+
+A server started with ``replica_of`` (an address: the primary's, or a TCP proxy's in
+front of it) replicates it (``--replicaof``); :meth:`RedisServer.promote` makes it a
+primary (``REPLICAOF NO ONE``), as a failover does. A replica that lags is one whose link
+goes through a proxy that holds the stream (``proxy.pause()``); cutting that link before
+the primary is killed (``proxy.drop()``) loses what it held, as a replica lagging behind
+a primary that dies does. (``DEBUG SLEEP`` on the replica does not: the stream waits in
+its socket and is applied when it wakes.)
 """
 
 from __future__ import annotations
@@ -94,8 +102,11 @@ class PrivateServer:
 class RedisServer(PrivateServer):
     """One private ``redis-server``: :meth:`start`, :meth:`kill`, :meth:`restart`, :meth:`stop`."""
 
-    def __init__(self, workdir: Path, name: str = "redis") -> None:
+    def __init__(
+        self, workdir: Path, name: str = "redis", *, replica_of: tuple[str, int] | None = None
+    ) -> None:
         super().__init__(workdir, name)
+        self.replica_of = replica_of
 
     @property
     def url(self) -> str:
@@ -120,7 +131,11 @@ class RedisServer(PrivateServer):
             *("--port", str(self.port), "--bind", "127.0.0.1"),
             *("--save", "", "--appendonly", "no", "--daemonize", "no"),
             *("--dir", str(self.workdir), "--logfile", str(log)),
+            *("--repl-diskless-sync-delay", "0"),  # a replica syncs at once, not in 5 s
         ]
+        if self.replica_of is not None:
+            host, port = self.replica_of
+            command += ["--replicaof", host, str(port)]
         self.process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
@@ -131,3 +146,43 @@ class RedisServer(PrivateServer):
         """Kill the server and start a new, empty one on the same port."""
         self.kill()
         self.start()
+
+    def command(self, *args: str | int, timeout: float = 5.0) -> bytes:
+        """Send one command and return its first reply line (``+OK``, ``:1``, ...)."""
+        return command(self.port, *args, timeout=timeout)
+
+    def promote(self) -> None:
+        """``REPLICAOF NO ONE``: this replica becomes a primary, with what it has."""
+        reply = self.command("REPLICAOF", "NO", "ONE")
+        if not reply.startswith(b"+OK"):
+            raise RuntimeError(f"{self.name}: REPLICAOF NO ONE answered {reply!r}")
+
+    def wait_in_sync(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Wait until this replica's link to its primary is up (``master_link_status:up``)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if b"master_link_status:up" in info(self.port, "replication"):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name}: not in sync with its primary after {timeout}s")
+
+
+def _resp(*args: str | int) -> bytes:
+    parts = [str(a).encode() for a in args]
+    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+
+
+def command(port: int, *args: str | int, timeout: float = 5.0) -> bytes:
+    """One command to the server on ``port``: its first reply line."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(_resp(*args))
+        return sock.makefile("rb").readline().rstrip(b"\r\n")
+
+
+def info(port: int, section: str) -> bytes:
+    """``INFO section`` of the server on ``port``, as bytes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(_resp("INFO", section))
+        reader = sock.makefile("rb")
+        size = int(reader.readline()[1:])
+        return reader.read(size)

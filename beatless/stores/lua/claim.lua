@@ -5,8 +5,12 @@
 -- KEYS[1]      {prefix}last: hash, one field per address, the last firing won there:
 --              v=1|{firing id}|{occurrence_ms}|{claimed_ms}|{node}; its layout has a
 --              version of its own, independent of the claim records' version
--- KEYS[2]      {prefix}epoch: v=1|{started_ms}|{token}, the store's identity, written
---              once (SET NX) by the first claim that finds it absent; its layout has a
+-- KEYS[2]      {prefix}epoch: v=2|{started_ms}|{token}|{replid}|{cause}, the store's
+--              identity: written by the first claim that finds it absent (cause 'new'),
+--              and again, with a new token, by the first claim on a promoted replica
+--              (cause 'failover', see below); replid is the master_replid of the server
+--              that last ran a claim. A v=1|{started_ms}|{token} record (an earlier
+--              beatless) is rewritten in place as v=2, its token kept. Its layout has a
 --              version of its own, independent of the claim records' version
 -- KEYS[2 + i]  {prefix}claim:{firing id}: the claim record of request i (see prelude.lua)
 -- KEYS[2 + n + j]  {prefix}claim:{run id}: the j-th distinct run-lease record the requests
@@ -23,7 +27,10 @@
 -- ARGV[5]   tolerance_ms (10 s)
 -- ARGV[6]   how long the last-winner hash outlives the last win, in ms
 -- ARGV[7]   where the firing id starts in a claim key
--- ARGV[8]   '1' to claim and enqueue (atomic), '0' for a pending claim (two-phase)
+-- ARGV[8]   '1' to claim and enqueue (atomic), '0' for a pending claim (two-phase),
+--           followed by 'w' when every claim of the namespace is acknowledged by a replica
+--           before it counts as won (the store's wait option): a failover then forgets
+--           only the pending claims, not the absent ones
 -- ARGV[9]   the epoch token the caller last saw, '' if none
 -- ARGV[10]  the caller's forgetting horizon from an earlier epoch change, '' if none
 -- ARGV[11]  a fresh random token, for the epoch record if it is absent
@@ -61,6 +68,19 @@
 -- firing nobody holds and released before the horizon is written committed, its
 -- commands are not run, and it is answered F.
 --
+-- Failover. A claim reads the server's replication ids (INFO replication). When the
+-- epoch record names another master_replid and this server continued another history
+-- (master_replid2 is set: it is a replica that was promoted), the server may lack the
+-- last claims its old primary granted: the record is written again with a new token,
+-- cause 'failover', started now. While it stands, for every caller (one that never saw
+-- the old primary too), a firing released before its start + tolerance that nobody holds
+-- is answered F, as above, and so is one whose record is a pending claim whose lease ran
+-- out (its commit may have been lost with the old primary): neither is sent again. With
+-- 'w' in ARGV[8] an absent record is judged as usual (a claim counts as won only once a
+-- replica has it). A server whose replid changed without a history it continued (a
+-- restart, which keeps or loses its data on its own terms) has the replid updated in
+-- place, with no change of identity.
+--
 -- A request's note is written only when its letter is W, T, O or F, from now (its
 -- ttl_ms, and its kind swept and bounded by the last keep of the notes written, as
 -- notes.lua and a post do), with these placeholders of its value replaced:
@@ -73,30 +93,65 @@
 -- now.
 
 local SLACK, node, lease = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
-local tolerance, id_from, atomic = tonumber(ARGV[5]), tonumber(ARGV[7]), ARGV[8] == '1'
+local tolerance, id_from = tonumber(ARGV[5]), tonumber(ARGV[7])
+local atomic, waits = string.sub(ARGV[8], 1, 1) == '1', string.sub(ARGV[8], 2, 2) == 'w'
 local n = tonumber(ARGV[12])
 local noting = ARGV[13 + 2 * n] ~= nil
 -- The key before the first kind of notes' keys.
 local kinds_from = #KEYS - 2 * (noting and tonumber(ARGV[14 + 2 * n]) or 0)
 
-local function current_epoch()
-  local record = redis.call('GET', KEYS[2])
-  if not record then
-    record = string.format('v=1|%d|%s', now, ARGV[11])
-    redis.call('SET', KEYS[2], record, 'NX')
-  end
-  local started = string.match(record, '^v=%d+|(%d+)|.+$')
-  if not started then
-    error({err = 'BEATLESS unreadable epoch record at ' .. KEYS[2] .. ': ' .. record})
-  end
-  return record, tonumber(started)
+-- This server's replication ids: its history's, and the one it continued when it was
+-- promoted ('' if none: it started a history of its own).
+local function replication()
+  local info = redis.call('INFO', 'replication')
+  local id = string.match(info, 'master_replid:(%x+)') or ''
+  local continued = string.match(info, 'master_replid2:(%x+)') or ''
+  if not string.find(continued, '[^0]') then continued = '' end
+  return id, continued
 end
 
-local epoch, started = current_epoch()
+-- The epoch record, its start, its token and whether a failover began it; written first
+-- if absent, again if this server is a promoted replica, in place if its replid is new.
+local function current_epoch()
+  local record = redis.call('GET', KEYS[2])
+  local id, continued = replication()
+  if not record then
+    record = string.format('v=2|%d|%s|%s|new', now, ARGV[11], id)
+    redis.call('SET', KEYS[2], record)
+    return record, now, ARGV[11], false
+  end
+  local version, started, rest = string.match(record, '^v=(%d+)|(%d+)|(.+)$')
+  if not version then
+    error({err = 'BEATLESS unreadable epoch record at ' .. KEYS[2] .. ': ' .. record})
+  end
+  local token, replid, cause = rest, '', 'new'
+  if version ~= '1' then
+    token, replid, cause = string.match(rest, '^([^|]+)|(%x*)|(%a+)$')
+    if not token then
+      error({err = 'BEATLESS unreadable epoch record at ' .. KEYS[2] .. ': ' .. record})
+    end
+  end
+  if replid == id then
+    return record, tonumber(started), token, cause == 'failover'
+  end
+  if replid ~= '' and continued ~= '' then
+    started, token, cause = now, ARGV[11], 'failover'
+  end
+  record = string.format('v=2|%d|%s|%s|%s', started, token, id, cause)
+  redis.call('SET', KEYS[2], record)
+  return record, tonumber(started), token, cause == 'failover'
+end
+
+local epoch, started, token, failover = current_epoch()
 local forgot_before = tonumber(ARGV[10]) or false
-if ARGV[9] ~= '' and string.match(epoch, '^v=%d+|%d+|(.+)$') ~= ARGV[9] then
+if ARGV[9] ~= '' and token ~= ARGV[9] and not (failover and waits) then
   forgot_before = started + tolerance
 end
+if failover and not waits then
+  forgot_before = math.max(forgot_before or 0, started + tolerance)
+end
+-- A failover's horizon for pending claims whose lease ran out: their commits may be lost.
+local lost_before = failover and started + tolerance
 
 local last = {}
 local function record_last()
@@ -130,7 +185,8 @@ end
 local function decide_free(i, key, h, r)
   if now - r.occurrence > r.max_late + tolerance then return 'X' end
   if r.release - now > tolerance then return 'E' end
-  if not h and forgot_before and r.release < forgot_before then
+  local lost = h and lost_before and h.state == 'pending' and r.release < lost_before
+  if lost or (not h and forgot_before and r.release < forgot_before) then
     return 'F', write(key, 'committed', now + r.memory, r.memory, r.tag, node,
       r.memory + SLACK)
   end
