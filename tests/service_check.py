@@ -22,3 +22,11 @@ def require_service(name: str, host: str, port: int, *, timeout: float = 1.0) ->
     if os.environ.get("BEATLESS_REQUIRE_SERVICES") == "1":
         pytest.fail(f"{reason}; BEATLESS_REQUIRE_SERVICES=1 requires it")
     pytest.skip(reason)
+
+
+def require_binary(reason: str) -> None:
+    """Skip the test because a server binary it starts a private instance of is missing
+    (``reason`` says which); with ``BEATLESS_REQUIRE_SERVICES=1`` (as in CI) fail instead."""
+    if os.environ.get("BEATLESS_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"{reason}; BEATLESS_REQUIRE_SERVICES=1 requires it")
+    pytest.skip(reason)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from service_check import require_binary
 
 from beatless.stores import ClaimStore, MemoryStore, Outcome
 from beatless.stores.redis import RedisStore
@@ -293,7 +294,7 @@ class PrivateRedis:
     def __init__(self, directory: Path, *, password: str | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            pytest.skip("redis-server is not installed; this case starts a private server")
+            require_binary("redis-server is not installed; this case starts a private server")
         self.binary, self.directory, self.password = binary, directory, password
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None

@@ -28,7 +28,7 @@ import pytest
 pytest.importorskip("redis", reason="the redis store needs redis-py")
 
 import redis
-from service_check import require_service
+from service_check import require_binary, require_service
 from stores import PrivateRedis, free_port
 
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
@@ -130,7 +130,7 @@ def private_redis(tmp_path: Path) -> Iterator[Path]:
     """A ``redis-server`` on a unix socket only, password ``s3cret-pass``; yields the socket."""
     binary = shutil.which("redis-server")
     if binary is None:
-        pytest.skip("redis-server is not installed; this case starts a private server")
+        require_binary("redis-server is not installed; this case starts a private server")
     sock = tmp_path / "redis.sock"
     args = [binary, "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]
     args += ["--requirepass", "s3cret-pass", "--save", "", "--appendonly", "no"]

@@ -24,6 +24,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).parent / "faults"))
 from proxy import Proxy
 from redis_server import RedisServer, redis_server_binary
+from service_check import require_binary
 
 from beatless.errors import ConfigError, StoreUnavailable
 from beatless.stores.base import ClaimRequest, Outcome, Verdict
@@ -58,7 +59,7 @@ class Pair:
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[Pair]:
     if redis_server_binary() is None:
-        pytest.skip("redis-server is not installed; these tests start private servers")
+        require_binary("redis-server is not installed; these tests start private servers")
     primary = RedisServer(tmp_path / "primary", "primary").start()
     link = Proxy(primary.address)
     replica = RedisServer(tmp_path / "replica", "replica", replica_of=(link.host, link.port))

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from service_check import require_binary
 
 pytest.importorskip("redis", reason="the redis store needs redis-py")
 import redis
@@ -37,7 +38,7 @@ ROOM = 1_000_000
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[RedisServer]:
     if redis_server_binary() is None:
-        pytest.skip("redis-server is not installed")
+        require_binary("redis-server is not installed")
     started = RedisServer(tmp_path / "redis", "redis").start()
     try:
         yield started

@@ -33,7 +33,7 @@ pytest.importorskip("nats", reason="the nats store needs: pip install 'beatless[
 
 import nats
 from fleet import assert_the_kill_was_survived, kill_one_of_three
-from service_check import require_service
+from service_check import require_binary, require_service
 from stores import NATS, NATS_URL, delete_nats_bucket, free_port
 
 from beatless import Entry, Every, Firing, Schedule
@@ -137,7 +137,7 @@ class PrivateNats:
     def __init__(self, directory: Path, *, jetstream: bool = True, auth: str = "") -> None:
         binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
         if not os.path.exists(binary):
-            pytest.skip("nats-server is not installed; this case starts a private server")
+            require_binary("nats-server is not installed; this case starts a private server")
         self.args = [binary, "-a", "127.0.0.1", "-p", str(free_port()), "-sd", str(directory)]
         self.args += ["-js"] if jetstream else []
         self.args += auth.split()
