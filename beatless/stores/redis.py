@@ -460,7 +460,16 @@ class RedisStore(ClaimStore):
         or ``INFO`` where ``CONFIG`` is renamed), the role and the connected replicas
         (``INFO replication``), in one round trip."""
         config, info = ({}, {}) if self._closed else read_settings(self._client, self._lost)
-        return judge_settings(f"redis store {self._where}", config, info)
+        return judge_settings(self.facts_name, config, info)
+
+    def quick_facts(self) -> StoreFacts | None:
+        """``maxmemory-policy`` and ``maxmemory`` (:func:`read_policy`: one command)."""
+        read = None if self._closed else read_policy(self._client, self._driver, self._lost)
+        return None if read is None else StoreFacts(self.facts_name, (policy_fact(*read),))
+
+    @property
+    def facts_name(self) -> str:
+        return f"redis store {self._where}"
 
     def server_run_id(self) -> str:
         """The server's ``run_id`` (``INFO server``): it changes when Redis restarts."""
@@ -658,11 +667,28 @@ def read_settings(
     return config, info
 
 
+def read_policy(
+    client: Any, driver: ModuleType, errors: tuple[type[BaseException], ...]
+) -> tuple[object, int | None] | None:
+    """``maxmemory-policy`` and ``maxmemory`` in one command: ``CONFIG GET maxmemory*``, or
+    ``INFO memory`` where ``CONFIG`` is refused (renamed, or not granted); ``None`` if
+    neither answers."""
+    try:
+        try:
+            config = {_text(k): v for k, v in client.config_get("maxmemory*").items()}
+            return config.get("maxmemory-policy"), _number(config.get("maxmemory"))
+        except driver.exceptions.ResponseError:
+            info = client.info("memory")
+            return info.get("maxmemory_policy"), _number(info.get("maxmemory"))
+    except errors:
+        return None
+
+
 def judge_settings(store: str, config: dict[str, str], info: dict[str, Any]) -> StoreFacts:
     """The facts of one Redis server from what :func:`read_settings` read."""
     maxmemory = _number(config.get("maxmemory", info.get("maxmemory")))
     facts = (
-        _policy_fact(config.get("maxmemory-policy", info.get("maxmemory_policy")), maxmemory),
+        policy_fact(config.get("maxmemory-policy", info.get("maxmemory_policy")), maxmemory),
         _maxmemory_fact(maxmemory, _number(info.get("used_memory")), config, info),
         *_persistence_facts(config, info),
         *_replication_facts(info),
@@ -670,7 +696,7 @@ def judge_settings(store: str, config: dict[str, str], info: dict[str, Any]) -> 
     return StoreFacts(store, facts, usage=usage_of(info, maxmemory))
 
 
-def _policy_fact(policy: object, maxmemory: int | None) -> Fact:
+def policy_fact(policy: object, maxmemory: int | None) -> Fact:
     name = "maxmemory-policy"
     if policy is None:
         why = "could not be read (CONFIG and INFO refused): make sure it is noeviction"
