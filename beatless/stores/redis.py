@@ -77,7 +77,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from types import ModuleType
@@ -396,19 +396,12 @@ class RedisStore(ClaimStore):
             )
             for start in range(0, len(ids), CHUNK)
         ]
-        try:
-            with self._errors("commit without room"):
-                replies = self._run(self._commit_anyway, calls)
-        except StoreError as exc:
-            logger.warning(
-                "redis store %s: %d sent firing(s) left pending (%s); while Redis refuses "
-                "writes no other node can take them over",
-                shown(self._where, quoted=False),
-                len(ids),
-                exc,
-            )
-            return None
-        return [flag == "1" for flag in "".join(_text(r[0]) for r in replies)]
+
+        def commit() -> list[bool]:
+            replies = self._run(self._commit_anyway, calls)
+            return [flag == "1" for flag in "".join(_text(r[0]) for r in replies)]
+
+        return commit_without_room(f"redis store {self._where}", len(ids), self._errors, commit)
 
     def release(self, ids: Sequence[str], *, node: str) -> None:
         keys = [self._claim_key(i) for i in ids]
@@ -611,15 +604,46 @@ class RedisStore(ClaimStore):
             usage = usage_of(self._client.info("memory"))
         except self._lost:
             usage = None
-        told = f"{exc} ({usage})" if usage else str(exc)
-        if self._full_warned.allows("full", FULL_WARN_EVERY_MS, int(time.monotonic() * 1_000)):
-            logger.warning(
-                "%s: Redis is full and refuses writes; claims are refused and their firings "
-                "missed (reported) until it has room: raise maxmemory, free memory, or give "
-                "the claim store a Redis of its own",
-                told,
-            )
-        return StoreFull(told, usage=usage, kept=exc.kept)
+        return told_full(exc, usage, self._full_warned)
+
+
+def told_full(exc: StoreFull, usage: str | None, warned: WarnEvery) -> StoreFull:
+    """``exc`` with ``usage`` (how full Redis is), said at WARNING at most once per
+    ``FULL_WARN_EVERY_MS`` (``warned``: the store's own)."""
+    told = f"{exc} ({usage})" if usage else str(exc)
+    if warned.allows("full", FULL_WARN_EVERY_MS, int(time.monotonic() * 1_000)):
+        logger.warning(
+            "%s: Redis is full and refuses writes; claims are refused and their firings "
+            "missed (reported) until it has room: raise maxmemory, free memory, or give "
+            "the claim store a Redis of its own",
+            told,
+        )
+    return StoreFull(told, usage=usage, kept=exc.kept)
+
+
+def commit_without_room(
+    store: str,
+    count: int,
+    errors: Callable[[str], AbstractContextManager[None]],
+    commit: Callable[[], list[bool]],
+) -> list[bool] | None:
+    """What ``commit`` returns: it runs the commit script flagged ``allow-oom``
+    (``_COMMIT_WITHOUT_ROOM``) on the ``count`` claims of a commit refused as full, within
+    the store's ``errors``. ``None`` when that fails too (Redis before 7 has no such
+    flag): said at WARNING; the claims stay pending, and while Redis refuses writes no
+    other node can take them over."""
+    try:
+        with errors("commit without room"):
+            return commit()
+    except StoreError as exc:
+        logger.warning(
+            "%s: %d sent firing(s) left pending (%s); while Redis refuses writes no other "
+            "node can take them over",
+            shown(store, quoted=False),
+            count,
+            exc,
+        )
+        return None
 
 
 SETTINGS = ("maxmemory-policy", "maxmemory", "appendonly", "save")
