@@ -114,3 +114,24 @@ def test_a_commit_refused_as_full_still_commits_so_no_node_takes_the_claims_over
 
         time.sleep(0.4)  # the lease the claims were won with has run out
         assert other.claim(claims, node="n2", lease_ms=300) == [Outcome.LOST] * 30
+
+
+def test_an_evicting_policy_on_one_master_is_seen_by_the_quick_read(
+    cluster: LocalCluster,
+) -> None:
+    with RedisClusterStore(cluster.url, prefix=f"facts-{uuid.uuid4().hex}:") as store:
+        assert store.watch().refusal() is None
+        port = cluster.ports[1]
+        with cluster.node(port) as client:
+            client.config_set("maxmemory", "100mb")
+            client.config_set("maxmemory-policy", "allkeys-lru")
+        try:
+            facts = store.watch(quick=True)
+        finally:
+            with cluster.node(port) as client:
+                client.config_set("maxmemory-policy", "noeviction")
+                client.config_set("maxmemory", "0")
+        assert store.watch(quick=True).refusal() is None
+
+    assert facts.summary() == f"refuse: maxmemory-policy @127.0.0.1:{port} allkeys-lru"
+    assert facts.fact(f"appendonly @127.0.0.1:{port}") is not None  # from the full read
