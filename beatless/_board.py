@@ -90,6 +90,10 @@ logger = logging.getLogger("beatless.fleet")
 
 SYNC_EVERY_MS = 1_000
 """How often a node posts its history and checks what is due below."""
+FACTS_EVERY_MS = 10_000
+"""How often a node reads all of the store's settings (:meth:`ClaimStore.facts
+<beatless.stores.base.ClaimStore.facts>`); at the other syncs it reads only those that can
+make a running store lose claims (:meth:`~beatless.stores.base.ClaimStore.quick_facts`)."""
 REGISTRY_EVERY_MS = 5_000
 REGISTRY_TTL_MS = 15_000
 """A node that has not posted for this long has left the registry."""
@@ -603,6 +607,8 @@ class Board:
         self._thread: threading.Thread | None = None
         self.store_facts: StoreFacts | None = None
         """The store's settings as the last sync read them (:meth:`watch_store`)."""
+        self._facts_ms: int | None = None
+        self._full_seen = 0
 
     def woke(self, now_ms: int) -> None:
         """The loop calls this at every wake."""
@@ -826,14 +832,21 @@ class Board:
 
     def watch_store(self, now: int) -> None:
         """Read the store's settings again (:meth:`ClaimStore.watch
-        <beatless.stores.base.ClaimStore.watch>`): a refused one stops the claims until
-        it is fixed, said at WARNING once a minute while it holds."""
+        <beatless.stores.base.ClaimStore.watch>`): all of them every ``FACTS_EVERY_MS``
+        and at once after a claim or commit was refused as full, the quick ones at the
+        other syncs. A refused one stops the claims until it is fixed, said at WARNING
+        once a minute while it holds."""
         was = None if self.store_facts is None else self.store.refusal
+        full = sum(stats.store_full for stats in list(self.scheduler.stats.values()))
+        due = self._facts_ms is None or now - self._facts_ms >= FACTS_EVERY_MS
+        quick = not due and full == self._full_seen
         try:
-            self.store_facts = self.store.watch()
+            self.store_facts = self.store.watch(quick=quick)
         except StoreError as exc:
             logger.debug("store settings not read: %s", exc)
             return
+        if not quick:
+            self._facts_ms, self._full_seen = now, full
         refusal = self.store.refusal
         if refusal is not None and (self._may_warn("refused", 60_000, now) or was is None):
             logger.warning(

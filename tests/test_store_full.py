@@ -33,6 +33,8 @@ from beatless.stores.redis import RedisStore
 
 ROOM = 1_000_000
 """Bytes of maxmemory above what the server uses when a test starts."""
+UNDER = 64 * 1024
+"""Bytes of maxmemory under what a filled server uses, until it is drained."""
 
 
 @pytest.fixture
@@ -53,15 +55,21 @@ class Filler:
     def __init__(self, port: int) -> None:
         self.client = redis.Redis(port=port)
         used = int(self.client.info("memory")["used_memory"])
-        self.client.config_set("maxmemory", str(used + ROOM))
+        self.maxmemory = used + ROOM
+        self.client.config_set("maxmemory", str(self.maxmemory))
         self.client.config_set("maxmemory-policy", "noeviction")
         self.keys = 0
         self._full = threading.Event()
         self._thread: threading.Thread | None = None
 
     def fill(self) -> None:
-        """Fill Redis until it refuses writes, and keep it so in a thread."""
+        """Fill Redis until it refuses writes, and keep it so in a thread. The limit is
+        then set a little under what Redis uses: a full Redis sits at the edge of its
+        limit, where a few kilobytes of client buffers decide whether a small write is
+        refused, and a test must not depend on them."""
         self._write_until_refused()
+        used = int(self.client.info("memory")["used_memory"])
+        self.client.config_set("maxmemory", str(used - UNDER))
         self._full.set()
         self._thread = threading.Thread(target=self._keep_full, daemon=True)
         self._thread.start()
@@ -85,6 +93,7 @@ class Filler:
             self._thread.join(5)
         for start in range(0, self.keys + 1, 500):
             self.client.delete(*(f"fill:{i}" for i in range(start, start + 500)))
+        self.client.config_set("maxmemory", str(self.maxmemory))
 
     def close(self) -> None:
         self._full.clear()

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from beatless._drivers import message
-from beatless.errors import ConfigError, StoreError, StoreUnavailable
+from beatless.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
 
 try:  # whoever imports this module first gets the install hint, not a ModuleNotFoundError
     import pika  # type: ignore[import-untyped]
@@ -262,6 +262,10 @@ class Session:
         self._lanes: list[_Lane] = []
         self._failure: BaseException | None = None
         self._opened = False
+        self.blocked: str | None = None
+        """Why the broker blocks this connection (``low on memory``, ``low on disk``:
+        ``Connection.Blocked``), until it says ``Connection.Unblocked``; ``None`` when it
+        does not."""
         self.generation = 0
         """Counts the connections opened: a new one may reach a broker that restarted."""
         self.sent: Counter[str] = Counter()
@@ -283,6 +287,11 @@ class Session:
             return []
         deadline = time.monotonic() + self._timeout
         self._ensure_open(deadline)
+        if self.blocked is not None:
+            raise StoreFull(
+                f"rabbitmq store {self._where}: cannot run: the broker blocks publishing "
+                f"({self.blocked}: a memory or disk alarm); nothing was sent"
+            )
         return self._execute(scripts, deadline)
 
     def _execute(self, scripts: Sequence[Script], deadline: float) -> list[Any]:
@@ -326,7 +335,7 @@ class Session:
             self._connect(deadline)
 
     def _connect(self, deadline: float) -> None:
-        self._failure, self._opened = None, False
+        self._failure, self._opened, self.blocked = None, False, None
         self._ioloop = select_connection.IOLoop()
         self._ioloop.activate_poller()
         self._conn = pika.SelectConnection(
@@ -336,6 +345,8 @@ class Session:
             on_close_callback=self._on_close,
             custom_ioloop=self._ioloop,
         )
+        self._conn.add_on_connection_blocked_callback(self._on_blocked)
+        self._conn.add_on_connection_unblocked_callback(self._on_unblocked)
         self._lanes = [_Lane(n) for n in range(self._width)]
         self.generation += 1
         try:
@@ -358,6 +369,12 @@ class Session:
 
     def _on_open_error(self, _conn: Any, error: BaseException | str) -> None:
         self._failure = error if isinstance(error, BaseException) else Exception(str(error))
+
+    def _on_blocked(self, _conn: Any, frame: Any) -> None:
+        self.blocked = str(getattr(frame.method, "reason", "") or "blocked")
+
+    def _on_unblocked(self, _conn: Any, _frame: Any) -> None:
+        self.blocked = None
 
     def _on_close(self, _conn: Any, reason: BaseException) -> None:
         self._failure = reason
@@ -647,6 +664,12 @@ class Session:
                 raise self._error(what, self._failure)
             if time.monotonic() >= deadline:
                 self.close()
+                if self.blocked is not None:
+                    raise StoreFull(
+                        f"rabbitmq store {self._where}: cannot {what}: the broker blocked "
+                        f"publishing ({self.blocked}: a memory or disk alarm) and did not "
+                        f"answer within {self._timeout:g}s"
+                    )
                 raise StoreUnavailable(
                     f"rabbitmq store {self._where}: cannot {what}: no answer within "
                     f"{self._timeout:g}s"
@@ -680,6 +703,12 @@ class Session:
             return StoreError(
                 f"rabbitmq store {self._where}: cannot {what}: {text}; check that the virtual "
                 f"host exists and that the user may use it"
+            )
+        if isinstance(failure, exc.ConnectionBlockedTimeout):
+            return StoreFull(
+                f"rabbitmq store {self._where}: cannot {what}: the broker blocked publishing "
+                f"for {self._timeout:g}s (a memory or disk alarm), and the connection was "
+                f"closed: {text}"
             )
         return StoreUnavailable(f"rabbitmq store {self._where}: cannot {what}: {text}")
 

@@ -90,9 +90,13 @@ store cannot keep this contract, ``warn`` for one that costs firings on a fault 
 a setting that could not be read), ``ok``. :meth:`ClaimStore.watch` reads them and keeps
 the refusal: a store whose settings are refused answers no claim (it raises
 :class:`~beatless.errors.StoreRefused` naming the setting and the fix) until a later
-``watch`` finds them fixed. Nodes call ``watch`` at start (a refusal stops the start) and
-at every sync of the registry, about once a second, so a setting changed under a running
-fleet, or a reconnection to another server, is noticed within a sync.
+``watch`` finds them fixed. Nodes call ``watch`` at start (a refusal stops the start),
+every ten seconds, and at once after a write refused as full; in between, at every sync
+of the registry (about once a second), ``watch(quick=True)`` reads again only
+:meth:`ClaimStore.quick_facts`: the settings that can change under a running server and
+make it lose claims while it still takes every write (Redis: the eviction policy), in
+one cheap command. So such a setting, also on another server after a reconnection, is
+noticed within a sync, and the rest within ten seconds.
 
 **A full store.** A write the store refuses because it is full (Redis at ``maxmemory``
 under ``noeviction``, PostgreSQL out of disk, a JetStream stream at its limit) raises
@@ -406,6 +410,13 @@ class StoreFacts:
             return None
         return f"{self.store}: " + "; ".join(f"{f.name} {f.value}: {f.why}" for f in refused)
 
+    def updated(self, fresh: StoreFacts) -> StoreFacts:
+        """These facts, each one ``fresh`` read again replaced by its new value (and the
+        usage, if ``fresh`` has one)."""
+        again = {f.name: f for f in fresh.facts}
+        facts = tuple(again.pop(f.name, f) for f in self.facts) + tuple(again.values())
+        return StoreFacts(self.store, facts, usage=fresh.usage or self.usage)
+
     def summary(self) -> str:
         """The verdict and the settings that decide it, on one short line: ``ok``,
         ``warn: appendonly no, save ''``, ``refuse: maxmemory-policy allkeys-lru``."""
@@ -478,10 +489,29 @@ class ClaimStore(ABC):
     refusal: str | None = None
     """Why claims are refused, as the last :meth:`watch` found (``None``: they are not)."""
 
-    def watch(self) -> StoreFacts:
+    def quick_facts(self) -> StoreFacts | None:
+        """The few settings that can change under a running server and make it lose claims
+        while it still takes every write (Redis: ``maxmemory-policy`` and ``maxmemory``),
+        read again in one cheap command, judged as :meth:`facts` judges them; ``None`` for
+        a store that has none, or when they could not be read (the facts read last
+        stand)."""
+        return None
+
+    watched: StoreFacts | None = None
+    """The facts as the last :meth:`watch` read them."""
+
+    def watch(self, *, quick: bool = False) -> StoreFacts:
         """Read :meth:`facts` and keep their refusal: while it holds, a claim raises
-        :class:`~beatless.errors.StoreRefused` with it (:meth:`refuse_claims`)."""
-        facts = self.facts()
+        :class:`~beatless.errors.StoreRefused` with it (:meth:`refuse_claims`). With
+        ``quick``, read only :meth:`quick_facts`, over the facts the last ``watch`` read
+        (all of them, the first time)."""
+        last = self.watched
+        if quick and last is not None:
+            fresh = self.quick_facts()
+            facts = last if fresh is None else last.updated(fresh)
+        else:
+            facts = self.facts()
+        self.watched = facts
         self.refusal = facts.refusal()
         return facts
 

@@ -77,7 +77,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from importlib import resources
 from types import ModuleType
@@ -434,19 +434,12 @@ class RedisStore(ClaimStore):
             )
             for start in range(0, len(ids), CHUNK)
         ]
-        try:
-            with self._errors("commit without room"):
-                replies = self._run(self._commit_anyway, calls)
-        except StoreError as exc:
-            logger.warning(
-                "redis store %s: %d sent firing(s) left pending (%s); while Redis refuses "
-                "writes no other node can take them over",
-                shown(self._where, quoted=False),
-                len(ids),
-                exc,
-            )
-            return None
-        return [flag == "1" for flag in "".join(_text(r[0]) for r in replies)]
+
+        def commit() -> list[bool]:
+            replies = self._run(self._commit_anyway, calls)
+            return [flag == "1" for flag in "".join(_text(r[0]) for r in replies)]
+
+        return commit_without_room(f"redis store {self._where}", len(ids), self._errors, commit)
 
     def release(self, ids: Sequence[str], *, node: str) -> None:
         keys = [self._claim_key(i) for i in ids]
@@ -498,8 +491,17 @@ class RedisStore(ClaimStore):
         or ``INFO`` where ``CONFIG`` is renamed), the role and the connected replicas
         (``INFO replication``), in one round trip."""
         config, info = ({}, {}) if self._closed else read_settings(self._client, self._lost)
-        facts = judge_settings(f"redis store {self._where}", config, info)
+        facts = judge_settings(self.facts_name, config, info)
         return with_wait(facts, info, self.wait, self.wait_timeout_ms) if self.wait else facts
+
+    def quick_facts(self) -> StoreFacts | None:
+        """``maxmemory-policy`` and ``maxmemory`` (:func:`read_policy`: one command)."""
+        read = None if self._closed else read_policy(self._client, self._driver, self._lost)
+        return None if read is None else StoreFacts(self.facts_name, (policy_fact(*read),))
+
+    @property
+    def facts_name(self) -> str:
+        return f"redis store {self._where}"
 
     def server_run_id(self) -> str:
         """The server's ``run_id`` (``INFO server``): it changes when Redis restarts."""
@@ -696,15 +698,46 @@ class RedisStore(ClaimStore):
             usage = usage_of(self._client.info("memory"))
         except self._lost:
             usage = None
-        told = f"{exc} ({usage})" if usage else str(exc)
-        if self._full_warned.allows("full", FULL_WARN_EVERY_MS, int(time.monotonic() * 1_000)):
-            logger.warning(
-                "%s: Redis is full and refuses writes; claims are refused and their firings "
-                "missed (reported) until it has room: raise maxmemory, free memory, or give "
-                "the claim store a Redis of its own",
-                told,
-            )
-        return StoreFull(told, usage=usage, kept=exc.kept)
+        return told_full(exc, usage, self._full_warned)
+
+
+def told_full(exc: StoreFull, usage: str | None, warned: WarnEvery) -> StoreFull:
+    """``exc`` with ``usage`` (how full Redis is), said at WARNING at most once per
+    ``FULL_WARN_EVERY_MS`` (``warned``: the store's own)."""
+    told = f"{exc} ({usage})" if usage else str(exc)
+    if warned.allows("full", FULL_WARN_EVERY_MS, int(time.monotonic() * 1_000)):
+        logger.warning(
+            "%s: Redis is full and refuses writes; claims are refused and their firings "
+            "missed (reported) until it has room: raise maxmemory, free memory, or give "
+            "the claim store a Redis of its own",
+            told,
+        )
+    return StoreFull(told, usage=usage, kept=exc.kept)
+
+
+def commit_without_room(
+    store: str,
+    count: int,
+    errors: Callable[[str], AbstractContextManager[None]],
+    commit: Callable[[], list[bool]],
+) -> list[bool] | None:
+    """What ``commit`` returns: it runs the commit script flagged ``allow-oom``
+    (``_COMMIT_WITHOUT_ROOM``) on the ``count`` claims of a commit refused as full, within
+    the store's ``errors``. ``None`` when that fails too (Redis before 7 has no such
+    flag): said at WARNING; the claims stay pending, and while Redis refuses writes no
+    other node can take them over."""
+    try:
+        with errors("commit without room"):
+            return commit()
+    except StoreError as exc:
+        logger.warning(
+            "%s: %d sent firing(s) left pending (%s); while Redis refuses writes no other "
+            "node can take them over",
+            shown(store, quoted=False),
+            count,
+            exc,
+        )
+        return None
 
 
 SETTINGS = ("maxmemory-policy", "maxmemory", "appendonly", "save")
@@ -752,11 +785,28 @@ def read_settings(
     return config, info
 
 
+def read_policy(
+    client: Any, driver: ModuleType, errors: tuple[type[BaseException], ...]
+) -> tuple[object, int | None] | None:
+    """``maxmemory-policy`` and ``maxmemory`` in one command: ``CONFIG GET maxmemory*``, or
+    ``INFO memory`` where ``CONFIG`` is refused (renamed, or not granted); ``None`` if
+    neither answers."""
+    try:
+        try:
+            config = {_text(k): v for k, v in client.config_get("maxmemory*").items()}
+            return config.get("maxmemory-policy"), _number(config.get("maxmemory"))
+        except driver.exceptions.ResponseError:
+            info = client.info("memory")
+            return info.get("maxmemory_policy"), _number(info.get("maxmemory"))
+    except errors:
+        return None
+
+
 def judge_settings(store: str, config: dict[str, str], info: dict[str, Any]) -> StoreFacts:
     """The facts of one Redis server from what :func:`read_settings` read."""
     maxmemory = _number(config.get("maxmemory", info.get("maxmemory")))
     facts = (
-        _policy_fact(config.get("maxmemory-policy", info.get("maxmemory_policy")), maxmemory),
+        policy_fact(config.get("maxmemory-policy", info.get("maxmemory_policy")), maxmemory),
         _maxmemory_fact(maxmemory, _number(info.get("used_memory")), config, info),
         *_persistence_facts(config, info),
         *_replication_facts(info),
@@ -764,7 +814,7 @@ def judge_settings(store: str, config: dict[str, str], info: dict[str, Any]) -> 
     return StoreFacts(store, facts, usage=usage_of(info, maxmemory))
 
 
-def _policy_fact(policy: object, maxmemory: int | None) -> Fact:
+def policy_fact(policy: object, maxmemory: int | None) -> Fact:
     name = "maxmemory-policy"
     if policy is None:
         why = "could not be read (CONFIG and INFO refused): make sure it is noeviction"

@@ -78,13 +78,14 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from beatless._logtext import shown
+from beatless._logtext import WarnEvery, shown
 from beatless.durations import DurationLike, as_timedelta
-from beatless.errors import ConfigError, StoreError
+from beatless.errors import ConfigError, StoreError, StoreFull
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
 from beatless.stores.base import (
     TOLERANCE_MS,
@@ -99,6 +100,7 @@ from beatless.stores.base import (
 from beatless.stores.redis import (
     _CLAIM,
     _COMMIT,
+    _COMMIT_WITHOUT_ROOM,
     _OUTCOMES,
     _POST,
     _RELEASE,
@@ -115,11 +117,16 @@ from beatless.stores.redis import (
     _parse_epoch,
     _script,
     _text,
+    commit_without_room,
     driver_errors,
     judge_settings,
     key_prefix,
     note_args,
+    policy_fact,
+    read_policy,
     read_settings,
+    told_full,
+    usage_of,
 )
 from beatless.urls import mask_url, scrub, secrets_of
 
@@ -151,6 +158,8 @@ class _Lua:
 
 
 _CLAIM_LUA, _COMMIT_LUA, _RELEASE_LUA, _POST_LUA = map(_Lua.of, (_CLAIM, _COMMIT, _RELEASE, _POST))
+_ANYWAY = _Lua.of(_COMMIT_WITHOUT_ROOM)
+"""The commit script flagged ``allow-oom``: for claims whose commit was refused as full."""
 _EPOCHS_LUA = _Lua.of(_script("epochs.lua"))
 _RUNNING_LUA = _Lua.of(_script("prelude.lua", "running.lua"))
 _READ_NOTES_LUA = _Lua.of(_script("read_notes.lua"))
@@ -199,6 +208,7 @@ class RedisClusterStore(ClaimStore):
         self._closed = False
         self._epochs: dict[str, Epoch] = {}
         self._horizons: dict[str, int] = {}
+        self._full_warned = WarnEvery()
         self._client: RedisCluster | None
         if isinstance(client_or_url, str):
             self._where = mask_url(client_or_url)
@@ -266,26 +276,42 @@ class RedisClusterStore(ClaimStore):
         return keys, [*head, *tail, len(ids), *args]
 
     def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
-        kept = [False] * len(ids)
-        if ids:
-            with self._errors("commit"):
-                self._read_epochs()  # a first sighting; a changed epoch waits for a claim
-                places = list(_chunks(ids))
-                head: list[str | int] = [FORMAT_VERSION, EXPIRY_SLACK_MS, node]
-                calls: list[Call] = [
-                    (
-                        [self._key(bucket, "epoch")]
-                        + [self._claim_key(bucket, ids[i]) for i in chunk],
-                        [*head, len(chunk), NOTE_VERSION],
-                    )
-                    for bucket, chunk in places
-                ]
-                replies = self._run(_COMMIT_LUA, calls)
-            for (_bucket, chunk), reply in zip(places, replies, strict=True):
+        """Commit the claims of ``ids``, then post ``notes``. Claims refused as full are
+        committed again without room, as :meth:`RedisStore.commit
+        <beatless.stores.redis.RedisStore.commit>` does (a script flagged ``allow-oom``):
+        :class:`~beatless.errors.StoreFull` then carries ``kept``, also when only the notes
+        were refused."""
+        places = list(_chunks(ids))
+        head: list[str | int] = [FORMAT_VERSION, EXPIRY_SLACK_MS, node]
+        calls: list[Call] = [
+            (
+                [self._key(bucket, "epoch")] + [self._claim_key(bucket, ids[i]) for i in chunk],
+                [*head, len(chunk), NOTE_VERSION],
+            )
+            for bucket, chunk in places
+        ]
+
+        def commit(lua: _Lua) -> list[bool]:
+            kept = [False] * len(ids)
+            for (_bucket, chunk), reply in zip(places, self._run(lua, calls), strict=True):
                 for i, flag in zip(chunk, _text(reply[0]), strict=True):
                     kept[i] = flag == "1"
+            return kept
+
+        try:
+            with self._errors("commit"):
+                if ids:
+                    self._read_epochs()  # a first sighting; a changed epoch waits for a claim
+                kept = commit(_COMMIT_LUA)
+        except StoreFull as exc:
+            where = f"redis cluster store {self._where}"
+            again = commit_without_room(where, len(ids), self._errors, partial(commit, _ANYWAY))
+            raise StoreFull(str(exc), usage=exc.usage, kept=again) from None
         if notes:
-            self.post(notes)
+            try:
+                self.post(notes)
+            except StoreFull as exc:
+                raise StoreFull(str(exc), usage=exc.usage, kept=kept) from None
         return kept
 
     def release(self, ids: Sequence[str], *, node: str) -> None:
@@ -375,6 +401,25 @@ class RedisClusterStore(ClaimStore):
             facts += [Fact(f"{f.name} @{at}", f.value, f.verdict, f.why) for f in judged.facts]
             usages += [f"{at} {judged.usage}"] if judged.usage else []
         return StoreFacts(store, tuple(facts), usage="; ".join(usages) or None)
+
+    def quick_facts(self) -> StoreFacts | None:
+        """``maxmemory-policy`` and ``maxmemory`` of each primary (:func:`read_policy
+        <beatless.stores.redis.read_policy>`), named as :meth:`facts` names them; a
+        primary that does not answer keeps what was read of it last."""
+        lost = (self._driver.exceptions.RedisError, OSError, StoreError)
+        try:
+            client = self._connected()
+            primaries = client.get_primaries()
+        except lost:
+            return None
+        facts = []
+        for primary in primaries:
+            read = read_policy(client.get_redis_connection(primary), self._driver, lost)
+            if read is not None:
+                fact = policy_fact(*read)
+                at = f"{primary.host}:{primary.port}"
+                facts.append(Fact(f"{fact.name} @{at}", fact.value, fact.verdict, fact.why))
+        return StoreFacts(f"redis cluster store {self._where}", tuple(facts))
 
     # -- internals ------------------------------------------------------------------------
 
@@ -521,20 +566,36 @@ class RedisClusterStore(ClaimStore):
     def _errors(self, what: str) -> Iterator[None]:
         exc = self._driver.exceptions
         down = (exc.ClusterDownError, exc.TryAgainError, exc.SlotNotCoveredError)
-        with driver_errors(
-            self._driver,
-            f"redis cluster store {self._where}",
-            what,
-            self._secrets,
-            unavailable=(*down, _Unreachable),
-            failed=(exc.RedisClusterException,),
-        ):
-            try:
-                yield
-            except exc.RedisClusterException as error:
-                if isinstance(error.__cause__, exc.ConnectionError | exc.TimeoutError):
-                    raise _Unreachable(str(error)) from None
-                raise
+        try:
+            with driver_errors(
+                self._driver,
+                f"redis cluster store {self._where}",
+                what,
+                self._secrets,
+                unavailable=(*down, _Unreachable),
+                failed=(exc.RedisClusterException,),
+            ):
+                try:
+                    yield
+                except exc.RedisClusterException as error:
+                    if isinstance(error.__cause__, exc.ConnectionError | exc.TimeoutError):
+                        raise _Unreachable(str(error)) from None
+                    raise
+        except StoreFull as full:
+            raise self._full(full) from None
+
+    def _full(self, exc: StoreFull) -> StoreFull:
+        """``exc`` with how full each primary is (``INFO memory``), said at WARNING at
+        most once per ``FULL_WARN_EVERY_MS``, as the Redis store says it."""
+        usages: list[str] = []
+        try:
+            client = self._connected()
+            for primary in client.get_primaries():
+                usage = usage_of(client.get_redis_connection(primary).info("memory"))
+                usages += [f"{primary.host}:{primary.port} {usage}"] if usage else []
+        except (self._driver.exceptions.RedisError, OSError, StoreError):
+            pass
+        return told_full(exc, "; ".join(usages) or None, self._full_warned)
 
 
 class _Unreachable(Exception):

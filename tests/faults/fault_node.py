@@ -48,9 +48,10 @@ from beatless.scheduler import Scheduler
 from beatless.stores import open_store
 
 REPORTED_OUTCOMES = frozenset(
-    {"late", "late_node", "late_store", "early", "forgotten", "corrupt", "clock_skew"}
+    {"late", "late_node", "late_store", "early", "forgotten", "corrupt", "clock_skew", "missed"}
 )
-"""Final decisions not to send a firing, each counted and reported by the node. Any
+"""Final decisions not to send a firing, each counted and reported by the node
+(``missed``: the store refused every claim of it, full or its settings refused). Any
 other decision sent it (won, takeover), left it to another node (lost, held) or to a
 later try (enqueue_failed, stale_claim, unavailable, ...): a miss it explains is none."""
 

@@ -21,6 +21,7 @@ import select
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from types import TracebackType
 
@@ -102,6 +103,22 @@ class Proxy:
         """Let bytes flow again; bytes held by a pause are delivered now."""
         self._dropping.clear()
         self._flowing.set()
+
+    def tell_clients(self, data: bytes) -> None:
+        """Send ``data`` to the client of every connection as if the target had sent it,
+        between two of the target's messages: the target's bytes are held meanwhile (a
+        pause of two polls, so that no send of theirs is under way), then flow again.
+        For a notice a server sends on its own, such as AMQP's ``Connection.Blocked``. A
+        proxy paused before stays paused."""
+        flowing = self._flowing.is_set()
+        self.pause()
+        time.sleep(2 * POLL_S)
+        with self._lock:
+            links = list(self._links)
+        for link in links:
+            link.client.sendall(data)
+        if flowing:
+            self.resume()
 
     def close(self) -> None:
         """Stop accepting, cut every connection and join every thread."""

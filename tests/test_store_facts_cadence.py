@@ -1,0 +1,143 @@
+"""How often a node reads the store's settings: all of them every ten seconds, and at once
+after a write refused as full; at the other syncs only the eviction policy, in one
+command. Counted on a private ``redis-server`` (``INFO commandstats``), never the shared
+one; the syncs are driven with an injected instant."""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("redis", reason="the redis store needs redis-py")
+import redis
+
+sys.path.insert(0, str(Path(__file__).parent / "faults"))
+from pressure import Writer
+from redis_server import RedisServer, redis_server_binary
+
+from beatless import Entry, Every, Schedule
+from beatless._board import FACTS_EVERY_MS, SYNC_EVERY_MS
+from beatless.scheduler import Scheduler
+from beatless.stores.base import Verdict
+from beatless.stores.redis import INFO_SECTIONS, SETTINGS, RedisStore
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    if redis_server_binary() is None:
+        pytest.skip("redis-server is not installed")
+    started = RedisServer(tmp_path / "redis", "redis").start()
+    try:
+        yield started
+    finally:
+        started.kill()
+
+
+@pytest.fixture
+def admin(server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis(port=server.port)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def calls(admin: redis.Redis) -> dict[str, int]:
+    """How many CONFIG GET and INFO commands the server has run, counting the INFO of every
+    earlier call of this function but not its own (counted once it has run)."""
+    stats = admin.info("commandstats")
+    return {
+        name: int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+        for name, command in (("config", "config|get"), ("info", "info"))
+    }
+
+
+def scheduler_on(server: RedisServer) -> Scheduler:
+    store = RedisStore(server.url, namespace=f"cadence-{uuid.uuid4().hex[:8]}")
+    schedule = Schedule([Entry(name="beat", task="tasks.t", trigger=Every(1), max_late="3s")])
+    return Scheduler(schedule, store=store, node="n1", enqueue=lambda _f: None)
+
+
+def test_all_settings_are_read_every_ten_seconds_and_the_policy_at_every_sync(
+    server: RedisServer, admin: redis.Redis
+) -> None:
+    scheduler = scheduler_on(server)
+    start = scheduler.now_ms()
+    scheduler.board.sync(start)  # the first sync reads every setting
+    syncs = 2 * FACTS_EVERY_MS // SYNC_EVERY_MS  # 1 s, 2 s, ... 20 s
+    before = calls(admin)
+
+    for k in range(1, syncs + 1):
+        scheduler.board.sync(start + k * SYNC_EVERY_MS)
+
+    after = calls(admin)
+    full_reads = 2  # at 10 s and 20 s
+    assert after["info"] - before["info"] - 1 == full_reads * len(INFO_SECTIONS)
+    quick_reads = syncs - full_reads  # one CONFIG GET maxmemory* each
+    assert after["config"] - before["config"] == full_reads * len(SETTINGS) + quick_reads
+    scheduler.store.close()
+
+
+def test_an_evicting_policy_is_seen_at_the_next_sync_between_two_full_reads(
+    server: RedisServer, admin: redis.Redis
+) -> None:
+    scheduler = scheduler_on(server)
+    now = scheduler.now_ms()
+    scheduler.board.sync(now)
+    admin.config_set("maxmemory", "100mb")
+    admin.config_set("maxmemory-policy", "volatile-lru")
+
+    scheduler.board.sync(now + SYNC_EVERY_MS)  # a quick read: the policy only
+
+    assert scheduler.store.refusal is not None
+    assert "maxmemory-policy volatile-lru" in scheduler.store.refusal
+    facts = scheduler.board.store_facts
+    assert facts is not None
+    assert facts.summary() == "refuse: maxmemory-policy volatile-lru"
+    assert facts.fact("appendonly") is not None  # the rest, as the full read left it
+    admin.config_set("maxmemory-policy", "noeviction")
+    scheduler.board.sync(now + 2 * SYNC_EVERY_MS)
+    assert scheduler.store.refusal is None
+    scheduler.store.close()
+
+
+def test_a_claim_refused_as_full_makes_the_next_sync_read_every_setting(
+    server: RedisServer, admin: redis.Redis
+) -> None:
+    scheduler = scheduler_on(server)
+    now = scheduler.now_ms()
+    scheduler.board.sync(now)
+    used = int(admin.info("memory")["used_memory"])
+    admin.config_set("maxmemory", str(used + 500_000))
+    writer = Writer(server.port, rate=1)
+    try:
+        writer.fill()
+        # Full, and kept so: a Redis at the edge of its limit refuses a small write or not
+        # by a few kilobytes of client buffers.
+        admin.config_set("maxmemory", str(int(admin.info("memory")["used_memory"]) - 65_536))
+        scheduler.board.sync(now + SYNC_EVERY_MS)  # quick: how full is not read
+        maxmemory = scheduler.board.store_facts.fact("maxmemory")  # type: ignore[union-attr]
+        assert maxmemory is not None
+        assert maxmemory.verdict is Verdict.OK
+
+        time.sleep(1.1)  # a firing of the entry is due
+        scheduler.tick()
+        assert scheduler.stats["beat"].store_full > 0
+        before = calls(admin)
+        scheduler.board.sync(now + 2 * SYNC_EVERY_MS)
+
+        # A full read (and the INFO memory of the notes refused as full, said at WARNING).
+        assert calls(admin)["info"] - before["info"] - 1 >= len(INFO_SECTIONS)
+        maxmemory = scheduler.board.store_facts.fact("maxmemory")  # type: ignore[union-attr]
+        assert maxmemory is not None
+        assert maxmemory.verdict is Verdict.WARN
+        assert "a full Redis refuses claims" in maxmemory.why
+    finally:
+        writer.drain()
+        writer.close()
+        scheduler.store.close()
