@@ -173,6 +173,14 @@ def report(
         trouble = record.health()
         if trouble:
             problems.append(f"node {record.node}: {trouble}")
+        window = record.counters.get("two_phase_window", 0)
+        if window:
+            problems.append(
+                f"node {record.node}: {window} firing(s) sent in the two-phase window (their "
+                "commit failed until their lease ran out, and another node claimed them): a "
+                "second copy of each may have reached the broker under the same message id, "
+                "which the workers' once-only check refuses; the node's WARNING lines name them"
+            )
         if (record.store_verdict or "").startswith("refuse"):
             problems.append(f"node {record.node}: claims stopped, store {record.store_verdict}")
         failed = record.last_failure_ms
@@ -458,6 +466,7 @@ def render(status: Mapping[str, Any]) -> str:
             f"{'?' if offset is None else f'{offset:+d}ms'}  last wake "
             f"{e(node['last_wake'] or 'never')}  {e(node['health'], LONG)}"
             + (f"  store {e(node['store_verdict'])}" if node.get("store_verdict") else "")
+            + (f"  two-phase window {e(window)}" if (window := _window(node)) else "")
         )
     if not status["nodes"]:
         lines.append("  (none live)")
@@ -490,6 +499,12 @@ def render(status: Mapping[str, Any]) -> str:
     lines += ["", "problems:" if status["problems"] else "no problems"]
     lines += [f"  - {e(p, LONG)}" for p in status["problems"]]
     return "\n".join(lines)
+
+
+def _window(node: Mapping[str, Any]) -> int:
+    """The node's ``two_phase_window`` counter, 0 when it has none."""
+    counters = node.get("counters") or {}
+    return int(counters.get("two_phase_window", 0) or 0)
 
 
 LONG = 10_000

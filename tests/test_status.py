@@ -317,3 +317,25 @@ def test_a_sent_firing_is_in_the_history_with_its_commit_before_any_sync() -> No
     assert sorted(i["id"] for i in items) == sorted(sent)
     assert all(i["outcome"] in ("won", "takeover") for i in items)
     assert all(node.board._pending == deque() for node in fleet.nodes)  # nothing left to post
+
+
+def test_firings_sent_in_the_two_phase_window_are_counted_per_node_and_a_problem() -> None:
+    fleet = Fleet()
+    fleet.run(1)
+    fleet.nodes[1].stats["tick"].two_phase_window += 2  # as a commit that found them taken over
+    fleet.nodes[1].board.sync(fleet.clock.now_ms() + 5_000)  # the registry post is due again
+
+    status = fleet.status()
+
+    counted = {n["node"]: n["counters"].get("two_phase_window") for n in status["nodes"]}
+    assert counted == {"n0": 0, "n1": 2, "n2": 0}
+    assert [p for p in status["problems"] if "two-phase window" in p] == [
+        "node n1: 2 firing(s) sent in the two-phase window (their commit failed until their "
+        "lease ran out, and another node claimed them): a second copy of each may have "
+        "reached the broker under the same message id, which the workers' once-only check "
+        "refuses; the node's WARNING lines name them"
+    ]
+    text = render(status)
+    assert [line.split()[0] for line in text.splitlines() if "two-phase window 2" in line] == [
+        "n1"
+    ]
