@@ -210,6 +210,7 @@ def _fresh(code: str) -> Any:
     done = subprocess.run(
         [sys.executable, "-c", code],
         check=False,
+        cwd=PACKAGE.parent,
         capture_output=True,
         text=True,
         timeout=60,
