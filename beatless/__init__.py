@@ -1,8 +1,17 @@
-"""beatless: periodic tasks for Celery and Dramatiq with no beat process and no leader."""
+"""beatless: periodic tasks for Celery and Dramatiq with no beat process and no leader.
+
+The loop, the dispatchers and the stores are imported when first named
+(``beatless.Scheduler``, ``from beatless import MemoryStore``), so that importing a module
+low in the package (``beatless.triggers``) does not start the whole of it. No module of
+the package imports this one: each imports what it needs from where it is defined.
+"""
 
 from __future__ import annotations
 
-from beatless.dispatch import Dispatcher
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from beatless._version import __version__ as __version__
 from beatless.entry import Entry, Schedule
 from beatless.errors import (
     BeatlessError,
@@ -11,14 +20,15 @@ from beatless.errors import (
     StoreError,
     StoreUnavailable,
 )
-from beatless.firing import Firing, firing_id, offset_ms
-from beatless.scheduler import Scheduler
-from beatless.stores import ClaimStore, MemoryStore, open_store
-from beatless.stores.redis import RedisStore
-from beatless.stores.sqlite import SQLiteStore
 from beatless.triggers import Cron, Every, Trigger
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    from beatless.dispatch import Dispatcher
+    from beatless.firing import Firing, firing_id, offset_ms
+    from beatless.scheduler import Scheduler
+    from beatless.stores import ClaimStore, MemoryStore, open_store
+    from beatless.stores.redis import RedisStore
+    from beatless.stores.sqlite import SQLiteStore
 
 __all__ = [
     "BeatlessError",
@@ -42,3 +52,30 @@ __all__ = [
     "offset_ms",
     "open_store",
 ]
+
+_LAZY = {
+    "ClaimStore": "beatless.stores",
+    "Dispatcher": "beatless.dispatch",
+    "Firing": "beatless.firing",
+    "MemoryStore": "beatless.stores",
+    "RedisStore": "beatless.stores.redis",
+    "SQLiteStore": "beatless.stores.sqlite",
+    "Scheduler": "beatless.scheduler",
+    "firing_id": "beatless.firing",
+    "offset_ms": "beatless.firing",
+    "open_store": "beatless.stores",
+}
+"""The public names imported when first asked for (PEP 562), each with its module."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'beatless' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

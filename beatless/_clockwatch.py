@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from beatless._logtext import ERROR_LIMIT, shown
+from beatless._notes import OFFSET_WARN_MS
 from beatless.errors import StoreError
 from beatless.stores.base import TOLERANCE_MS, ClaimStore
 
@@ -25,8 +26,8 @@ EVERY_MS = 60_000
 """How often a healthy node measures its offset again."""
 EVERY_WHEN_OFF_MS = 10_000
 """How often a node that stopped claiming measures again, to notice a fixed clock."""
-WARN_MS = 1_000
-"""An offset over this is worth a WARNING."""
+WARN_MS = OFFSET_WARN_MS
+"""An offset over this is worth a WARNING (as every node reading the registry says)."""
 WARN_EVERY_MS = 60_000
 
 

@@ -37,8 +37,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-from beatless import __version__
-from beatless._clockwatch import WARN_MS as OFFSET_WARN_MS
+from beatless._notes import OFFSET_WARN_MS
+from beatless._version import __version__
 from beatless.errors import ConfigError, StoreError
 from beatless.status import HOUR_MS
 

@@ -44,9 +44,9 @@ import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from beatless._board import REGISTRY_EVERY_MS, REGISTRY_TTL_MS, NodeRecord, progress_kind
 from beatless._controls import json_text
 from beatless._fanout import Ranking
+from beatless._notes import REGISTRY_EVERY_MS, REGISTRY_TTL_MS, NodeRecord, progress_kind
 from beatless._schema import PROGRESS, BadNote, Skipped, parse_each
 
 GRACE_MS = 3_000

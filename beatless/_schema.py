@@ -274,7 +274,7 @@ NODE_RECORD = schema(
     last_failure_ms=optional(nullable(INSTANT)),
     store_verdict=optional(nullable(TEXT)),
 )
-"""A node's registry record (:class:`beatless._board.NodeRecord`)."""
+"""A node's registry record (:class:`beatless._notes.NodeRecord`)."""
 
 HISTORY_ITEM = schema(
     "history item",
@@ -290,7 +290,7 @@ HISTORY_ITEM = schema(
     manual=optional(flag),
     coalesced=optional(nullable(OCCURRENCES)),
 )
-"""One firing in an address's history (:class:`beatless._board.HistoryItem`)."""
+"""One firing in an address's history (:class:`beatless._notes.HistoryItem`)."""
 
 BATCH_NOTE = schema(
     "fan-out batch note",
@@ -302,7 +302,7 @@ BATCH_NOTE = schema(
     items=listed(row(NAME, NAME, SPAN)),
 )
 """The firings of one fan-out occurrence decided by one node in one store call
-(:func:`beatless._board.batch_items`): ``[tenant, outcome, lateness_ms]`` each."""
+(:func:`beatless._notes.batch_items`): ``[tenant, outcome, lateness_ms]`` each."""
 
 CONTROL = schema(
     "control",
@@ -333,7 +333,7 @@ MISSED_RECORD = schema(
     occurrences=listed(INSTANT),
 )
 """The missed firings of one address one node's sweep counted
-(:class:`beatless._board.MissedRecord`)."""
+(:class:`beatless._notes.MissedRecord`)."""
 
 TRIGGER = schema(
     "trigger",
@@ -344,7 +344,7 @@ TRIGGER = schema(
     day_and=optional(nullable(flag)),
     describe=optional(TEXT),
 )
-"""An entry's trigger as plain data (:func:`beatless._board.trigger_spec`)."""
+"""An entry's trigger as plain data (:func:`beatless._notes.trigger_spec`)."""
 
 
 def tenants(value: Any) -> tuple[str, ...] | str | None:
@@ -369,4 +369,4 @@ ENTRY_NOTE = schema(
     overlap=optional(NAME),
     fingerprint=optional(NAME),
 )
-"""An entry as the nodes publish it (:func:`beatless._board.entry_note`)."""
+"""An entry as the nodes publish it (:func:`beatless._notes.entry_note`)."""

@@ -24,7 +24,7 @@ from functools import partial
 from itertools import islice
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from beatless import __version__
+from beatless._version import __version__
 from beatless.durations import describe, to_ms
 from beatless.entry import Entry, Schedule
 from beatless.errors import BeatlessError, ConfigError, ScheduleError, StoreUnavailable
@@ -516,7 +516,7 @@ def what_happened(
     store: ClaimStore, schedule: Schedule, entry: Entry, tenant: str | None, at_ms: int
 ) -> str:
     """What the fleet did with one firing, as its address's history says."""
-    from beatless._board import (
+    from beatless._notes import (
         HISTORY_KEEP,
         HISTORY_TTL_MS,
         HistoryItem,
@@ -976,7 +976,7 @@ def published_schedule(store: ClaimStore, namespace: str) -> Schedule:
     entry's task, trigger, jitter, max_late, catch_up, overlap and listed tenants (a
     fan-out's first 20). What is not published (arguments, run leases, once_only) takes
     its default; ``check`` with the schedule itself tells those."""
-    from beatless._board import entries_kind, trigger_of
+    from beatless._notes import entries_kind, trigger_of
 
     kind = entries_kind(namespace)
     entries = []

@@ -33,8 +33,8 @@ from typing import Protocol
 from beatless._logtext import ERROR_LIMIT, shown
 from beatless.durations import DurationLike, as_timedelta, to_ms
 from beatless.errors import ConfigError, StoreError, StoreFull
-from beatless.firing import Firing
-from beatless.stores.base import ClaimRequest, ClaimStore, Note, NoteItem, Outcome
+from beatless.firing import Firing, claim_request
+from beatless.stores.base import ClaimStore, Note, NoteItem, Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -315,7 +315,7 @@ class TwoPhase(Dispatcher):
 
     def _sub_batch(self, firings: list[Firing], wake: Wake) -> None:
         claimed_at = self.monotonic()
-        requests = [ClaimRequest.of(f) for f in firings]
+        requests = [claim_request(f) for f in firings]
         outcomes = self.store.claim(requests, node=wake.node, lease_ms=self.lease_ms)
         sent: list[tuple[Firing, Outcome]] = []
         unsent: list[Firing] = []

@@ -20,13 +20,16 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from beatless._time import EPOCH, from_datetime, iso, to_datetime
+from beatless.stores.base import ClaimRequest
 
 if TYPE_CHECKING:
     from beatless.entry import Entry
 
 __all__ = [
     "EPOCH",
+    "Decision",
     "Firing",
+    "claim_request",
     "digest",
     "executed_id",
     "firing_id",
@@ -126,3 +129,36 @@ class Firing:
     @property
     def release(self) -> datetime:
         return to_datetime(self.release_ms)
+
+
+def claim_request(firing: Firing) -> ClaimRequest:
+    """The claim of ``firing``, with the numbers of its entry the store judges it by."""
+    entry = firing.entry
+    return ClaimRequest(
+        id=firing.id,
+        address=firing.address,
+        occurrence_ms=firing.occurrence_ms,
+        max_late_ms=entry.max_late_ms,
+        memory_ms=entry.memory_ms,
+        release_ms=firing.release_ms,
+        tag=entry.task_tag,
+        run_id=run_lease_id(firing.address) if entry.overlap == "skip" else "",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What this node decided for one firing, and how late after its release."""
+
+    firing: Firing
+    outcome: str
+    """Final: ``won``, ``takeover``, ``lost``, ``held``, ``late`` (node clock),
+    ``late_store``, ``early``, ``forgotten``, ``corrupt``, ``foreign`` (lost to a claim
+    of another task under the same address), ``clock_skew`` (this node's clock is too
+    far off the store's to claim), ``delegated`` (left to the node preferred for it).
+    Retried: ``enqueue_failed``, ``stale_claim`` (the claim got older than half its
+    lease before the send), ``commit_failed`` (a commit of this node failed, and it sends
+    nothing until one succeeds), ``unavailable`` (the store could not be reached),
+    ``error``."""
+    node: str
+    lateness_ms: int

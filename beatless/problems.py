@@ -25,15 +25,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from beatless._board import (
+from beatless._controls import audit_kind, controls_kind, json_text, run_now_kind
+from beatless._logtext import shown
+from beatless._notes import (
     entries_kind,
     entry_note,
     fan_out_history_kind,
     history_kind,
     nodes_kind,
 )
-from beatless._controls import audit_kind, controls_kind, json_text, run_now_kind
-from beatless._logtext import shown
 from beatless.entry import Entry, Schedule, tenant_address
 from beatless.errors import ConfigError, ScheduleError
 from beatless.stores.base import NOT_IN_NAMES, NOTE_NAME_LIMIT, NOTE_VALUE_LIMIT

@@ -32,11 +32,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from beatless._board import HISTORY_OUTCOMES, SENT, Board, HistoryItem
+from beatless._board import Board
 from beatless._clockwatch import ClockWatch
 from beatless._controls import manual_firing
 from beatless._fanout import MAX_TENANTS, FanOut, prepare_ahead_ms
 from beatless._logtext import ERROR_LIMIT, WarnEvery, shown
+from beatless._notes import HISTORY_OUTCOMES, SENT, HistoryItem
 from beatless._prefer import CLAIM, DELEGATE, LADDER_MS, Preference, Ranked, fits
 from beatless.dispatch import (
     DEFAULT_LEASE,
@@ -56,7 +57,7 @@ from beatless.errors import (
     StoreRefused,
     StoreUnavailable,
 )
-from beatless.firing import Firing, iso
+from beatless.firing import Decision, Firing, iso
 from beatless.problems import limits
 from beatless.stats import EntryStats
 from beatless.stores.base import ClaimStore, Note, NoteItem, Verdict
@@ -120,24 +121,6 @@ _WARNINGS = {
     "not sent by this node",
 }
 """Outcomes an operator must hear about, and what they mean."""
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What this node decided for one firing, and how late after its release."""
-
-    firing: Firing
-    outcome: str
-    """Final: ``won``, ``takeover``, ``lost``, ``held``, ``late`` (node clock),
-    ``late_store``, ``early``, ``forgotten``, ``corrupt``, ``foreign`` (lost to a claim
-    of another task under the same address), ``clock_skew`` (this node's clock is too
-    far off the store's to claim), ``delegated`` (left to the node preferred for it).
-    Retried: ``enqueue_failed``, ``stale_claim`` (the claim got older than half its
-    lease before the send), ``commit_failed`` (a commit of this node failed, and it sends
-    nothing until one succeeds), ``unavailable`` (the store could not be reached),
-    ``error``."""
-    node: str
-    lateness_ms: int
 
 
 @dataclass(frozen=True, slots=True)

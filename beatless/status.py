@@ -1,6 +1,6 @@
 """What a fleet is doing, read from its claim store: ``beatless status``.
 
-Everything comes from the store's notes (:mod:`beatless._board`): the live nodes of the
+Everything comes from the store's notes (:mod:`beatless._notes`): the live nodes of the
 registry, the entries the nodes publish (or the schedule given), and each address's
 history. The report is one mapping with the keys ``nodes``, ``entries`` and
 ``problems``; it is healthy when ``problems`` is empty.
@@ -8,13 +8,13 @@ history. The report is one mapping with the keys ``nodes``, ``entries`` and
 A firing is **missed** when its occurrence + max_late + jitter + the store's tolerance
 has passed and no node wrote it into the history: no node claimed it in time. The
 status counts, each once, the missed firings of the last hour that the nodes counted
-(their missed-count notes, :class:`~beatless._board.MissedRecord`, kept for the hour
+(their missed-count notes, :class:`~beatless._notes.MissedRecord`, kept for the hour
 whatever the history still holds), those the history records missed, and the
 occurrences of the last hour newer than the oldest firing the history still holds that
 it does not hold (so a fresh fleet, whose history is empty, has missed nothing).
 
 Each firing is shown once, with its strongest outcome
-(:func:`~beatless._board.strongest`).
+(:func:`~beatless._notes.strongest`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,17 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from beatless._board import (
+from beatless._controls import (
+    Control,
+    audit_kind,
+    controls_kind,
+    read_audit,
+    read_controls,
+    read_requests,
+    run_now_kind,
+)
+from beatless._logtext import ERROR_LIMIT, LIMIT, shown
+from beatless._notes import (
     SYNC_EVERY_MS,
     TENANTS_PUBLISHED,
     HistoryItem,
@@ -42,16 +52,6 @@ from beatless._board import (
     strongest,
     trigger_of,
 )
-from beatless._controls import (
-    Control,
-    audit_kind,
-    controls_kind,
-    read_audit,
-    read_controls,
-    read_requests,
-    run_now_kind,
-)
-from beatless._logtext import ERROR_LIMIT, LIMIT, shown
 from beatless._schema import ENTRY_NOTE, PROGRESS, Collected, Skipped, parse_each
 from beatless.entry import Schedule, tenant_address
 from beatless.firing import firing_id, iso, missed_id, offset_ms

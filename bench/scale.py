@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from beatless import Entry, Every, Schedule
-from beatless._board import SYNC_EVERY_MS
+from beatless._notes import SYNC_EVERY_MS
 from beatless.firing import Firing
 from beatless.scheduler import Decision, Scheduler
 from beatless.stores import ClaimRequest, MemoryStore, Outcome

@@ -29,15 +29,15 @@ SQUATTER = """
 import sys, time
 sys.path.insert(0, sys.argv[3])
 from node_process import SCHEDULE
-from beatless.firing import Firing
-from beatless.stores import ClaimRequest, Outcome, open_store
+from beatless.firing import Firing, claim_request
+from beatless.stores import Outcome, open_store
 
 url, first_s = sys.argv[1], int(sys.argv[2])
 entry = SCHEDULE.entry("every-1s")
 address = SCHEDULE.address(entry)
 firings = [Firing.of(entry, None, address, s * 1000) for s in range(first_s, first_s + 3)]
 store = open_store(url, namespace=SCHEDULE.namespace)
-outcomes = store.claim([ClaimRequest.of(f) for f in firings], node="squatter", lease_ms=30_000)
+outcomes = store.claim([claim_request(f) for f in firings], node="squatter", lease_ms=30_000)
 assert outcomes == [Outcome.WON] * 3, outcomes
 print(" ".join(f.id for f in firings), flush=True)
 time.sleep(600)

@@ -18,6 +18,7 @@ from test_two_phase import monotonic_of
 
 from beatless import Entry, Every, Firing, Schedule
 from beatless.errors import ConfigError, StoreUnavailable
+from beatless.firing import claim_request
 from beatless.scheduler import Decision, Scheduler
 from beatless.stats import EntryStats
 from beatless.stores.base import ClaimRequest, Note, Outcome
@@ -188,7 +189,7 @@ def test_a_failed_commit_stops_the_sends_until_a_commit_succeeds() -> None:
     # The firings whose commit failed were committed again before the next send.
     again = next(i for i, c in enumerate(store.calls) if i > failed_at and c[2])
     assert store.calls[again] == ("commit", uncommitted, True)
-    other = [ClaimRequest.of(f) for f in broker.sent]
+    other = [claim_request(f) for f in broker.sent]
     assert set(store.claim(other, node="other", lease_ms=1_000)) == {Outcome.LOST}
 
 

@@ -31,7 +31,17 @@ from service_check import require_service
 from stores import BACKENDS, Backend, ManualClock, Opener
 
 from beatless import Entry, Every, Schedule
-from beatless._board import (
+from beatless._controls import (
+    Control,
+    audit_kind,
+    controls_kind,
+    json_text,
+    read_audit,
+    read_controls,
+    read_requests,
+    run_now_kind,
+)
+from beatless._notes import (
     HistoryItem,
     NodeRecord,
     batch_items,
@@ -42,16 +52,6 @@ from beatless._board import (
     parse_batch,
     read_history,
     read_registry,
-)
-from beatless._controls import (
-    Control,
-    audit_kind,
-    controls_kind,
-    json_text,
-    read_audit,
-    read_controls,
-    read_requests,
-    run_now_kind,
 )
 from beatless._page import make_server
 from beatless._prefer import Preference, Progress, progress_kind

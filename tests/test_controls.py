@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from test_status import NS, Fleet, schedule
 
-from beatless._board import history_kind
 from beatless._controls import set_control
+from beatless._notes import history_kind
 from beatless.errors import ConfigError
 from beatless.firing import firing_id
 from beatless.stores import MemoryStore, open_store

@@ -1,4 +1,4 @@
-"""The history tells what happened (``beatless._board``, ``beatless.status``).
+"""The history tells what happened (``beatless._notes``, ``beatless.status``).
 
 A firing's strongest outcome is what the history shows, on every store: a note of a
 weaker one (``paused``, ``missed``) never replaces a ``won``. The missed count of the
@@ -16,7 +16,8 @@ from stores import StoreFactory
 from test_status import NS, Fleet
 
 from beatless import Entry, Every, Schedule
-from beatless._board import (
+from beatless._controls import set_control
+from beatless._notes import (
     HISTORY_KEEP,
     HISTORY_OUTCOMES,
     HISTORY_STRENGTH,
@@ -26,11 +27,10 @@ from beatless._board import (
     missed_kind,
     strongest,
 )
-from beatless._controls import set_control
-from beatless.firing import Firing, firing_id, iso
+from beatless.firing import Firing, claim_request, firing_id, iso
 from beatless.scheduler import Decision, Scheduler
 from beatless.status import HOUR_MS, report
-from beatless.stores import ClaimRequest, Outcome
+from beatless.stores import Outcome
 
 TICK = Entry(name="tick", task="tests.tick", trigger=Every(1), max_late="5s")
 
@@ -76,7 +76,7 @@ def test_a_won_firing_then_noted_paused_by_another_node_stays_won(
     store, board, plan = winner.store, winner.board, winner.schedule
     occurrence = (store_factory.now_ms() // 1_000 - 2) * 1_000
     firing = Firing.of(TICK, None, plan.address(TICK), occurrence)
-    request = ClaimRequest.of(firing)
+    request = claim_request(firing)
     assert store.claim([request], node="n0", lease_ms=30_000) == [Outcome.WON]
     store.commit([firing.id], node="n0", notes=winner.history_notes([(firing, "won")]))
     late = Decision(firing, "paused", "n1", 200)

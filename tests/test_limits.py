@@ -17,7 +17,7 @@ from stores import StoreFactory
 from test_scheduler import T0, Clock
 
 from beatless import Entry, Every, Schedule, ScheduleError
-from beatless._board import history_kind
+from beatless._notes import history_kind
 from beatless.cli import main
 from beatless.problems import checked, limits
 from beatless.scheduler import Scheduler

@@ -19,11 +19,12 @@ from test_two_phase import monotonic_of
 
 import beatless
 from beatless import Entry, Every, Firing, Schedule, StoreUnavailable
-from beatless._board import nodes_kind
 from beatless._logtext import LIMIT, shown
+from beatless._notes import nodes_kind
 from beatless.dispatch import Dispatcher, Wake, decide_claimed
+from beatless.firing import claim_request
 from beatless.scheduler import FOREIGN_WARN_EVERY_MS, SUMMARY_EVERY_MS, Scheduler
-from beatless.stores.base import ClaimRequest, Outcome
+from beatless.stores.base import Outcome
 from beatless.stores.memory import MemoryStore
 
 FORGED = "\n2026-12-01 00:00:00 CRITICAL forged"
@@ -294,9 +295,7 @@ class AtomicMemory(Dispatcher):
         self.queue: list[str] = []
 
     def dispatch(self, firings: Sequence[Firing], wake: Wake) -> None:
-        outcomes = self.store.claim(
-            [ClaimRequest.of(f) for f in firings], node=wake.node, lease_ms=1
-        )
+        outcomes = self.store.claim([claim_request(f) for f in firings], node=wake.node, lease_ms=1)
         won = [f.id for f, o in zip(firings, outcomes, strict=True) if o.is_won]
         self.store.commit(won, node=wake.node)
         self.queue += won

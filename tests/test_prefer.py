@@ -20,8 +20,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from beatless import Entry, Every, Schedule, _fanout
-from beatless._board import REGISTRY_EVERY_MS, REGISTRY_TTL_MS
 from beatless._fanout import FanOut, Ranking
+from beatless._notes import REGISTRY_EVERY_MS, REGISTRY_TTL_MS
 from beatless._prefer import (
     GRACE_MS,
     LADDER_MS,
@@ -32,9 +32,9 @@ from beatless._prefer import (
     fits,
     lane_of,
 )
-from beatless.firing import Firing, digest, firing_id, id_from_digest
+from beatless.firing import Firing, claim_request, digest, firing_id, id_from_digest
 from beatless.scheduler import Decision
-from beatless.stores import ClaimRequest, Outcome
+from beatless.stores import Outcome
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from scale import WARM_UP_MS, SimFleet, steady_schedule
@@ -191,7 +191,7 @@ def test_firings_held_for_a_dead_claimer_are_taken_over_when_their_preferred_nod
             if view.rank(firing.id, "n0")[1] == "n0":
                 squatted.append(firing)
     squatted = sorted(squatted, key=lambda f: f.release_ms)[:3]
-    requests = [ClaimRequest.of(f) for f in squatted]
+    requests = [claim_request(f) for f in squatted]
     assert fleet.store.claim(requests, node="squatter", lease_ms=10_000) == [Outcome.WON] * 3
     run(fleet, (squatted[-1].release_ms + 500 - fleet.clock.ms) / 1_000)
     assert fleet.nodes[0].outcomes["held"] >= 3

@@ -13,6 +13,7 @@ from beatless import Entry, Every, Firing, Schedule
 from beatless._fanout import FanOut, Ranking
 from beatless._prefer import LANE_DELAYS_MS, RUNGS, View, lane_of
 from beatless.dispatch import Dispatcher, Wake, decide_claimed
+from beatless.firing import claim_request
 from beatless.scheduler import (
     FAN_OUT_STEP_MS,
     PREPARE_AHEAD_MS,
@@ -21,7 +22,6 @@ from beatless.scheduler import (
     PREPARED_STALE_MS,
     Scheduler,
 )
-from beatless.stores.base import ClaimRequest
 from beatless.stores.memory import MemoryStore
 
 START_MS = round(T0 * 1_000)
@@ -54,7 +54,7 @@ class BuildsAhead(Dispatcher):
 
     def dispatch(self, firings: Sequence[Firing], wake: Wake) -> None:
         built = [wake.prepared(f) if self.takes_back else None for f in firings]
-        requests = [ClaimRequest.of(f) for f in firings]
+        requests = [claim_request(f) for f in firings]
         outcomes = self.store.claim(requests, node=wake.node, lease_ms=1_000)
         won = [f.id for f, o in zip(firings, outcomes, strict=True) if o.is_won]
         self.store.commit(won, node=wake.node)

@@ -22,7 +22,7 @@ from stores import BACKENDS, REDIS, Backend, ManualClock, Opener, StoreFactory, 
 
 from beatless.entry import OVERLAP, Entry
 from beatless.errors import StoreUnavailable
-from beatless.firing import Firing, executed_id, firing_id, run_lease_id
+from beatless.firing import Firing, claim_request, executed_id, firing_id, run_lease_id
 from beatless.runs import RunPolicy, Runs
 from beatless.stores import ClaimRequest, ClaimStore, MemoryStore, Outcome
 from beatless.stores.base import Note
@@ -209,7 +209,7 @@ def test_the_scheduler_s_claim_of_a_firing_whose_address_a_worker_runs_is_overla
     run = a.start(current.id, address, RunPolicy.of_entry(entry))
     assert run.verdict == "run"
 
-    (claimed,) = scheduler.claim([ClaimRequest.of(nxt)], node="scheduler", lease_ms=LEASE_MS)
+    (claimed,) = scheduler.claim([claim_request(nxt)], node="scheduler", lease_ms=LEASE_MS)
     if scheduler.checks_overlap:
         assert claimed is Outcome.OVERLAP
     else:
@@ -218,7 +218,7 @@ def test_the_scheduler_s_claim_of_a_firing_whose_address_a_worker_runs_is_overla
         assert b.start(nxt.id, address, RunPolicy.of_entry(entry)).verdict == "skipped_overlap"
     a.end(run)
 
-    (claimed,) = scheduler.claim([ClaimRequest.of(after)], node="scheduler", lease_ms=LEASE_MS)
+    (claimed,) = scheduler.claim([claim_request(after)], node="scheduler", lease_ms=LEASE_MS)
     assert claimed is Outcome.WON
 
 

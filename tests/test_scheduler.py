@@ -22,7 +22,7 @@ from beatless import (
     StoreUnavailable,
 )
 from beatless.dispatch import Dispatcher, Wake, decide_claimed
-from beatless.firing import from_datetime, run_lease_id
+from beatless.firing import claim_request, from_datetime, run_lease_id
 from beatless.scheduler import MAX_SLEEP_MS, Decision, Scheduler
 from beatless.stores.base import ClaimRequest, Outcome
 from beatless.stores.memory import MemoryStore
@@ -198,7 +198,7 @@ def test_failed_enqueue_releases_the_claim_and_is_retried_until_it_succeeds() ->
     assert outcomes == ["enqueue_failed", "enqueue_failed", "takeover"]
     assert len({f.id for f in attempts}) == 1
     assert node.stats["e"].enqueue_failures == 2
-    other = store.claim([ClaimRequest.of(attempts[0])], node="other", lease_ms=1_000)
+    other = store.claim([claim_request(attempts[0])], node="other", lease_ms=1_000)
     assert other == [Outcome.LOST]
 
 
@@ -264,7 +264,7 @@ def test_losing_node_takes_over_a_firing_whose_winner_died_before_commit() -> No
     )
     clock.now = T0
     firing = Firing.of(schedule.entries[0], None, "default/e", int(clock.now * 1_000))
-    assert store.claim([ClaimRequest.of(firing)], node="dead", lease_ms=5_000) == [Outcome.WON]
+    assert store.claim([claim_request(firing)], node="dead", lease_ms=5_000) == [Outcome.WON]
     outcomes = []
     for _ in range(80):
         clock.now += 0.25
@@ -342,7 +342,7 @@ def test_a_dispatcher_claims_and_enqueues_in_one_step_without_the_enqueue_callab
             self.store = MemoryStore(clock=clock)
 
         def dispatch(self, firings: Sequence[Firing], wake: Wake) -> None:
-            requests = [ClaimRequest.of(f) for f in firings]
+            requests = [claim_request(f) for f in firings]
             outcomes = self.store.claim(requests, node=wake.node, lease_ms=1)
             won = [f.id for f, o in zip(firings, outcomes, strict=True) if o.is_won]
             self.store.commit(won, node=wake.node)

@@ -1,4 +1,4 @@
-"""The registry, history and status of a fleet (``beatless._board``, ``beatless.status``).
+"""The registry, history and status of a fleet (``beatless._notes``, ``beatless.status``).
 
 Three nodes share one memory store and a clock the test moves; each wake is followed by
 the board's sync, as its thread does every second.
@@ -14,7 +14,7 @@ import pytest
 from stores import ManualClock
 
 from beatless import Entry, Every, Schedule
-from beatless._board import (
+from beatless._notes import (
     REGISTRY_TTL_MS,
     HistoryItem,
     NodeRecord,

@@ -27,8 +27,8 @@ from fleet import environment
 from service_check import require_service
 from stores import REDIS
 
-from beatless._board import entries_kind, history_kind, missed_kind, nodes_kind
 from beatless._controls import audit_kind, controls_kind, run_now_kind
+from beatless._notes import entries_kind, history_kind, missed_kind, nodes_kind
 from beatless.loader import load_schedule
 
 pytestmark = pytest.mark.slow

@@ -25,8 +25,9 @@ from test_two_phase import monotonic_of
 
 from beatless import Firing, Schedule, dispatch
 from beatless.errors import StoreUnavailable
+from beatless.firing import claim_request
 from beatless.scheduler import Scheduler
-from beatless.stores.base import ClaimRequest, Outcome
+from beatless.stores.base import Outcome
 
 
 def node_of(
@@ -148,7 +149,7 @@ def test_a_commit_on_a_connection_the_server_cut_is_made_on_a_new_one(
     from beatless.stores.postgres import PostgresStore
 
     firings = firings_of(fan_out(2), (int(time.time()) // 60) * 60_000)
-    requests = [ClaimRequest.of(f) for f in firings]
+    requests = [claim_request(f) for f in firings]
     with (
         PostgresStore(POSTGRES_URL, schema=postgres_schema) as a,
         PostgresStore(POSTGRES_URL, schema=postgres_schema) as b,

@@ -13,6 +13,7 @@ from test_scheduler import T0, Clock, run_nodes
 
 from beatless import Entry, Every, Firing, Schedule
 from beatless.dispatch import TwoPhase
+from beatless.firing import claim_request
 from beatless.scheduler import Decision, Scheduler
 from beatless.stores.base import ClaimRequest, Outcome
 from beatless.stores.memory import MemoryStore
@@ -212,7 +213,7 @@ def test_a_firing_seen_held_that_comes_back_won_as_new_is_not_sent() -> None:
     store = MemoryStore(clock=clock)
     schedule = fan_out(1, jitter=0, max_late="60s")
     firing = Firing.of(schedule.entries[0], "t0", "default/fan/t0", round(T0 * 1_000))
-    assert store.claim([ClaimRequest.of(firing)], node="winner", lease_ms=5_000) == [Outcome.WON]
+    assert store.claim([claim_request(firing)], node="winner", lease_ms=5_000) == [Outcome.WON]
     sent: list[Firing] = []
     node = Scheduler(schedule, store=store, clock=clock, node="n", enqueue=sent.append, lease="5s")
     assert [d.outcome for d in node.tick()] == ["held"]
@@ -224,7 +225,7 @@ def test_a_firing_seen_held_that_comes_back_won_as_new_is_not_sent() -> None:
     assert sent == []
     assert [d.outcome for d in decisions] == ["forgotten"]
     assert node.stats["fan"].forgotten == 1
-    assert store.claim([ClaimRequest.of(firing)], node="third", lease_ms=5_000) == [Outcome.LOST]
+    assert store.claim([claim_request(firing)], node="third", lease_ms=5_000) == [Outcome.LOST]
 
 
 def test_an_unexpected_error_retries_the_firings_of_the_wake_until_they_are_sent() -> None:

@@ -28,8 +28,7 @@ from beatless.dispatch import (
 from beatless.durations import DurationLike
 from beatless.entry import Entry
 from beatless.errors import ConfigError, StoreError
-from beatless.firing import Firing
-from beatless.stores.base import ClaimRequest
+from beatless.firing import Firing, claim_request
 from beatless.stores.redis import Ready, RedisStore
 
 from .messages import send_task_options
@@ -177,7 +176,7 @@ class CeleryRedisAtomic(Dispatcher):
 
     @staticmethod
     def _ready(firing: Firing, message: Message, wake: Wake) -> Ready[Message]:
-        request, note = ClaimRequest.of(firing), wake.history_template(firing)
+        request, note = claim_request(firing), wake.history_template(firing)
         return Ready(message, request, json.dumps(message.commands), note)
 
     def close(self) -> None:

@@ -38,8 +38,7 @@ from beatless.dispatch import (
 from beatless.dramatiq.messages import message_for
 from beatless.durations import DurationLike
 from beatless.errors import ConfigError
-from beatless.firing import Firing
-from beatless.stores.base import ClaimRequest
+from beatless.firing import Firing, claim_request
 from beatless.stores.redis import Ready, RedisStore, server_identity
 
 if TYPE_CHECKING:
@@ -170,7 +169,7 @@ class RedisBrokerStore(Dispatcher):
         message = self._message(firing)
         return Ready(
             message,
-            ClaimRequest.of(firing),
+            claim_request(firing),
             json.dumps(self.commands(message, now_ms)),
             wake.history_template(firing),
         )

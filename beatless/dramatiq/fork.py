@@ -18,7 +18,7 @@ within a second; if the CLI's main process dies, the supervisor does the same.
 
 This module does not import :mod:`beatless.dramatiq.middleware` (which imports it for
 ``forks``): the middleware is found on the broker as the one whose fork is
-:func:`run_scheduler`.
+:func:`run_scheduler`, and read through :class:`SchedulerMiddleware`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from beatless._logtext import shown
 from beatless.errors import BeatlessError, ConfigError
@@ -41,7 +41,7 @@ from beatless.errors import BeatlessError, ConfigError
 if TYPE_CHECKING:
     from dramatiq import Broker
 
-    from beatless.dramatiq.middleware import Beatless
+    from beatless.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,15 @@ STABLE_S = 60.0
 """A scheduler process that lived this long resets the back-off to its first step."""
 POLL_S = 0.5
 STOP_TIMEOUT_S = 10.0
+
+
+class SchedulerMiddleware(Protocol):
+    """What the scheduler process uses of the :class:`~beatless.dramatiq.Beatless`
+    middleware it finds on the broker."""
+
+    def start(self, broker: Broker) -> Scheduler | None: ...
+
+    def stop(self, timeout: float | None = 10) -> None: ...
 
 
 def run_scheduler() -> int:
@@ -206,7 +215,7 @@ def serve(parent: int) -> int:
     return EXIT_OK
 
 
-def load() -> tuple[Broker, Beatless]:
+def load() -> tuple[Broker, SchedulerMiddleware]:
     """The broker of this ``dramatiq`` command line and its Beatless middleware, with the
     command line's modules imported (so their actors are declared)."""
     from dramatiq import cli
@@ -232,7 +241,7 @@ def load() -> tuple[Broker, Beatless]:
             f"beatless scheduler: the broker {args.broker!r} has {len(found)} Beatless "
             f"middleware; add exactly one"
         )
-    return broker, cast("Beatless", found[0])
+    return broker, cast("SchedulerMiddleware", found[0])
 
 
 def _describe_exit(code: int) -> str:

@@ -124,15 +124,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Protocol, Self
+from typing import Protocol, Self
 
 from beatless.durations import to_ms
 from beatless.entry import STORE_TOLERANCE
 from beatless.errors import ConfigError, StoreRefused
-from beatless.firing import run_lease_id
-
-if TYPE_CHECKING:
-    from beatless.firing import Firing
 
 TOLERANCE_MS = to_ms(STORE_TOLERANCE)
 
@@ -190,7 +186,8 @@ class Outcome(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class ClaimRequest:
-    """One firing to claim, with the numbers the store needs to judge it."""
+    """One firing to claim, with the numbers the store needs to judge it (a firing's claim:
+    :func:`beatless.firing.claim_request`)."""
 
     id: str
     address: str
@@ -216,20 +213,6 @@ class ClaimRequest:
                 f"claim of firing {self.id} ({self.address!r}): tag {tag!r} must be at most "
                 f"{TAG_LENGTH} hex digits"
             )
-
-    @classmethod
-    def of(cls, firing: Firing) -> ClaimRequest:
-        entry = firing.entry
-        return cls(
-            id=firing.id,
-            address=firing.address,
-            occurrence_ms=firing.occurrence_ms,
-            max_late_ms=entry.max_late_ms,
-            memory_ms=entry.memory_ms,
-            release_ms=firing.release_ms,
-            tag=entry.task_tag,
-            run_id=run_lease_id(firing.address) if entry.overlap == "skip" else "",
-        )
 
     def is_late(self, store_now_ms: int) -> bool:
         """The store-side lateness rule: more than ``max_late + 10 s`` behind."""

@@ -34,7 +34,7 @@ from celery import Celery, signals  # noqa: E402
 from celery.app.amqp import Broadcast  # noqa: E402
 from kombu import entity  # noqa: E402
 
-from beatless._board import history_kind  # noqa: E402
+from beatless._notes import history_kind  # noqa: E402
 from beatless.celery.atomic import ATOMIC, TWO_PHASE, CeleryRedisAtomic  # noqa: E402
 from beatless.celery.messages import OCCURRENCE_HEADER, send_task_options  # noqa: E402
 from beatless.dispatch import Dispatcher, Recorder, dispatch_now  # noqa: E402
