@@ -26,6 +26,19 @@ When the store cannot be reached at the start of a run, a once-only check is giv
 only the rare unknown-send case could make it a second copy) while a run lease is not
 (the task is refused, counted ``skipped_overlap``: two runs at once is what ``skip``
 promises never to allow).
+
+An ``unchecked`` run is not left unrecorded: the heartbeat thread claims its once-only
+record again, with the run's own token, every :data:`RECORD_EVERY_S`, until the store
+answers. A claim the check gave up on may still reach the store late (a link that held
+its bytes) and sit pending under that token: it is this run's own, so it is won again.
+Won while the run goes on, the record is held and renewed like any other and committed
+at the end; won after the run ended, it is committed at once (counted ``recorded_late``
+either way). So a later copy of the firing is refused (``duplicate``) as it would have
+been had the check succeeded. Found held or committed by another copy, this run was a
+second copy that ran unchecked: counted ``ran_twice``, told once at WARNING, nothing
+more to do. The tries stop when the store answers, or once the run has ended and the
+once-only memory passed (counted ``unrecorded``): a copy arriving after that would not
+be refused by a record anyway.
 """
 
 from __future__ import annotations
@@ -65,6 +78,10 @@ the attempt that sent it to release the address's run lease."""
 
 OFFSET_EVERY_S = 60.0
 """How often a worker process measures its offset to the store's clock."""
+
+RECORD_EVERY_S = 0.5
+"""How often an ``unchecked`` run tries to record its once-only record (from the start of
+one try to the next: a try the store does not answer takes its timeout)."""
 
 _VERSION = "v1"
 
@@ -133,6 +150,12 @@ class Run:
     """The id of the once-only record, if this run holds it."""
     next_renewal: float = 0.0
     lost: bool = False
+    unrecorded: str = ""
+    """The id of the once-only record this ``unchecked`` run still tries to record, until
+    the store answers (see the module docstring)."""
+    next_record: float = 0.0
+    record_until: float | None = None
+    """When the tries stop (monotonic): the end of the run plus the once-only memory."""
     _ended: bool = field(default=False, repr=False)
 
     @property
@@ -176,6 +199,8 @@ class Runs:
         """Guards the store's opening and :attr:`_active`; never held across a round trip
         (the stores guard their own connections)."""
         self._active: dict[str, Run] = {}
+        self._unrecorded: dict[str, Run] = {}
+        """``unchecked`` runs whose once-only record is still to be recorded, by token."""
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -189,20 +214,25 @@ class Runs:
         """The store of this process, opened (with its heartbeat thread) on first use.
         Raises :class:`~beatless.errors.StoreError` when it cannot be opened."""
         with self._lock:
-            if self._store is None or self._pid != os.getpid():
+            if self._pid != os.getpid():  # first use, or a forked child: nothing inherited
+                self._pid = os.getpid()
+                self._store, self._thread = None, None
+                self._active, self._unrecorded = {}, {}
+            if self._store is None:
                 try:
                     self._store = self._open_store()
                 except (ConfigError, OSError) as exc:
                     raise StoreError(f"the claim store cannot be opened: {exc}") from exc
-                self._pid = os.getpid()
-                self._active = {}
-                self._closed = False
                 self._offset_at = -OFFSET_EVERY_S
-                self._thread = threading.Thread(
-                    target=self._beat, name="beatless-runs", daemon=True
-                )
-                self._thread.start()
+            self._start_beat()
             return self._store
+
+    def _start_beat(self) -> None:
+        """Start this process's heartbeat thread unless it runs (under :attr:`_lock`)."""
+        self._closed = False
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._beat, name="beatless-runs", daemon=True)
+            self._thread.start()
 
     def _now_ms(self) -> int:
         """The store's clock, as well as this process knows it."""
@@ -232,12 +262,15 @@ class Runs:
         returned run says whether it may :attr:`~Run.proceed`. Every run that proceeds
         must be :meth:`end`-ed, however the task ends."""
         run = Run(firing_id, address, policy, f"{self.node}#{uuid.uuid4().hex[:8]}", "run")
+        executed = executed_id(firing_id, attempt) if policy.once_only else ""
         try:
             store = self._ensure()
             self._measure_offset(store)
+            if executed:
+                self._record_earlier(store, executed)
             requests, outcomes = self._claim_records(store, run, attempt)
         except StoreError as exc:
-            return self._unreachable(run, exc)
+            return self._unreachable(run, exc, executed)
         self._judge(run, requests, outcomes, attempt)
         self._count(run.verdict)
         if run.held and run.proceed:
@@ -280,7 +313,7 @@ class Runs:
                 store.release(lease, node=run.token)
             time.sleep(pause)
 
-    def _unreachable(self, run: Run, exc: Exception) -> Run:
+    def _unreachable(self, run: Run, exc: Exception, executed: str) -> Run:
         verdict = "skipped_overlap" if run.policy.overlap == "skip" else "unchecked"
         self._count(verdict)
         said = (
@@ -296,6 +329,13 @@ class Runs:
             shown(exc, quoted=False, limit=ERROR_LIMIT),
         )
         run.verdict = verdict
+        if verdict == "unchecked" and executed:
+            run.unrecorded = executed
+            with self._lock:
+                if self._pid == os.getpid():
+                    self._unrecorded[run.token] = run
+                    self._start_beat()
+            self._wake.set()
         return run
 
     def _judge(
@@ -377,13 +417,18 @@ class Runs:
 
     def end(self, run: Run) -> None:
         """The run is over (whatever its result): commit its once-only record, release its
-        run lease. Calling it twice, or for a refused run, does nothing."""
-        if run._ended or not run.held:
-            run._ended = True
-            return
-        run._ended = True
+        run lease. Calling it twice, or for a refused run, does nothing. An ``unchecked``
+        run whose record is not recorded yet keeps trying for the once-only memory."""
         with self._lock:
+            if run._ended:
+                return
+            run._ended = True
             self._active.pop(run.token, None)
+            if run.token in self._unrecorded:
+                run.record_until = time.monotonic() + run.policy.memory_ms / 1_000
+                return
+        if not run.held:
+            return
         lease = [i for i in run.held if i != run.executed]
         try:
             store = self._ensure()
@@ -415,7 +460,8 @@ class Runs:
             self._wake.clear()
 
     def _renew_due(self) -> float:
-        """Renew every run whose heartbeat is due; the seconds until the next one."""
+        """Renew every run whose heartbeat is due, then try to record the ``unchecked``
+        runs whose try is due; the seconds until the next of either."""
         now = time.monotonic()
         with self._lock:
             due = [r for r in self._active.values() if r.next_renewal <= now]
@@ -425,9 +471,140 @@ class Runs:
                 self._measure_offset(store)
             for run in due:
                 self._renew(store, run)
+        self._record_due()
         with self._lock:
             upcoming = [r.next_renewal for r in self._active.values()]
+            upcoming += [r.next_record for r in self._unrecorded.values()]
         return max(0.05, min(upcoming, default=now + 1.0) - time.monotonic())
+
+    # -- recording an unchecked run --------------------------------------------------------
+
+    def _record_due(self) -> None:
+        """Try to record each ``unchecked`` run whose try is due; stop at the first try the
+        store does not answer (the others would wait for its timeout too)."""
+        now = time.monotonic()
+        with self._lock:
+            due = [r for r in self._unrecorded.values() if r.next_record <= now]
+        store = self._records_store() if due else None
+        for run in due:
+            if run.record_until is not None and now > run.record_until:
+                self._give_up_record(run)
+                continue
+            run.next_record = time.monotonic() + RECORD_EVERY_S
+            if store is None:
+                continue
+            try:
+                self._write_record(store, run)
+            except StoreError as exc:
+                logger.debug(
+                    "beatless: once-only record of firing %s of %s not written yet: %s",
+                    run.firing_id,
+                    shown(run.address),
+                    shown(exc, quoted=False, limit=ERROR_LIMIT),
+                )
+                return
+
+    def _records_store(self) -> ClaimStore | None:
+        """The process's store for the heartbeat thread, opened again if a run's start
+        could not open it; ``None`` once closed, or while it cannot be opened."""
+        with self._lock:
+            if self._closed or self._pid != os.getpid():
+                return None
+            if self._store is None:
+                try:
+                    self._store = self._open_store()
+                except (ConfigError, OSError, StoreError):
+                    return None
+                self._offset_at = -OFFSET_EVERY_S
+            return self._store
+
+    def _record_earlier(self, store: ClaimStore, executed: str) -> None:
+        """Before a copy of a firing is checked, record this process's ``unchecked`` run of
+        the same firing, if any: that run is the first copy. Raises
+        :class:`~beatless.errors.StoreError` when the store does not answer."""
+        with self._lock:
+            earlier = [r for r in self._unrecorded.values() if r.unrecorded == executed]
+        for run in earlier:
+            self._write_record(store, run)
+
+    def _write_record(self, store: ClaimStore, run: Run) -> None:
+        """Claim ``run``'s once-only record with its own token; on an answer, hold it (the
+        run goes on), commit it (the run ended), or tell that another copy has it."""
+        record = run.unrecorded
+        request = _record(record, run.address, self._now_ms(), run.policy.memory_ms)
+        (said,) = store.claim([request], node=run.token, lease_ms=run.policy.lease_ms)
+        if said.is_won:
+            with self._lock:
+                if self._unrecorded.pop(run.token, None) is None:
+                    return  # recorded meanwhile by another thread
+                ended = run._ended
+                if not ended:  # held and renewed from now on, committed by end()
+                    run.held, run.executed = (record,), record
+                    run.next_renewal = time.monotonic() + run.policy.heartbeat_ms / 1_000
+                    self._active[run.token] = run
+            if ended and not self._commit_record(store, run):
+                return
+            self._count("recorded_late")
+            logger.info(
+                "beatless: firing %s of %s has its once-only record now that the claim store "
+                "answers (it ran unchecked): a later copy of it is refused",
+                run.firing_id,
+                shown(run.address),
+            )
+            return
+        with self._lock:
+            if self._unrecorded.pop(run.token, None) is None:
+                return
+        if said in _ANOTHER_COPY:
+            self._count("ran_twice")
+            logger.warning(
+                "beatless: firing %s of %s ran without its once-only check and was a second "
+                "copy: another copy of it %s",
+                run.firing_id,
+                shown(run.address),
+                {
+                    Outcome.HELD: "runs",
+                    Outcome.LOST: "ran",
+                    Outcome.FORGOTTEN: "may have run before the claim store lost its memory",
+                }[said],
+            )
+        else:
+            self._count("unrecorded")
+            logger.warning(
+                "beatless: firing %s of %s ran without its once-only check, and its "
+                "once-only record cannot be written: the claim store answered %s",
+                run.firing_id,
+                shown(run.address),
+                said.value,
+            )
+
+    def _commit_record(self, store: ClaimStore, run: Run) -> bool:
+        """Commit the once-only record of ``run``, which ended; when that fails, put the
+        run back among those to record (the next try claims the record again)."""
+        try:
+            committed = all(store.commit([run.unrecorded], node=run.token))
+        except StoreError:
+            committed = False
+            raise
+        finally:
+            if not committed:
+                with self._lock:
+                    self._unrecorded.setdefault(run.token, run)
+        return committed
+
+    def _give_up_record(self, run: Run) -> None:
+        with self._lock:
+            if self._unrecorded.pop(run.token, None) is None:
+                return
+        self._count("unrecorded")
+        logger.warning(
+            "beatless: firing %s of %s ran without its once-only check, and the claim store "
+            "could not be reached to record it for the entry's memory of %d ms after the "
+            "run ended: a later copy of it would have run",
+            run.firing_id,
+            shown(run.address),
+            run.policy.memory_ms,
+        )
 
     def _renew(self, store: ClaimStore, run: Run) -> None:
         run.next_renewal = time.monotonic() + run.policy.heartbeat_ms / 1_000

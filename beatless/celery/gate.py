@@ -35,7 +35,8 @@ opened or reached gives the verdict :mod:`beatless.runs` gives an unreachable st
 a once-only check is given up (``unchecked``), an overlap ``skip`` refuses the run.
 
 **Counters.** :meth:`RunGate.counts` is what this process decided (``run``, ``rerun``,
-``unchecked``, ``duplicate``, ``skipped_overlap``, ``lease_lost``); the bootstep keeps
+``unchecked``, ``duplicate``, ``skipped_overlap``, ``lease_lost``, and what became of
+the unchecked runs: ``recorded_late``, ``ran_twice``, ``unrecorded``); the bootstep keeps
 the gate as :attr:`~beatless.celery.BeatlessStep.runs`. A prefork child keeps its own
 counts: each process logs its counts at INFO when it ends.
 """

@@ -337,8 +337,9 @@ class Beatless(Middleware):
     @property
     def run_counts(self) -> dict[str, int]:
         """The verdicts of this process's runs so far: ``run``, ``rerun``, ``unchecked``
-        (proceeded), ``duplicate``, ``skipped_overlap`` (refused), and ``lease_lost``
-        (a run that went on after its records lapsed)."""
+        (proceeded), ``duplicate``, ``skipped_overlap`` (refused), ``lease_lost`` (a run
+        that went on after its records lapsed), and ``recorded_late``, ``ran_twice``,
+        ``unrecorded`` (what became of the unchecked runs, see :mod:`beatless.runs`)."""
         runs = self._runs
         if runs is None or self._runs_pid != os.getpid():
             return {}
