@@ -336,6 +336,4 @@ def test_firings_sent_in_the_two_phase_window_are_counted_per_node_and_a_problem
         "refuses; the node's WARNING lines name them"
     ]
     text = render(status)
-    assert [line.split()[0] for line in text.splitlines() if "two-phase window 2" in line] == [
-        "n1"
-    ]
+    assert [line.split()[0] for line in text.splitlines() if "two-phase window 2" in line] == ["n1"]
