@@ -270,9 +270,11 @@ def test_two_phase_node_frozen_mid_send_commits_false_and_one_other_node_sent_it
     firing = Firing.of(entry, None, schedule.address(entry), occurrence)
     ns.ids.add(firing.id)
     sent: list[str] = []
+    sending = threading.Event()
 
     def frozen_send(f: Firing) -> None:
         sent.append("frozen")
+        sending.set()
         time.sleep(LEASE_MS / 1_000 + 0.3)
 
     frozen = TwoPhase(ns.store(), frozen_send, lease=f"{LEASE_MS}ms")
@@ -285,7 +287,10 @@ def test_two_phase_node_frozen_mid_send_commits_false_and_one_other_node_sent_it
         target=lambda: results.__setitem__("frozen", dispatch(frozen, firing, "frozen"))
     )
     thread.start()
-    time.sleep(LEASE_MS / 1_000 + 0.1)  # the frozen node's claim ran out meanwhile
+    # Once it sends, its claim is made (however long its first connection took), and
+    # it runs out while the send goes on.
+    assert sending.wait(30)
+    time.sleep(LEASE_MS / 1_000 + 0.1)
     results["b"] = dispatch(others[0], firing, "b")
     results["c"] = dispatch(others[1], firing, "c")
     thread.join(timeout=30)
@@ -582,6 +587,7 @@ def test_three_node_processes_with_one_killed_win_every_occurrence_exactly_once(
     assert_the_kill_was_survived(run)
 
 
+@pytest.mark.serial
 def test_claims_and_commits_never_wait_for_a_notes_read(ns: Namespace) -> None:
     """A read of the notes stream can wait (a first read of a long stream, a stream being
     created): it has a connection and a lock of its own, so a claim whose lease is running
