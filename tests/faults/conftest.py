@@ -3,6 +3,14 @@
 Everything a test starts is stopped by pid in the fixture's teardown, pass or fail.
 A missing ``redis-server`` skips the suite locally and fails it with
 ``BEATLESS_REQUIRE_SERVICES=1`` (as in CI), like the services in ``tests/conftest.py``.
+
+Run in parallel (``-n``, ``--dist loadgroup``), the scenarios go in lanes: every slow
+test of this directory, in the order collected, joins the xdist group ``faults-K`` for
+K = 0, 1, ... ``lanes - 1`` in turn, and each lane runs on one worker, one scenario
+after another. So at most ``lanes`` scenarios (each three to five node processes and
+servers of its own) run at once, one worker per lane, and the other workers are left to
+the rest of the suite. A scenario that asserts how late a send was (not only that none
+came after max_late) is marked ``serial`` instead, and runs in that group.
 """
 
 from __future__ import annotations
@@ -17,6 +25,25 @@ import pytest
 from harness import Fleet
 from proxy import Proxy
 from redis_server import RedisServer, redis_server_binary
+
+LANES_LEFT_FREE = 1
+"""Workers that run no lane: ``lanes`` is the number of workers less this, at least 1."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    lanes = max(1, workers - LANES_LEFT_FREE)
+    here = Path(__file__).parent
+    scenarios = [
+        item
+        for item in items
+        if item.path.is_relative_to(here)
+        and item.get_closest_marker("slow") is not None
+        and item.get_closest_marker("serial") is None
+    ]
+    for k, item in enumerate(scenarios):
+        item.add_marker(pytest.mark.xdist_group(f"faults-{k % lanes}"))
 
 
 def require_redis_server() -> None:
