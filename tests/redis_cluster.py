@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import atexit
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ports import BUS_OFFSET, free_port
 
 from beatless.stores.base import ClaimStore
 from beatless.stores.redis_cluster import RedisClusterStore
@@ -34,26 +33,6 @@ from beatless.stores.redis_cluster import RedisClusterStore
 MASTERS = 3
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
-BUS_OFFSET = 10_000
-"""Redis's cluster bus listens on the client port plus this: both must be free."""
-
-
-def _free_cluster_port() -> int:
-    """A loopback port that is free, and whose cluster bus port is free too."""
-    for _ in range(200):
-        port = random.randint(20_000, 55_000 - 1)
-        if _bindable(port) and _bindable(port + BUS_OFFSET):
-            return port
-    raise RuntimeError("no free pair of loopback ports for a cluster node")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -83,7 +62,7 @@ class LocalCluster:
     def __init__(self, directory: Path, masters: int = MASTERS) -> None:
         self.server, self.cli = binaries()
         self.directory = directory
-        self.ports = [_free_cluster_port() for _ in range(masters)]
+        self.ports = [free_port(also=BUS_OFFSET) for _ in range(masters)]
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
     @property

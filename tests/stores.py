@@ -10,7 +10,6 @@ runs the cases that need an exact clock only on the stores whose clock it contro
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from ports import free_port
 from service_check import require_binary
 
 from beatless.stores import ClaimStore, MemoryStore, Outcome
@@ -275,13 +275,6 @@ class StoreFactory:
     def close(self) -> None:
         for store in reversed(self._opened):
             store.close()
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (the OS picks it)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class PrivateRedis:

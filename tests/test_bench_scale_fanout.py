@@ -15,6 +15,8 @@ BENCH = Path(__file__).resolve().parent.parent / "bench" / "scale_fanout.py"
 STORE = "redis://127.0.0.1:6379/15"
 
 
+@pytest.mark.slow  # a benchmark: 20,000 firings by three processes, 45 s
+@pytest.mark.serial  # asserts the lateness of every firing
 def test_quick_fan_out_is_won_once_each_on_time_by_three_nodes_and_cleaned_up() -> None:
     redis = pytest.importorskip("redis")
     require_service("Redis", "127.0.0.1", 6379)

@@ -73,6 +73,10 @@ def test_stores_bench_prints_every_figure_for_the_stores_it_measures() -> None:
     assert [s["store"] for s in stores] == ["memory", "sqlite"]
     for store in stores:
         assert store["claims_per_s_batch_1"] > 0
-        assert store["claims_per_s_batch_1000"] > store["claims_per_s_batch_1"]
+        assert store["claims_per_s_batch_1000"] > 0
         assert store["ops_per_firing_batch_1000"] == 0.002
+    # A batch is one SQLite transaction instead of a thousand: faster by far, however
+    # loaded the machine. (In memory a batch saves no round trip; the two rates are
+    # within noise of each other, and which is higher tells nothing.)
+    assert stores[1]["claims_per_s_batch_1000"] > 2 * stores[1]["claims_per_s_batch_1"]
     assert stores[1]["bytes_per_claim"] > 0

@@ -305,6 +305,7 @@ def assert_one_line_exit_2(result: subprocess.CompletedProcess[str], message: st
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("command", ["check", "run"])
 def test_a_store_that_cannot_be_reached_exits_2_with_one_line(
     schedule_file: str, command: str
@@ -324,6 +325,7 @@ def test_a_store_that_cannot_be_reached_exits_2_with_one_line(
         assert took < 5
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("command", ["check", "run"])
 def test_a_wrong_password_exits_2_at_once_with_one_line_that_does_not_show_it(
     schedule_file: str, tmp_path: Path, command: str

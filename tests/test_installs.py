@@ -56,7 +56,7 @@ PIKA_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 DEMO = "python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/beatless demo"
 TEST_COMMAND = (
     "python3 -m venv .venv && .venv/bin/pip install -U pip && "
-    ".venv/bin/pip install -e . --group dev && .venv/bin/python -m pytest"
+    ".venv/bin/pip install -e . --group dev && .venv/bin/python -m pytest -n auto --dist loadgroup"
 )
 CELERY = "pip install '.[celery,redis]'"
 CELERY_RABBITMQ = "pip install '.[celery,rabbitmq]'"

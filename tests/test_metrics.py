@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from stores import ManualClock
+from stores import ManualClock, free_port
 from test_status import Fleet as StatusFleet
 
 pytest.importorskip("prometheus_client", reason="the metrics need the 'metrics' extra")
@@ -109,12 +109,6 @@ def scrape(registry: CollectorRegistry) -> Iterator[Callable[[], Scrape]]:
     server.shutdown()
     server.server_close()
     thread.join(5)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
@@ -410,8 +404,6 @@ def test_without_prometheus_client_the_error_says_what_to_install(
 @pytest.mark.slow
 def test_beatless_run_serves_its_metrics_on_the_port_given(tmp_path: Path) -> None:
     import subprocess
-
-    from stores import free_port
 
     plan = tmp_path / "schedule.toml"
     plan.write_text(

@@ -801,6 +801,7 @@ def test_close_disconnects_the_client_the_store_opened(client: redis.Redis, pref
 # -- failures --------------------------------------------------------------------------------
 
 
+@pytest.mark.serial
 def test_store_at_a_closed_port_raises_store_unavailable_quickly() -> None:
     store = RedisStore(f"redis://{HOST}:{closed_port()}/0")
     started = time.monotonic()

@@ -451,6 +451,7 @@ def test_the_loop_rereads_the_wall_clock_and_notices_a_jump() -> None:
     assert [d.outcome for d in decisions] == ["late", "won"]
 
 
+@pytest.mark.serial
 def test_run_in_a_thread_fires_on_the_real_clock_and_stops_promptly() -> None:
     sent: list[tuple[float, Firing]] = []
     node = Scheduler(

@@ -586,6 +586,7 @@ def test_probe_writes_reads_back_and_deletes_a_key_and_leaves_the_claims(
     assert store.commit([request.id], node="a") == [True]
 
 
+@pytest.mark.serial
 def test_a_server_at_a_closed_port_is_unavailable_quickly_and_tried_again_later(
     bucket: str,
 ) -> None:
@@ -693,6 +694,7 @@ def test_close_closes_the_connection_and_the_thread_and_a_closed_store_refuses_c
         store.time_ms()
 
 
+@pytest.mark.serial
 def test_claims_and_commits_never_wait_for_a_notes_read(store: NATSStore) -> None:
     """A read of many notes (or one on a slow server) has a connection and a lock of its
     own, so a claim whose lease is running is not held up by it: a commit that waited

@@ -269,6 +269,7 @@ def test_a_firing_whose_address_runs_is_a_committed_row_for_its_memory_on_the_se
     worker.close()
 
 
+@pytest.mark.serial
 def test_the_run_lease_is_read_without_a_lock_so_a_claim_never_waits_on_a_worker(
     conn: psycopg.Connection[Any], schema: str
 ) -> None:
@@ -815,6 +816,7 @@ def test_one_store_shared_by_threads_lets_each_firing_be_won_once(
 # -- failures: connections, timeouts, a frozen server --------------------------------------
 
 
+@pytest.mark.serial
 def test_a_claim_waiting_on_a_row_locked_elsewhere_times_out_as_store_unavailable(
     conn: psycopg.Connection[Any], schema: str
 ) -> None:
@@ -853,6 +855,7 @@ def test_a_connection_killed_by_the_server_is_reopened_for_the_same_call(
     store.close()
 
 
+@pytest.mark.serial
 def test_a_server_that_stops_answering_makes_the_call_fail_within_its_timeout(
     conn: psycopg.Connection[Any], schema: str
 ) -> None:
@@ -878,6 +881,7 @@ def test_a_server_that_stops_answering_makes_the_call_fail_within_its_timeout(
         store.close()
 
 
+@pytest.mark.serial
 def test_a_store_at_a_closed_port_raises_store_unavailable_quickly() -> None:
     store = PostgresStore(f"postgresql://127.0.0.1:{free_port()}/test")
     started = time.monotonic()

@@ -270,9 +270,11 @@ def test_two_phase_node_frozen_mid_send_commits_false_and_one_other_node_sent_it
     firing = Firing.of(entry, None, schedule.address(entry), occurrence)
     ns.ids.add(firing.id)
     sent: list[str] = []
+    sending = threading.Event()
 
     def frozen_send(f: Firing) -> None:
         sent.append("frozen")
+        sending.set()
         time.sleep(LEASE_MS / 1_000 + 0.3)
 
     frozen = TwoPhase(ns.store(), frozen_send, lease=f"{LEASE_MS}ms")
@@ -285,7 +287,10 @@ def test_two_phase_node_frozen_mid_send_commits_false_and_one_other_node_sent_it
         target=lambda: results.__setitem__("frozen", dispatch(frozen, firing, "frozen"))
     )
     thread.start()
-    time.sleep(LEASE_MS / 1_000 + 0.1)  # the frozen node's claim ran out meanwhile
+    # Once it sends, its claim is made (however long its first connection took), and
+    # it runs out while the send goes on.
+    assert sending.wait(30)
+    time.sleep(LEASE_MS / 1_000 + 0.1)
     results["b"] = dispatch(others[0], firing, "b")
     results["c"] = dispatch(others[1], firing, "c")
     thread.join(timeout=30)
@@ -366,8 +371,11 @@ def test_a_release_frees_the_slot_at_once_and_the_released_claim_cannot_be_commi
     assert one(b, request, "b", lease_ms=60_000) is Outcome.TAKEOVER
 
 
+@pytest.mark.serial
 def test_a_batch_of_a_thousand_fresh_firings_is_won_in_a_few_round_trips(ns: Namespace) -> None:
-    store = ns.store()
+    # A thousand queues declared at once: on a broker busy with other tests' queues a
+    # round can take over the default 5 s timeout; the whole must still take under 30 s.
+    store = ns.store(timeout="20s")
     requests = [ns.firing() for _ in range(1_000)]
     started = time.monotonic()
     outcomes = store.claim(requests, node="a", lease_ms=60_000)
@@ -582,6 +590,7 @@ def test_three_node_processes_with_one_killed_win_every_occurrence_exactly_once(
     assert_the_kill_was_survived(run)
 
 
+@pytest.mark.serial
 def test_claims_and_commits_never_wait_for_a_notes_read(ns: Namespace) -> None:
     """A read of the notes stream can wait (a first read of a long stream, a stream being
     created): it has a connection and a lock of its own, so a claim whose lease is running

@@ -48,6 +48,7 @@ from beatless.triggers import Every  # noqa: E402
 
 HOST, PORT = "127.0.0.1", 6379
 CANDIDATE_DBS = (11, 10, 9, 8)
+pytestmark = pytest.mark.xdist_group("celery-atomic")  # one worker picks the database, once
 REPO = Path(__file__).resolve().parents[2]
 Queue: Any = entity.Queue
 Exchange: Any = entity.Exchange
@@ -305,10 +306,12 @@ def assert_same_envelope(ours: dict[str, Any], kombus: dict[str, Any]) -> None:
 
 
 def test_sent_event_is_published_for_a_won_firing_only(db: int, token: str, r: Any) -> None:
-    app = make_app(db, token, task_send_sent_event=True)
+    # Pub/sub is one namespace for every database of the server: an event exchange of the
+    # test's own keeps other tests' Celery events out.
+    app = make_app(db, token, task_send_sent_event=True, event_exchange=f"{token}.ev")
     atomic = make_atomic(app, db, token)
     events = r.pubsub()
-    events.psubscribe("*celeryev*")
+    events.psubscribe(f"*{token}.ev*")
     try:
         f = firing("sent")
         assert dispatch_now(atomic, [f], node="a") == ["won"]

@@ -4,7 +4,6 @@ process and served over HTTP by a real worker."""
 
 from __future__ import annotations
 
-import socket
 import time
 import uuid
 from typing import Any
@@ -17,6 +16,7 @@ pytest.importorskip("prometheus_client", reason="the metrics need the 'metrics' 
 
 from prometheus_client import CollectorRegistry
 from scrape import won_samples
+from stores import free_port
 
 from beatless.celery import BeatScheduler, CelerySettings
 from beatless.errors import ScheduleError
@@ -31,12 +31,6 @@ def memory_app(**conf: Any) -> Celery:
         **conf,
     )
     return app
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_metrics_settings_are_read_and_checked_with_the_others() -> None:

@@ -32,6 +32,8 @@ from beatless.errors import BrokerUnavailable
 from beatless.firing import Firing
 
 TASK = "beatless_sending_test.record"
+pytestmark = pytest.mark.serial  # sends must fail within a deadline, or at once
+
 DEADLINE_S = 1.0
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -97,12 +98,19 @@ def start_node(env: dict[str, str], log: Path) -> Node:
 
 
 def wait_for_schedulers(nodes: list[Node], timeout: float = 20.0) -> None:
+    """Until each node's scheduler process runs its loop (it logged that it is scheduling):
+    on a loaded machine that comes seconds after the process is forked."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all(node.schedulers() for node in nodes):
+        if all(node.schedulers() and _scheduling(node) for node in nodes):
             return
         time.sleep(0.2)
     raise AssertionError("a node's scheduler process did not start in time")
+
+
+def _scheduling(node: Node) -> bool:
+    text = node.log.read_text(errors="replace") if node.log.exists() else ""
+    return re.search(r"\] node \S+ scheduling \d+ entr", text) is not None
 
 
 def stop_nodes(nodes: list[Node], timeout: float = 15.0) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,6 +20,7 @@ import pytest
 from dramatiq import Worker
 from dramatiq.brokers.stub import StubBroker
 from service_check import require_service
+from stores import free_port
 
 pytest.importorskip("prometheus_client", reason="the metrics need the 'metrics' extra")
 
@@ -62,12 +62,6 @@ def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
             return True
         time.sleep(0.2)
     return predicate()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_metrics_options_are_checked_when_the_middleware_is_made() -> None:

@@ -308,4 +308,4 @@ def test_a_copy_of_a_message_runs_once_and_each_copy_is_counted_duplicate(
     assert ended <= max(c["t"] for c in copies)
     assert counted(of(rows, "skipped"), "duplicate") == 2
     text = node.log.read_text(errors="replace")
-    assert text.count(f"firing {first['id']} of {namespace}/job (attempt 0) not run") == 2
+    assert text.count(f"firing {first['id']} of '{namespace}/job' (attempt 0) not run") == 2

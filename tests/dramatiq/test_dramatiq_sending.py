@@ -35,6 +35,8 @@ from beatless.firing import Firing
 REDIS_URL = "redis://127.0.0.1:6379/12"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 ACTOR = "beatless_sending_test"
+pytestmark = pytest.mark.serial  # sends must fail within a deadline, or at once
+
 DEADLINE_S = 1.0
 REPO = Path(__file__).resolve().parents[2]
 

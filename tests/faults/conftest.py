@@ -3,6 +3,16 @@
 Everything a test starts is stopped by pid in the fixture's teardown, pass or fail.
 A missing ``redis-server`` skips the suite locally and fails it with
 ``BEATLESS_REQUIRE_SERVICES=1`` (as in CI), like the services in ``tests/conftest.py``.
+
+Run in parallel (``-n``, ``--dist loadgroup``), the scenarios go in lanes, each an xdist
+group that one worker runs one scenario after another: at most one lane per worker but
+one run at once (each scenario three to five node processes and servers of its own),
+and a worker is left to the rest of the suite. The scenarios on a store of the machine's
+shared RabbitMQ (a parameter id naming it) share one lane: RabbitMQ keeps a queue per
+claim, and three such scenarios at once slowed it past the nodes' timeouts. The others,
+in the order collected, join lanes ``faults-0``, ``faults-1``, ... in turn. A scenario
+that asserts how late a send was (not only that none came after max_late) is marked
+``serial`` instead, and runs in that group.
 """
 
 from __future__ import annotations
@@ -17,6 +27,38 @@ import pytest
 from harness import Fleet
 from proxy import Proxy
 from redis_server import RedisServer, redis_server_binary
+
+LANES_LEFT_FREE = 1
+"""Workers that run no lane: ``lanes`` is the number of workers less this, at least 1."""
+OWN_LANE = ("rabbitmq",)
+"""Shared servers whose scenarios take turns in a lane of their own."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    lanes = max(1, workers - LANES_LEFT_FREE)
+    here = Path(__file__).parent
+    scenarios = [
+        item
+        for item in items
+        if item.path.is_relative_to(here)
+        and item.get_closest_marker("slow") is not None
+        and item.get_closest_marker("serial") is None
+    ]
+    shared = [i for i in scenarios if _own_lane(i) is not None]
+    for item in shared:
+        item.add_marker(pytest.mark.xdist_group(f"faults-{_own_lane(item)}"))
+    others = [i for i in scenarios if _own_lane(i) is None]
+    lanes = max(1, lanes - len({_own_lane(i) for i in shared}))
+    for k, item in enumerate(others):
+        item.add_marker(pytest.mark.xdist_group(f"faults-{k % lanes}"))
+
+
+def _own_lane(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    ids = callspec.id.split("-") if callspec is not None else []
+    return next((server for server in OWN_LANE if server in ids), None)
 
 
 def require_redis_server() -> None:

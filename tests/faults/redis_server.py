@@ -23,19 +23,14 @@ import subprocess
 import time
 from pathlib import Path
 
+from ports import free_port
+
 START_TIMEOUT_S = 10.0
 
 
 def redis_server_binary() -> str | None:
     """The path of ``redis-server``, or ``None`` when it is not installed."""
     return shutil.which("redis-server")
-
-
-def free_port() -> int:
-    """A loopback TCP port nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def ping(port: int, timeout: float = 0.5) -> bool:

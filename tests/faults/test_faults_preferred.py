@@ -25,7 +25,7 @@ from test_faults import GRACE_S, NODES, assert_clean, every, fanout, schedule
 
 from beatless._prefer import GRACE_MS, LADDER_MS
 
-pytestmark = [pytest.mark.slow, pytest.mark.faults]
+pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.serial]  # bounds lateness
 
 ServerFactory = Callable[[str], RedisServer]
 FleetFactory = Callable[[dict[str, Any]], Fleet]
