@@ -150,7 +150,9 @@ def test_a_commit_refused_as_full_still_commits_so_no_node_takes_the_claim_over(
         RedisStore(server.url, namespace="full") as other,
     ):
         claim = request(winner)
-        assert winner.claim([claim], node="n1", lease_ms=300) == [Outcome.WON]
+        lease_s = 3.0  # longer than filling the store takes, on a loaded machine too
+        claimed = time.monotonic()
+        assert winner.claim([claim], node="n1", lease_ms=int(lease_s * 1_000)) == [Outcome.WON]
         filler.fill()  # the message is sent; then the store fills before the commit
 
         with pytest.raises(StoreFull) as raised:
@@ -158,7 +160,7 @@ def test_a_commit_refused_as_full_still_commits_so_no_node_takes_the_claim_over(
         assert raised.value.kept == [True]
 
         filler.drain()
-        time.sleep(0.4)  # the lease the claim was won with has run out
+        time.sleep(max(claimed + lease_s + 0.1 - time.monotonic(), 0))  # the lease ran out
         assert other.claim([claim], node="n2", lease_ms=300) == [Outcome.LOST]
 
 
