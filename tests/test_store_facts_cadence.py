@@ -119,8 +119,9 @@ def test_a_claim_refused_as_full_makes_the_next_sync_read_every_setting(
     try:
         writer.fill()
         # Full, and kept so: a Redis at the edge of its limit refuses a small write or not
-        # by a few kilobytes of client buffers.
-        admin.config_set("maxmemory", str(int(admin.info("memory")["used_memory"]) - 65_536))
+        # by a few kilobytes of client buffers, and the writer's keys expire; a limit at
+        # half of what it uses refuses every write whatever is freed meanwhile.
+        admin.config_set("maxmemory", str(int(admin.info("memory")["used_memory"]) // 2))
         scheduler.board.sync(now + SYNC_EVERY_MS)  # quick: how full is not read
         maxmemory = scheduler.board.store_facts.fact("maxmemory")  # type: ignore[union-attr]
         assert maxmemory is not None
