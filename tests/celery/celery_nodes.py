@@ -145,7 +145,10 @@ class Node:
 
     def stop(self, deadline: float) -> None:
         """Warm shutdown (SIGTERM to the main process) until ``deadline``, then SIGKILL the
-        process group whatever is left."""
+        process group whatever is left. Nothing for a node killed already: its group is
+        gone, and its number may be another process's group by now."""
+        if self.killed_at is not None:
+            return
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.process.send_signal(signal.SIGTERM)

@@ -161,6 +161,7 @@ class CeleryProcess:
     args: list[str]
     log: Path
     process: subprocess.Popen[bytes] = field(init=False)
+    killed: bool = field(default=False, init=False)
 
     def start(self, env: dict[str, str], cwd: Path) -> CeleryProcess:
         with self.log.open("wb") as out:
@@ -184,6 +185,10 @@ class CeleryProcess:
         return self.process.returncode
 
     def kill(self) -> None:
+        """SIGKILL the process group, once: later, its number may be another group's."""
+        if self.killed:
+            return
+        self.killed = True
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(5)

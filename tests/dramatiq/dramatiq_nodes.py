@@ -38,7 +38,9 @@ DRAIN_S = 5.0
 class Node:
     process: subprocess.Popen[bytes]
     log: Path
-    known: set[int] = field(default_factory=set)
+    known: set[psutil.Process] = field(default_factory=set)
+    """Every process seen in the node's tree, kept as psutil saw it: a kill through it
+    checks that the pid is still that process (a pid is reused once its process ended)."""
 
     def tree(self) -> list[psutil.Process]:
         """The node's processes below its main process (workers, supervisor, scheduler)."""
@@ -46,7 +48,7 @@ class Node:
             found = psutil.Process(self.process.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return []
-        self.known |= {p.pid for p in found}
+        self.known |= set(found)
         return found
 
     def schedulers(self) -> list[psutil.Process]:
@@ -126,9 +128,9 @@ def stop_nodes(nodes: list[Node], timeout: float = 15.0) -> None:
         except subprocess.TimeoutExpired:
             node.process.kill()
             node.process.wait()
-        for pid in node.known:
+        for process in node.known:
             with contextlib.suppress(psutil.NoSuchProcess):
-                psutil.Process(pid).kill()
+                process.kill()  # NoSuchProcess if that pid is another process's now
 
 
 def expected_firings(env: dict[str, str], low_ms: int, high_ms: int) -> list[dict[str, Any]]:
