@@ -1,8 +1,8 @@
 """beatless: periodic tasks for Celery and Dramatiq with no beat process and no leader.
 
 The loop, the dispatchers and the stores are imported when first named
-(``beatless.Scheduler``, ``from beatless import MemoryStore``), so that importing a module
-low in the package (``beatless.triggers``) does not start the whole of it. No module of
+(``beatless.Scheduler``, ``from beatless import Entry``), so that importing a module
+low in the package (``beatless.core.triggers``) does not start the whole of it. No module of
 the package imports this one: each imports what it needs from where it is defined.
 """
 
@@ -12,7 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from beatless._version import __version__ as __version__
-from beatless.entry import Entry, Schedule
+from beatless.core.triggers import Cron, Every, Trigger
 from beatless.errors import (
     BeatlessError,
     ConfigError,
@@ -20,14 +20,14 @@ from beatless.errors import (
     StoreError,
     StoreUnavailable,
 )
-from beatless.triggers import Cron, Every, Trigger
 
 if TYPE_CHECKING:
-    from beatless.dispatch import Dispatcher
-    from beatless.firing import Firing, firing_id, offset_ms
-    from beatless.scheduler import Scheduler
+    from beatless.node.dispatch import Dispatcher
+    from beatless.node.scheduler import Scheduler
+    from beatless.schedule.entry import Entry, Schedule
+    from beatless.schedule.firing import Firing, firing_id, offset_ms
     from beatless.stores import ClaimStore, MemoryStore, open_store
-    from beatless.stores.redis import RedisStore
+    from beatless.stores.redis.store import RedisStore
     from beatless.stores.sqlite import SQLiteStore
 
 __all__ = [
@@ -55,14 +55,16 @@ __all__ = [
 
 _LAZY = {
     "ClaimStore": "beatless.stores",
-    "Dispatcher": "beatless.dispatch",
-    "Firing": "beatless.firing",
+    "Dispatcher": "beatless.node.dispatch",
+    "Entry": "beatless.schedule.entry",
+    "Schedule": "beatless.schedule.entry",
+    "Firing": "beatless.schedule.firing",
     "MemoryStore": "beatless.stores",
-    "RedisStore": "beatless.stores.redis",
+    "RedisStore": "beatless.stores.redis.store",
     "SQLiteStore": "beatless.stores.sqlite",
-    "Scheduler": "beatless.scheduler",
-    "firing_id": "beatless.firing",
-    "offset_ms": "beatless.firing",
+    "Scheduler": "beatless.node.scheduler",
+    "firing_id": "beatless.schedule.firing",
+    "offset_ms": "beatless.schedule.firing",
     "open_store": "beatless.stores",
 }
 """The public names imported when first asked for (PEP 562), each with its module."""

@@ -1,5 +1,5 @@
 """``python -m beatless``: the same as the ``beatless`` command."""
 
-from beatless.cli import main
+from beatless.cli.command import main
 
 raise SystemExit(main())

@@ -41,7 +41,7 @@ import report
 from cronsim import CronSim
 
 from beatless import Cron, Entry, Schedule
-from beatless.scheduler import Decision, Scheduler
+from beatless.node.scheduler import Decision, Scheduler
 from beatless.stores.base import ClaimRequest, Note, Outcome
 from beatless.stores.memory import MemoryStore
 

@@ -19,7 +19,7 @@ import uuid
 from collections import Counter, defaultdict
 
 from beatless import Entry, Every, Firing, Schedule
-from beatless.scheduler import Scheduler
+from beatless.node.scheduler import Scheduler
 from beatless.stores import open_store
 
 

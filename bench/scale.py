@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from beatless import Entry, Every, Schedule
-from beatless._notes import SYNC_EVERY_MS
-from beatless.firing import Firing
-from beatless.scheduler import Decision, Scheduler
+from beatless.fleet._notes import SYNC_EVERY_MS
+from beatless.node.scheduler import Decision, Scheduler
+from beatless.schedule.firing import Firing
 from beatless.stores import ClaimRequest, MemoryStore, Outcome
 from beatless.stores.base import Note
 
@@ -250,7 +250,7 @@ sys.path.insert(0, sys.argv[1])
 import redis
 from datetime import UTC, datetime
 from beatless import Entry, Every, Schedule
-from beatless.scheduler import Scheduler
+from beatless.node.scheduler import Scheduler
 from beatless.stores import open_store
 
 _, root, url, namespace, node, tenants, at_s, until_s, preferred, path = sys.argv

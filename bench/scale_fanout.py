@@ -1,6 +1,6 @@
 """Fan-out that scales: a million tenants of one entry over a 10-minute window, three nodes.
 
-Three node processes (``--nodes``), each a :class:`~beatless.scheduler.Scheduler` started
+Three node processes (``--nodes``), each a :class:`~beatless.node.scheduler.Scheduler` started
 with ``scheduler.start()`` (its loop and its board thread: registry, history, controls),
 share one Redis claim store under a namespace of their own for this run. The schedule is
 one entry of ``--tenants`` tenants whose jitter spreads them over ``--window`` seconds;
@@ -41,8 +41,8 @@ from tempfile import TemporaryDirectory
 from typing import Any
 
 from beatless import Entry, Every, Firing, Schedule
-from beatless._fanout import FanOut
-from beatless.firing import firing_id
+from beatless.schedule._fanout import FanOut
+from beatless.schedule.firing import firing_id
 
 ENTRY = "fan"
 DEFAULT_STORE = "redis://127.0.0.1:6379/15"
@@ -98,7 +98,7 @@ def peak_rss_mb() -> float:
 
 def node_main(spec: dict[str, Any]) -> None:
     """One node process: run the scheduler until told to stop, then write its figures."""
-    from beatless.scheduler import Scheduler
+    from beatless.node.scheduler import Scheduler
     from beatless.stores import open_store
 
     rss_start = rss_mb()

@@ -17,7 +17,7 @@ URL names), deleted at the end, and returns:
   ``claims_per_s_lost_batch_1000`` how fast it learns it;
 * ``claims_per_s_batch_1000_3_clients``: three processes, each a client of its own,
   claiming and committing batches of 1,000 fresh firings at once in the same bucket;
-* ``clock_read_ms``: the median time of :meth:`~beatless.stores.nats.NATSStore.time_ms`
+* ``clock_read_ms``: the median time of :meth:`~beatless.stores.nats.store.NATSStore.time_ms`
   (a write and the stream's info: two round trips), which every call pays once;
 * ``bytes_per_claim``: the bucket's stream bytes (``STREAM.INFO`` ``state.bytes``:
   subject, headers and value of each message, as the server counts them) divided by the
@@ -45,7 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from beatless.stores.base import ClaimRequest, Outcome
-from beatless.stores.nats import NATSStore
+from beatless.stores.nats.store import NATSStore
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 LEASE_MS = 30_000

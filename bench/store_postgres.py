@@ -39,7 +39,7 @@ from psycopg import sql
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from beatless.stores.base import ClaimRequest
-from beatless.stores.postgres import PostgresStore
+from beatless.stores.postgres.store import PostgresStore
 
 DEFAULT_URL = "postgresql://127.0.0.1:5432/test"
 LEASE_MS = 30_000

@@ -39,7 +39,7 @@ import pika
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from beatless.stores.base import ClaimRequest
-from beatless.stores.rabbitmq import _SLOT, RabbitMQStore
+from beatless.stores.rabbitmq.store import _SLOT, RabbitMQStore
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 LEASE_MS = 30_000

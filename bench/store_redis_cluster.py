@@ -83,7 +83,7 @@ def measure_cluster(firings: int, rounds: int) -> dict[str, Any]:
         return {"skipped": "redis-server and redis-cli are not on PATH"}
     from redis_cluster import LocalCluster  # the tests' helper
 
-    from beatless.stores.redis_cluster import RedisClusterStore
+    from beatless.stores.redis.cluster import RedisClusterStore
 
     cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="beatless-bench-cluster-")))
     cluster.start()
@@ -101,7 +101,7 @@ def measure_cluster(firings: int, rounds: int) -> dict[str, Any]:
 def measure_single(url: str, firings: int, rounds: int) -> dict[str, Any]:
     import redis
 
-    from beatless.stores.redis import RedisStore
+    from beatless.stores.redis.store import RedisStore
 
     client = redis.Redis.from_url(url)
     prefix = _prefix()

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "fault
 from redis_server import RedisServer
 
 from beatless.stores.base import ClaimRequest
-from beatless.stores.redis import RedisStore
+from beatless.stores.redis.store import RedisStore
 
 LEASE_MS = 30_000
 WARM_UP = 50

@@ -122,7 +122,7 @@ def measure_sqlite(seconds: float) -> dict[str, Any]:
 def measure_redis(url: str, seconds: float) -> dict[str, Any]:
     import redis
 
-    from beatless.stores.redis import RedisStore
+    from beatless.stores.redis.store import RedisStore
 
     prefix = f"beatless-bench:{uuid.uuid4().hex[:10]}:"
     client = redis.Redis.from_url(url)

@@ -29,7 +29,7 @@ SQUATTER = """
 import sys, time
 sys.path.insert(0, sys.argv[3])
 from node_process import SCHEDULE
-from beatless.firing import Firing, claim_request
+from beatless.schedule.firing import Firing, claim_request
 from beatless.stores import Outcome, open_store
 
 url, first_s = sys.argv[1], int(sys.argv[2])

@@ -14,7 +14,7 @@ import sys
 import time
 
 from beatless import Entry, Every, Firing, Schedule
-from beatless.scheduler import Scheduler
+from beatless.node.scheduler import Scheduler
 from beatless.stores import open_store
 
 CATCH_UP = os.environ.get("BEATLESS_TEST_CATCH_UP", "latest")

@@ -28,7 +28,7 @@ import pytest
 from ports import BUS_OFFSET, free_port
 
 from beatless.stores.base import ClaimStore
-from beatless.stores.redis_cluster import RedisClusterStore
+from beatless.stores.redis.cluster import RedisClusterStore
 
 MASTERS = 3
 START_TIMEOUT_S = 30.0

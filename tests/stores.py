@@ -23,7 +23,7 @@ from ports import free_port
 from service_check import require_binary
 
 from beatless.stores import ClaimStore, MemoryStore, Outcome
-from beatless.stores.redis import RedisStore
+from beatless.stores.redis.store import RedisStore
 from beatless.stores.sqlite import SQLiteStore
 
 START = 1_800_000_000.0
@@ -132,7 +132,7 @@ def _postgres(_tmp: Path, _clock: ManualClock) -> Opener:
     pytest.importorskip(
         "psycopg", reason="the postgres store needs: pip install 'beatless[postgres]'"
     )
-    from beatless.stores.postgres import PostgresStore
+    from beatless.stores.postgres.store import PostgresStore
 
     schema = f"beatless_test_{uuid.uuid4().hex[:12]}"
 
@@ -169,7 +169,7 @@ def delete_nats_bucket(bucket: str) -> None:
 
 def _nats(_tmp: Path, _clock: ManualClock) -> Opener:
     pytest.importorskip("nats", reason="the nats store needs: pip install 'beatless[nats]'")
-    from beatless.stores.nats import NATSStore
+    from beatless.stores.nats.store import NATSStore
 
     bucket = f"beatless_test_{uuid.uuid4().hex[:12]}"
 
@@ -204,7 +204,7 @@ def delete_rabbitmq_names(queues: list[str], exchanges: list[str]) -> None:
 
 def _rabbitmq(_tmp: Path, _clock: ManualClock) -> Opener:
     pytest.importorskip("pika", reason="the rabbitmq store needs: pip install 'beatless[rabbitmq]'")
-    from beatless.stores.rabbitmq import RabbitMQStore
+    from beatless.stores.rabbitmq.store import RabbitMQStore
 
     prefix = f"beatless-test.{uuid.uuid4().hex[:12]}."
     claimed: set[str] = set()

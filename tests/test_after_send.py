@@ -18,9 +18,9 @@ from test_two_phase import monotonic_of
 
 from beatless import Entry, Every, Firing, Schedule
 from beatless.errors import ConfigError, StoreUnavailable
-from beatless.firing import claim_request
-from beatless.scheduler import Decision, Scheduler
-from beatless.stats import EntryStats
+from beatless.node.scheduler import Decision, Scheduler
+from beatless.node.stats import EntryStats
+from beatless.schedule.firing import claim_request
 from beatless.stores.base import ClaimRequest, Note, Outcome
 from beatless.stores.memory import MemoryStore
 

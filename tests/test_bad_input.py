@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from beatless.cli import main
-from beatless.loader import MAX_DEPTH
+from beatless.cli.command import main
+from beatless.cli.loader import MAX_DEPTH
 
 HEAD = 'namespace = "deep"\n[[entry]]\nname = "a"\ntask = "t"\nevery = "1m"\n'
 

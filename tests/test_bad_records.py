@@ -1,5 +1,5 @@
 """A bad record is one record: a note in the claim store that does not fit the schema of
-its kind (``beatless._schema``) is skipped, counted once and told once, naming its key,
+its kind (``beatless.fleet._schema``) is skipped, counted once and told once, naming its key,
 and never stops the loop, ``status`` or the status page.
 
 The store is shared, so any client (another version, a bug, an operator's ``redis-cli``)
@@ -31,7 +31,8 @@ from service_check import require_service
 from stores import BACKENDS, Backend, ManualClock, Opener
 
 from beatless import Entry, Every, Schedule
-from beatless._controls import (
+from beatless.cli.command import print_status
+from beatless.fleet._controls import (
     Control,
     audit_kind,
     controls_kind,
@@ -41,7 +42,7 @@ from beatless._controls import (
     read_requests,
     run_now_kind,
 )
-from beatless._notes import (
+from beatless.fleet._notes import (
     HistoryItem,
     NodeRecord,
     batch_items,
@@ -53,9 +54,7 @@ from beatless._notes import (
     read_history,
     read_registry,
 )
-from beatless._page import make_server
-from beatless._prefer import Preference, Progress, progress_kind
-from beatless._schema import (
+from beatless.fleet._schema import (
     BATCH_NOTE,
     CONTROL,
     HISTORY_ITEM,
@@ -66,10 +65,11 @@ from beatless._schema import (
     BadNote,
     Collected,
 )
-from beatless.cli import print_status
-from beatless.firing import firing_id
-from beatless.scheduler import Scheduler
-from beatless.status import published_entries, render, report
+from beatless.node._prefer import Preference, Progress, progress_kind
+from beatless.node.scheduler import Scheduler
+from beatless.ops._page import make_server
+from beatless.ops.status import published_entries, render, report
+from beatless.schedule.firing import firing_id
 from beatless.stores import ClaimStore
 from beatless.stores.base import NOTE_VALUE_LIMIT, Note
 
@@ -511,7 +511,7 @@ def test_the_skipped_notes_are_a_metric_by_kind() -> None:
     pytest.importorskip("prometheus_client", reason="the metrics need the 'metrics' extra")
     from prometheus_client import CollectorRegistry
 
-    from beatless import metrics
+    from beatless.ops import metrics
 
     fleet = memory_fleet()
     registry = CollectorRegistry()

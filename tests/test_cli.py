@@ -20,7 +20,7 @@ from service_check import require_service
 from stores import PrivateRedis, free_port
 
 from beatless import __version__, stores
-from beatless.cli import main
+from beatless.cli.command import main
 from beatless.stores import MemoryStore
 
 SCHEDULE = """
@@ -696,9 +696,9 @@ def test_every_command_by_store_and_namespace_reads_and_steers_a_node_keyed_by_i
 ) -> None:
     """A node whose store is keyed by its namespace (as every integration opens it): the
     commands given the URL and that namespace see it, pause it, and find what it sent."""
-    from beatless.entry import Entry, Schedule
-    from beatless.scheduler import Scheduler
-    from beatless.triggers import Every
+    from beatless.core.triggers import Every
+    from beatless.node.scheduler import Scheduler
+    from beatless.schedule.entry import Entry, Schedule
 
     ns = keyed_namespace
     plan = Schedule([Entry(name="tick", task="t.tick", trigger=Every(1))], namespace=ns)

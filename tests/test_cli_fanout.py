@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from beatless import Entry, Every, Firing, Schedule
-from beatless._fanout import CHUNK, FanOut, bucket_count, earliest
-from beatless.cli import main, upcoming
-from beatless.entry import canonical
+from beatless.cli.command import main, upcoming
 from beatless.errors import ConfigError
+from beatless.schedule._fanout import CHUNK, FanOut, bucket_count, earliest
+from beatless.schedule.entry import canonical
 
 WIDE = 50_000
 OCCURRENCE_MS = 1_800_000_000_000  # 2027-01-15T08:00:00Z, a multiple of 10 minutes

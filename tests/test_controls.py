@@ -1,4 +1,4 @@
-"""Pause, resume and run-now through the store (``beatless._controls``), honoured by every
+"""Pause, resume and run-now through the store (``beatless.fleet._controls``), honoured by every
 node at its next sync, each with an audit record."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from test_status import NS, Fleet, schedule
 
-from beatless._controls import set_control
-from beatless._notes import history_kind
 from beatless.errors import ConfigError
-from beatless.firing import firing_id
+from beatless.fleet._controls import set_control
+from beatless.fleet._notes import history_kind
+from beatless.schedule.firing import firing_id
 from beatless.stores import MemoryStore, open_store
 
 
@@ -100,7 +100,7 @@ def test_the_cli_pauses_resumes_and_runs_now_through_a_store_it_shares_with_node
 ) -> None:
     url = f"sqlite:///{tmp_path / 'claims.db'}"
     store = open_store(url, namespace=NS)
-    from beatless.scheduler import Scheduler
+    from beatless.node.scheduler import Scheduler
 
     node = Scheduler(schedule(), store=store, node="n0", enqueue=lambda f: None, lease="2s")
     node.tick()
@@ -161,7 +161,7 @@ def test_a_control_needs_a_store(command: str) -> None:
 
 
 def test_explain_says_what_happened_to_a_past_firing_from_the_history(tmp_path: Path) -> None:
-    from beatless.cli import what_happened
+    from beatless.cli.command import what_happened
 
     fleet = Fleet()
     plan = schedule()
@@ -192,8 +192,8 @@ def test_explain_with_a_store_reads_the_history_from_the_command_line(tmp_path: 
         f'namespace = "{NS}"\n\n[[entry]]\nname = "tick"\ntask = "tests.tick"\nevery = "1s"\n'
         'max_late = "5s"\n\n[[entry]]\nname = "slow"\ntask = "tests.slow"\nevery = "10s"\n'
     )
-    from beatless.loader import load_schedule
-    from beatless.scheduler import Scheduler
+    from beatless.cli.loader import load_schedule
+    from beatless.node.scheduler import Scheduler
 
     plan = load_schedule(str(plan_file))
     store = open_store(url, namespace=plan.namespace)

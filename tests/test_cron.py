@@ -25,10 +25,10 @@ from cronsim import CronSim
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from beatless._cron import CronError, CronPattern
-from beatless._time import from_datetime, iso, next_change_s, offset_s, to_datetime
+from beatless.core._cron import CronError, CronPattern
+from beatless.core._time import from_datetime, iso, next_change_s, offset_s, to_datetime
+from beatless.core.triggers import Cron
 from beatless.errors import ScheduleError
-from beatless.triggers import Cron
 
 MINUTE_MS = 60_000
 HOUR_MS = 3_600_000

@@ -11,9 +11,9 @@ from collections import Counter
 import pytest
 from service_check import require_service
 
-from beatless.demo import MARGIN_MS, WARMUP_MS, _LateCommits, demo_schedule, expected_firings
-from beatless.dispatch import LATE_COMMIT
-from beatless.firing import firing_id
+from beatless.cli.demo import MARGIN_MS, WARMUP_MS, _LateCommits, demo_schedule, expected_firings
+from beatless.node.dispatch import LATE_COMMIT
+from beatless.schedule.firing import firing_id
 
 STORES = {
     "sqlite (the default)": (None, None),
@@ -65,7 +65,7 @@ def test_a_node_counts_the_sends_whose_commit_came_after_their_lease() -> None:
     """What explains a duplicate in a demo run: a node starved past its lease sent a firing
     whose claim then ran out, and its commit was refused."""
     counter = _LateCommits()
-    dispatch = logging.getLogger("beatless.dispatch")
+    dispatch = logging.getLogger("beatless.node.dispatch")
     dispatch.addHandler(counter)
     try:
         dispatch.warning(LATE_COMMIT, "an-id", "tick-1s")

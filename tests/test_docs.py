@@ -16,7 +16,7 @@ After a snippet has run, the beatless schedule of each Celery app and each Drama
 broker with the middleware that it left in its namespace is built, as a worker builds it
 at start (without connecting), so that a schedule the timing rules refuse fails here.
 Tracebacks name the page and the line in it. A TOML block is a schedule file: it must
-load with :func:`beatless.loader.load_toml`.
+load with :func:`beatless.cli.loader.load_toml`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from beatless import Schedule
-from beatless.loader import load_toml
+from beatless.cli.loader import load_toml
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -42,8 +42,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from beatless.firing import from_datetime, iso
-from beatless.triggers import Cron
+from beatless.core.triggers import Cron
+from beatless.schedule.firing import from_datetime, iso
 
 
 def occurrences(expr: str, tz: str, after: str, count: int) -> list[str]:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from beatless.durations import as_timedelta, describe, to_ms
+from beatless.core.durations import as_timedelta, describe, to_ms
 from beatless.errors import ConfigError
 
 

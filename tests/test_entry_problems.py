@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from beatless import Entry, Every
+from beatless.cli.loader import load_toml
 from beatless.errors import ConfigError, ScheduleError
-from beatless.loader import load_toml
 
 MAX_LATE_RULE = "max_late 5s must be longer than jitter 20s"
 

@@ -1,6 +1,6 @@
 """The history of a fan-out's tenants: the tenants ``status`` shows keep a history each;
 the others go into batch notes of their occurrence, one per store call and node
-(``beatless._notes``), which ``explain`` reads for one tenant."""
+(``beatless.fleet._notes``), which ``explain`` reads for one tenant."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import json
 
 from test_status import NS, Fleet
 
-from beatless._controls import set_control
-from beatless._notes import (
+from beatless.cli.command import what_happened
+from beatless.core.triggers import Every
+from beatless.fleet._controls import set_control
+from beatless.fleet._notes import (
     TENANTS_PUBLISHED,
     batch_items,
     fan_out_history_kind,
     history_kind,
 )
-from beatless.cli import what_happened
-from beatless.entry import Entry, Schedule
-from beatless.triggers import Every
+from beatless.schedule.entry import Entry, Schedule
 
 TENANTS = tuple(f"t{i:03d}" for i in range(100))
 BASE = f"{NS}/fan"

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from beatless import Entry, Schedule
-from beatless.triggers import Cron, Every, tzdata_version
+from beatless.core.triggers import Cron, Every, tzdata_version
 
 
 def entries() -> list[Entry]:

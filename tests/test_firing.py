@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from beatless.entry import Entry
-from beatless.firing import (
+from beatless.core.triggers import Every
+from beatless.schedule.entry import Entry
+from beatless.schedule.firing import (
     Firing,
     digest,
     firing_id,
@@ -23,7 +24,6 @@ from beatless.firing import (
     offset_ms,
     to_datetime,
 )
-from beatless.triggers import Every
 
 ADDRESSES = st.text(min_size=1, max_size=40)
 OCCURRENCES = st.integers(0, 2**45)
@@ -98,7 +98,7 @@ def test_firing_exposes_occurrence_and_release_as_utc_datetimes() -> None:
 
 _CHILD = """
 import json, sys
-from beatless.firing import firing_id, offset_ms
+from beatless.schedule.firing import firing_id, offset_ms
 batch = json.load(sys.stdin)
 json.dump([[firing_id(a, t), offset_ms(a, t, w)] for a, t, w in batch], sys.stdout)
 """

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from beatless._gaps import DAY_MS, YEAR_MS, min_gap_ms
+from beatless.core._gaps import DAY_MS, YEAR_MS, min_gap_ms
+from beatless.core.triggers import Cron
 from beatless.errors import ScheduleError
-from beatless.firing import from_datetime
-from beatless.triggers import Cron
+from beatless.schedule.firing import from_datetime
 
 ZONES = ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe"]
 # Mid-transition days of 2026 in the zones above, as UTC dates: the interesting starts.

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from fleet import environment
 
-from beatless.firing import firing_id
+from beatless.schedule.firing import firing_id
 
 pytestmark = pytest.mark.slow
 

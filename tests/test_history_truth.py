@@ -1,4 +1,4 @@
-"""The history tells what happened (``beatless._notes``, ``beatless.status``).
+"""The history tells what happened (``beatless.fleet._notes``, ``beatless.ops.status``).
 
 A firing's strongest outcome is what the history shows, on every store: a note of a
 weaker one (``paused``, ``missed``) never replaces a ``won``. The missed count of the
@@ -16,8 +16,8 @@ from stores import StoreFactory
 from test_status import NS, Fleet
 
 from beatless import Entry, Every, Schedule
-from beatless._controls import set_control
-from beatless._notes import (
+from beatless.fleet._controls import set_control
+from beatless.fleet._notes import (
     HISTORY_KEEP,
     HISTORY_OUTCOMES,
     HISTORY_STRENGTH,
@@ -27,9 +27,9 @@ from beatless._notes import (
     missed_kind,
     strongest,
 )
-from beatless.firing import Firing, claim_request, firing_id, iso
-from beatless.scheduler import Decision, Scheduler
-from beatless.status import HOUR_MS, report
+from beatless.node.scheduler import Decision, Scheduler
+from beatless.ops.status import HOUR_MS, report
+from beatless.schedule.firing import Firing, claim_request, firing_id, iso
 from beatless.stores import Outcome
 
 TICK = Entry(name="tick", task="tests.tick", trigger=Every(1), max_late="5s")
@@ -70,7 +70,7 @@ def test_a_won_firing_then_noted_paused_by_another_node_stays_won(
     """The winner's note goes with its commit; a node that had read a pause the winner
     had not yet posts ``paused`` for the same firing after it: the history says ``won``,
     in the status and in ``explain``."""
-    from beatless.cli import what_happened
+    from beatless.cli.command import what_happened
 
     winner = one_node(store_factory)
     store, board, plan = winner.store, winner.board, winner.schedule

@@ -44,7 +44,7 @@ from typing import Any
 import pytest
 from service_check import require_service
 
-from beatless.firing import firing_id
+from beatless.schedule.firing import firing_id
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -179,7 +179,7 @@ def test_the_test_group_installs_every_package_of_the_integration_extras() -> No
 
 
 def test_every_driver_the_hint_names_is_what_its_extra_declares() -> None:
-    from beatless._drivers import EXTRAS
+    from beatless.core._drivers import EXTRAS
 
     for package, extra in EXTRAS.values():
         assert package in _declared(extra), (package, extra)
@@ -202,11 +202,16 @@ def hide(monkeypatch: pytest.MonkeyPatch, driver: str) -> None:
         if name == driver or name.startswith(f"{driver}."):
             monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, driver, None)
-    import beatless.stores
+    import beatless.stores.nats
+    import beatless.stores.rabbitmq
 
-    for name in ("_amqp", "_jetstream"):  # `from beatless.stores import _amqp` imports anew
-        monkeypatch.delitem(sys.modules, f"beatless.stores.{name}", raising=False)
-        monkeypatch.delattr(beatless.stores, name, raising=False)
+    # `from beatless.stores.rabbitmq import _amqp` imports anew
+    for package, name in (
+        (beatless.stores.rabbitmq, "_amqp"),
+        (beatless.stores.nats, "_jetstream"),
+    ):
+        monkeypatch.delitem(sys.modules, f"{package.__name__}.{name}", raising=False)
+        monkeypatch.delattr(package, name, raising=False)
 
 
 @pytest.mark.parametrize(("url", "driver", "extra"), DRIVERS)
@@ -228,8 +233,8 @@ def test_a_missing_driver_is_one_line_naming_its_extra_when_the_store_opens_and_
 def test_a_missing_metrics_driver_is_one_line_naming_its_extra(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from beatless import metrics
     from beatless.errors import ConfigError
+    from beatless.ops import metrics
 
     hide(monkeypatch, "prometheus_client")
     with pytest.raises(ConfigError, match=r"^beatless metrics needs the prometheus-client .*"):

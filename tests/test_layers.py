@@ -1,4 +1,5 @@
-"""The package's modules import one another one way: no import cycle.
+"""The package's modules import one another one way: no import cycle, and no import
+against the layers (:data:`LAYERS`, described in ``docs/architecture.md``).
 
 An import made inside a function or under ``TYPE_CHECKING`` ties two modules together as
 much as one at the top (it only runs later, or only for the type checker), so every
@@ -14,7 +15,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,85 @@ def test_the_package_root_is_imported_by_no_module_of_the_package() -> None:
     assert importers == [], f"these import the package root: {importers}"
 
 
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("beatless.errors", "beatless._version"),
+    ("beatless.core",),
+    ("beatless.stores",),
+    ("beatless.schedule",),
+    ("beatless.fleet",),
+    ("beatless.node",),
+    ("beatless.ops",),
+    ("beatless.celery", "beatless.dramatiq"),
+    ("beatless.cli",),
+)
+"""The layers of the package, lowest first, each a tuple of packages (or modules). A
+module imports only from its own package and from the layers below its own: never up,
+and never across to another package of its own layer (Celery and Dramatiq never import
+each other). Everything else is on top (:func:`top`) and imported by no module of the
+package."""
+
+COMPAT = "beatless._moved"
+"""What the old module paths use to say they moved; only they import it."""
+
+
+def old_paths(root: Path = PACKAGE) -> set[str]:
+    """The old module paths kept one release: modules that say first that they moved."""
+    return {m for m, path in modules(root).items() if path.read_text().startswith('"""Moved to ')}
+
+
+def top(root: Path = PACKAGE) -> set[str]:
+    """The modules above the layers: the package root, ``python -m beatless``, the old
+    paths and their helper."""
+    return {"beatless", "beatless.__main__", COMPAT} | old_paths(root)
+
+
+def layer_of(module: str, layers: Sequence[Sequence[str]] = LAYERS) -> tuple[int, str] | None:
+    """The rank and package of ``module`` in ``layers``, None when it is above them all."""
+    for rank, packages in enumerate(layers):
+        for package in packages:
+            if module == package or module.startswith(package + "."):
+                return rank, package
+    return None
+
+
+def against_the_layers(
+    graph: Mapping[str, set[str]],
+    layers: Sequence[Sequence[str]] = LAYERS,
+    above: Set[str] = frozenset(),
+) -> list[str]:
+    """Each import of ``graph`` that goes up a layer, across a layer, or into the top
+    (modules outside ``layers`` and those ``above``)."""
+    found = []
+    for module in sorted(graph):
+        here = None if module in above else layer_of(module, layers)
+        for target in sorted(graph[module]):
+            there = None if target in above else layer_of(target, layers)
+            if here is None:
+                continue  # the top may import anything
+            if there is None:
+                found.append(f"{module} -> {target}: into the top (the root or an old path)")
+            elif there[0] > here[0]:
+                found.append(f"{module} -> {target}: up from {here[1]} to {there[1]}")
+            elif there[0] == here[0] and there[1] != here[1]:
+                found.append(f"{module} -> {target}: across from {here[1]} to {there[1]}")
+    return found
+
+
+def test_every_import_goes_down_the_layers() -> None:
+    found = against_the_layers(import_graph(PACKAGE), above=top())
+    assert not found, (
+        "imports against the layers (see LAYERS and docs/architecture.md): move what is "
+        "needed down, or hand it in from above\n" + "\n".join(found)
+    )
+
+
+def test_every_module_of_the_package_has_its_layer_or_is_an_old_path() -> None:
+    """A new module is put in a layer, not left on top by accident: the top holds only
+    the root, the old paths (one release) and their helper."""
+    unlayered = {m for m in modules(PACKAGE) if layer_of(m) is None}
+    assert sorted(unlayered - old_paths()) == ["beatless", "beatless.__main__", COMPAT]
+
+
 SYNTHETIC = {
     "__init__.py": "from pkg.e import E\n",
     # A cycle closed by an import inside a function, written relative.
@@ -176,6 +256,35 @@ def test_the_cycle_test_finds_cycles_closed_in_a_function_under_type_checking_or
         "  pkg.c -> pkg.sub.d",
         "  pkg.sub.d -> pkg.c",
     ]
+
+
+LAYERED = {
+    "__init__.py": "",
+    "low/__init__.py": "",
+    "low/a.py": "",
+    "mid/__init__.py": "",
+    "mid/b.py": "from pkg.low import a\n",
+    "mid/c.py": "def late():\n    from pkg.high import d\n",  # up, inside a function
+    "high/__init__.py": "",
+    "high/d.py": "from pkg.mid import b\nfrom pkg import top\n",  # down; into the top
+    "side/__init__.py": "",
+    "side/e.py": "import typing\nif typing.TYPE_CHECKING:\n    from pkg.high import d\n",
+    "top.py": "from pkg.high import d\n",
+}
+LAYERED_RANKS = (("pkg.low",), ("pkg.mid",), ("pkg.high", "pkg.side"))
+
+
+def test_the_layer_test_finds_imports_up_across_and_into_the_top(tmp_path: Path) -> None:
+    root = tmp_path / "pkg"
+    for name, text in LAYERED.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    assert against_the_layers(import_graph(root), LAYERED_RANKS) == [
+        "pkg.high.d -> pkg.top: into the top (the root or an old path)",
+        "pkg.mid.c -> pkg.high.d: up from pkg.mid to pkg.high",
+        "pkg.side.e -> pkg.high.d: across from pkg.side to pkg.high",
+    ]
+    assert against_the_layers(import_graph(PACKAGE), above=top()) == []
 
 
 def _tool_cycles(root: Path) -> list[list[str]]:
@@ -223,10 +332,15 @@ def _fresh(code: str) -> Any:
 def test_importing_the_triggers_loads_neither_the_loop_nor_the_board() -> None:
     loaded = _fresh(
         "import json, sys\n"
-        "import beatless.triggers\n"
+        "import beatless.core.triggers\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('beatless'))))\n"
     )
-    unwanted = {"beatless.scheduler", "beatless._board", "beatless.dispatch", "beatless.stores"}
+    unwanted = {
+        "beatless.node.scheduler",
+        "beatless.node._board",
+        "beatless.node.dispatch",
+        "beatless.stores",
+    }
     assert not unwanted & set(loaded), loaded
 
 
@@ -236,11 +350,30 @@ def test_the_public_names_and_documented_paths_still_import() -> None:
         "import beatless\n"
         "public = {name: type(getattr(beatless, name)).__name__ for name in beatless.__all__}\n"
         "from beatless import Scheduler\n"
-        "from beatless.scheduler import Decision\n"
-        "from beatless.firing import Decision as Defined\n"
+        "from beatless.node.scheduler import Decision\n"
+        "from beatless.schedule.firing import Decision as Defined\n"
         "print(json.dumps([public, Decision is Defined, Scheduler.__module__]))\n"
     )
     assert public["Scheduler"] == "type", public
     assert public["open_store"] == "function", public
-    assert same, "beatless.scheduler.Decision is not beatless.firing.Decision"
-    assert module == "beatless.scheduler"
+    assert same, "beatless.node.scheduler.Decision is not beatless.schedule.firing.Decision"
+    assert module == "beatless.node.scheduler"
+
+
+def test_each_old_module_path_is_the_moved_module_and_warns_once_imported() -> None:
+    olds = sorted(old_paths())
+    said = _fresh(
+        "import json, warnings, importlib\n"
+        "out = {}\n"
+        f"for old in {olds!r}:\n"
+        "    with warnings.catch_warnings(record=True) as caught:\n"
+        "        warnings.simplefilter('always')\n"
+        "        module = importlib.import_module(old)\n"
+        "    out[old] = [module.__name__, [str(w.message) for w in caught]]\n"
+        "print(json.dumps(out))\n"
+    )
+    assert len(olds) >= 14
+    for old in olds:
+        name, warned = said[old]
+        assert name != old, f"{old} is not the moved module"
+        assert warned == [f"{old} moved to {name}; the old path goes in beatless 0.3"], warned

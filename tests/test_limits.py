@@ -17,10 +17,10 @@ from stores import StoreFactory
 from test_scheduler import T0, Clock
 
 from beatless import Entry, Every, Schedule, ScheduleError
-from beatless._notes import history_kind
-from beatless.cli import main
-from beatless.problems import checked, limits
-from beatless.scheduler import Scheduler
+from beatless.cli.command import main
+from beatless.fleet._notes import history_kind
+from beatless.fleet.limits import checked, limits
+from beatless.node.scheduler import Scheduler
 from beatless.stores.base import NOTE_NAME_LIMIT, NOTE_VALUE_LIMIT
 from beatless.stores.memory import MemoryStore
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from beatless import ConfigError, Cron, Every, Schedule, ScheduleError
-from beatless.loader import ENTRY_KEYS, load_schedule
+from beatless.cli.loader import ENTRY_KEYS, load_schedule
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

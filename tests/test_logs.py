@@ -19,11 +19,11 @@ from test_two_phase import monotonic_of
 
 import beatless
 from beatless import Entry, Every, Firing, Schedule, StoreUnavailable
-from beatless._logtext import LIMIT, shown
-from beatless._notes import nodes_kind
-from beatless.dispatch import Dispatcher, Wake, decide_claimed
-from beatless.firing import claim_request
-from beatless.scheduler import FOREIGN_WARN_EVERY_MS, SUMMARY_EVERY_MS, Scheduler
+from beatless.core._logtext import LIMIT, shown
+from beatless.fleet._notes import nodes_kind
+from beatless.node.dispatch import Dispatcher, Wake, decide_claimed
+from beatless.node.scheduler import FOREIGN_WARN_EVERY_MS, SUMMARY_EVERY_MS, Scheduler
+from beatless.schedule.firing import claim_request
 from beatless.stores.base import Outcome
 from beatless.stores.memory import MemoryStore
 
@@ -449,4 +449,4 @@ def test_every_name_a_log_line_carries_goes_through_shown() -> None:
         for path in sorted(package.rglob("*.py"))
         for line, arg in _logged_names(path.read_text())
     ]
-    assert raw == [], "write these through beatless._logtext.shown:\n" + "\n".join(raw)
+    assert raw == [], "write these through beatless.core._logtext.shown:\n" + "\n".join(raw)

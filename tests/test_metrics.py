@@ -1,5 +1,5 @@
-"""Prometheus metrics (``beatless.metrics``): real schedulers on one memory store and a
-clock the test moves, scraped over HTTP from :func:`beatless.metrics.serve` and read with
+"""Prometheus metrics (``beatless.ops.metrics``): real schedulers on one memory store and a
+clock the test moves, scraped over HTTP from :func:`beatless.ops.metrics.serve` and read with
 prometheus_client's own parser."""
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from scrape import won_samples
 
-from beatless import Entry, Every, Schedule, metrics
+from beatless import Entry, Every, Schedule
 from beatless.errors import ConfigError
-from beatless.firing import offset_ms
-from beatless.scheduler import Scheduler
+from beatless.node.scheduler import Scheduler
+from beatless.ops import metrics
+from beatless.schedule.firing import offset_ms
 from beatless.stores import MemoryStore
 
 NS = "metrics-test"
@@ -97,7 +98,7 @@ def registry() -> CollectorRegistry:
 
 @pytest.fixture
 def scrape(registry: CollectorRegistry) -> Iterator[Callable[[], Scrape]]:
-    """Reads ``registry`` over HTTP, from the server :func:`beatless.metrics.serve` starts."""
+    """Reads ``registry`` over HTTP, from the server :func:`beatless.ops.metrics.serve` starts."""
     server, thread = metrics.serve(0, addr="127.0.0.1", registry=registry)
     url = f"http://127.0.0.1:{server.server_port}/metrics"
 
@@ -367,7 +368,7 @@ def test_a_metrics_host_must_be_an_address(value: object) -> None:
 def test_beatless_run_refuses_a_metrics_host_without_a_port(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from beatless.cli import main
+    from beatless.cli.command import main
 
     plan = tmp_path / "schedule.toml"
     plan.write_text('[[entry]]\nname = "tick"\ntask = "t"\nevery = "1s"\n')

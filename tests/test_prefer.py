@@ -19,10 +19,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from beatless import Entry, Every, Schedule, _fanout
-from beatless._fanout import FanOut, Ranking
-from beatless._notes import REGISTRY_EVERY_MS, REGISTRY_TTL_MS
-from beatless._prefer import (
+from beatless import Entry, Every, Schedule
+from beatless.fleet._notes import REGISTRY_EVERY_MS, REGISTRY_TTL_MS
+from beatless.node._prefer import (
     GRACE_MS,
     LADDER_MS,
     LANE_DELAYS_MS,
@@ -32,8 +31,10 @@ from beatless._prefer import (
     fits,
     lane_of,
 )
-from beatless.firing import Firing, claim_request, digest, firing_id, id_from_digest
-from beatless.scheduler import Decision
+from beatless.node.scheduler import Decision
+from beatless.schedule import _fanout
+from beatless.schedule._fanout import FanOut, Ranking
+from beatless.schedule.firing import Firing, claim_request, digest, firing_id, id_from_digest
 from beatless.stores import Outcome
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
@@ -251,7 +252,7 @@ def test_a_fleet_with_a_big_fan_out_still_posts_its_registry_and_splits_the_clai
 def test_beatless_run_turns_the_preferred_claimer_off_with_every_node_claims(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from beatless import cli
+    from beatless.cli import command as cli
 
     schedule = tmp_path / "schedule.toml"
     schedule.write_text('[[entry]]\nname = "tick"\ntask = "t.tick"\nevery = "10s"\n')

@@ -10,11 +10,9 @@ from collections.abc import Sequence
 from test_scheduler import T0, Clock, entry
 
 from beatless import Entry, Every, Firing, Schedule
-from beatless._fanout import FanOut, Ranking
-from beatless._prefer import LANE_DELAYS_MS, RUNGS, View, lane_of
-from beatless.dispatch import Dispatcher, Wake, decide_claimed
-from beatless.firing import claim_request
-from beatless.scheduler import (
+from beatless.node._prefer import LANE_DELAYS_MS, RUNGS, View, lane_of
+from beatless.node.dispatch import Dispatcher, Wake, decide_claimed
+from beatless.node.scheduler import (
     FAN_OUT_STEP_MS,
     PREPARE_AHEAD_MS,
     PREPARE_CHUNK,
@@ -22,6 +20,8 @@ from beatless.scheduler import (
     PREPARED_STALE_MS,
     Scheduler,
 )
+from beatless.schedule._fanout import FanOut, Ranking
+from beatless.schedule.firing import claim_request
 from beatless.stores.memory import MemoryStore
 
 START_MS = round(T0 * 1_000)

@@ -31,12 +31,13 @@ import redis
 from service_check import require_binary, require_service
 from stores import PrivateRedis, free_port
 
+from beatless.core.urls import mask_url
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
-from beatless.firing import run_lease_id
-from beatless.runs import NEVER_LATE_MS
+from beatless.node.runs import NEVER_LATE_MS
+from beatless.schedule.firing import run_lease_id
 from beatless.stores import ClaimRequest, Outcome, open_store
 from beatless.stores.base import NOTE_VALUE_LIMIT, TOLERANCE_MS, Note, NoteItem
-from beatless.stores.redis import (
+from beatless.stores.redis.store import (
     CHUNK,
     EXPIRY_SLACK_MS,
     NOTE_VERSION,
@@ -44,7 +45,6 @@ from beatless.stores.redis import (
     RedisStore,
     _claim_arg,
 )
-from beatless.urls import mask_url
 
 HOST, PORT = "127.0.0.1", 6379
 URL = f"redis://{HOST}:{PORT}/0"
@@ -590,7 +590,7 @@ def test_probe_with_a_wrong_password_is_a_store_error_naming_the_password_not_sh
 
 
 def test_the_scripts_are_package_files_whose_headers_give_keys_and_argv() -> None:
-    folder = importlib.resources.files("beatless.stores") / "lua"
+    folder = importlib.resources.files("beatless.stores.redis") / "lua"
 
     def read(name: str) -> str:
         return (folder / name).read_text("utf-8")
@@ -1031,7 +1031,7 @@ def skipping(request: ClaimRequest) -> ClaimRequest:
 
 
 def start_run(store: RedisStore, address: str, now: int, lease_ms: int = LEASE_MS) -> str:
-    """A worker holds ``address``'s run lease pending, as ``beatless.runs`` does; its key."""
+    """A worker holds ``address``'s run lease pending, as ``beatless.node.runs`` does; its key."""
     run = ClaimRequest(run_lease_id(address), address, now, NEVER_LATE_MS, 1_000, now)
     assert store.claim([run], node="worker", lease_ms=lease_ms) == [Outcome.WON]
     return run.id

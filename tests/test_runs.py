@@ -1,6 +1,6 @@
-"""The worker's side of a firing (``beatless.runs``), over every claim store.
+"""The worker's side of a firing (``beatless.node.runs``), over every claim store.
 
-Each worker is a :class:`~beatless.runs.Runs` of its own, opening its own client of the
+Each worker is a :class:`~beatless.node.runs.Runs` of its own, opening its own client of the
 test's store through ``store_factory`` (see ``tests/stores.py``), as a worker process
 would. Where the test controls the store's clock, the runs read the same clock, so the
 records they claim "now" are now for the store too.
@@ -20,14 +20,14 @@ from hypothesis import strategies as st
 from service_check import require_service
 from stores import BACKENDS, REDIS, Backend, ManualClock, Opener, StoreFactory, free_port
 
-from beatless.entry import OVERLAP, Entry
+from beatless.core.triggers import Every
 from beatless.errors import StoreUnavailable
-from beatless.firing import Firing, claim_request, executed_id, firing_id, run_lease_id
-from beatless.runs import RunPolicy, Runs
+from beatless.node.runs import RunPolicy, Runs
+from beatless.schedule.entry import OVERLAP, Entry
+from beatless.schedule.firing import Firing, claim_request, executed_id, firing_id, run_lease_id
 from beatless.stores import ClaimRequest, ClaimStore, MemoryStore, Outcome
 from beatless.stores.base import Note
 from beatless.stores.sqlite import SQLiteStore
-from beatless.triggers import Every
 
 LEASE_MS = 600
 """A run lease short enough for a store with a server clock to see it lapse by sleeping."""
@@ -358,7 +358,7 @@ class Unreachable(ClaimStore):
 
 def _closed_redis() -> ClaimStore:
     pytest.importorskip("redis", reason="the redis store needs redis-py")
-    from beatless.stores.redis import RedisStore
+    from beatless.stores.redis.store import RedisStore
 
     return RedisStore(f"redis://{REDIS[1]}:{free_port()}/0", socket_timeout=1)
 

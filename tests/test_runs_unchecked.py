@@ -41,8 +41,8 @@ from stores import (
 )
 
 from beatless.errors import StoreUnavailable
-from beatless.firing import firing_id
-from beatless.runs import RunPolicy, Runs
+from beatless.node.runs import RunPolicy, Runs
+from beatless.schedule.firing import firing_id
 from beatless.stores import ClaimRequest, ClaimStore, Outcome
 from beatless.stores.base import Note
 from beatless.stores.sqlite import SQLiteStore
@@ -81,7 +81,7 @@ Opened = tuple[Callable[[], ClaimStore], Callable[[], ClaimStore], Callable[[], 
 
 def _postgres(link: Proxy) -> Opened:
     pytest.importorskip("psycopg", reason="the postgres store needs psycopg")
-    from beatless.stores.postgres import PostgresStore
+    from beatless.stores.postgres.store import PostgresStore
 
     schema = f"beatless_test_{uuid.uuid4().hex[:12]}"
     through = f"postgresql://{link.host}:{link.port}/test?schema={schema}&timeout=1s"
@@ -94,7 +94,7 @@ def _postgres(link: Proxy) -> Opened:
 
 def _nats(link: Proxy) -> Opened:
     pytest.importorskip("nats", reason="the nats store needs nats-py")
-    from beatless.stores.nats import NATSStore
+    from beatless.stores.nats.store import NATSStore
 
     bucket = f"beatless_test_{uuid.uuid4().hex[:12]}"
     return (
@@ -106,7 +106,7 @@ def _nats(link: Proxy) -> Opened:
 
 def _redis(link: Proxy) -> Opened:
     redis = pytest.importorskip("redis", reason="the redis store needs redis-py")
-    from beatless.stores.redis import RedisStore
+    from beatless.stores.redis.store import RedisStore
 
     prefix = f"beatless-test:{uuid.uuid4().hex}:"
 
@@ -125,7 +125,7 @@ def _redis(link: Proxy) -> Opened:
 
 def _rabbitmq(link: Proxy) -> Opened:
     pytest.importorskip("pika", reason="the rabbitmq store needs pika")
-    from beatless.stores.rabbitmq import RabbitMQStore
+    from beatless.stores.rabbitmq.store import RabbitMQStore
 
     prefix = f"beatless-test.{uuid.uuid4().hex[:12]}."
     claimed: set[str] = set()
@@ -263,7 +263,7 @@ def test_a_copy_run_unchecked_while_another_copy_ran_is_counted_and_told_once(
     assert ran.verdict == "run"
     other.end(ran)
     cut.end(late)
-    with caplog.at_level(logging.WARNING, logger="beatless.runs"):
+    with caplog.at_level(logging.WARNING, logger="beatless.node.runs"):
         linked.proxy.resume()
         assert wait_for(lambda: "ran_twice" in cut.counts, RECORDED_WITHIN_S), linked.name
         time.sleep(2 * HEARTBEAT_MS / 1_000)
@@ -342,7 +342,7 @@ def test_the_tries_to_record_an_unchecked_run_stop_once_the_memory_passed_after_
     short = RunPolicy("allow", LEASE_MS, HEARTBEAT_MS, True, 1_000)
     id_, address = new_firing()
 
-    with caplog.at_level(logging.WARNING, logger="beatless.runs"):
+    with caplog.at_level(logging.WARNING, logger="beatless.node.runs"):
         run = runs.start(id_, address, short)
         assert run.verdict == "unchecked"
         runs.end(run)

@@ -21,9 +21,9 @@ from beatless import (
     ScheduleError,
     StoreUnavailable,
 )
-from beatless.dispatch import Dispatcher, Wake, decide_claimed
-from beatless.firing import claim_request, from_datetime, run_lease_id
-from beatless.scheduler import MAX_SLEEP_MS, Decision, Scheduler
+from beatless.node.dispatch import Dispatcher, Wake, decide_claimed
+from beatless.node.scheduler import MAX_SLEEP_MS, Decision, Scheduler
+from beatless.schedule.firing import claim_request, from_datetime, run_lease_id
 from beatless.stores.base import ClaimRequest, Outcome
 from beatless.stores.memory import MemoryStore
 
@@ -477,12 +477,12 @@ def test_start_warns_when_a_dead_winner_could_never_be_taken_over(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     tight = Schedule([entry("tight", trigger=Every(600), jitter="40s", max_late="60s")])
-    with caplog.at_level("WARNING", logger="beatless.scheduler"):
+    with caplog.at_level("WARNING", logger="beatless.node.scheduler"):
         Scheduler(tight, store=MemoryStore(), lease="30s")
     assert "entry 'tight'" in caplog.text
     assert "take over" in caplog.text
     caplog.clear()
-    with caplog.at_level("WARNING", logger="beatless.scheduler"):
+    with caplog.at_level("WARNING", logger="beatless.node.scheduler"):
         Scheduler(tight, store=MemoryStore(), lease="10s")
     assert caplog.text == ""
 
@@ -601,7 +601,7 @@ def test_catch_up_must_be_one_of_the_policies() -> None:
 
 
 def test_overlap_skip_sends_nothing_while_a_run_of_the_address_holds_its_lease() -> None:
-    """A worker holds the address's run lease (as beatless.runs does): the node counts
+    """A worker holds the address's run lease (as beatless.node.runs does): the node counts
     each firing due meanwhile ``skipped_overlap`` and sends it again once it is released."""
     clock = Clock()
     store = MemoryStore(clock=clock)

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from beatless.cli import main
+from beatless.cli.command import main
+from beatless.core.urls import mask_url, scrub, secrets_of
 from beatless.errors import BeatlessError
 from beatless.stores import open_store
-from beatless.urls import mask_url, scrub, secrets_of
 
 SCHEMES = ["redis", "rediss", "redis+cluster", "postgresql", "nats", "amqp", "unix"]
 HOST = {"unix": "/run/redis.sock?db=1", "redis+cluster": "localhost:7000"}

@@ -20,7 +20,7 @@ from stores import ManualClock
 
 import beatless.stores.sqlite as sqlite_module
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
-from beatless.firing import run_lease_id
+from beatless.schedule.firing import run_lease_id
 from beatless.stores import ClaimRequest, Outcome, open_store
 from beatless.stores.base import TOLERANCE_MS, Note
 from beatless.stores.sqlite import SCHEMA_VERSION, SQLiteStore

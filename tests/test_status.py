@@ -1,4 +1,4 @@
-"""The registry, history and status of a fleet (``beatless._notes``, ``beatless.status``).
+"""The registry, history and status of a fleet (``beatless.fleet._notes``, ``beatless.ops.status``).
 
 Three nodes share one memory store and a clock the test moves; each wake is followed by
 the board's sync, as its thread does every second.
@@ -14,7 +14,7 @@ import pytest
 from stores import ManualClock
 
 from beatless import Entry, Every, Schedule
-from beatless._notes import (
+from beatless.fleet._notes import (
     REGISTRY_TTL_MS,
     HistoryItem,
     NodeRecord,
@@ -22,9 +22,9 @@ from beatless._notes import (
     history_kind,
     nodes_kind,
 )
-from beatless.firing import iso
-from beatless.scheduler import Scheduler
-from beatless.status import render, report
+from beatless.node.scheduler import Scheduler
+from beatless.ops.status import render, report
+from beatless.schedule.firing import iso
 from beatless.stores import MemoryStore
 
 NS = "status-test"
@@ -285,7 +285,7 @@ def test_each_missed_firing_is_counted_and_logged_by_exactly_one_node(
 
 
 def test_occurrences_coalesced_by_catch_up_are_not_missed_and_explain_says_so() -> None:
-    from beatless.cli import what_happened
+    from beatless.cli.command import what_happened
 
     fleet = Fleet()
     fleet.run(5)

@@ -27,9 +27,9 @@ from fleet import environment
 from service_check import require_service
 from stores import REDIS
 
-from beatless._controls import audit_kind, controls_kind, run_now_kind
-from beatless._notes import entries_kind, history_kind, missed_kind, nodes_kind
-from beatless.loader import load_schedule
+from beatless.cli.loader import load_schedule
+from beatless.fleet._controls import audit_kind, controls_kind, run_now_kind
+from beatless.fleet._notes import entries_kind, history_kind, missed_kind, nodes_kind
 
 pytestmark = pytest.mark.slow
 URL = f"redis://{REDIS[1]}:{REDIS[2]}/0"
@@ -62,7 +62,7 @@ def _delete_notes(namespace: str) -> None:
     """The notes this test's nodes wrote, and nothing else (claims expire on their own)."""
     import redis
 
-    from beatless.stores.redis import RedisStore
+    from beatless.stores.redis.store import RedisStore
 
     store = RedisStore(URL)
     kinds = [nodes_kind(namespace), entries_kind(namespace)]

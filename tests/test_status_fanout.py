@@ -7,9 +7,9 @@ from __future__ import annotations
 from test_status import Fleet as StatusFleet
 
 from beatless import Entry, Every, Schedule
-from beatless._page import render_page
-from beatless.firing import iso
-from beatless.status import render
+from beatless.ops._page import render_page
+from beatless.ops.status import render
+from beatless.schedule.firing import iso
 
 NS = "status-fanout-test"
 
@@ -28,7 +28,7 @@ class Fleet(StatusFleet):
     plan = staticmethod(schedule)
 
     def status(self, plan: Schedule | None = None) -> dict:  # type: ignore[type-arg]
-        from beatless.status import report
+        from beatless.ops.status import report
 
         return report(self.store, NS, schedule=plan, now_ms=self.clock.now_ms())
 

@@ -21,9 +21,9 @@ from urllib.parse import urlsplit
 import pytest
 from fleet import environment
 
-from beatless._page import HEIGHT, LEFT, MARGIN, MARK_RADIUS, WIDTH, make_server
 from beatless.errors import ConfigError, StoreUnavailable
-from beatless.firing import iso
+from beatless.ops._page import HEIGHT, LEFT, MARGIN, MARK_RADIUS, WIDTH, make_server
+from beatless.schedule.firing import iso
 
 NOW_MS = 1_790_000_000_000
 CHROMIUM = Path("/usr/bin/chromium")
@@ -31,7 +31,7 @@ EVIL = "<script>alert('x')</script>\"&"
 
 
 def sample_status(name: str = "tick", node: str = "n0") -> dict[str, Any]:
-    """A report as :func:`beatless.status.report` writes it: one node, one entry, and
+    """A report as :func:`beatless.ops.status.report` writes it: one node, one entry, and
     firings one, thirty and sixty minutes ago."""
     firings = [
         _firing(NOW_MS - 3_600_000, node, "won", 2),
@@ -183,7 +183,7 @@ def test_page_shows_nodes_entries_firings_and_problems_with_nothing_external(
 
 
 def test_timeline_places_a_firing_by_its_time_and_its_lateness() -> None:
-    from beatless._page import render_page
+    from beatless.ops._page import render_page
 
     circles = [a for t, a in Elements(render_page(sample_status())).tags if t == "circle"]
     hour_ago, half_hour_ago, minute_ago = (c for c in circles if c.get("class") == "firing")

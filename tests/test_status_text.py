@@ -6,9 +6,9 @@ from __future__ import annotations
 from stores import ManualClock
 
 from beatless import Entry, Every, Schedule
-from beatless._controls import set_control
-from beatless.scheduler import Scheduler
-from beatless.status import render, report
+from beatless.fleet._controls import set_control
+from beatless.node.scheduler import Scheduler
+from beatless.ops.status import render, report
 from beatless.stores import MemoryStore
 
 FORGED = "\n  forged  every 1s\r\x1b[31m\x1b[2K"

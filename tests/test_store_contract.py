@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from stores import StoreFactory
 
 from beatless.errors import ConfigError
-from beatless.firing import run_lease_id
-from beatless.runs import NEVER_LATE_MS, RUN_RECORD_MEMORY_MS
+from beatless.node.runs import NEVER_LATE_MS, RUN_RECORD_MEMORY_MS
+from beatless.schedule.firing import run_lease_id
 from beatless.stores import ClaimRequest, ClaimStore, Outcome
 from beatless.stores.base import TOLERANCE_MS
 
@@ -625,7 +625,7 @@ def skipping(request: ClaimRequest) -> ClaimRequest:
 
 def run_lease(address: str, now_ms: int) -> ClaimRequest:
     """The claim a worker makes of ``address``'s run lease while it runs a firing of it,
-    as :mod:`beatless.runs` makes it."""
+    as :mod:`beatless.node.runs` makes it."""
     return ClaimRequest(
         run_lease_id(address), address, now_ms, NEVER_LATE_MS, RUN_RECORD_MEMORY_MS, now_ms
     )

@@ -21,12 +21,12 @@ from redis_server import RedisServer, redis_server_binary
 from stores import StoreFactory
 
 from beatless import Entry, Every, Schedule
-from beatless.cli import main
+from beatless.cli.command import main
 from beatless.errors import StoreRefused
-from beatless.firing import Firing
-from beatless.scheduler import Decision, Scheduler
+from beatless.node.scheduler import Decision, Scheduler
+from beatless.schedule.firing import Firing
 from beatless.stores.base import UNKNOWN, ClaimRequest, Verdict
-from beatless.stores.redis import RedisStore
+from beatless.stores.redis.store import RedisStore
 
 FIX = "CONFIG SET maxmemory-policy noeviction"
 
@@ -272,7 +272,7 @@ def test_postgres_settings_are_judged_on_what_a_crash_or_a_failover_would_cost(
     row: tuple[object, ...], verdict: Verdict, named: str | None
 ) -> None:
     pytest.importorskip("psycopg")
-    from beatless.stores.postgres import settings_facts
+    from beatless.stores.postgres.store import settings_facts
 
     facts = settings_facts("postgres store postgresql://db/test", row)
 

@@ -21,11 +21,11 @@ from pressure import Writer
 from redis_server import RedisServer, redis_server_binary
 
 from beatless import Entry, Every, Schedule
-from beatless._board import FACTS_EVERY_MS
-from beatless._notes import SYNC_EVERY_MS
-from beatless.scheduler import Scheduler
+from beatless.fleet._notes import SYNC_EVERY_MS
+from beatless.node._board import FACTS_EVERY_MS
+from beatless.node.scheduler import Scheduler
 from beatless.stores.base import Verdict
-from beatless.stores.redis import INFO_SECTIONS, SETTINGS, RedisStore
+from beatless.stores.redis.store import INFO_SECTIONS, SETTINGS, RedisStore
 
 
 @pytest.fixture

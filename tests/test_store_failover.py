@@ -28,7 +28,7 @@ from service_check import require_binary
 
 from beatless.errors import ConfigError, StoreUnavailable
 from beatless.stores.base import ClaimRequest, Outcome, Verdict
-from beatless.stores.redis import RedisStore, epoch_cause
+from beatless.stores.redis.store import RedisStore, epoch_cause
 
 NAMESPACE = "failover"
 LEASE_MS = 10_000
@@ -286,7 +286,7 @@ def test_postgres_store_that_finds_a_new_timeline_forgets_the_firings_nobody_hol
     from service_check import require_service
     from stores import POSTGRES, POSTGRES_URL, drop_postgres_schema
 
-    from beatless.stores.postgres import PostgresStore, timeline_of
+    from beatless.stores.postgres.store import PostgresStore, timeline_of
 
     require_service(*POSTGRES)
     assert timeline_of("000000020000000000000003") == 2

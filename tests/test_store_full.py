@@ -26,10 +26,10 @@ from redis_server import RedisServer, redis_server_binary
 
 from beatless import Entry, Every, Schedule
 from beatless.errors import StoreFull
-from beatless.firing import Firing
-from beatless.scheduler import Decision, Scheduler
+from beatless.node.scheduler import Decision, Scheduler
+from beatless.schedule.firing import Firing
 from beatless.stores.base import ClaimRequest, Outcome
-from beatless.stores.redis import RedisStore
+from beatless.stores.redis.store import RedisStore
 
 ROOM = 1_000_000
 """Bytes of maxmemory above what the server uses when a test starts."""

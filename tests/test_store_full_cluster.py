@@ -21,7 +21,7 @@ from redis_cluster import LocalCluster
 
 from beatless.errors import StoreFull
 from beatless.stores import ClaimRequest, Outcome
-from beatless.stores.redis_cluster import RedisClusterStore
+from beatless.stores.redis.cluster import RedisClusterStore
 
 pytestmark = pytest.mark.slow  # starts a cluster of its own: a few seconds
 

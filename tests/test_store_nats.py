@@ -38,13 +38,13 @@ from stores import NATS, NATS_URL, delete_nats_bucket, free_port
 
 from beatless import Entry, Every, Firing, Schedule
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
-from beatless.firing import run_lease_id
-from beatless.runs import NEVER_LATE_MS, RUN_RECORD_MEMORY_MS
-from beatless.scheduler import Scheduler
+from beatless.node.runs import NEVER_LATE_MS, RUN_RECORD_MEMORY_MS
+from beatless.node.scheduler import Scheduler
+from beatless.schedule.firing import run_lease_id
 from beatless.stores import ClaimRequest, Outcome, open_store
-from beatless.stores._jetstream import BucketInfo, bucket_info, parse_stamp_ms
 from beatless.stores.base import TOLERANCE_MS, Note
-from beatless.stores.nats import DEFAULT_TTL, NATSStore
+from beatless.stores.nats._jetstream import BucketInfo, bucket_info, parse_stamp_ms
+from beatless.stores.nats.store import DEFAULT_TTL, NATSStore
 
 MAX_LATE_MS = 60_000
 MEMORY_MS = 80_000
@@ -65,7 +65,7 @@ def skipping(request: ClaimRequest) -> ClaimRequest:
 
 
 def run_lease(address: str, now: int) -> ClaimRequest:
-    """A worker's claim of ``address``'s run lease, as ``beatless.runs`` makes it."""
+    """A worker's claim of ``address``'s run lease, as ``beatless.node.runs`` makes it."""
     return ClaimRequest(
         run_lease_id(address), address, now, NEVER_LATE_MS, RUN_RECORD_MEMORY_MS, now
     )

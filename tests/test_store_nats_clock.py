@@ -21,8 +21,8 @@ from stores import NATS, NATS_URL, Backend, ManualClock, Opener, StoreFactory, d
 
 pytest.importorskip("nats", reason="the nats store needs: pip install 'beatless[nats]'")
 
-from beatless.stores._jetstream import Bucket
-from beatless.stores.nats import NATSStore, _State
+from beatless.stores.nats._jetstream import Bucket
+from beatless.stores.nats.store import NATSStore, _State
 
 
 def _clocked_nats(_tmp: Path, clock: ManualClock) -> Opener:

@@ -33,11 +33,11 @@ from service_check import require_service
 from stores import POSTGRES, POSTGRES_URL, ManualClock, drop_postgres_schema, free_port
 
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
-from beatless.firing import run_lease_id
-from beatless.runs import NEVER_LATE_MS, RUN_RECORD_MEMORY_MS
+from beatless.node.runs import NEVER_LATE_MS, RUN_RECORD_MEMORY_MS
+from beatless.schedule.firing import run_lease_id
 from beatless.stores import ClaimRequest, Outcome, open_store
 from beatless.stores.base import TOLERANCE_MS, Note
-from beatless.stores.postgres import CHUNK, SCHEMA_VERSION, SWEEP_MIN, PostgresStore
+from beatless.stores.postgres.store import CHUNK, SCHEMA_VERSION, SWEEP_MIN, PostgresStore
 
 MAX_LATE_MS = 60_000
 MEMORY_MS = 80_000
@@ -85,7 +85,7 @@ def skipping(request: ClaimRequest) -> ClaimRequest:
 
 
 def run_lease(address: str, now_ms: int) -> ClaimRequest:
-    """A worker's claim of ``address``'s run lease, as ``beatless.runs`` makes it."""
+    """A worker's claim of ``address``'s run lease, as ``beatless.node.runs`` makes it."""
     return ClaimRequest(
         run_lease_id(address), address, now_ms, NEVER_LATE_MS, RUN_RECORD_MEMORY_MS, now_ms
     )
@@ -451,7 +451,7 @@ def test_the_schema_file_is_package_data() -> None:
     package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
         "package-data"
     ]["beatless"]
-    assert "stores/sql/*.sql" in package_data
+    assert "stores/postgres/sql/*.sql" in package_data
 
 
 # -- identity: the epoch and a lost schema ---------------------------------------------------
@@ -490,7 +490,7 @@ def test_a_dropped_schema_gives_forgotten_to_a_store_object_that_saw_it_before(
     old = store.epoch
 
     drop_postgres_schema(schema)
-    with caplog.at_level(logging.WARNING, logger="beatless.stores.postgres"):
+    with caplog.at_level(logging.WARNING, logger="beatless.stores.postgres.store"):
         outcomes = store.claim([first, firing(now)], node="a", lease_ms=LEASE_MS)
 
     assert outcomes == [Outcome.FORGOTTEN, Outcome.FORGOTTEN]

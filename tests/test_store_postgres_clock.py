@@ -20,7 +20,7 @@ from stores import POSTGRES, POSTGRES_URL, Backend, ManualClock, Opener, StoreFa
 
 pytest.importorskip("psycopg", reason="the postgres store needs: pip install 'beatless[postgres]'")
 
-from beatless.stores.postgres import PostgresStore
+from beatless.stores.postgres.store import PostgresStore
 
 
 def _clocked_postgres(_tmp: Path, clock: ManualClock) -> Opener:

@@ -28,13 +28,13 @@ from service_check import require_service
 from stores import RABBITMQ, RABBITMQ_URL, delete_rabbitmq_names, free_port
 
 from beatless import Entry, Every, Firing, Schedule
-from beatless.dispatch import Recorder, TwoPhase
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
-from beatless.firing import executed_id, run_lease_id
-from beatless.runs import NEVER_LATE_MS, RUN_RECORD_MEMORY_MS
+from beatless.node.dispatch import Recorder, TwoPhase
+from beatless.node.runs import NEVER_LATE_MS, RUN_RECORD_MEMORY_MS
+from beatless.schedule.firing import executed_id, run_lease_id
 from beatless.stores import ClaimRequest, Outcome, open_store
 from beatless.stores.base import TOLERANCE_MS, Note
-from beatless.stores.rabbitmq import RabbitMQStore
+from beatless.stores.rabbitmq.store import RabbitMQStore
 
 ROOT = Path(__file__).parent.parent
 MAX_LATE_MS = 60_000
@@ -281,7 +281,7 @@ def test_two_phase_node_frozen_mid_send_commits_false_and_one_other_node_sent_it
     others = [
         TwoPhase(ns.store(), lambda f, n=n: sent.append(n), lease=f"{LEASE_MS}ms") for n in "bc"
     ]
-    caplog.set_level(logging.WARNING, logger="beatless.dispatch")
+    caplog.set_level(logging.WARNING, logger="beatless.node.dispatch")
     results: dict[str, list[str]] = {}
     thread = threading.Thread(
         target=lambda: results.__setitem__("frozen", dispatch(frozen, firing, "frozen"))
@@ -348,7 +348,7 @@ def test_a_pending_claim_of_this_node_from_another_process_is_held_until_its_lea
 CLAIM_ONE = """
 import sys, time, uuid
 from beatless.stores import ClaimRequest
-from beatless.stores.rabbitmq import RabbitMQStore
+from beatless.stores.rabbitmq.store import RabbitMQStore
 url, prefix, lease = sys.argv[1], sys.argv[2], int(sys.argv[3])
 now = int(time.time() * 1000)
 request = ClaimRequest(uuid.uuid4().hex, "t/x", now, 60000, 80000, now, "5eed7a95")
@@ -401,13 +401,13 @@ def test_nodes_that_disagree_on_durable_get_an_error_that_says_so(ns: Namespace)
         one(ns.store(durable=False), ns.firing(), "b")
 
 
-# -- the worker's run records (beatless.runs) -----------------------------------------------
+# -- the worker's run records (beatless.node.runs) -----------------------------------------------
 
 
 def record(
     ns: Namespace, id_: str, address: str, memory_ms: int = RUN_RECORD_MEMORY_MS
 ) -> ClaimRequest:
-    """A worker's claim of one of its run records, made now, as ``beatless.runs`` makes it."""
+    """A worker's claim of one of its run records, made now, as ``beatless.node.runs`` makes it."""
     ns.ids.add(id_)
     now = int(time.time() * 1_000)
     return ClaimRequest(id_, address, now, NEVER_LATE_MS, memory_ms, now)
@@ -470,7 +470,7 @@ def test_a_broker_that_lost_its_definitions_gets_a_new_epoch_and_old_firings_are
     assert old is not None
 
     ns.forget_everything()
-    caplog.set_level(logging.WARNING, logger="beatless.stores.rabbitmq")
+    caplog.set_level(logging.WARNING, logger="beatless.stores.rabbitmq.store")
     outcomes = a.claim([before, ns.firing()], node="a", lease_ms=LEASE_MS)
 
     # Released before the new epoch's start + 10 s and held by nobody: they may have

@@ -27,7 +27,7 @@ from stores import RABBITMQ, RABBITMQ_URL, delete_rabbitmq_names
 
 from beatless.errors import StoreFull
 from beatless.stores import ClaimRequest, Outcome
-from beatless.stores.rabbitmq import RabbitMQStore
+from beatless.stores.rabbitmq.store import RabbitMQStore
 
 LEASE_MS = 5_000
 

@@ -26,14 +26,14 @@ from redis_cluster import ClusterTestStore, LocalCluster, new_prefix, shared_clu
 from stores import free_port
 
 from beatless import Entry, Every, Firing, Schedule
-from beatless.dispatch import TwoPhase
 from beatless.errors import ConfigError, StoreUnavailable
-from beatless.firing import run_lease_id
-from beatless.runs import NEVER_LATE_MS, RUN_RECORD_MEMORY_MS
-from beatless.scheduler import Scheduler
+from beatless.node.dispatch import TwoPhase
+from beatless.node.runs import NEVER_LATE_MS, RUN_RECORD_MEMORY_MS
+from beatless.node.scheduler import Scheduler
+from beatless.schedule.firing import run_lease_id
 from beatless.stores import ClaimRequest, Outcome, open_store
 from beatless.stores.base import TOLERANCE_MS
-from beatless.stores.redis_cluster import BUCKETS, RedisClusterStore
+from beatless.stores.redis.cluster import BUCKETS, RedisClusterStore
 
 MAX_LATE_MS = 60_000
 MEMORY_MS = 80_000
@@ -357,7 +357,7 @@ def test_the_password_is_masked_and_an_unreachable_cluster_is_unavailable() -> N
 def test_the_store_offers_no_claim_and_push_so_integrations_go_two_phase(
     cluster: LocalCluster,
 ) -> None:
-    from beatless.stores.redis import RedisStore
+    from beatless.stores.redis.store import RedisStore
 
     store = open_store(cluster.url, namespace="cluster-ns")
     try:

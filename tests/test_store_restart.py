@@ -23,10 +23,11 @@ from test_after_send import Broker, FailingStore, fan_out
 from test_scheduler import T0, Clock
 from test_two_phase import monotonic_of
 
-from beatless import Firing, Schedule, dispatch
+from beatless import Firing, Schedule
 from beatless.errors import StoreUnavailable
-from beatless.firing import claim_request
-from beatless.scheduler import Scheduler
+from beatless.node import dispatch
+from beatless.node.scheduler import Scheduler
+from beatless.schedule.firing import claim_request
 from beatless.stores.base import Outcome
 
 
@@ -146,7 +147,7 @@ def _terminate(backend_pid: int) -> None:
 def test_a_commit_on_a_connection_the_server_cut_is_made_on_a_new_one(
     postgres_schema: str,
 ) -> None:
-    from beatless.stores.postgres import PostgresStore
+    from beatless.stores.postgres.store import PostgresStore
 
     firings = firings_of(fan_out(2), (int(time.time()) // 60) * 60_000)
     requests = [claim_request(f) for f in firings]

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from beatless.core.triggers import Cron, Every, Trigger
 from beatless.errors import ConfigError, ScheduleError
-from beatless.firing import from_datetime, iso
-from beatless.triggers import Cron, Every, Trigger
+from beatless.schedule.firing import from_datetime, iso
 
 JAN_2026 = "2026-01-01T00:00:00+00:00"
 

@@ -12,9 +12,9 @@ import pytest
 from test_scheduler import T0, Clock, run_nodes
 
 from beatless import Entry, Every, Firing, Schedule
-from beatless.dispatch import TwoPhase
-from beatless.firing import claim_request
-from beatless.scheduler import Decision, Scheduler
+from beatless.node.dispatch import TwoPhase
+from beatless.node.scheduler import Decision, Scheduler
+from beatless.schedule.firing import claim_request
 from beatless.stores.base import ClaimRequest, Outcome
 from beatless.stores.memory import MemoryStore
 

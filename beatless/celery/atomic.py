@@ -16,8 +16,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from beatless._logtext import shown
-from beatless.dispatch import (
+from beatless.core._logtext import shown
+from beatless.core.durations import DurationLike
+from beatless.errors import ConfigError, StoreError
+from beatless.node.dispatch import (
     DEFAULT_LEASE,
     RECORDED,
     Dispatcher,
@@ -25,11 +27,9 @@ from beatless.dispatch import (
     Wake,
     decide_claimed,
 )
-from beatless.durations import DurationLike
-from beatless.entry import Entry
-from beatless.errors import ConfigError, StoreError
-from beatless.firing import Firing, claim_request
-from beatless.stores.redis import Ready, RedisStore
+from beatless.schedule.entry import Entry
+from beatless.schedule.firing import Firing, claim_request
+from beatless.stores.redis.store import Ready, RedisStore
 
 from .messages import send_task_options
 from .templates import Builder, Message, publish_sent_events
@@ -54,9 +54,9 @@ class CeleryRedisAtomic(Dispatcher):
     its route is direct (the default queue, a queue of ``task_queues`` on a direct
     exchange, ``queue=`` / ``routing_key=`` options): its message is built with Celery's
     and kombu's own code and pushed by :meth:`RedisStore.claim_and_push
-    <beatless.stores.redis.RedisStore.claim_and_push>`. Any other firing goes through the
+    <beatless.stores.redis.store.RedisStore.claim_and_push>`. Any other firing goes through the
     **two-phase** path on the same store, the core's
-    :class:`~beatless.dispatch.TwoPhase` with ``fallback_enqueue(firing)`` as its send
+    :class:`~beatless.node.dispatch.TwoPhase` with ``fallback_enqueue(firing)`` as its send
     (by default ``app.send_task`` with
     :func:`~beatless.celery.messages.send_task_options`): claimed pending for ``lease``
     in sub-batches, each send checked against its claim's age and the firing's lateness,

@@ -21,13 +21,13 @@ from typing import Any
 
 from celery import beat
 
-from beatless import metrics
 from beatless.celery.schedule import CeleryScheduler, build_scheduler, check_app
 from beatless.celery.settings import CelerySettings
 from beatless.celery.worker import publish_metrics
+from beatless.core.urls import mask_url
 from beatless.errors import ConfigError
-from beatless.problems import refusal
-from beatless.urls import mask_url
+from beatless.ops import metrics
+from beatless.schedule.problems import refusal
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """The worker side of a firing, for Celery: each task checked as it starts.
 
 :func:`~beatless.celery.install` arms it for the app's workers. A task whose message
-carries :data:`~beatless.runs.RUN_HEADER` (every beatless firing's does) is checked in
-the claim store before its body runs (:mod:`beatless.runs`): the firing id is the task
+carries :data:`~beatless.node.runs.RUN_HEADER` (every beatless firing's does) is checked in
+the claim store before its body runs (:mod:`beatless.node.runs`): the firing id is the task
 id, the address the ``beatless_address`` header, the attempt ``request.retries`` (each
 Celery retry is a new attempt). A run that may not proceed (``duplicate``,
 ``skipped_overlap``) raises :class:`celery.exceptions.Ignore`: Celery marks the task
@@ -31,7 +31,7 @@ receiver's exception and goes on).
 **The store.** Each process that checks a task opens its own claim store on first use,
 the scheduler's (``beatless_store_url``, the app's namespace), with one heartbeat
 thread; its node name is ``hostname:pid``, as the scheduler's. A store that cannot be
-opened or reached gives the verdict :mod:`beatless.runs` gives an unreachable store:
+opened or reached gives the verdict :mod:`beatless.node.runs` gives an unreachable store:
 a once-only check is given up (``unchecked``), an overlap ``skip`` refuses the run.
 
 **Counters.** :meth:`RunGate.counts` is what this process decided (``run``, ``rerun``,
@@ -54,13 +54,13 @@ from typing import Any
 from celery import signals
 from celery.exceptions import Ignore
 
-from beatless._logtext import ERROR_LIMIT, shown
 from beatless.celery.messages import ADDRESS_HEADER, _header
+from beatless.core._logtext import ERROR_LIMIT, shown
 from beatless.errors import ConfigError, StoreUnavailable
-from beatless.runs import RUN_HEADER, Run, RunPolicy, Runs
+from beatless.node.runs import RUN_HEADER, Run, RunPolicy, Runs
 from beatless.stores.base import ClaimStore
 
-logger = logging.getLogger("beatless.runs")
+logger = logging.getLogger("beatless.node.runs")
 
 _WRAPPED = "__beatless_unguarded__"
 """The attribute of a wrapper that holds the ``run`` it wraps."""
@@ -160,7 +160,7 @@ class RunGate:
             return self._runs
 
     def counts(self) -> dict[str, int]:
-        """What this process decided so far, per verdict (see :class:`~beatless.runs.Run`)."""
+        """What this process decided so far, per verdict (see :class:`~beatless.node.runs.Run`)."""
         runs = self._runs
         return dict(runs.counts) if runs is not None and self._pid == os.getpid() else {}
 

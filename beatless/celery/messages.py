@@ -9,8 +9,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from beatless.firing import Firing, iso, to_datetime
-from beatless.runs import RUN_HEADER, RunPolicy
+from beatless.node.runs import RUN_HEADER, RunPolicy
+from beatless.schedule.firing import Firing, iso, to_datetime
 
 OCCURRENCE_HEADER = "beatless_occurrence"
 """The nominal occurrence of the firing, UTC ISO 8601: not the time the task runs."""
@@ -26,7 +26,7 @@ carries it still loads and runs there."""
 
 def firing_headers(firing: Firing) -> dict[str, Any]:
     """The beatless headers of a firing's message: its occurrence, address and offset, and
-    its entry's run policy (:data:`~beatless.runs.RUN_HEADER`), which a worker where
+    its entry's run policy (:data:`~beatless.node.runs.RUN_HEADER`), which a worker where
     :func:`~beatless.celery.install` was called checks before the task body runs."""
     return {
         OCCURRENCE_HEADER: iso(firing.occurrence_ms),

@@ -3,13 +3,13 @@
 Each entry's ``task``, ``schedule``, ``args``, ``kwargs`` and ``options`` are read as
 Celery beat reads them. The trigger:
 
-* ``crontab(...)`` is a :class:`~beatless.triggers.Cron` built from the crontab's
+* ``crontab(...)`` is a :class:`~beatless.core.triggers.Cron` built from the crontab's
   expanded fields, with Celery's AND rule for day of month and day of week
   (``crontab(0, 0, day_of_month='13', day_of_week='fri')`` is Friday the 13th only), in
   the app's time zone (``timezone``; UTC with ``enable_utc``), or in the zone of the
   crontab's own ``nowfun`` when it returns aware datetimes.
 * ``schedule(run_every)``, a ``timedelta`` and a plain number of seconds are an
-  :class:`~beatless.triggers.Every` anchored to the Unix epoch. Stock beat anchors an
+  :class:`~beatless.core.triggers.Every` anchored to the Unix epoch. Stock beat anchors an
   interval to the entry's last run instead, which differs from process to process;
   the epoch is the same instant on every node, so every node agrees on every slot.
 * ``solar`` is not supported, and any other schedule is refused, naming the entry.
@@ -17,7 +17,7 @@ Celery beat reads them. The trigger:
 beatless settings of one entry live in ``options["beatless"]``: ``jitter``,
 ``max_late``, ``tenants`` (a list; a callable every node answers alike; or the import
 path of such a callable, ``"proj.tenants:active"``), ``catch_up``, and what a worker
-checks when a firing's task starts (:mod:`beatless.runs`): ``overlap``, ``run_lease``,
+checks when a firing's task starts (:mod:`beatless.node.runs`): ``overlap``, ``run_lease``,
 ``heartbeat`` and ``once_only``. Stock beat passes that key along as a harmless message
 property, so rolling back to it is one line of configuration; on the Redis transport the
 property must be serialisable, so give a list or an import path, not a function object,
@@ -44,27 +44,27 @@ from celery.schedules import crontab, solar
 from celery.schedules import schedule as interval_schedule
 from celery.utils.imports import symbol_by_name
 
-from beatless._logtext import shown
 from beatless.celery.messages import SETTINGS_OPTION
 from beatless.celery.sending import Sender
 from beatless.celery.settings import CelerySettings, normalise_redis_url, zone_name
-from beatless.durations import to_ms
-from beatless.entry import Entry, Schedule
+from beatless.core._logtext import shown
+from beatless.core.durations import to_ms
+from beatless.core.triggers import Cron, Every, Trigger
+from beatless.core.urls import mask_url
 from beatless.errors import ConfigError, ScheduleError, StoreError
-from beatless.problems import (
+from beatless.fleet.limits import checked
+from beatless.node.scheduler import Decision, Enqueue, Scheduler, send_deadline_s
+from beatless.schedule.entry import Entry, Schedule
+from beatless.schedule.problems import (
     STAND_IN_TRIGGER,
     Checked,
     argument_problems,
-    checked,
     collect,
     entry_of,
     keep,
 )
-from beatless.scheduler import Decision, Enqueue, Scheduler, send_deadline_s
 from beatless.stores import missing_driver, open_store, probed
 from beatless.stores.base import ClaimStore
-from beatless.triggers import Cron, Every, Trigger
-from beatless.urls import mask_url
 
 logger = logging.getLogger(__name__)
 
@@ -435,7 +435,7 @@ def build_scheduler(
     The atomic path is used when the claim store URL is the broker's own Redis (same
     host, port and db) and ``beatless_force_two_phase`` is off; every other case is
     two-phase, through ``app.send_task`` by a :class:`~beatless.celery.sending.Sender`
-    whose every publish ends within :func:`~beatless.scheduler.send_deadline_s` of the
+    whose every publish ends within :func:`~beatless.node.scheduler.send_deadline_s` of the
     lease. ``schedule`` is the one :func:`check_app` found, read again if not given.
     Call :meth:`CeleryScheduler.close` when done.
     """
@@ -506,7 +506,7 @@ def _atomic_store(
     app: Any, store: ClaimStore, settings: CelerySettings, enqueue: Enqueue
 ) -> Any | None:
     """The atomic wrapper around ``store`` when this node may use it, else ``None``."""
-    from beatless.stores.redis import RedisStore
+    from beatless.stores.redis.store import RedisStore
 
     if settings.two_phase_reason is not None or not isinstance(store, RedisStore):
         return None

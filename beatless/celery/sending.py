@@ -34,11 +34,11 @@ from typing import Any
 
 from kombu.exceptions import OperationalError
 
-from beatless._logtext import ERROR_LIMIT, shown
-from beatless._sending import COOLDOWN_S, Cooldown, timed_out, warn_outcome_unknown
 from beatless.celery.messages import send_task_options
+from beatless.core._logtext import ERROR_LIMIT, shown
 from beatless.errors import BeatlessError, ConfigError
-from beatless.firing import Firing
+from beatless.node._sending import COOLDOWN_S, Cooldown, timed_out, warn_outcome_unknown
+from beatless.schedule.firing import Firing
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ it asks, measured but not bounded."""
 class Sender:
     """Sends a won firing with ``app.send_task``, giving up within ``deadline_s``.
 
-    ``deadline_s`` is :func:`beatless.scheduler.send_deadline_s` of the lease. The
+    ``deadline_s`` is :func:`beatless.node.scheduler.send_deadline_s` of the lease. The
     broker connection is opened at the first send, reused, and closed by :meth:`close`
     (reopened after a failed send). Calls are serialised: one send at a time. Raises
     what the send raised (:class:`SendTimeout` when it gave up at the deadline), or

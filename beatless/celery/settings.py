@@ -37,9 +37,9 @@
                                    lateness budget (jitter + max_late). Default: False.
 ``beatless_on_schedule_error``     ``"refuse"`` (default): a worker whose schedule has
                                    problems does not start. ``"consume"``: it consumes tasks
-                                   and schedules nothing (see :mod:`beatless.problems`).
+                                   and schedules nothing (see :mod:`beatless.schedule.problems`).
 ``beatless_metrics_port``          Serve the node's Prometheus metrics on this port
-                                   (:mod:`beatless.metrics`), from the worker's main process
+                                   (:mod:`beatless.ops.metrics`), from the worker's main process
                                    or the beat process. Default: none (needs the ``metrics``
                                    extra).
 ``beatless_metrics_host``          The address the metrics port listens on. Default:
@@ -66,9 +66,13 @@ from datetime import timedelta, timezone
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlsplit
 
-from beatless.dispatch import DEFAULT_LEASE
-from beatless.durations import as_timedelta, describe
-from beatless.entry import (
+from beatless.core.durations import as_timedelta, describe
+from beatless.core.triggers import zone
+from beatless.core.urls import mask_url
+from beatless.errors import ConfigError, ScheduleError
+from beatless.node.dispatch import DEFAULT_LEASE
+from beatless.ops.metrics import DEFAULT_ADDR, metrics_host, metrics_port, metrics_registry
+from beatless.schedule.entry import (
     DEFAULT_CATCH_UP,
     DEFAULT_HEARTBEAT,
     DEFAULT_MAX_LATE,
@@ -77,14 +81,10 @@ from beatless.entry import (
     catch_up_policy,
     overlap_policy,
 )
-from beatless.errors import ConfigError, ScheduleError
-from beatless.metrics import DEFAULT_ADDR, metrics_host, metrics_port, metrics_registry
-from beatless.problems import REFUSE, on_schedule_error
-from beatless.triggers import zone
-from beatless.urls import mask_url
+from beatless.schedule.problems import REFUSE, on_schedule_error
 
 if TYPE_CHECKING:
-    from beatless.metrics import CollectorRegistry
+    from beatless.ops.metrics import CollectorRegistry
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+socket")
 _DEFAULT_PORTS = {"redis": 6379, "rediss": 6379}

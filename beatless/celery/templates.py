@@ -39,11 +39,11 @@ import redis as redis_driver
 from celery import signals
 from kombu.exceptions import OperationalError
 
-from beatless._logtext import shown
-from beatless.entry import Entry
+from beatless.core._logtext import shown
 from beatless.errors import StoreUnavailable
-from beatless.firing import Firing, iso, to_datetime
-from beatless.stores.redis import RedisStore, server_identity
+from beatless.schedule.entry import Entry
+from beatless.schedule.firing import Firing, iso, to_datetime
+from beatless.stores.redis.store import RedisStore, server_identity
 
 from .messages import ADDRESS_HEADER, OCCURRENCE_HEADER, OFFSET_HEADER, send_task_options
 from .recording import Command, NotRecordable, Recorder

@@ -19,12 +19,12 @@ children never run it), whatever the pool: prefork, threads or solo. The schedul
 loop runs in a daemon thread; a warm shutdown stops it after the wake in progress and
 closes the claim store. The node name is the worker's hostname and process id. With
 ``beatless_metrics_port`` (or ``beatless_metrics_registry``) set, the main process
-exports the node's Prometheus metrics (:mod:`beatless.metrics`) until the step stops.
+exports the node's Prometheus metrics (:mod:`beatless.ops.metrics`) until the step stops.
 
 Before it schedules, the step checks the whole schedule (:func:`~beatless.celery.
 schedule.check_app`), then opens the claim store and probes it. With problems, or a
 store that cannot be reached or refuses the credentials, the worker does not start: it
-exits with :data:`~beatless.problems.EXIT_REFUSED` after one CRITICAL message listing
+exits with :data:`~beatless.schedule.problems.EXIT_REFUSED` after one CRITICAL message listing
 every problem (for the store, one line naming it, its URL masked), with no traceback.
 With ``beatless_on_schedule_error = "consume"`` it starts, consumes tasks, schedules
 nothing, says so once at ERROR, and keeps the problems in
@@ -42,8 +42,6 @@ import click
 from celery import bootsteps
 from celery.exceptions import WorkerShutdown
 
-from beatless import metrics
-from beatless._logtext import ERROR_LIMIT, shown
 from beatless.celery.gate import RunGate, find_gate, gate_of
 from beatless.celery.schedule import (
     CeleryScheduler,
@@ -52,8 +50,10 @@ from beatless.celery.schedule import (
     unregistered_tasks,
 )
 from beatless.celery.settings import CONSUME_WITH, CelerySettings, on_schedule_error_of
+from beatless.core._logtext import ERROR_LIMIT, shown
 from beatless.errors import ConfigError, ScheduleError, StoreError
-from beatless.problems import (
+from beatless.ops import metrics
+from beatless.schedule.problems import (
     EXIT_REFUSED,
     REFUSE,
     one_line,
@@ -74,7 +74,7 @@ class StartRefused(WorkerShutdown):  # type: ignore[misc]
     """This node refuses to start: :attr:`reason` says why, in the words logged, and
     :attr:`problems` lists each problem on its own. A ``SystemExit`` raised by a
     bootstep's ``start`` is Celery's clean stop: the worker shuts down with
-    :data:`~beatless.problems.EXIT_REFUSED` and no traceback (any other exception is an
+    :data:`~beatless.schedule.problems.EXIT_REFUSED` and no traceback (any other exception is an
     "Unrecoverable error" printed with its traceback)."""
 
     def __init__(self, reason: str, problems: Sequence[str]) -> None:
@@ -117,7 +117,7 @@ class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
     def start(self, worker: Any) -> None:
         """Check the schedule, open and probe the claim store, then start the scheduler.
         A node that refuses raises :class:`StartRefused`: Celery stops the worker with
-        :data:`~beatless.problems.EXIT_REFUSED`, before it consumes anything."""
+        :data:`~beatless.schedule.problems.EXIT_REFUSED`, before it consumes anything."""
         if self.scheduler is not None or self.schedule_problems:
             return
         app = worker.app

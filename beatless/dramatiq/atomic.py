@@ -26,8 +26,11 @@ from uuid import uuid4
 
 from dramatiq import Middleware
 
-from beatless._logtext import ERROR_LIMIT, shown
-from beatless.dispatch import (
+from beatless.core._logtext import ERROR_LIMIT, shown
+from beatless.core.durations import DurationLike
+from beatless.dramatiq.messages import message_for
+from beatless.errors import ConfigError
+from beatless.node.dispatch import (
     DEFAULT_LEASE,
     RECORDED,
     Dispatcher,
@@ -35,11 +38,8 @@ from beatless.dispatch import (
     Wake,
     decide_claimed,
 )
-from beatless.dramatiq.messages import message_for
-from beatless.durations import DurationLike
-from beatless.errors import ConfigError
-from beatless.firing import Firing, claim_request
-from beatless.stores.redis import Ready, RedisStore, server_identity
+from beatless.schedule.firing import Firing, claim_request
+from beatless.stores.redis.store import Ready, RedisStore, server_identity
 
 if TYPE_CHECKING:
     import redis
@@ -51,7 +51,7 @@ logger = logging.getLogger(__name__)
 
 def same_redis(a: redis.Redis, b: redis.Redis) -> bool:
     """Whether two clients reach the same server and database, asked of the servers
-    (``run_id`` and db: see :func:`~beatless.stores.redis.server_identity`), so that
+    (``run_id`` and db: see :func:`~beatless.stores.redis.store.server_identity`), so that
     ``localhost`` and ``127.0.0.1`` are one server. ``False`` when either cannot answer:
     the two-phase path is then taken, which is safe on any pair of servers."""
     import redis
@@ -82,9 +82,9 @@ def url_is_broker_redis(url: str, broker: RedisBroker) -> bool:
 
 
 class RedisBrokerStore(Dispatcher):
-    """The atomic :class:`~beatless.dispatch.Dispatcher` over the broker's own Redis.
+    """The atomic :class:`~beatless.node.dispatch.Dispatcher` over the broker's own Redis.
 
-    ``store`` is a :class:`~beatless.stores.redis.RedisStore` whose client talks to the
+    ``store`` is a :class:`~beatless.stores.redis.store.RedisStore` whose client talks to the
     broker's server and database; ``actor_of`` finds the actor of an entry's task. A
     firing whose message cannot be prepared for the claim script goes two-phase on the
     same store, through ``enqueue`` (the middleware passes its bounded

@@ -35,13 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast
 
-from beatless._logtext import shown
+from beatless.core._logtext import shown
 from beatless.errors import BeatlessError, ConfigError
 
 if TYPE_CHECKING:
     from dramatiq import Broker
 
-    from beatless.scheduler import Scheduler
+    from beatless.node.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 

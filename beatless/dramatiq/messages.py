@@ -6,8 +6,8 @@ the age of the occurrence, not of the send. Shared by the two-phase path
 (``broker.enqueue``) and the atomic path (the message pushed by the claim script).
 
 Beside the firing's own options, every message carries its address
-(:data:`ADDRESS_OPTION`) and its entry's run policy (:data:`~beatless.runs.RUN_HEADER`,
-:meth:`RunPolicy.encode <beatless.runs.RunPolicy.encode>`): what the worker needs to
+(:data:`ADDRESS_OPTION`) and its entry's run policy (:data:`~beatless.node.runs.RUN_HEADER`,
+:meth:`RunPolicy.encode <beatless.node.runs.RunPolicy.encode>`): what the worker needs to
 check the run (overlap, once-only) before the actor's body, see
 :meth:`beatless.dramatiq.Beatless.before_process_message`.
 """
@@ -19,13 +19,13 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from beatless.errors import ConfigError
-from beatless.firing import Firing, to_datetime
-from beatless.runs import RUN_HEADER, RunPolicy
+from beatless.node.runs import RUN_HEADER, RunPolicy
+from beatless.schedule.firing import Firing, to_datetime
 
 if TYPE_CHECKING:
     from dramatiq import Actor, Message
 
-    from beatless.entry import Entry
+    from beatless.schedule.entry import Entry
 
 OCCURRENCE_OPTION = "beatless_occurrence"
 """The nominal occurrence of the firing, integer epoch milliseconds (UTC)."""

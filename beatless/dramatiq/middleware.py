@@ -6,18 +6,18 @@ process it runs in a thread started and stopped with the worker. Never both: the
 worker processes emit ``after_process_boot``, and from then on the thread is not started.
 
 Every worker process checks the whole schedule before it consumes (``before_worker_boot``)
-and collects every problem (:mod:`beatless.problems`), then opens the claim store and
+and collects every problem (:mod:`beatless.schedule.problems`), then opens the claim store and
 probes it. By default a schedule with problems, or a store that cannot be reached or
 refuses the credentials, stops the worker: said once at CRITICAL (for the store, one line
 naming it, its URL masked), then :class:`ScheduleRefused` ends ``Worker.start``, and a
 worker process of the ``dramatiq`` command exits with
-:data:`~beatless.problems.EXIT_REFUSED` and no traceback, so the command exits non-zero.
+:data:`~beatless.schedule.problems.EXIT_REFUSED` and no traceback, so the command exits non-zero.
 With ``on_schedule_error="consume"`` the workers consume, the node schedules nothing, says
 so once at ERROR, and the problems are in :attr:`Beatless.schedule_problems`.
 
 Every worker thread checks a beatless message before its actor's body
 (``before_process_message``): the run policy the message carries
-(:data:`~beatless.runs.RUN_HEADER`) is checked with :class:`~beatless.runs.Runs` on the
+(:data:`~beatless.node.runs.RUN_HEADER`) is checked with :class:`~beatless.node.runs.Runs` on the
 claim store the scheduler uses, opened once per worker process (the CLI's worker
 processes are forks), and a refused run raises :class:`~dramatiq.middleware.SkipMessage`.
 A run that proceeds is ended when the message is processed or skipped, whatever the
@@ -39,15 +39,21 @@ from urllib.parse import quote, urlsplit
 from dramatiq import Middleware, get_encoder
 from dramatiq.middleware import MiddlewareError, SkipMessage
 
-from beatless import metrics as exported
-from beatless._logtext import ERROR_LIMIT, shown
-from beatless.dispatch import DEFAULT_LEASE, Dispatcher
+from beatless.core._logtext import ERROR_LIMIT, shown
+from beatless.core.durations import DurationLike, as_timedelta, to_ms
+from beatless.core.triggers import zone
+from beatless.core.urls import mask_url
 from beatless.dramatiq.fork import run_scheduler
 from beatless.dramatiq.messages import ADDRESS_OPTION, ENTRY_OPTION, TENANT_OPTION, message_for
 from beatless.dramatiq.periodic import OPTION, declarations
 from beatless.dramatiq.sending import Sender, is_broker
-from beatless.durations import DurationLike, as_timedelta, to_ms
-from beatless.entry import (
+from beatless.errors import ConfigError, ScheduleError, StoreError
+from beatless.fleet.limits import checked
+from beatless.node.dispatch import DEFAULT_LEASE, Dispatcher
+from beatless.node.runs import RUN_HEADER, Run, RunPolicy, Runs
+from beatless.node.scheduler import Scheduler, send_deadline_s
+from beatless.ops import metrics as exported
+from beatless.schedule.entry import (
     DEFAULT_CATCH_UP,
     DEFAULT_HEARTBEAT,
     DEFAULT_MAX_LATE,
@@ -60,14 +66,12 @@ from beatless.entry import (
     overlap_policy,
     tenant_address,
 )
-from beatless.errors import ConfigError, ScheduleError, StoreError
-from beatless.firing import Firing
-from beatless.problems import (
+from beatless.schedule.firing import Firing
+from beatless.schedule.problems import (
     EXIT_REFUSED,
     REFUSE,
     Checked,
     argument_problems,
-    checked,
     collect,
     on_schedule_error,
     one_line,
@@ -76,20 +80,16 @@ from beatless.problems import (
     report_store_consuming,
     store_refusal,
 )
-from beatless.runs import RUN_HEADER, Run, RunPolicy, Runs
-from beatless.scheduler import Scheduler, send_deadline_s
 from beatless.stores import missing_driver, open_store, probed
 from beatless.stores.base import ClaimRequest, ClaimStore, Note, Outcome
 from beatless.stores.memory import MemoryStore
-from beatless.triggers import zone
-from beatless.urls import mask_url
 
 if TYPE_CHECKING:
     from dramatiq import Actor, Broker, Worker
     from dramatiq.broker import MessageProxy
     from dramatiq.brokers.redis import RedisBroker
 
-    from beatless.metrics import CollectorRegistry
+    from beatless.ops.metrics import CollectorRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class ScheduleRefused(ScheduleError, MiddlewareError):
     """The node refuses to start: its schedule has problems, or its claim store cannot be
     used. A middleware error, so that Dramatiq lets it end ``Worker.start`` instead of
     logging it and going on. (A worker process of the ``dramatiq`` command ends with
-    :data:`~beatless.problems.EXIT_REFUSED` instead, so that the reason is not printed
+    :data:`~beatless.schedule.problems.EXIT_REFUSED` instead, so that the reason is not printed
     again inside a traceback.)"""
 
 
@@ -134,7 +134,7 @@ class Beatless(Middleware):
     the node schedules nothing; see :attr:`schedule_problems`).
 
     ``metrics`` registers the node's scheduler, where it runs, in prometheus_client's
-    default registry (``True``) or the ``CollectorRegistry`` given (:mod:`beatless.metrics`);
+    default registry (``True``) or the ``CollectorRegistry`` given (:mod:`beatless.ops.metrics`);
     ``metrics_port`` serves that registry on a port of its own from that process, and
     turns the metrics on. Under the ``dramatiq`` CLI the scheduler runs in a process of
     its own, whose metrics Dramatiq's ``Prometheus`` middleware cannot show (it exposes
@@ -145,7 +145,7 @@ class Beatless(Middleware):
 
     ``preferred_claimer`` (default on): each firing is claimed first by one node of the
     live registry, chosen by rendezvous hashing on its id, the others claiming only if it
-    did not (:mod:`beatless._prefer`); off, every node claims every firing.
+    did not (:mod:`beatless.node._prefer`); off, every node claims every firing.
     """
 
     def __init__(
@@ -272,11 +272,11 @@ class Beatless(Middleware):
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         """Check the run of a beatless firing before its actor's body.
 
-        A message that carries a run policy (:data:`~beatless.runs.RUN_HEADER`) with
-        anything to check is started with :meth:`Runs.start <beatless.runs.Runs.start>`
+        A message that carries a run policy (:data:`~beatless.node.runs.RUN_HEADER`) with
+        anything to check is started with :meth:`Runs.start <beatless.node.runs.Runs.start>`
         (the attempt is the ``retries`` option of Dramatiq's ``Retries`` middleware); a
         refused run (``duplicate``, ``skipped_overlap``; counted and logged by
-        :class:`~beatless.runs.Runs`) raises :class:`~dramatiq.middleware.SkipMessage`, so
+        :class:`~beatless.node.runs.Runs`) raises :class:`~dramatiq.middleware.SkipMessage`, so
         the message is acknowledged without running. Any other message passes."""
         policy = RunPolicy.decode(message.options.get(RUN_HEADER))
         if policy is None or not policy.guarded:
@@ -339,7 +339,7 @@ class Beatless(Middleware):
         """The verdicts of this process's runs so far: ``run``, ``rerun``, ``unchecked``
         (proceeded), ``duplicate``, ``skipped_overlap`` (refused), ``lease_lost`` (a run
         that went on after its records lapsed), and ``recorded_late``, ``ran_twice``,
-        ``unrecorded`` (what became of the unchecked runs, see :mod:`beatless.runs`)."""
+        ``unrecorded`` (what became of the unchecked runs, see :mod:`beatless.node.runs`)."""
         runs = self._runs
         if runs is None or self._runs_pid != os.getpid():
             return {}
@@ -379,7 +379,7 @@ class Beatless(Middleware):
             return _Borrowed(scheduler.store)  # one process: the scheduler's own memory
         namespace = self.address_namespace
         if store is None and is_broker(broker, "dramatiq.brokers.redis", "RedisBroker"):
-            from beatless.stores.redis import RedisStore
+            from beatless.stores.redis.store import RedisStore
 
             return RedisStore(cast("RedisBroker", broker).client, namespace=namespace)
         if store is None:
@@ -387,7 +387,7 @@ class Beatless(Middleware):
         if isinstance(store, str):
             return open_store(store, namespace=namespace)
         if _is_redis_client(store):
-            from beatless.stores.redis import RedisStore
+            from beatless.stores.redis.store import RedisStore
 
             return RedisStore(store, namespace=namespace)
         raise ConfigError(
@@ -581,7 +581,7 @@ class Beatless(Middleware):
     def sender(self, broker: Broker) -> Sender:
         """The two-phase enqueue of this node over ``broker``: ``broker.enqueue`` on
         connections of its own whose every send ends within
-        :func:`~beatless.scheduler.send_deadline_s` of the lease. It is closed with
+        :func:`~beatless.node.scheduler.send_deadline_s` of the lease. It is closed with
         :meth:`close`."""
         sender = Sender(
             broker,
@@ -641,7 +641,7 @@ class Beatless(Middleware):
             store = open_store(store, namespace=self.address_namespace)
             self._opened.append(store)
         elif _is_redis_client(store):
-            from beatless.stores.redis import RedisStore
+            from beatless.stores.redis.store import RedisStore
 
             store = RedisStore(store, namespace=self.address_namespace)
             self._opened.append(store)
@@ -660,7 +660,7 @@ class Beatless(Middleware):
         if not is_broker(any_broker, "dramatiq.brokers.redis", "RedisBroker"):
             return None  # and neither redis nor the atomic path is imported
         from beatless.dramatiq.atomic import RedisBrokerStore
-        from beatless.stores.redis import RedisStore
+        from beatless.stores.redis.store import RedisStore
 
         broker = cast("RedisBroker", any_broker)
         if not self._is_broker_redis(broker):
@@ -685,7 +685,7 @@ class Beatless(Middleware):
 
     def _is_broker_redis(self, broker: RedisBroker) -> bool:
         from beatless.dramatiq.atomic import same_redis, url_is_broker_redis
-        from beatless.stores.redis import SCHEMES, RedisStore
+        from beatless.stores.redis.store import SCHEMES, RedisStore
 
         store = self.store
         if store is None:

@@ -3,7 +3,7 @@
 A declaration is a frozen value. What is wrong with it (an expression that does not
 parse, a duration that cannot be read) is kept in it rather than raised at import, and
 reported when the node starts, with every other problem of the schedule and naming the
-entry (see :mod:`beatless.problems`); the timing rules are checked then too, once the
+entry (see :mod:`beatless.schedule.problems`); the timing rules are checked then too, once the
 middleware's defaults are known. ``beatless check --dramatiq`` reports the same list.
 """
 
@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from beatless.durations import DurationLike, as_timedelta
-from beatless.entry import (
+from beatless.core.durations import DurationLike, as_timedelta
+from beatless.core.triggers import Cron, Every, Trigger
+from beatless.errors import ConfigError
+from beatless.schedule.entry import (
     DEFAULT_CATCH_UP,
     DEFAULT_HEARTBEAT,
     DEFAULT_MAX_LATE,
@@ -26,9 +28,7 @@ from beatless.entry import (
     catch_up_policy,
     overlap_policy,
 )
-from beatless.errors import ConfigError
-from beatless.problems import STAND_IN_TRIGGER, collect, entry_of
-from beatless.triggers import Cron, Every, Trigger
+from beatless.schedule.problems import STAND_IN_TRIGGER, collect, entry_of
 
 OPTION = "periodic"
 """The actor option that holds one :class:`Periodic`, or a list of them."""

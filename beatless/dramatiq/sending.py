@@ -40,11 +40,11 @@ from typing import TYPE_CHECKING, Any
 
 from dramatiq import errors as dramatiq_errors
 
-from beatless._logtext import ERROR_LIMIT, shown
-from beatless._sending import COOLDOWN_S, Cooldown, timed_out, warn_outcome_unknown
+from beatless.core._logtext import ERROR_LIMIT, shown
 from beatless.dramatiq.messages import message_for
 from beatless.errors import ConfigError
-from beatless.firing import Firing
+from beatless.node._sending import COOLDOWN_S, Cooldown, timed_out, warn_outcome_unknown
+from beatless.schedule.firing import Firing
 
 if TYPE_CHECKING:
     from dramatiq import Actor, Broker, Message
@@ -74,7 +74,7 @@ def is_broker(broker: object, module: str, name: str) -> bool:
 class Sender:
     """Enqueues a won firing with ``broker.enqueue``, giving up within ``deadline_s``.
 
-    ``deadline_s`` is :func:`beatless.scheduler.send_deadline_s` of the lease;
+    ``deadline_s`` is :func:`beatless.node.scheduler.send_deadline_s` of the lease;
     ``actor_of`` finds the actor of an entry's task; ``tenant_kwarg`` is as for
     :func:`~beatless.dramatiq.messages.message_for`. Connections are opened at the first
     send and closed by :meth:`close`. One send at a time. Raises what the send raised, or

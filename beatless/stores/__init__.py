@@ -6,11 +6,11 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from beatless._drivers import missing
+from beatless.core._drivers import missing
+from beatless.core.urls import ambiguous_user_part, mask_url, scrub
 from beatless.errors import BeatlessError, ConfigError, StoreError, StoreUnavailable
 from beatless.stores.base import ClaimRequest, ClaimStore, Outcome
 from beatless.stores.memory import MemoryStore
-from beatless.urls import ambiguous_user_part, mask_url, scrub
 
 __all__ = [
     "ClaimRequest",
@@ -106,15 +106,15 @@ def _open(url: str, namespace: str, options: dict[str, Any]) -> ClaimStore:
     if scheme in ("redis", "rediss", "unix", "redis+socket", "redis+cluster", "rediss+cluster"):
         return _open_redis(url, scheme, options)
     if scheme in ("postgresql", "postgres"):
-        from beatless.stores.postgres import PostgresStore
+        from beatless.stores.postgres.store import PostgresStore
 
         return PostgresStore(url, **options)
     if scheme == "nats":
-        from beatless.stores.nats import NATSStore
+        from beatless.stores.nats.store import NATSStore
 
         return NATSStore.from_url(url, **options)
     if scheme in ("amqp", "amqps"):
-        from beatless.stores.rabbitmq import RabbitMQStore
+        from beatless.stores.rabbitmq.store import RabbitMQStore
 
         return RabbitMQStore(url, **options)
     raise ConfigError(
@@ -129,10 +129,10 @@ def _open_redis(url: str, scheme: str, options: dict[str, Any]) -> ClaimStore:
     """A Redis store, or a Redis Cluster store for ``redis+cluster://`` and
     ``rediss+cluster://``."""
     if scheme.endswith("+cluster"):
-        from beatless.stores.redis_cluster import RedisClusterStore
+        from beatless.stores.redis.cluster import RedisClusterStore
 
         return RedisClusterStore(url, **options)
-    from beatless.stores.redis import RedisStore
+    from beatless.stores.redis.store import RedisStore
 
     if scheme == "redis+socket":
         url = "unix" + url[len("redis+socket") :]

@@ -58,7 +58,7 @@ whose renewal leaves a gap in which another node could win says so
 **Run leases and overlap.** A request may name the record of its address's run lease
 (:attr:`ClaimRequest.run_id`, set when the entry's overlap policy is ``skip``). Workers
 hold that record as a pending claim while a run of the address is in progress
-(:mod:`beatless.runs`). A claim that would be won while that record is a live pending
+(:mod:`beatless.node.runs`). A claim that would be won while that record is a live pending
 claim is answered :attr:`Outcome.OVERLAP` instead, and the firing is written committed,
 so no other node enqueues it either. A store that cannot read a record without
 disturbing it does not check and never answers ``OVERLAP``
@@ -126,11 +126,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol, Self
 
-from beatless.durations import to_ms
-from beatless.entry import STORE_TOLERANCE
+from beatless.core.durations import to_ms
 from beatless.errors import ConfigError, StoreRefused
 
+STORE_TOLERANCE = timedelta(seconds=10)
+"""The store refuses a new claim more than ``max_late`` + this behind its own clock."""
 TOLERANCE_MS = to_ms(STORE_TOLERANCE)
+NEVER_LATE_MS = 7 * 86_400_000
+"""The lateness allowed to a claim made "now" (a run's records, a missed marker): never
+late on any sane clock."""
 
 NOTE_NAME_LIMIT = 1_000
 """The longest kind or key of a note, in characters."""
@@ -142,7 +146,7 @@ key): note kinds and keys refuse it, and PostgreSQL text cannot hold it."""
 
 # These limits bound a schedule's names: an address ``namespace/entry[/tenant]`` names its
 # history note, and every entry has a note of what the fleet shows of it. The rules that
-# follow from them are checked before a node starts (:func:`beatless.problems.limits`),
+# follow from them are checked before a node starts (:func:`beatless.fleet.limits.limits`),
 # so that no note is refused once a firing has been sent.
 
 TAG_LENGTH = 16
@@ -187,7 +191,7 @@ class Outcome(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class ClaimRequest:
     """One firing to claim, with the numbers the store needs to judge it (a firing's claim:
-    :func:`beatless.firing.claim_request`)."""
+    :func:`beatless.schedule.firing.claim_request`)."""
 
     id: str
     address: str
@@ -198,11 +202,11 @@ class ClaimRequest:
     release_ms: int
     """When nodes act on the firing: occurrence + offset."""
     tag: str = ""
-    """A short tag of the entry's task (:attr:`~beatless.entry.Entry.task_tag`), up to
+    """A short tag of the entry's task (:attr:`~beatless.schedule.entry.Entry.task_tag`), up to
     ``TAG_LENGTH`` hex digits: a live claim with another tag is :attr:`Outcome.FOREIGN`.
     Empty: never foreign."""
     run_id: str = ""
-    """The id of the address's run-lease record (:func:`beatless.firing.run_lease_id`) when
+    """The id of the address's run-lease record (:func:`beatless.schedule.firing.run_lease_id`) when
     the entry's overlap policy is ``skip``: while that record is a live pending claim, the
     claim is answered :attr:`Outcome.OVERLAP`. Empty: no overlap check."""
 
@@ -258,7 +262,7 @@ class Note:
 @dataclass(frozen=True, slots=True)
 class NoteItem:
     """One firing's item in a *batch note*: a note that a claim script writes once for
-    many firings (:meth:`beatless.stores.redis.RedisStore.claim_and_push`).
+    many firings (:meth:`beatless.stores.redis.store.RedisStore.claim_and_push`).
 
     ``batch`` is the note's template. Its key is the prefix of the key written: the
     script adds ``.`` and the id of the first firing it notes, so two scripts never write
@@ -516,7 +520,7 @@ class ClaimStore(ABC):
 
     holds_run_leases: bool = True
     """Whether a holder's renewal keeps its claim without a gap, so that a run lease
-    (:mod:`beatless.runs`) excludes every other run while it is renewed. A store that
+    (:mod:`beatless.node.runs`) excludes every other run while it is renewed. A store that
     would renew by giving the claim up and taking it again must say false: entries with
     ``overlap = "skip"`` are refused on it at start-up, and once-only checks on it have
     that window of one round trip per heartbeat. Every store here holds run leases."""

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from beatless._logtext import shown
-from beatless.durations import DurationLike, as_timedelta
+from beatless.core._logtext import shown
+from beatless.core.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
 from beatless.stores.base import ClaimRequest, ClaimStore, Epoch, Note, Outcome, judge

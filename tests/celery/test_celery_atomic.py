@@ -34,17 +34,17 @@ from celery import Celery, signals  # noqa: E402
 from celery.app.amqp import Broadcast  # noqa: E402
 from kombu import entity  # noqa: E402
 
-from beatless._notes import history_kind  # noqa: E402
 from beatless.celery.atomic import ATOMIC, TWO_PHASE, CeleryRedisAtomic  # noqa: E402
 from beatless.celery.messages import OCCURRENCE_HEADER, send_task_options  # noqa: E402
-from beatless.dispatch import Dispatcher, Recorder, dispatch_now  # noqa: E402
-from beatless.entry import Entry, Schedule  # noqa: E402
+from beatless.core.triggers import Every  # noqa: E402
 from beatless.errors import StoreUnavailable  # noqa: E402
-from beatless.firing import Firing, iso  # noqa: E402
-from beatless.runs import RUN_HEADER, RunPolicy  # noqa: E402
-from beatless.scheduler import Scheduler  # noqa: E402
-from beatless.stores.redis import RedisStore  # noqa: E402
-from beatless.triggers import Every  # noqa: E402
+from beatless.fleet._notes import history_kind  # noqa: E402
+from beatless.node.dispatch import Dispatcher, Recorder, dispatch_now  # noqa: E402
+from beatless.node.runs import RUN_HEADER, RunPolicy  # noqa: E402
+from beatless.node.scheduler import Scheduler  # noqa: E402
+from beatless.schedule.entry import Entry, Schedule  # noqa: E402
+from beatless.schedule.firing import Firing, iso  # noqa: E402
+from beatless.stores.redis.store import RedisStore  # noqa: E402
 
 HOST, PORT = "127.0.0.1", 6379
 CANDIDATE_DBS = (11, 10, 9, 8)

@@ -17,8 +17,8 @@ import beatless.celery
 from beatless.celery import BeatScheduler, build_scheduler
 from beatless.celery.messages import ADDRESS_HEADER, OCCURRENCE_HEADER
 from beatless.errors import ScheduleError
-from beatless.firing import firing_id, from_datetime, iso
-from beatless.scheduler import Decision
+from beatless.node.scheduler import Decision
+from beatless.schedule.firing import firing_id, from_datetime, iso
 
 REDIS_URL = "redis://127.0.0.1:6379/13"
 HAS_ATOMIC = importlib.util.find_spec("beatless.celery.atomic") is not None

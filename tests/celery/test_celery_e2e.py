@@ -124,7 +124,7 @@ def test_the_restated_schedule_is_the_examples_schedule(monkeypatch: pytest.Monk
     from celery import Celery
 
     from beatless.celery import read_schedule
-    from beatless.triggers import Cron, Every
+    from beatless.core.triggers import Cron, Every
     from integrations.celery_redis.schedule import BEAT_SCHEDULE
 
     app = Celery("check", set_as_current=False)

@@ -22,11 +22,11 @@ from beatless.celery.gate import RunGate, find_gate
 from beatless.celery.messages import ADDRESS_HEADER, send_task_options
 from beatless.celery.settings import CelerySettings
 from beatless.celery.worker import StartRefused
-from beatless.entry import Entry
+from beatless.core.triggers import Every
 from beatless.errors import ScheduleError, StoreUnavailable
-from beatless.firing import Firing
-from beatless.runs import RUN_HEADER, RunPolicy
-from beatless.triggers import Every
+from beatless.node.runs import RUN_HEADER, RunPolicy
+from beatless.schedule.entry import Entry
+from beatless.schedule.firing import Firing
 
 
 def make_app(schedule: dict[str, Any] | None = None, **conf: Any) -> Celery:

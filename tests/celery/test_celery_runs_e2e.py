@@ -5,7 +5,7 @@ schedules and checks runs) on the test's own Redis prefix. The tasks note each r
 start and end, with the request's beatless headers, in the Redis lists
 ``{prefix}:starts`` and ``{prefix}:ends``; the tests read what was skipped or refused
 from the workers' logs: the scheduler's decisions (``beatless.decisions`` is at DEBUG in
-the test app) and the run checks' own lines (``beatless.runs``).
+the test app) and the run checks' own lines (``beatless.node.runs``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from beatless._prefer import GRACE_MS
-from beatless.firing import firing_id, from_datetime, run_lease_id
+from beatless.node._prefer import GRACE_MS
+from beatless.schedule.firing import firing_id, from_datetime, run_lease_id
 
 pytestmark = pytest.mark.slow
 

@@ -23,9 +23,9 @@ from beatless.celery import (
     tenant,
 )
 from beatless.celery.messages import OCCURRENCE_HEADER
+from beatless.core.triggers import Cron, Every
 from beatless.errors import ConfigError, ScheduleError
-from beatless.firing import EPOCH, from_datetime, iso
-from beatless.triggers import Cron, Every
+from beatless.schedule.firing import EPOCH, from_datetime, iso
 
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 

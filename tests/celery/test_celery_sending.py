@@ -29,7 +29,7 @@ from beatless import Entry, Every
 from beatless.celery.schedule import build_scheduler
 from beatless.celery.sending import Sender
 from beatless.errors import BrokerUnavailable
-from beatless.firing import Firing
+from beatless.schedule.firing import Firing
 
 TASK = "beatless_sending_test.record"
 pytestmark = pytest.mark.serial  # sends must fail within a deadline, or at once

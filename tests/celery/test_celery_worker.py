@@ -16,13 +16,13 @@ from celery import Celery
 from celery.exceptions import WorkerShutdown
 
 import beatless.celery
-from beatless import cli
 from beatless.celery import BeatlessStep, install
 from beatless.celery.schedule import check_app
 from beatless.celery.worker import DISABLE_OPTION, StartRefused
+from beatless.cli import command as cli
 from beatless.errors import ConfigError
-from beatless.firing import firing_id, from_datetime
-from beatless.problems import EXIT_REFUSED
+from beatless.schedule.firing import firing_id, from_datetime
+from beatless.schedule.problems import EXIT_REFUSED
 
 WON = re.compile(r"firing (\S+) entry=(\S+) .* outcome=(won|takeover)")
 

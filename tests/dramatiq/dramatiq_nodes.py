@@ -201,7 +201,7 @@ def check_runs(runs: list[dict[str, Any]], expected: list[dict[str, Any]]) -> Re
 
 def _print_expected(low_ms: int, high_ms: int) -> None:
     from beatless.dramatiq.middleware import find
-    from beatless.firing import Firing
+    from beatless.schedule.firing import Firing
     from integrations.dramatiq_redis import app
 
     schedule = find(app.broker)[0].schedule(app.broker)

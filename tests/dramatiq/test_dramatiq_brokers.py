@@ -18,11 +18,11 @@ from stores import ManualClock
 
 import beatless.dramatiq as bd
 from beatless import Entry, Every
-from beatless.dispatch import Recorder, dispatch_now
 from beatless.dramatiq.atomic import RedisBrokerStore
-from beatless.firing import Firing
+from beatless.node.dispatch import Recorder, dispatch_now
+from beatless.schedule.firing import Firing
 from beatless.stores import MemoryStore
-from beatless.stores.redis import Ready, RedisStore
+from beatless.stores.redis.store import Ready, RedisStore
 
 REDIS_URL = "redis://127.0.0.1:6379/12"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"

@@ -20,7 +20,7 @@ from stores import ManualClock
 import beatless.dramatiq as bd
 from beatless import ConfigError, Entry, Every, ScheduleError, StoreError
 from beatless.dramatiq import fork
-from beatless.firing import Firing, firing_id
+from beatless.schedule.firing import Firing, firing_id
 from beatless.stores import MemoryStore
 from beatless.stores.base import ClaimRequest, Outcome
 

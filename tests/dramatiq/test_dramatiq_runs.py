@@ -27,11 +27,11 @@ from stores import ManualClock
 
 import beatless.dramatiq as bd
 from beatless import ConfigError, Entry, Every, StoreError
-from beatless.dispatch import TwoPhase
 from beatless.dramatiq.atomic import RedisBrokerStore
 from beatless.dramatiq.messages import ADDRESS_OPTION
-from beatless.firing import Firing, executed_id, firing_id, run_lease_id
-from beatless.runs import RUN_HEADER, RunPolicy
+from beatless.node.dispatch import TwoPhase
+from beatless.node.runs import RUN_HEADER, RunPolicy
+from beatless.schedule.firing import Firing, executed_id, firing_id, run_lease_id
 from beatless.stores import MemoryStore
 from beatless.stores.base import ClaimRequest, Outcome
 
@@ -561,7 +561,7 @@ def test_the_runs_of_a_process_are_opened_once_named_host_pid_and_closed(
 def test_the_runs_use_the_store_the_scheduler_claims_in(namespace: str, store: MemoryStore) -> None:
     from dramatiq.brokers.redis import RedisBroker
 
-    from beatless.stores.redis import RedisStore
+    from beatless.stores.redis.store import RedisStore
 
     broker = RedisBroker(url=REDIS_URL, namespace=namespace)
     follows = bd.Beatless(namespace=namespace)

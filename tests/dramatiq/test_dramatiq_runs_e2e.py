@@ -35,7 +35,7 @@ import redis
 from dramatiq_nodes import AMQP_URL, Node, delete_store_names, stop_nodes, wait_for_schedulers
 from service_check import require_service
 
-from beatless.firing import firing_id, run_lease_id
+from beatless.schedule.firing import firing_id, run_lease_id
 
 pytestmark = pytest.mark.slow
 

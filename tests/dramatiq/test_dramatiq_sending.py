@@ -30,7 +30,7 @@ import beatless.dramatiq as bd
 from beatless import Entry, Every
 from beatless.dramatiq.sending import Sender
 from beatless.errors import BrokerUnavailable
-from beatless.firing import Firing
+from beatless.schedule.firing import Firing
 
 REDIS_URL = "redis://127.0.0.1:6379/12"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
@@ -271,7 +271,7 @@ from dramatiq.brokers.redis import RedisBroker
 
 import beatless.dramatiq as bd
 from beatless import Entry, Every
-from beatless.firing import Firing
+from beatless.schedule.firing import Firing
 
 url, namespace = sys.argv[1], sys.argv[2]
 broker = RedisBroker(url=url, namespace=namespace)

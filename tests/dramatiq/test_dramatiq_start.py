@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from service_check import require_service
 
-from beatless.problems import EXIT_REFUSED
+from beatless.schedule.problems import EXIT_REFUSED
 
 pytestmark = pytest.mark.slow
 

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from beatless import Firing, Schedule
-from beatless.entry import STORE_TOLERANCE
-from beatless.triggers import Trigger
+from beatless.core.triggers import Trigger
+from beatless.stores.base import STORE_TOLERANCE
 
 TOLERANCE_MS = int(STORE_TOLERANCE.total_seconds() * 1_000)
 RESULTS = Path(__file__).with_name(".results.jsonl")

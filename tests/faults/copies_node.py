@@ -24,7 +24,7 @@ from copies_app import sending_app
 
 from beatless import Firing
 from beatless.celery.sending import Sender
-from beatless.dispatch import send_deadline_s
+from beatless.node.dispatch import send_deadline_s
 
 
 def make_enqueue(config: dict[str, Any], record_fd: int) -> Callable[[Firing], None]:

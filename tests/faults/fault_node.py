@@ -43,8 +43,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from beatless import Cron, Entry, Every, Firing, Schedule, dispatch
-from beatless.scheduler import Scheduler
+from beatless import Cron, Entry, Every, Firing, Schedule
+from beatless.node import dispatch
+from beatless.node.scheduler import Scheduler
 from beatless.stores import open_store
 
 REPORTED_OUTCOMES = frozenset(

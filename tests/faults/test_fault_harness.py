@@ -20,7 +20,7 @@ from proxy import Proxy
 from redis_server import RedisServer
 
 from beatless import Firing
-from beatless.dispatch import TwoPhase, dispatch_now
+from beatless.node.dispatch import TwoPhase, dispatch_now
 from beatless.stores.memory import MemoryStore
 
 pytestmark = pytest.mark.faults
@@ -185,7 +185,7 @@ def test_a_send_counts_from_the_dispatchers_last_check_not_from_the_enqueue_call
     )
     record = tmp_path / "sends.jsonl"
     fd = os.open(record, os.O_WRONLY | os.O_CREAT, 0o644)
-    log = logging.getLogger("beatless.dispatch")
+    log = logging.getLogger("beatless.node.dispatch")
     level, filters = log.level, list(log.filters)
     request.addfinalizer(lambda: (log.setLevel(level), setattr(log, "filters", filters)))
     recording = make_enqueue({"node": "n0"}, fd)

@@ -81,7 +81,7 @@ REPORTED = re.compile(
     r"firing (\S+) of entry \S+: (?:its claim ran out before commit|sent, but its commit "
     r"has failed until)"
 )
-"""A node's WARNING naming a firing of the two-phase window (``beatless.dispatch``)."""
+"""A node's WARNING naming a firing of the two-phase window (``beatless.node.dispatch``)."""
 WORKER_VERDICT = re.compile(
     r"beatless: firing (\S+) of \S+ (?:\(attempt \d+\) )?(not run: another copy|runs again|"
     r"runs without its once-only check|run without its once-only check|has its once-only "

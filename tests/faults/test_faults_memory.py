@@ -48,7 +48,7 @@ MIB = 1024 * 1024
 MAX_LATE_S = 10
 COMMON = {"send_delay_s": 0.01, "lease_s": 5}
 FIX = "CONFIG SET maxmemory-policy noeviction"
-RUN = "import sys; from beatless.cli import main; sys.exit(main(sys.argv[1:]))"
+RUN = "import sys; from beatless.cli.command import main; sys.exit(main(sys.argv[1:]))"
 """``beatless run`` as the console script runs it, with the beatless under test."""
 STOP_WITHIN_S = 2.0
 """Claims stop within a sync (1 s) and a wake of the loop; the rest is a loaded machine."""

@@ -23,7 +23,7 @@ from harness import Fleet, next_whole_second, sleep_until
 from redis_server import RedisServer
 from test_faults import GRACE_S, NODES, assert_clean, every, fanout, schedule
 
-from beatless._prefer import GRACE_MS, LADDER_MS
+from beatless.node._prefer import GRACE_MS, LADDER_MS
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.serial]  # bounds lateness
 

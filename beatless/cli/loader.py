@@ -1,0 +1,378 @@
+"""Load a schedule from a target: ``module:attribute`` or a TOML schedule file.
+
+A TOML schedule file looks like this::
+
+    namespace = "billing"          # default "default"
+    timezone = "Europe/Berlin"     # zone of crons that name none; default "UTC"
+    max_late = "60s"               # default for entries that do not set it
+    jitter = 0                     # default for entries that do not set it
+    catch_up = "latest"            # default: "latest", "all" or "none"
+    overlap = "allow"              # default: "allow" or "skip"
+    run_lease = "30s"              # run lease of entries with overlap "skip" or once-only
+    heartbeat = "5s"               # renewal of a run lease; under half the run_lease
+    once_only = true               # refuse a second execution of a firing (default)
+
+    [[entry]]
+    name = "nightly-report"
+    task = "reports.nightly"
+    cron = "0 2 * * *"
+    jitter = "2m"
+    tenants = ["acme", "globex"]
+    kwargs = { format = "pdf" }
+    overlap = "skip"               # never two runs of one tenant's report at once
+
+    [[entry]]
+    name = "heartbeat"
+    task = "ops.heartbeat"
+    every = "30s"
+
+Every problem in the file is collected and reported at once in one
+:class:`~beatless.errors.ScheduleError`; a file that cannot be read or parsed, and a
+module that cannot be imported, raise :class:`~beatless.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from beatless.core._logtext import shown
+from beatless.core.durations import as_timedelta
+from beatless.core.triggers import Cron, Every, Trigger, zone
+from beatless.errors import ConfigError, ScheduleError
+from beatless.fleet.limits import limits
+from beatless.schedule.entry import (
+    DEFAULT_CATCH_UP,
+    DEFAULT_HEARTBEAT,
+    DEFAULT_MAX_LATE,
+    DEFAULT_OVERLAP,
+    DEFAULT_RUN_LEASE,
+    Entry,
+    Schedule,
+    catch_up_policy,
+    overlap_policy,
+)
+from beatless.schedule.problems import STAND_IN_TRIGGER, entry_of, keep
+
+RUN_KEYS = ("overlap", "run_lease", "heartbeat", "once_only")
+DEFAULTED_KEYS = ("jitter", "max_late", "catch_up")
+"""Entry keys that take the top level's value when an entry does not set its own (the
+run keys too)."""
+TOP_KEYS = ("namespace", "timezone", "max_late", "jitter", "catch_up", *RUN_KEYS, "entry")
+ENTRY_KEYS = (
+    "name",
+    "task",
+    "cron",
+    "every",
+    "anchor",
+    "timezone",
+    "day_and",
+    "jitter",
+    "max_late",
+    "catch_up",
+    *RUN_KEYS,
+    "tenants",
+    "args",
+    "kwargs",
+    "options",
+)
+
+
+def load_schedule(target: str) -> Schedule:
+    """The schedule a target names: a path to a TOML file, or ``module:attribute``.
+
+    The attribute may be a :class:`~beatless.Schedule` or a list of
+    :class:`~beatless.Entry` (wrapped in a schedule with the default namespace). A
+    schedule whose names break the store's :func:`~beatless.fleet.limits.limits` is a
+    :class:`~beatless.errors.ScheduleError` listing them.
+    """
+    schedule = _load(target)
+    errors = limits(schedule)
+    if errors:
+        raise ScheduleError("; ".join(errors), errors)
+    return schedule
+
+
+def _load(target: str) -> Schedule:
+    path = Path(target)
+    if path.suffix.lower() == ".toml" or path.is_file():
+        return load_toml(path)
+    module, sep, attribute = target.partition(":")
+    if sep and module and attribute:
+        return load_object(module, attribute)
+    raise ConfigError(f"cannot find schedule {target!r}: give a TOML file path or module:attribute")
+
+
+def load_object(module_name: str, attribute: str) -> Schedule:
+    """The schedule held by ``attribute`` (dotted names allowed) of ``module_name``."""
+    try:
+        value: Any = importlib.import_module(module_name)
+    except ScheduleError:
+        raise
+    except Exception as exc:
+        raise ConfigError(
+            f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    for part in attribute.split("."):
+        try:
+            value = getattr(value, part)
+        except AttributeError:
+            raise ConfigError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    if isinstance(value, Schedule):
+        return value
+    if isinstance(value, list | tuple) and all(isinstance(item, Entry) for item in value):
+        return Schedule(value)
+    raise ConfigError(
+        f"{module_name}:{attribute} is a {type(value).__name__}, "
+        f"not a beatless Schedule or a list of Entry"
+    )
+
+
+def load_toml(path: Path) -> Schedule:
+    """The schedule in a TOML file; see the module docstring for the format."""
+    try:
+        with path.open("rb") as file:
+            data = tomllib.load(file)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(
+            f"{path}: values nested too deep to read; a schedule nests at most "
+            f"{MAX_DEPTH} levels of tables and arrays"
+        ) from None
+    too_deep = _too_deep(data)
+    if too_deep is not None:
+        raise ConfigError(
+            f"{path}: the value of {too_deep} is nested over {MAX_DEPTH} "
+            f"levels of tables and arrays; a schedule nests at most {MAX_DEPTH}"
+        )
+    return schedule_from_mapping(data, source=str(path))
+
+
+MAX_DEPTH = 100
+"""Levels of tables and arrays a schedule file may nest: its options need 4, and task
+``args`` and ``kwargs`` get the rest."""
+
+
+def _too_deep(data: Mapping[str, Any]) -> str | None:
+    """Where ``data`` nests over ``MAX_DEPTH`` levels (``entry[0].kwargs.k[0][0]...``),
+    found without recursion; ``None`` if nowhere."""
+    stack: list[tuple[object, str, int]] = [(data, "", 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return where
+        if len(where) > PATH_SHOWN and not where.endswith("..."):
+            where += "..."
+        shown_at = where if where.endswith("...") else None
+        if isinstance(value, Mapping):
+            stack += [
+                (
+                    v,
+                    shown_at or (f"{where}.{shown(k, quoted=False)}" if where else str(k)),
+                    depth + 1,
+                )
+                for k, v in value.items()
+            ]
+        elif isinstance(value, list):
+            stack += [(v, shown_at or f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
+    return None
+
+
+PATH_SHOWN = 60
+"""Characters of the path to a value nested too deep that an error shows."""
+
+
+def schedule_from_mapping(data: Mapping[str, Any], *, source: str = "schedule") -> Schedule:
+    """Build a schedule from parsed TOML (or any mapping of the same shape)."""
+    errors: list[str] = []
+    unknown = sorted(set(data) - set(TOP_KEYS))
+    if unknown:
+        errors.append(f"top level: {_unknown(unknown, TOP_KEYS)}")
+    namespace = data.get("namespace", "default")
+    timezone = data.get("timezone", "UTC")
+    defaults = {"max_late": data.get("max_late", DEFAULT_MAX_LATE), "jitter": data.get("jitter", 0)}
+    try:
+        zone(_text(timezone, "timezone"))
+    except ConfigError as exc:
+        errors.append(f"top level: {exc}")
+        timezone = "UTC"
+    for key, value in defaults.items():
+        try:
+            as_timedelta(value, name=f"top level: {key}")
+        except ConfigError as exc:
+            errors.append(str(exc))
+    catch_up = data.get("catch_up", DEFAULT_CATCH_UP)
+    try:
+        catch_up_policy(catch_up, "top level")
+    except ConfigError as exc:
+        errors.append(str(exc))
+        catch_up = DEFAULT_CATCH_UP
+    defaults["catch_up"] = catch_up
+    defaults.update(_run_defaults(data, errors))
+    tables = data.get("entry", [])
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        errors.append("top level: 'entry' must be a list of tables, written [[entry]]")
+        tables = []
+    if not tables and not errors:
+        errors.append("top level: no entries; add at least one [[entry]] table")
+    entries = []
+    for index, table in enumerate(tables, start=1):
+        entry = _collect(lambda t=table, i=index: _entry(t, i, defaults), errors)
+        if entry is not None:
+            entries.append(entry)
+    if errors:
+        # Still run the rules that need every entry, so one run reports everything.
+        _collect(lambda: Schedule(entries, timezone=timezone), errors)
+        raise ScheduleError(f"{source}: {len(errors)} problem(s): " + "; ".join(errors), errors)
+    return Schedule(entries, namespace=_text(namespace, "namespace"), timezone=timezone)
+
+
+def _collect(build: Any, errors: list[str]) -> Any:
+    try:
+        return build()
+    except ScheduleError as exc:
+        errors.extend(exc.errors)
+    except ConfigError as exc:
+        errors.append(str(exc))
+    return None
+
+
+def _entry(table: Mapping[str, Any], index: int, defaults: Mapping[str, Any]) -> Entry:
+    """The entry of one ``[[entry]]`` table; every problem of it at once."""
+    name = table.get("name")
+    label = f"entry {name!r}" if isinstance(name, str) and name else f"entry #{index}"
+    found: list[str] = []
+    unknown = sorted(set(table) - set(ENTRY_KEYS))
+    if unknown:
+        found.append(_unknown(unknown, ENTRY_KEYS))
+    if not isinstance(name, str) or not name:
+        found.append("'name' is required and must be a string")
+        problems = [f"{label}: {problem}" for problem in found]
+        raise ScheduleError("; ".join(problems), problems)
+    pieces: dict[str, Any] = {
+        "task": keep(lambda: _text(table.get("task"), "task"), "?", found),
+        "trigger": keep(lambda: _trigger(table), STAND_IN_TRIGGER, found),
+        "args": keep(lambda: _typed(table, "args", list, []), [], found),
+        "kwargs": keep(lambda: _typed(table, "kwargs", dict, {}), {}, found),
+        "options": keep(lambda: _typed(table, "options", dict, {}), {}, found),
+        "tenants": keep(lambda: _tenants(table.get("tenants")), None, found),
+    }
+    options = {key: table.get(key, defaults[key]) for key in (*DEFAULTED_KEYS, *RUN_KEYS)}
+    return entry_of(label, found, lambda: Entry(name=name, **pieces, **options))
+
+
+def _run_defaults(data: Mapping[str, Any], errors: list[str]) -> dict[str, Any]:
+    """The top-level defaults of the run keys; a bad one is reported and replaced by the
+    built-in default, so that the entries are still checked."""
+    builtin = {
+        "overlap": DEFAULT_OVERLAP,
+        "run_lease": DEFAULT_RUN_LEASE,
+        "heartbeat": DEFAULT_HEARTBEAT,
+        "once_only": True,
+    }
+    checks: dict[str, Any] = {
+        "overlap": lambda v: overlap_policy(v, "top level"),
+        "run_lease": lambda v: as_timedelta(v, name="top level: run_lease"),
+        "heartbeat": lambda v: as_timedelta(v, name="top level: heartbeat"),
+        "once_only": _flag,
+    }
+    defaults = {}
+    for key, default in builtin.items():
+        value = data.get(key, default)
+        try:
+            checks[key](value)
+        except ConfigError as exc:
+            errors.append(str(exc))
+            value = default
+        defaults[key] = value
+    return defaults
+
+
+def _flag(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"top level: once_only must be true or false, got {value!r}")
+    return value
+
+
+def _unknown(keys: Iterable[str], allowed: Sequence[str]) -> str:
+    named = []
+    for key in keys:
+        close = difflib.get_close_matches(key, allowed, n=1)
+        named.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return f"unknown key(s) {', '.join(named)}; allowed: {', '.join(allowed)}"
+
+
+def _trigger(table: Mapping[str, Any]) -> Trigger:
+    has_cron, has_every = "cron" in table, "every" in table
+    if has_cron == has_every:
+        raise ConfigError("give exactly one of 'cron' (an expression) or 'every' (a duration)")
+    if has_cron:
+        if "anchor" in table:
+            raise ConfigError("'anchor' applies to 'every' only, not to 'cron'")
+        day_and = table.get("day_and")
+        if day_and is not None and not isinstance(day_and, bool):
+            raise ConfigError(f"'day_and' must be true or false, got {day_and!r}")
+        tz = table.get("timezone")
+        return Cron(
+            _text(table["cron"], "cron"),
+            None if tz is None else _text(tz, "timezone"),
+            day_and=day_and,
+        )
+    for key in ("timezone", "day_and"):
+        if key in table:
+            raise ConfigError(f"{key!r} applies to 'cron' only, not to 'every'")
+    return Every(table["every"], anchor=_anchor(table.get("anchor")))
+
+
+def _anchor(value: Any) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(f"'anchor' must be an ISO 8601 instant, got {value!r}")
+    return parse_instant(value, what="anchor")
+
+
+def parse_instant(text: str, *, what: str = "instant") -> datetime:
+    """An aware datetime from ISO 8601 with a ``Z`` or an offset; naive times are refused."""
+    try:
+        instant = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ConfigError(
+            f"{what}: cannot read {text!r} as an ISO 8601 instant (e.g. 2026-11-29T02:00:00Z)"
+        ) from None
+    if instant.tzinfo is None or instant.utcoffset() is None:
+        raise ConfigError(
+            f"{what}: {text!r} has no UTC offset; add 'Z' or '+01:00' so every node "
+            f"reads the same instant"
+        )
+    return instant
+
+
+def _text(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{key!r} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _typed(table: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
+    value = table.get(key, default)
+    if not isinstance(value, kind):
+        expected = "a list" if kind is list else "a table"
+        raise ConfigError(f"{key!r} must be {expected}, got {value!r}")
+    return value
+
+
+def _tenants(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(t, str) and t for t in value):
+        raise ConfigError(f"'tenants' must be a list of non-empty strings, got {value!r}")
+    return value

@@ -1,0 +1,165 @@
+"""Triggers: immutable values that turn an instant into the next occurrences.
+
+An occurrence is a pure function of the trigger and the instant, in integer Unix epoch
+milliseconds (UTC). Two nodes started at different times agree on every occurrence.
+
+DST rule (Debian cron's): a 5-field expression whose minute and hour fields do not start
+with ``*`` runs a skipped wall time once, at the transition, and a repeated one once, at
+the first pass; other expressions (``*``, ``*/15`` in the minute or hour, and 6-field
+expressions) follow real time. The evaluator is :mod:`beatless.core._cron`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import zoneinfo
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from beatless.core._cron import CronError, CronPattern
+from beatless.core._gaps import min_gap_ms
+from beatless.core._time import EPOCH, from_datetime
+from beatless.core.durations import DurationLike, as_timedelta, describe, to_ms
+from beatless.errors import ConfigError, ScheduleError
+
+
+@runtime_checkable
+class Trigger(Protocol):
+    """What makes occurrences. Implementations are frozen, hashable values."""
+
+    def after(self, instant_ms: int) -> Iterator[int]:
+        """Occurrences strictly after ``instant_ms``, ascending, in epoch milliseconds."""
+        ...
+
+    def min_gap_ms(self) -> int:
+        """The shortest gap between two consecutive occurrences (over at least a year)."""
+        ...
+
+    def describe(self) -> str:
+        """A short human form: ``cron '0 2 * * *' in Europe/Berlin``, ``every 30s``."""
+        ...
+
+
+def zone(name: str | ZoneInfo) -> ZoneInfo:
+    """A ZoneInfo for an IANA name, with a ConfigError for an unknown one."""
+    if isinstance(name, ZoneInfo):
+        return name
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ConfigError(
+            f"unknown time zone {name!r}: use an IANA name such as 'UTC' or 'Europe/Berlin'"
+        ) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Every:
+    """Occurrences at ``anchor + k × interval`` for every integer k.
+
+    The anchor defaults to the Unix epoch, so every node agrees on every slot whatever
+    its start time. Sub-second intervals are allowed; the resolution is 1 ms.
+    """
+
+    interval: timedelta
+    anchor: datetime = EPOCH
+    interval_ms: int = field(init=False, repr=False, compare=False)
+    anchor_ms: int = field(init=False, repr=False, compare=False)
+
+    def __init__(self, interval: DurationLike, anchor: datetime | None = None) -> None:
+        delta = as_timedelta(interval, name="every")
+        if to_ms(delta) <= 0:
+            raise ScheduleError(f"every: the interval must be at least 1ms, got {delta!r}")
+        anchor = EPOCH if anchor is None else anchor
+        if anchor.tzinfo is None or anchor.utcoffset() is None:
+            raise ConfigError(f"every: the anchor {anchor.isoformat()} must be timezone-aware")
+        object.__setattr__(self, "interval", delta)
+        object.__setattr__(self, "anchor", anchor.astimezone(UTC))
+        object.__setattr__(self, "interval_ms", to_ms(delta))
+        object.__setattr__(self, "anchor_ms", from_datetime(anchor))
+
+    def after(self, instant_ms: int) -> Iterator[int]:
+        k = (instant_ms - self.anchor_ms) // self.interval_ms + 1
+        slot = self.anchor_ms + k * self.interval_ms
+        while True:
+            yield slot
+            slot += self.interval_ms
+
+    def min_gap_ms(self) -> int:
+        return self.interval_ms
+
+    def describe(self) -> str:
+        text = f"every {describe(self.interval)}"
+        if self.anchor_ms:
+            text += f" from {self.anchor.isoformat()}"
+        return text
+
+
+@dataclass(frozen=True, slots=True)
+class Cron:
+    """A cron expression evaluated in a time zone.
+
+    Five fields, six with seconds first, the ``@hourly``-style aliases, ``L``, ``LW``,
+    ``nW`` (nearest weekday) and ``#``. ``day_and=True`` makes day-of-month AND
+    day-of-week both required, as Celery's ``crontab`` does; by default the two combine
+    as in Debian cron (OR, unless either field starts with ``*``).
+
+    ``tz=None`` means "the schedule's time zone"; a :class:`~beatless.Schedule` binds it.
+    """
+
+    expr: str
+    tz: str | None = None
+    day_and: bool | None = None
+    pattern: CronPattern = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        expr = " ".join(self.expr.split())
+        object.__setattr__(self, "expr", expr)
+        if self.tz is not None:
+            zone(self.tz)
+        try:
+            pattern = CronPattern.parse(expr, self.day_and)
+        except CronError as exc:
+            raise ScheduleError(f"cron {expr!r}: {exc}") from None
+        object.__setattr__(self, "pattern", pattern)
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return zone(self.tz or "UTC")
+
+    def bind(self, tz: str) -> Cron:
+        """This cron in ``tz`` if it names no zone of its own."""
+        return self if self.tz is not None else Cron(self.expr, tz, day_and=self.day_and)
+
+    def after(self, instant_ms: int) -> Iterator[int]:
+        return self.pattern.occurrences(instant_ms, self.zone)
+
+    def min_gap_ms(self) -> int:
+        return min_gap_ms(self.pattern, self.zone)
+
+    def describe(self) -> str:
+        text = f"cron {self.expr!r} in {self.tz or 'UTC'}"
+        return text + (" (day-of-month AND day-of-week)" if self.day_and else "")
+
+
+def tzdata_version() -> str:
+    """The version of the time-zone database that ``zoneinfo`` reads (``2025b``), from the
+    first directory of ``zoneinfo.TZPATH`` that has ``tzdata.zi``, else the ``tzdata``
+    package; ``unknown`` when neither says. Nodes whose versions differ may place a cron
+    occurrence differently around a zone's rule change."""
+    for root in zoneinfo.TZPATH:
+        try:
+            with (Path(root) / "tzdata.zi").open(encoding="utf-8") as file:
+                first = file.readline()
+        except OSError:
+            continue
+        if first.startswith("# version "):
+            return first.removeprefix("# version ").strip()
+    try:
+        package = importlib.import_module("tzdata")
+    except ImportError:
+        return "unknown"
+    return str(getattr(package, "IANA_VERSION", "unknown"))

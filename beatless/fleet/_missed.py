@@ -1,0 +1,171 @@
+"""Missed firings: which occurrences of the last hour nobody sent in time, read from the
+history the nodes keep, and the sweep by which one node in the fleet counts each.
+
+A missed firing is found from the history (:func:`missed_occurrences`); the sweep
+(:func:`sweep_missed`) claims each once more under a marker id of its own, so one node
+counts, logs and records it. The status report reads the same to show the missed count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass
+from typing import Any
+
+from beatless.core.triggers import Trigger
+from beatless.fleet._notes import (
+    SYNC_EVERY_MS,
+    TENANTS_PUBLISHED,
+    HistoryItem,
+    entry_note,
+    history_kind,
+    read_history,
+    strongest,
+    trigger_of,
+)
+from beatless.fleet._schema import Skipped
+from beatless.schedule.entry import Schedule, tenant_address
+from beatless.schedule.firing import firing_id, missed_id
+from beatless.stores.base import NEVER_LATE_MS, TOLERANCE_MS, ClaimRequest, ClaimStore
+
+HOUR_MS = 3_600_000
+TENANTS_SHOWN = TENANTS_PUBLISHED
+"""For a fan-out entry, the history of at most this many of its tenants is read."""
+SWEEP_ENTRIES = 1_000
+"""A node's missed-firing sweep reads the history of at most this many entries."""
+MARKER_MEMORY_MS = 2 * HOUR_MS
+"""A missed marker outlives the hour over which missed firings are judged."""
+MARKER_LEASE_MS = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class EntryView:
+    """An entry as the status sees it: from the schedule, or as the nodes published it."""
+
+    name: str
+    address: str
+    describe: str
+    trigger: Trigger | None
+    jitter_ms: int
+    max_late_ms: int
+    tenants: tuple[str, ...] | None
+    """The tenants whose history is read; ``None`` for an entry without fan-out."""
+    fan_out: str | None
+    """``None``, or how the fan-out is declared (``callable``, ``N tenants``)."""
+
+    @classmethod
+    def of(cls, note: Mapping[str, Any]) -> EntryView:
+        tenants = note.get("tenants")
+        listed = tuple(str(t) for t in tenants) if isinstance(tenants, list | tuple) else None
+        return cls(
+            name=str(note["entry"]),
+            address=str(note["address"]),
+            describe=str(note.get("describe", "")),
+            trigger=trigger_of(note.get("trigger") or {}),
+            jitter_ms=int(note.get("jitter_ms", 0)),
+            max_late_ms=int(note.get("max_late_ms", 0)),
+            tenants=None if tenants is None else (listed or ())[:TENANTS_SHOWN],
+            fan_out=None
+            if tenants is None
+            else (
+                "callable"
+                if listed is None
+                else f"{note.get('tenant_count') or len(listed)} tenants"
+            ),
+        )
+
+    def addresses(self) -> list[tuple[str, str | None]]:
+        if self.tenants is None:
+            return [(self.address, None)]
+        return [(tenant_address(self.address, t), t) for t in self.tenants]
+
+
+def entry_views(schedule: Schedule) -> list[EntryView]:
+    return [EntryView.of(entry_note(schedule, entry)) for entry in schedule.entries]
+
+
+def history_items(
+    view: EntryView, history: Mapping[str, Mapping[str, str]], skipped: Skipped | None = None
+) -> list[HistoryItem]:
+    """The firings of ``view`` in the history, each once with its strongest outcome."""
+    items = []
+    for address, _ in view.addresses():
+        items += read_history(address, history.get(history_kind(address), {}), skipped)
+    return sorted(strongest(items), key=lambda i: (i.occurrence_ms, i.at_ms))
+
+
+def missed_occurrences(
+    view: EntryView, items: Sequence[HistoryItem], now_ms: int, counted: Set[int] = frozenset()
+) -> list[int]:
+    """The occurrences of the last hour with a firing nobody sent in time: those the nodes
+    counted (``counted``, their missed-count notes, kept for the hour whatever the history
+    still holds), those the history records missed, and those it should hold and does
+    not (not counted yet)."""
+    hour_ago = now_ms - HOUR_MS
+    missed = {o for o in counted if hour_ago <= o <= now_ms}
+    missed.update(
+        i.occurrence_ms for i in items if i.outcome == "missed" and i.occurrence_ms >= hour_ago
+    )
+    if view.trigger is None or view.fan_out or not items:
+        return sorted(missed)
+    # Judged from the oldest item kept on (the history holds the latest of each address),
+    # and only once an item decided without a commit has had a sync to be posted.
+    settled = now_ms - (view.max_late_ms + view.jitter_ms + TOLERANCE_MS + 2 * SYNC_EVERY_MS)
+    start = max(hour_ago, items[0].occurrence_ms)
+    known = {i.id for i in items}
+    spans = [i for i in items if i.coalesced is not None]
+    for occurrence in view.trigger.after(start - 1):
+        if occurrence > settled:
+            break
+        if firing_id(view.address, occurrence) not in known and not any(
+            i.covers(occurrence) for i in spans
+        ):
+            missed.add(occurrence)
+    return sorted(missed)
+
+
+def sweep_missed(
+    store: ClaimStore, schedule: Schedule, node: str, now_ms: int, skipped: Skipped | None = None
+) -> list[tuple[EntryView, list[int]]]:
+    """The missed firings of ``schedule`` that this node is the first in the fleet to
+    find: per entry, their occurrences.
+
+    Each missed firing found in the history (:func:`missed_occurrences`, entries without fan-out)
+    is claimed once more under a marker id of its own, never late and remembered
+    ``MARKER_MEMORY_MS``: one node in the fleet wins each marker, and only that node
+    counts, logs and records the firing missed. History notes that do not fit their
+    schema are told to ``skipped``. Raises :class:`~beatless.errors.StoreError` when the
+    store fails.
+    """
+    views = [v for v in entry_views(schedule) if v.fan_out is None][:SWEEP_ENTRIES]
+    if not views:
+        return []
+    history = store.read_notes([history_kind(v.address) for v in views])
+    found: list[tuple[EntryView, int]] = []
+    for view in views:
+        items = history_items(view, history, skipped)
+        recorded = {i.occurrence_ms for i in items if i.outcome == "missed"}
+        fresh = [o for o in missed_occurrences(view, items, now_ms) if o not in recorded]
+        found.extend((view, occurrence) for occurrence in fresh)
+    if not found:
+        return []
+    requests = [
+        ClaimRequest(
+            id=missed_id(firing_id(view.address, occurrence)),
+            address=view.address,
+            occurrence_ms=occurrence,
+            max_late_ms=NEVER_LATE_MS,
+            memory_ms=MARKER_MEMORY_MS,
+            release_ms=now_ms,
+        )
+        for view, occurrence in found
+    ]
+    outcomes = store.claim(requests, node=node, lease_ms=MARKER_LEASE_MS)
+    won = [r.id for r, o in zip(requests, outcomes, strict=True) if o.is_won]
+    if won:
+        store.commit(won, node=node)
+    mine: dict[str, tuple[EntryView, list[int]]] = {}
+    for (view, occurrence), outcome in zip(found, outcomes, strict=True):
+        if outcome.is_won:
+            mine.setdefault(view.name, (view, []))[1].append(occurrence)
+    return list(mine.values())

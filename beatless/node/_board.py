@@ -1,0 +1,590 @@
+"""The node's thread that keeps its notes in the claim store (:mod:`beatless.fleet._notes`).
+
+Every second it posts the history waiting, the registry record and the entries when due,
+reads the controls, the run-now requests, the preferred claimers' progress and the
+registry, and sweeps the history for missed firings. It WARNs (rate-limited) when live
+nodes disagree on the schedule fingerprint or the tzdata version, or when a node's clock
+is more than ``OFFSET_WARN_MS`` from the store's.
+
+The board reads its node through :class:`NodeLoop`, a small view of the scheduler loop,
+not the loop's class: the loop owns a board, and the board imports nothing of the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from beatless._version import __version__
+from beatless.core._logtext import ERROR_LIMIT, WarnEvery, shown
+from beatless.core.triggers import tzdata_version
+from beatless.errors import StoreError
+from beatless.fleet._controls import (
+    RUN_NOW_TTL_MS,
+    Control,
+    capped_ttl,
+    controls_kind,
+    json_text,
+    read_controls,
+    read_requests,
+    refreshed,
+    run_now_kind,
+)
+from beatless.fleet._missed import sweep_missed
+from beatless.fleet._notes import (
+    BATCH_ITEM_LIMIT,
+    ENTRIES_EVERY_MS,
+    ENTRIES_TTL_MS,
+    HISTORY_KEEP,
+    HISTORY_OUTCOMES,
+    HISTORY_TTL_MS,
+    MIN_HISTORY_TTL_MS,
+    MISSED_KEEP,
+    MISSED_LIFE_MS,
+    MISSED_PER_NOTE,
+    REGISTRY_EVERY_MS,
+    REGISTRY_TTL_MS,
+    SENT,
+    SYNC_EVERY_MS,
+    TEMPLATE_AT,
+    TEMPLATE_LATENESS,
+    TEMPLATE_OUTCOME,
+    TENANTS_PUBLISHED,
+    HistoryItem,
+    MissedRecord,
+    NodeRecord,
+    batch_chunks,
+    batch_head,
+    drift,
+    entries_kind,
+    entry_note,
+    fan_out_history_kind,
+    history_key,
+    history_kind,
+    item_start,
+    missed_kind,
+    nodes_kind,
+    read_registry,
+)
+from beatless.fleet._schema import family
+from beatless.node.stats import EntryStats, SkippedNotes
+from beatless.schedule.firing import Decision, Firing, iso
+from beatless.stores.base import NOTE_VALUE_LIMIT, ClaimStore, Note, NoteItem, StoreFacts
+
+if TYPE_CHECKING:
+    from beatless.node._clockwatch import ClockWatch
+    from beatless.node._prefer import Preference
+    from beatless.schedule.entry import Schedule
+
+logger = logging.getLogger("beatless.fleet")
+
+FACTS_EVERY_MS = 10_000
+"""How often a node reads all of the store's settings (:meth:`ClaimStore.facts
+<beatless.stores.base.ClaimStore.facts>`); at the other syncs it reads only those that can
+make a running store lose claims (:meth:`~beatless.stores.base.ClaimStore.quick_facts`)."""
+HISTORY_BUFFER = 20_000
+"""At most this many history items wait for a post; beyond, the oldest are dropped."""
+MISSED_SWEEP_EVERY_MS = 30_000
+"""How often a node looks for missed firings in the history of its entries."""
+DRIFT_WARN_EVERY_MS = 300_000
+SKIPPED_WARN_EVERY_MS = 300_000
+"""A note skipped for not fitting its schema is told at most this often per kind and key."""
+
+
+class NodeLoop(Protocol):
+    """What the board reads of its node: the scheduler loop
+    (:class:`beatless.node.scheduler.Scheduler`), seen through what the board needs of it."""
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def store(self) -> ClaimStore: ...
+
+    @property
+    def schedule(self) -> Schedule: ...
+
+    @property
+    def stats(self) -> Mapping[str, EntryStats]: ...
+
+    @property
+    def clockwatch(self) -> ClockWatch: ...
+
+    @property
+    def preference(self) -> Preference: ...
+
+    def now_ms(self) -> int: ...
+
+
+class Board:
+    """One node's side of the notes: registry, entries, history, drift warnings.
+
+    :meth:`sync` does what is due; :meth:`start` runs it every second in a thread of its
+    own, so that the registry shows a node whose loop died or hangs as such.
+    """
+
+    def __init__(
+        self,
+        loop: NodeLoop,
+        *,
+        framework: str = "standalone",
+        loop_alive: Callable[[], bool] | None = None,
+    ) -> None:
+        self.loop = loop
+        self.store = loop.store
+        self.framework = framework
+        self.namespace = loop.schedule.namespace
+        self._loop_alive = loop_alive or (lambda: True)
+        self._pending: deque[tuple[str, HistoryItem]] = deque(maxlen=HISTORY_BUFFER)
+        """History items to post at the next sync, each with its address."""
+        self._pending_missed: list[Note] = []
+        """Missed-count notes to post at the next sync, with the history."""
+        entries = loop.schedule.entries
+        self._shown = {
+            e.name: frozenset(e.tenants[:TENANTS_PUBLISHED])
+            for e in entries
+            if e.tenants is not None and not callable(e.tenants)
+        }
+        """The tenants of each fan-out that keep a history of their own (status shows them)."""
+        self._batch_life = {
+            e.name: min(HISTORY_TTL_MS, HISTORY_KEEP * max(e.trigger.min_gap_ms(), 1))
+            for e in entries
+            if e.tenants is not None
+        }
+        """How long after its occurrence a fan-out's batch notes live: its last
+        ``HISTORY_KEEP`` occurrences, at most ``HISTORY_TTL_MS``."""
+        self._templates: dict[tuple[str, int, tuple[int, int] | None], Note] = {}
+        self._lock = threading.Lock()
+        self._registry_ms: int | None = None
+        self._swept_ms: int | None = None
+        self._entries_ms: int | None = None
+        self._warned = WarnEvery()
+        self.skipped = SkippedNotes()
+        """The notes read that did not fit their schema (:meth:`skip`)."""
+        self.last_wake_ms: int | None = None
+        self.restarts = 0
+        self.last_failure: str | None = None
+        self.last_failure_ms: int | None = None
+        self.registry: list[NodeRecord] = []
+        """The live nodes as this node last read them (every ``REGISTRY_EVERY_MS``)."""
+        self.controls: dict[str, Control] = {}
+        """The controls of this namespace by entry, as last read (every sync)."""
+        self._run_now: list[Control] = []
+        self._seen_requests: dict[str, int] = {}
+        """Run-now requests already taken, with when they were first seen."""
+        self.host = socket.gethostname()
+        self.started_ms = loop.now_ms()
+        self.version = __version__
+        self.tzdata = tzdata_version()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.store_facts: StoreFacts | None = None
+        """The store's settings as the last sync read them (:meth:`watch_store`)."""
+        self._facts_ms: int | None = None
+        self._full_seen = 0
+
+    def woke(self, now_ms: int) -> None:
+        """The loop calls this at every wake."""
+        self.last_wake_ms = now_ms
+
+    def record(self, decision: Decision, coalesced: tuple[int, int] | None = None) -> None:
+        """Keep a decision for the history, if it is one this node writes."""
+        if decision.outcome in HISTORY_OUTCOMES:
+            item = HistoryItem.of(decision, coalesced if decision.outcome in SENT else None)
+            self.record_item(decision.firing.address, item)
+
+    def record_item(self, address: str, item: HistoryItem) -> None:
+        """Post ``item`` at the next sync."""
+        with self._lock:
+            self._pending.append((address, item))
+
+    def batched(self, entry: str, tenant: str | None, manual: bool = False) -> bool:
+        """Whether a firing's history goes into its occurrence's batch notes: a fan-out
+        tenant that ``status`` does not show, in a scheduled (not manual) firing."""
+        return (
+            tenant is not None
+            and not manual
+            and tenant not in self._shown.get(entry, ())
+            and len(tenant) <= BATCH_ITEM_LIMIT
+        )
+
+    def history_notes(self, items: Iterable[tuple[str, HistoryItem]]) -> list[Note]:
+        """The notes of ``items`` (each with its address): a note each in its address's
+        history, but one batch note per fan-out occurrence and node for the items of
+        :meth:`batched` tenants (more when one would pass ``NOTE_VALUE_LIMIT``)."""
+        notes: list[Note] = []
+        groups: dict[tuple[str, str, int, tuple[int, int] | None, str], list[HistoryItem]] = {}
+        for address, item in items:
+            if self.batched(item.entry, item.tenant, item.manual) and item.tenant is not None:
+                base = address[: -len(item.tenant) - 1]
+                group = (base, item.entry, item.occurrence_ms, item.coalesced, item.node)
+                groups.setdefault(group, []).append(item)
+            else:
+                notes.append(self.history_note(address, item))
+        for (base, entry, occurrence, coalesced, node), members in groups.items():
+            at = max(m.at_ms for m in members)
+            head = f'{batch_head(entry, node, occurrence, coalesced)},"at_ms":{at},"items":['
+            for first, texts in batch_chunks(members, NOTE_VALUE_LIMIT - len(head.encode()) - 2):
+                notes.append(
+                    self._batch(
+                        entry,
+                        base,
+                        occurrence,
+                        at_ms=at,
+                        key=f"{occurrence}.{node}.{first}",
+                        value=head + ",".join(texts) + "]}",
+                    )
+                )
+        return notes
+
+    def _batch(
+        self, entry: str, base: str, occurrence_ms: int, *, at_ms: int, key: str, value: str
+    ) -> Note:
+        """A batch note of ``entry``'s occurrence, posted at ``at_ms``."""
+        life = self._batch_life.get(entry, HISTORY_TTL_MS)
+        ttl = max(occurrence_ms + life - at_ms, MIN_HISTORY_TTL_MS)
+        return Note(fan_out_history_kind(base, occurrence_ms), key, value, self._ttl(ttl))
+
+    def history_note(self, address: str, item: HistoryItem, text: str | None = None) -> Note:
+        """The note of ``item`` in the history of ``address`` (its value ``text`` if given,
+        the item's JSON otherwise), under its :func:`history_key`."""
+        value = item.to_json() if text is None else text
+        key = history_key(item.id, item.outcome)
+        return self._history_note(address, key, item.occurrence_ms, item.at_ms, value)
+
+    def _history_note(
+        self, address: str, key: str, occurrence_ms: int, at_ms: int, value: str
+    ) -> Note:
+        # Living from the occurrence, not the post, the notes of an address expire in the
+        # order of their occurrences, so its bound keeps the latest HISTORY_KEEP of them
+        # (a firing recorded missed long after its occurrence does not outlive later ones).
+        ttl = max(occurrence_ms + HISTORY_TTL_MS - at_ms, MIN_HISTORY_TTL_MS)
+        return Note(history_kind(address), key, value, self._ttl(ttl), HISTORY_KEEP)
+
+    def missed_notes(self, address: str, occurrences: Sequence[int], now_ms: int) -> list[Note]:
+        """The missed-count notes of ``occurrences`` of ``address``, found missed by this
+        node at ``now_ms`` (:class:`MissedRecord`)."""
+        ordered = sorted(occurrences)
+        notes = []
+        for start in range(0, len(ordered), MISSED_PER_NOTE):
+            chunk = tuple(ordered[start : start + MISSED_PER_NOTE])
+            ttl = max(chunk[-1] + MISSED_LIFE_MS - now_ms, MIN_HISTORY_TTL_MS)
+            value = MissedRecord(self.loop.node, chunk).to_json()
+            key = f"{chunk[0]}.{self.loop.node}"
+            notes.append(Note(missed_kind(address), key, value, self._ttl(ttl), MISSED_KEEP))
+        return notes
+
+    def history_template(
+        self, firing: Firing, now_ms: int, coalesced: tuple[int, int] | None = None
+    ) -> Note | NoteItem:
+        """The history note of ``firing`` for a claim script to complete: its value has
+        ``{{outcome}}``, ``{{at_ms}}`` and ``{{lateness_ms}}`` where the script's decision
+        goes (:meth:`beatless.stores.redis.store.RedisStore.claim_and_push`); for a
+        :meth:`batched` tenant, its item in the batch note of its occurrence. ``coalesced``
+        is kept whatever the script decides: it is only read from a sent firing's item."""
+        if self.batched(firing.entry.name, firing.tenant, firing.manual):
+            return NoteItem(
+                self._batch_template(firing, now_ms, coalesced), item_start(firing.tenant or "")
+            )
+        item = HistoryItem(
+            id=firing.id,
+            entry=firing.entry.name,
+            tenant=firing.tenant,
+            occurrence_ms=firing.occurrence_ms,
+            release_ms=firing.release_ms,
+            node=self.loop.node,
+            outcome=TEMPLATE_OUTCOME,
+            lateness_ms=TEMPLATE_LATENESS,
+            at_ms=TEMPLATE_AT,
+            manual=firing.manual,
+            coalesced=coalesced,
+        )
+        text = (
+            item.to_json()
+            .replace(f'"at_ms":{TEMPLATE_AT}', '"at_ms":{{at_ms}}')
+            .replace(f'"lateness_ms":{TEMPLATE_LATENESS}', '"lateness_ms":{{lateness_ms}}')
+        )
+        return self._history_note(firing.address, firing.id, firing.occurrence_ms, now_ms, text)
+
+    def _batch_template(
+        self, firing: Firing, now_ms: int, coalesced: tuple[int, int] | None
+    ) -> Note:
+        """The batch note of ``firing``'s occurrence for a claim script to fill in: the
+        same object for every firing of the occurrence, so a script writes one."""
+        tenant = firing.tenant or ""
+        base = firing.address[: -len(tenant) - 1]
+        cached = (base, firing.occurrence_ms, coalesced)
+        template = self._templates.get(cached)
+        if template is None:
+            if len(self._templates) >= 64:
+                self._templates.clear()
+            node = self.loop.node
+            head = batch_head(firing.entry.name, node, firing.occurrence_ms, coalesced)
+            value = head + ',"at_ms":{{at_ms}},"items":[{{items}}]}'
+            key = f"{firing.occurrence_ms}.{node}"
+            template = self._batch(
+                firing.entry.name, base, firing.occurrence_ms, at_ms=now_ms, key=key, value=value
+            )
+            self._templates[cached] = template
+        return template
+
+    def node_record(self, now_ms: int) -> NodeRecord:
+        loop = self.loop
+        counters: dict[str, int] = {}
+        for stats in loop.stats.values():
+            for name, value in stats.as_dict().items():
+                if isinstance(value, int) and not name.startswith("lateness"):
+                    counters[name] = counters.get(name, 0) + value
+        counters["skipped_notes"] = self.skipped.total
+        return NodeRecord(
+            node=loop.node,
+            host=self.host,
+            pid=os.getpid(),
+            version=self.version,
+            framework=self.framework,
+            store=self.store.name,
+            fingerprint=loop.schedule.fingerprint,
+            tzdata=self.tzdata,
+            clock_offset_ms=loop.clockwatch.offset_ms,
+            last_wake_ms=self.last_wake_ms,
+            posted_ms=now_ms,
+            started_ms=self.started_ms,
+            loop_alive=self._loop_alive(),
+            entries=len(loop.schedule.entries),
+            counters=counters,
+            restarts=self.restarts,
+            last_failure=self.last_failure,
+            last_failure_ms=self.last_failure_ms,
+            store_verdict=None if self.store_facts is None else self.store_facts.summary(),
+        )
+
+    def sync(self, now_ms: int | None = None) -> None:
+        """Post the history waiting, and the registry record and entries when due; read
+        the registry and warn about drift. A store error is logged (rate-limited) and the
+        history kept for the next sync."""
+        now = self.loop.now_ms() if now_ms is None else now_ms
+        self.watch_store(now)
+        with self._lock:
+            history = list(self._pending)
+            self._pending.clear()
+            missed, self._pending_missed = self._pending_missed, []
+        notes = self.history_notes(history) + missed
+        registry_due = self._registry_ms is None or now - self._registry_ms >= REGISTRY_EVERY_MS
+        if registry_due:
+            record = self.node_record(now)
+            notes.append(
+                Note(
+                    nodes_kind(self.namespace),
+                    record.node,
+                    record.to_json(),
+                    self._ttl(REGISTRY_TTL_MS),
+                )
+            )
+        progress = self.loop.preference.note(refresh=registry_due)
+        if progress is not None:
+            notes.append(Note(*progress, self._ttl(REGISTRY_TTL_MS)))
+        if self._entries_ms is None or now - self._entries_ms >= ENTRIES_EVERY_MS:
+            notes.extend(self._entry_notes())
+            self._entries_ms = now
+        try:
+            if notes:
+                self.store.post(notes)
+            self._read(now, registry_due)
+            if self._swept_ms is None or now - self._swept_ms >= MISSED_SWEEP_EVERY_MS:
+                self._swept_ms = now
+                self._sweep_missed(now)
+        except StoreError as exc:
+            self._requeue(history, missed)
+            if self._may_warn("store", 60_000, now):
+                logger.warning(
+                    "node %s: registry and history not written to the claim store (%s); "
+                    "retried every second",
+                    shown(self.loop.node, quoted=False),
+                    exc,
+                )
+
+    def watch_store(self, now: int) -> None:
+        """Read the store's settings again (:meth:`ClaimStore.watch
+        <beatless.stores.base.ClaimStore.watch>`): all of them every ``FACTS_EVERY_MS``
+        and at once after a claim or commit was refused as full, the quick ones at the
+        other syncs. A refused one stops the claims until it is fixed, said at WARNING
+        once a minute while it holds."""
+        was = None if self.store_facts is None else self.store.refusal
+        full = sum(stats.store_full for stats in list(self.loop.stats.values()))
+        due = self._facts_ms is None or now - self._facts_ms >= FACTS_EVERY_MS
+        quick = not due and full == self._full_seen
+        try:
+            self.store_facts = self.store.watch(quick=quick)
+        except StoreError as exc:
+            logger.debug("store settings not read: %s", exc)
+            return
+        if not quick:
+            self._facts_ms, self._full_seen = now, full
+        refusal = self.store.refusal
+        if refusal is not None and (self._may_warn("refused", 60_000, now) or was is None):
+            logger.warning(
+                "node %s: claims stopped: %s", shown(self.loop.node, quoted=False), refusal
+            )
+        elif refusal is None and was is not None:
+            logger.warning(
+                "node %s: claims resumed: the store's settings are %s",
+                shown(self.loop.node, quoted=False),
+                self.store_facts.summary(),
+            )
+
+    def _ttl(self, ttl_ms: int) -> int:
+        return capped_ttl(ttl_ms, self.store.notes_live_ms)
+
+    def _requeue(self, history: list[tuple[str, HistoryItem]], missed: list[Note]) -> None:
+        """Put the history and missed counts of a failed post back, before what came
+        since."""
+        with self._lock:
+            self._pending.extendleft(reversed(history))
+            self._pending_missed[:0] = missed
+
+    def _entry_notes(self) -> list[Note]:
+        schedule = self.loop.schedule
+        kind = entries_kind(self.namespace)
+        return [
+            Note(
+                kind, entry.name, json_text(entry_note(schedule, entry)), self._ttl(ENTRIES_TTL_MS)
+            )
+            for entry in schedule.entries
+        ]
+
+    def _read(self, now: int, registry_due: bool) -> None:
+        """Read the controls and the preferred claimers' progress (every sync) and the
+        registry (when due), in one call."""
+        preference = self.loop.preference
+        kinds = [controls_kind(self.namespace), run_now_kind(self.namespace)]
+        if preference.enabled:
+            kinds.append(preference.kind)
+        if registry_due:
+            kinds.append(nodes_kind(self.namespace))
+        notes = self.store.read_notes(kinds)
+        self.controls = read_controls(notes[kinds[0]], self.namespace, self)
+        again = [
+            note
+            for control in self.controls.values()
+            if (note := refreshed(self.namespace, control, now, self.store.notes_live_ms))
+        ]
+        if again:
+            self.store.post(again)
+        self._take_requests(notes[kinds[1]], now)
+        if preference.enabled:
+            preference.read(notes[preference.kind], self)
+        if registry_due:
+            self._registry_ms = now
+            self.registry = read_registry(notes[nodes_kind(self.namespace)], self.namespace, self)
+            preference.registry = self.registry
+            for problem in drift(self.registry):
+                if self._may_warn(problem, DRIFT_WARN_EVERY_MS, now):
+                    logger.warning("namespace %s: %s", shown(self.namespace), problem)
+
+    def _take_requests(self, notes: Mapping[str, str], now: int) -> None:
+        """Queue the run-now requests not seen before, once each."""
+        unseen = {key: text for key, text in notes.items() if key not in self._seen_requests}
+        self._seen_requests.update(dict.fromkeys(unseen, now))
+        requests = read_requests(unseen, self.namespace, self).values()
+        fresh = [control for control in requests if control.action == "run-now"]
+        with self._lock:
+            self._run_now.extend(sorted(fresh, key=lambda c: c.at_ms))
+        for key, seen in list(self._seen_requests.items()):
+            if now - seen > RUN_NOW_TTL_MS:
+                del self._seen_requests[key]
+
+    def _sweep_missed(self, now: int) -> None:
+        """Count, log and record the missed firings this node is first to find; each is
+        counted by one node in the fleet (:func:`beatless.fleet._missed.sweep_missed`)."""
+        loop = self.loop
+        schedule = loop.schedule
+        for view, occurrences in sweep_missed(self.store, schedule, loop.node, now, self):
+            entry = schedule.entry(view.name)
+            for occurrence in occurrences:
+                firing = Firing.of(entry, None, view.address, occurrence)
+                decision = Decision(firing, "missed", loop.node, now - firing.release_ms)
+                self.record_item(firing.address, HistoryItem.of(decision))
+            # Counted apart from the history, which keeps only its last firings: posted
+            # with these items at the next sync.
+            with self._lock:
+                self._pending_missed.extend(self.missed_notes(view.address, occurrences, now))
+            loop.stats[entry.name].missed += len(occurrences)
+            logger.warning(
+                "entry %s: %d firing(s) from %s to %s missed: no node claimed them within "
+                "max_late (every node down, frozen or cut off from the store?); counted once "
+                "in the fleet, by this node",
+                shown(entry.name),
+                len(occurrences),
+                iso(min(occurrences)),
+                iso(max(occurrences)),
+            )
+
+    def take_run_now(self) -> list[Control]:
+        """The run-now requests read since the last call."""
+        with self._lock:
+            taken, self._run_now = self._run_now, []
+        return taken
+
+    def paused(self, entry: str, now_ms: int) -> Control | None:
+        """The pause that holds ``entry`` at ``now_ms``, if any."""
+        control = self.controls.get(entry)
+        return control if control is not None and control.pauses(now_ms) else None
+
+    def _may_warn(self, key: str, every_ms: int, now: int) -> bool:
+        return self._warned.allows(key, every_ms, now)
+
+    def skip(self, kind: str, key: str, text: str, reason: str) -> None:
+        """A note read does not fit its schema (:class:`~beatless.fleet._schema.Skipped`): count
+        it once, and warn once per kind and key (at most every ``SKIPPED_WARN_EVERY_MS``)."""
+        if not self.skipped.add(family(kind), kind, key, text):
+            return
+        if self._may_warn(f"skipped\0{kind}\0{key}", SKIPPED_WARN_EVERY_MS, self.loop.now_ms()):
+            logger.warning(
+                "node %s: note %s of kind %s in the claim store skipped: %s; it is not a "
+                "record this version can read (written by hand, by another version or a "
+                "bug?): delete it, or let its writer post it again",
+                shown(self.loop.node, quoted=False),
+                shown(key),
+                shown(kind),
+                shown(reason, quoted=False, limit=ERROR_LIMIT),
+            )
+
+    # -- running --------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, name=f"beatless-board-{self.loop.node}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            began = time.monotonic()
+            try:
+                self.sync()
+            except Exception:
+                if self._may_warn("exception", 300_000, self.loop.now_ms()):
+                    logger.exception("registry and history sync failed; retried every second")
+            self._stop.wait(max(0.0, SYNC_EVERY_MS / 1_000 - (time.monotonic() - began)))
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the thread after a last sync, so the history of the last wakes is kept."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        if thread is not threading.current_thread():
+            thread.join(timeout)
+        try:
+            self.sync()
+        except Exception:
+            logger.debug("last registry sync failed", exc_info=True)

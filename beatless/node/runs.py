@@ -1,0 +1,679 @@
+"""The worker's side of a firing: run leases (overlap) and once-only execution.
+
+A beatless message carries its entry's run policy in one header, :data:`RUN_HEADER`
+(:meth:`RunPolicy.encode`), beside its firing id and address. When a worker starts such
+a task it asks the claim store, in one claim of up to two records:
+
+* **once-only** (``once_only``, on by default): the record of this firing's attempt
+  (:func:`~beatless.schedule.firing.executed_id`). Won: this is the first copy to run. Held by a
+  live claim, or committed: another copy runs or ran; this one is refused, counted
+  ``duplicate``. Taken over: an earlier copy started and stopped renewing (its worker
+  died); this one runs, counted ``rerun``. Committed when the run ends and remembered for
+  the entry's memory (``jitter + max_late + 10 s``).
+* **run lease** (``overlap = "skip"``): the record of the address
+  (:func:`~beatless.schedule.firing.run_lease_id`). Won: no other run of the address is in
+  progress; held until the run ends. Held by another run: this one is refused, counted
+  ``skipped_overlap`` (and its once-only record committed, so that a later copy of the
+  same firing is refused too).
+
+Both records are claims in the claim store (:mod:`beatless.stores.base`), pending while
+the run goes on and renewed every ``heartbeat`` by one thread per worker process. A
+worker killed mid-run stops renewing: its records lapse ``run_lease`` after the last
+heartbeat, and the address is free again.
+
+When the store cannot be reached at the start of a run, a once-only check is given up
+(the task runs, counted ``unchecked``: the firing was claimed before it was enqueued, so
+only the rare unknown-send case could make it a second copy) while a run lease is not
+(the task is refused, counted ``skipped_overlap``: two runs at once is what ``skip``
+promises never to allow).
+
+An ``unchecked`` run is not left unrecorded: the heartbeat thread claims its once-only
+record again, with the run's own token, every :data:`RECORD_EVERY_S`, until the store
+answers. A claim the check gave up on may still reach the store late (a link that held
+its bytes) and sit pending under that token: it is this run's own, so it is won again.
+Won while the run goes on, the record is held and renewed like any other and committed
+at the end; won after the run ended, it is committed at once (counted ``recorded_late``
+either way). So a later copy of the firing is refused (``duplicate``) as it would have
+been had the check succeeded. Found held or committed by another copy, this run was a
+second copy that ran unchecked: counted ``ran_twice``, told once at WARNING, nothing
+more to do. The tries stop when the store answers, or once the run has ended and the
+once-only memory passed (counted ``unrecorded``): a copy arriving after that would not
+be refused by a record anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from beatless.core._logtext import ERROR_LIMIT, shown
+from beatless.core.durations import to_ms
+from beatless.errors import ConfigError, StoreError
+from beatless.schedule.firing import executed_id, run_lease_id
+from beatless.stores.base import NEVER_LATE_MS, ClaimRequest, ClaimStore, Outcome
+
+if TYPE_CHECKING:
+    from beatless.schedule.entry import Entry
+
+logger = logging.getLogger("beatless.node.runs")
+
+RUN_HEADER = "beatless_run"
+"""The message header (Celery) or option (Dramatiq) that carries a :class:`RunPolicy`."""
+
+RUN_RECORD_MEMORY_MS = 1_000
+"""How long a released run lease is kept: it only needs to outlive the release."""
+
+
+RETRY_WAIT_MS = 5_000
+"""How long a framework retry of a firing (attempt > 0) with overlap ``skip`` waits for
+the attempt that sent it to release the address's run lease."""
+
+OFFSET_EVERY_S = 60.0
+"""How often a worker process measures its offset to the store's clock."""
+
+RECORD_EVERY_S = 0.5
+"""How often an ``unchecked`` run tries to record its once-only record (from the start of
+one try to the next: a try the store does not answer takes its timeout)."""
+
+_VERSION = "v1"
+
+
+@dataclass(frozen=True, slots=True)
+class RunPolicy:
+    """What a worker must check for the firings of one entry; travels with the message."""
+
+    overlap: str
+    lease_ms: int
+    heartbeat_ms: int
+    once_only: bool
+    memory_ms: int
+    """How long the once-only record is remembered once the run ends."""
+
+    @classmethod
+    def of_entry(cls, entry: Entry) -> RunPolicy:
+        return cls(
+            overlap=entry.overlap,
+            lease_ms=to_ms(entry.run_lease),
+            heartbeat_ms=to_ms(entry.heartbeat),
+            once_only=entry.once_only,
+            memory_ms=entry.memory_ms,
+        )
+
+    @property
+    def guarded(self) -> bool:
+        """Whether a worker has anything to check."""
+        return self.once_only or self.overlap == "skip"
+
+    def encode(self) -> str:
+        once = "1" if self.once_only else "0"
+        return (
+            f"{_VERSION}|{self.overlap}|{self.lease_ms}|{self.heartbeat_ms}|{once}|{self.memory_ms}"
+        )
+
+    @classmethod
+    def decode(cls, text: object) -> RunPolicy | None:
+        """The policy in a header, or ``None`` when the header is absent or unreadable
+        (a message of an older beatless, or not a beatless firing)."""
+        if not isinstance(text, str):
+            return None
+        parts = text.split("|")
+        if len(parts) != 6 or parts[0] != _VERSION:
+            return None
+        _, overlap, lease, heartbeat, once, memory = parts
+        try:
+            return cls(overlap, int(lease), int(heartbeat), once == "1", int(memory))
+        except ValueError:
+            return None
+
+
+@dataclass(eq=False)
+class Run:
+    """One task run a worker asked about: whether it may proceed, and what it holds."""
+
+    firing_id: str
+    address: str
+    policy: RunPolicy
+    token: str
+    verdict: str
+    """``run``, ``rerun``, ``unchecked`` (may proceed) or ``duplicate``, ``skipped_overlap``."""
+    held: tuple[str, ...] = ()
+    """Ids of the records this run holds pending: the once-only record first, if held."""
+    executed: str = ""
+    """The id of the once-only record, if this run holds it."""
+    next_renewal: float = 0.0
+    lost: bool = False
+    unrecorded: str = ""
+    """The id of the once-only record this ``unchecked`` run still tries to record, until
+    the store answers (see the module docstring)."""
+    next_record: float = 0.0
+    record_until: float | None = None
+    """When the tries stop (monotonic): the end of the run plus the once-only memory."""
+    _ended: bool = field(default=False, repr=False)
+
+    @property
+    def proceed(self) -> bool:
+        return self.verdict in ("run", "rerun", "unchecked")
+
+
+_ANOTHER_COPY = (Outcome.HELD, Outcome.LOST, Outcome.FORGOTTEN)
+
+
+class Runs:
+    """The runs of one worker process: checked at start, renewed, ended.
+
+    ``open_store`` is called in the process that first needs a store (and again after a
+    fork, or after :meth:`close`), so a prefork child never shares its parent's
+    connection. The records are claimed on the store's clock: the process measures its
+    offset to it when it opens the store and every minute, so a worker whose clock is off
+    is neither refused as early nor judged late.
+
+    A copy of a firing that finds another copy's once-only record pending waits, asking
+    again every ``heartbeat``, for at most one ``run_lease`` and a heartbeat: a record
+    that keeps being renewed belongs to a live run (this copy is a ``duplicate``); one
+    that lapses belonged to a worker that died (this copy runs, ``rerun``). A broker
+    redelivers a dead worker's message at once, so without the wait the redelivered copy
+    would be refused and the firing lost.
+    """
+
+    def __init__(
+        self,
+        open_store: Callable[[], ClaimStore],
+        node: str,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._open_store = open_store
+        self.node = node
+        self._clock = clock
+        self._store: ClaimStore | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+        """Guards the store's opening and :attr:`_active`; never held across a round trip
+        (the stores guard their own connections)."""
+        self._active: dict[str, Run] = {}
+        self._unrecorded: dict[str, Run] = {}
+        """``unchecked`` runs whose once-only record is still to be recorded, by token."""
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._offset_ms = 0
+        self._offset_at = -OFFSET_EVERY_S
+        self.counts: dict[str, int] = {}
+
+    # -- the process's store, clock and heartbeat ----------------------------------------
+
+    def _ensure(self) -> ClaimStore:
+        """The store of this process, opened (with its heartbeat thread) on first use.
+        Raises :class:`~beatless.errors.StoreError` when it cannot be opened."""
+        with self._lock:
+            if self._pid != os.getpid():  # first use, or a forked child: nothing inherited
+                self._pid = os.getpid()
+                self._store, self._thread = None, None
+                self._active, self._unrecorded = {}, {}
+            if self._store is None:
+                try:
+                    self._store = self._open_store()
+                except (ConfigError, OSError) as exc:
+                    raise StoreError(f"the claim store cannot be opened: {exc}") from exc
+                self._offset_at = -OFFSET_EVERY_S
+            self._start_beat()
+            return self._store
+
+    def _start_beat(self) -> None:
+        """Start this process's heartbeat thread unless it runs (under :attr:`_lock`)."""
+        self._closed = False
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._beat, name="beatless-runs", daemon=True)
+            self._thread.start()
+
+    def _now_ms(self) -> int:
+        """The store's clock, as well as this process knows it."""
+        return int(self._clock() * 1_000) + self._offset_ms
+
+    def _measure_offset(self, store: ClaimStore) -> None:
+        """Refresh the offset to the store's clock, at most once a minute."""
+        now = time.monotonic()
+        if now - self._offset_at < OFFSET_EVERY_S:
+            return
+        self._offset_at = now
+        before = self._clock()
+        try:
+            server_ms = store.time_ms()
+        except StoreError:
+            return
+        after = self._clock()
+        self._offset_ms = server_ms - int((before + after) * 500)
+
+    def _count(self, name: str) -> None:
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+    # -- start ---------------------------------------------------------------------------
+
+    def start(self, firing_id: str, address: str, policy: RunPolicy, attempt: int = 0) -> Run:
+        """Check a run of ``firing_id`` (of ``address``) before the task body: the
+        returned run says whether it may :attr:`~Run.proceed`. Every run that proceeds
+        must be :meth:`end`-ed, however the task ends."""
+        run = Run(firing_id, address, policy, f"{self.node}#{uuid.uuid4().hex[:8]}", "run")
+        executed = executed_id(firing_id, attempt) if policy.once_only else ""
+        try:
+            store = self._ensure()
+            self._measure_offset(store)
+            if executed:
+                self._record_earlier(store, executed)
+            requests, outcomes = self._claim_records(store, run, attempt)
+        except StoreError as exc:
+            return self._unreachable(run, exc, executed)
+        self._judge(run, requests, outcomes, attempt)
+        self._count(run.verdict)
+        if run.held and run.proceed:
+            run.next_renewal = time.monotonic() + policy.heartbeat_ms / 1_000
+            with self._lock:
+                self._active[run.token] = run
+            self._wake.set()
+        return run
+
+    def _claim_records(
+        self, store: ClaimStore, run: Run, attempt: int
+    ) -> tuple[list[ClaimRequest], list[Outcome]]:
+        """Claim the run's records; while the once-only record is held by another copy,
+        wait for that copy to end or lapse (see the class docstring)."""
+        policy = run.policy
+        began = time.monotonic()
+        wait_ms = policy.lease_ms + min(policy.heartbeat_ms, policy.lease_ms // 2)
+        copy_deadline = began + wait_ms / 1_000
+        retry_deadline = began + min(policy.heartbeat_ms, RETRY_WAIT_MS) / 1_000
+        while True:
+            requests = _requests(run.firing_id, run.address, attempt, policy, self._now_ms())
+            outcomes = store.claim(requests, node=run.token, lease_ms=policy.lease_ms)
+            now = time.monotonic()
+            if policy.once_only and outcomes[0] is Outcome.HELD and now < copy_deadline:
+                pause = min(policy.heartbeat_ms / 1_000, 1.0, copy_deadline - now)
+            elif (
+                attempt > 0
+                and policy.overlap == "skip"
+                and outcomes[-1] is Outcome.HELD
+                and now < retry_deadline
+            ):
+                # A retry sent by the attempt before it, which releases the address's run
+                # lease only once its task has returned: let it.
+                pause = min(0.1, retry_deadline - now)
+            else:
+                return requests, outcomes
+            lease = [r.id for r, o in zip(requests, outcomes, strict=True) if o.is_won]
+            lease = [i for i in lease if i != requests[0].id or not policy.once_only]
+            if lease:
+                store.release(lease, node=run.token)
+            time.sleep(pause)
+
+    def _unreachable(self, run: Run, exc: Exception, executed: str) -> Run:
+        verdict = "skipped_overlap" if run.policy.overlap == "skip" else "unchecked"
+        self._count(verdict)
+        said = (
+            "not run: its overlap policy is 'skip' and no run lease can be taken"
+            if verdict == "skipped_overlap"
+            else "run without its once-only check"
+        )
+        logger.warning(
+            "beatless: firing %s of %s %s; the claim store cannot be reached: %s",
+            run.firing_id,
+            shown(run.address),
+            shown(said, quoted=False, limit=ERROR_LIMIT),
+            shown(exc, quoted=False, limit=ERROR_LIMIT),
+        )
+        run.verdict = verdict
+        if verdict == "unchecked" and executed:
+            run.unrecorded = executed
+            with self._lock:
+                if self._pid == os.getpid():
+                    self._unrecorded[run.token] = run
+                    self._start_beat()
+            self._wake.set()
+        return run
+
+    def _judge(
+        self, run: Run, requests: list[ClaimRequest], outcomes: list[Outcome], attempt: int
+    ) -> Run:
+        by_id = {r.id: o for r, o in zip(requests, outcomes, strict=True)}
+        firing_id, policy = run.firing_id, run.policy
+        executed = executed_id(firing_id, attempt) if policy.once_only else ""
+        lease = run_lease_id(run.address) if policy.overlap == "skip" else ""
+        run.held = tuple(i for i in (executed, lease) if i and by_id[i].is_won)
+        run.executed = executed if executed in run.held else ""
+        if executed:
+            said = by_id[executed]
+            if said in _ANOTHER_COPY:
+                logger.warning(
+                    "beatless: firing %s of %s (attempt %d) not run: another copy of it %s",
+                    firing_id,
+                    shown(run.address),
+                    attempt,
+                    {
+                        Outcome.HELD: "runs (its run has been renewed for a whole run_lease)",
+                        Outcome.LOST: "ran",
+                        Outcome.FORGOTTEN: "may have run before the claim store lost its memory",
+                    }[said],
+                )
+                return self._refuse(run, "duplicate", commit=False)
+            if said is Outcome.TAKEOVER:
+                run.verdict = "rerun"
+                logger.warning(
+                    "beatless: firing %s of %s (attempt %d) runs again: an earlier copy "
+                    "started and its worker stopped renewing its run (killed?)",
+                    firing_id,
+                    shown(run.address),
+                    attempt,
+                )
+            elif not said.is_won:
+                run.verdict = "unchecked"
+                logger.warning(
+                    "beatless: firing %s of %s runs without its once-only check: the claim "
+                    "store answered %s",
+                    firing_id,
+                    shown(run.address),
+                    said.value,
+                )
+        if lease and not by_id[lease].is_won:
+            logger.info(
+                "beatless: firing %s of %s not run: a run of %s is in progress "
+                "(overlap 'skip'; store: %s)",
+                firing_id,
+                shown(run.address),
+                shown(run.address),
+                by_id[lease].value,
+            )
+            return self._refuse(run, "skipped_overlap", commit=True)
+        return run
+
+    def _refuse(self, run: Run, verdict: str, *, commit: bool) -> Run:
+        """Refuse ``run``: release the run lease it won; commit its once-only record when
+        ``commit`` (the firing is handled: skipped), else release it."""
+        run.verdict = verdict
+        lease = [i for i in run.held if i != run.executed]
+        try:
+            store = self._ensure()
+            if lease:
+                store.release(lease, node=run.token)
+            if run.executed:
+                if commit:
+                    store.commit([run.executed], node=run.token)
+                else:
+                    store.release([run.executed], node=run.token)
+        except StoreError as exc:
+            logger.warning(
+                "beatless: %s: %s", run.firing_id, shown(exc, quoted=False, limit=ERROR_LIMIT)
+            )
+        run.held, run.executed = (), ""
+        return run
+
+    # -- end -----------------------------------------------------------------------------
+
+    def end(self, run: Run) -> None:
+        """The run is over (whatever its result): commit its once-only record, release its
+        run lease. Calling it twice, or for a refused run, does nothing. An ``unchecked``
+        run whose record is not recorded yet keeps trying for the once-only memory."""
+        with self._lock:
+            if run._ended:
+                return
+            run._ended = True
+            self._active.pop(run.token, None)
+            if run.token in self._unrecorded:
+                run.record_until = time.monotonic() + run.policy.memory_ms / 1_000
+                return
+        if not run.held:
+            return
+        lease = [i for i in run.held if i != run.executed]
+        try:
+            store = self._ensure()
+            if run.executed and not all(store.commit([run.executed], node=run.token)):
+                logger.warning(
+                    "beatless: firing %s of %s ended after its once-only record lapsed: "
+                    "another copy may have run",
+                    run.firing_id,
+                    shown(run.address),
+                )
+            if lease:
+                store.release(lease, node=run.token)
+        except StoreError as exc:
+            logger.warning(
+                "beatless: firing %s of %s ended, but its records were not updated (%s): "
+                "they lapse %d ms after the last heartbeat",
+                run.firing_id,
+                shown(run.address),
+                shown(exc, quoted=False, limit=ERROR_LIMIT),
+                run.policy.lease_ms,
+            )
+
+    # -- heartbeat -----------------------------------------------------------------------
+
+    def _beat(self) -> None:
+        pid = os.getpid()
+        while not self._closed and self._pid == pid:
+            self._wake.wait(timeout=self._renew_due())
+            self._wake.clear()
+
+    def _renew_due(self) -> float:
+        """Renew every run whose heartbeat is due, then try to record the ``unchecked``
+        runs whose try is due; the seconds until the next of either."""
+        now = time.monotonic()
+        with self._lock:
+            due = [r for r in self._active.values() if r.next_renewal <= now]
+        store = self._store
+        if store is not None:
+            if due:
+                self._measure_offset(store)
+            for run in due:
+                self._renew(store, run)
+        self._record_due()
+        with self._lock:
+            upcoming = [r.next_renewal for r in self._active.values()]
+            upcoming += [r.next_record for r in self._unrecorded.values()]
+        return max(0.05, min(upcoming, default=now + 1.0) - time.monotonic())
+
+    # -- recording an unchecked run --------------------------------------------------------
+
+    def _record_due(self) -> None:
+        """Try to record each ``unchecked`` run whose try is due; stop at the first try the
+        store does not answer (the others would wait for its timeout too)."""
+        now = time.monotonic()
+        with self._lock:
+            due = [r for r in self._unrecorded.values() if r.next_record <= now]
+        store = self._records_store() if due else None
+        for run in due:
+            if run.record_until is not None and now > run.record_until:
+                self._give_up_record(run)
+                continue
+            run.next_record = time.monotonic() + RECORD_EVERY_S
+            if store is None:
+                continue
+            try:
+                self._write_record(store, run)
+            except StoreError as exc:
+                logger.debug(
+                    "beatless: once-only record of firing %s of %s not written yet: %s",
+                    run.firing_id,
+                    shown(run.address),
+                    shown(exc, quoted=False, limit=ERROR_LIMIT),
+                )
+                return
+
+    def _records_store(self) -> ClaimStore | None:
+        """The process's store for the heartbeat thread, opened again if a run's start
+        could not open it; ``None`` once closed, or while it cannot be opened."""
+        with self._lock:
+            if self._closed or self._pid != os.getpid():
+                return None
+            if self._store is None:
+                try:
+                    self._store = self._open_store()
+                except (ConfigError, OSError, StoreError):
+                    return None
+                self._offset_at = -OFFSET_EVERY_S
+            return self._store
+
+    def _record_earlier(self, store: ClaimStore, executed: str) -> None:
+        """Before a copy of a firing is checked, record this process's ``unchecked`` run of
+        the same firing, if any: that run is the first copy. Raises
+        :class:`~beatless.errors.StoreError` when the store does not answer."""
+        with self._lock:
+            earlier = [r for r in self._unrecorded.values() if r.unrecorded == executed]
+        for run in earlier:
+            self._write_record(store, run)
+
+    def _write_record(self, store: ClaimStore, run: Run) -> None:
+        """Claim ``run``'s once-only record with its own token; on an answer, hold it (the
+        run goes on), commit it (the run ended), or tell that another copy has it."""
+        record = run.unrecorded
+        request = _record(record, run.address, self._now_ms(), run.policy.memory_ms)
+        (said,) = store.claim([request], node=run.token, lease_ms=run.policy.lease_ms)
+        if said.is_won:
+            with self._lock:
+                if self._unrecorded.pop(run.token, None) is None:
+                    return  # recorded meanwhile by another thread
+                ended = run._ended
+                if not ended:  # held and renewed from now on, committed by end()
+                    run.held, run.executed = (record,), record
+                    run.next_renewal = time.monotonic() + run.policy.heartbeat_ms / 1_000
+                    self._active[run.token] = run
+            if ended and not self._commit_record(store, run):
+                return
+            self._count("recorded_late")
+            logger.info(
+                "beatless: firing %s of %s has its once-only record now that the claim store "
+                "answers (it ran unchecked): a later copy of it is refused",
+                run.firing_id,
+                shown(run.address),
+            )
+            return
+        with self._lock:
+            if self._unrecorded.pop(run.token, None) is None:
+                return
+        if said in _ANOTHER_COPY:
+            self._count("ran_twice")
+            logger.warning(
+                "beatless: firing %s of %s ran without its once-only check and was a second "
+                "copy: another copy of it %s",
+                run.firing_id,
+                shown(run.address),
+                {
+                    Outcome.HELD: "runs",
+                    Outcome.LOST: "ran",
+                    Outcome.FORGOTTEN: "may have run before the claim store lost its memory",
+                }[said],
+            )
+        else:
+            self._count("unrecorded")
+            logger.warning(
+                "beatless: firing %s of %s ran without its once-only check, and its "
+                "once-only record cannot be written: the claim store answered %s",
+                run.firing_id,
+                shown(run.address),
+                said.value,
+            )
+
+    def _commit_record(self, store: ClaimStore, run: Run) -> bool:
+        """Commit the once-only record of ``run``, which ended; when that fails, put the
+        run back among those to record (the next try claims the record again)."""
+        try:
+            committed = all(store.commit([run.unrecorded], node=run.token))
+        except StoreError:
+            committed = False
+            raise
+        finally:
+            if not committed:
+                with self._lock:
+                    self._unrecorded.setdefault(run.token, run)
+        return committed
+
+    def _give_up_record(self, run: Run) -> None:
+        with self._lock:
+            if self._unrecorded.pop(run.token, None) is None:
+                return
+        self._count("unrecorded")
+        logger.warning(
+            "beatless: firing %s of %s ran without its once-only check, and the claim store "
+            "could not be reached to record it for the entry's memory of %d ms after the "
+            "run ended: a later copy of it would have run",
+            run.firing_id,
+            shown(run.address),
+            run.policy.memory_ms,
+        )
+
+    def _renew(self, store: ClaimStore, run: Run) -> None:
+        run.next_renewal = time.monotonic() + run.policy.heartbeat_ms / 1_000
+        now = self._now_ms()
+        requests = [
+            _record(i, run.address, now, run.policy.memory_ms if i == run.executed else None)
+            for i in run.held
+        ]
+        try:
+            outcomes = store.claim(requests, node=run.token, lease_ms=run.policy.lease_ms)
+        except StoreError as exc:
+            logger.warning(
+                "beatless: heartbeat of firing %s of %s failed (%s); its run lease lapses "
+                "%d ms after the last one that succeeded",
+                run.firing_id,
+                shown(run.address),
+                shown(exc, quoted=False, limit=ERROR_LIMIT),
+                run.policy.lease_ms,
+            )
+            return
+        if not all(o.is_won for o in outcomes) and not run.lost:
+            run.lost = True
+            self._count("lease_lost")
+            logger.error(
+                "beatless: firing %s of %s still runs but lost its run records (%s): the "
+                "worker paused longer than the run_lease of %d ms; another run of it may "
+                "start",
+                run.firing_id,
+                shown(run.address),
+                ", ".join(o.value for o in outcomes),
+                run.policy.lease_ms,
+            )
+
+    def active(self) -> int:
+        """Runs in progress in this process that hold records."""
+        with self._lock:
+            return len(self._active)
+
+    def close(self) -> None:
+        """Stop renewing and close the store; a later :meth:`start` opens it again."""
+        self._closed = True
+        self._wake.set()
+        with self._lock:
+            store, self._store = self._store, None
+            mine = self._pid == os.getpid()
+        if store is not None and mine:
+            store.close()
+
+
+def _record(id_: str, address: str, now_ms: int, memory_ms: int | None) -> ClaimRequest:
+    """A claim of a run's record, made now: never late; ``memory_ms`` for a once-only
+    record, a short memory for a run lease. Its address is marked (``run:`` or
+    ``executed:``), so that a store's list of the last firing won per address
+    (``recent()``) is not taken over by the records of runs."""
+    kind = "run" if memory_ms is None else "executed"
+    return ClaimRequest(
+        id=id_,
+        address=f"{kind}:{address}",
+        occurrence_ms=now_ms,
+        max_late_ms=NEVER_LATE_MS,
+        memory_ms=RUN_RECORD_MEMORY_MS if memory_ms is None else memory_ms,
+        release_ms=now_ms,
+    )
+
+
+def _requests(
+    firing_id: str, address: str, attempt: int, policy: RunPolicy, now_ms: int
+) -> list[ClaimRequest]:
+    requests = []
+    if policy.once_only:
+        requests.append(_record(executed_id(firing_id, attempt), address, now_ms, policy.memory_ms))
+    if policy.overlap == "skip":
+        requests.append(_record(run_lease_id(address), address, now_ms, None))
+    return requests

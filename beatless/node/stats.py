@@ -1,0 +1,170 @@
+"""Counters per entry, and a bounded histogram of release-to-enqueue lateness."""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+
+BUCKETS_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000)
+"""Upper bounds of the lateness histogram, in milliseconds; one more bucket holds the rest."""
+
+
+@dataclass
+class Histogram:
+    """Counts of lateness per bucket, plus the recent samples for percentiles."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS_MS) + 1))
+    total: int = 0
+    sum_ms: int = 0
+    max_ms: int = 0
+    recent: deque[int] = field(default_factory=lambda: deque(maxlen=4_096))
+
+    def observe(self, ms: int) -> None:
+        ms = max(ms, 0)
+        self.counts[bisect.bisect_left(BUCKETS_MS, ms)] += 1
+        self.total += 1
+        self.sum_ms += ms
+        self.max_ms = max(self.max_ms, ms)
+        self.recent.append(ms)
+
+    def percentile(self, q: float) -> int | None:
+        """The q-th percentile (0..100) of the recent samples, or None with none."""
+        if not self.recent:
+            return None
+        ordered = sorted(self.recent)
+        return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
+
+
+_COUNTERS = {
+    "won": "won",
+    "takeover": "won",
+    "lost": "lost",
+    "late": "late_node",
+    "late_store": "late_store",
+    "early": "early",
+    "forgotten": "forgotten",
+    "corrupt": "corrupt",
+    "foreign": "foreign",
+    "skipped_overlap": "skipped_overlap",
+    "clock_skew": "skipped_clock",
+    "missed": "missed",
+    "paused": "paused",
+    "delegated": "delegated",
+    "enqueue_failed": "enqueue_failures",
+    "stale_claim": "stale_claims",
+    "commit_failed": "commit_failures",
+    "unavailable": "store_unavailable",
+    "store_full": "store_full",
+    "store_refused": "store_refused",
+    "error": "errors",
+}
+"""The counter each decision adds to (a takeover is also a win). ``lost`` and ``held`` are
+counted by the loop, once per firing; a ``foreign`` firing is counted lost as well."""
+
+
+@dataclass
+class EntryStats:
+    """What one node decided for one entry since it started."""
+
+    won: int = 0
+    lost: int = 0
+    late_node: int = 0
+    late_store: int = 0
+    early: int = 0
+    forgotten: int = 0
+    corrupt: int = 0
+    foreign: int = 0
+    """Firings lost to a claim of another task under the same address (two apps sharing
+    one store and namespace); each is counted in ``lost`` too."""
+    skipped_overlap: int = 0
+    """Firings not enqueued because a run of their address was in progress (overlap
+    ``skip``)."""
+    skipped_clock: int = 0
+    delegated: int = 0
+    """Firings left to the node preferred for them, which showed it dealt with them (or
+    which went late while left to it: then the fleet's missed sweep judges them)."""
+    catch_up_skipped: int = 0
+    """Firings of occurrences before the node's start that its catch-up policy left
+    unclaimed (``latest``: coalesced into the last one; ``none``: all of them)."""
+    missed: int = 0
+    """Firings no node claimed in time, found by this node's sweep of the history and
+    counted by this node alone in the fleet (:mod:`beatless._missed`); and firings whose
+    every claim by this node the store refused (full, or its settings refused) until they
+    were late, counted by each node that could not judge them."""
+    paused: int = 0
+    """Firings not claimed because an operator paused the entry (``beatless pause``)."""
+    enqueue_failures: int = 0
+    stale_claims: int = 0
+    commit_failures: int = 0
+    """Firings not sent, and retried, because a commit of this node had failed: after
+    one, a node sends nothing until a commit succeeds again."""
+    two_phase_window: int = 0
+    """Sent firings whose commit found their claim taken over (the commit failed until
+    the lease ran out, and another node claimed them): another node may have sent them
+    too, under the same message id; the workers' once-only check refuses that copy."""
+    post_send_errors: int = 0
+    """Steps after a firing was sent or decided (its history note, the commit, a
+    counter) that raised: counted and logged, never a reason to send it again."""
+    store_unavailable: int = 0
+    store_full: int = 0
+    """Claims the store refused as full (each retry counts); a firing never claimed so is
+    counted ``missed`` once it is late."""
+    store_refused: int = 0
+    """Claims not made because the store's settings are refused (an evicting Redis)."""
+    errors: int = 0
+    takeovers: int = 0
+    lateness: Histogram = field(default_factory=Histogram)
+
+    def count(self, outcome: str) -> None:
+        """Add one decision (``won``, ``late``, ...) to its counter."""
+        if outcome == "takeover":
+            self.takeovers += 1
+        name = _COUNTERS.get(outcome)
+        if name is not None:
+            setattr(self, name, getattr(self, name) + 1)
+
+    def as_dict(self) -> dict[str, int | None]:
+        counters = {name: getattr(self, name) for name in dict.fromkeys(_COUNTERS.values())}
+        return {
+            **counters,
+            "post_send_errors": self.post_send_errors,
+            "two_phase_window": self.two_phase_window,
+            "takeovers": self.takeovers,
+            "catch_up_skipped": self.catch_up_skipped,
+            "lateness_p50_ms": self.lateness.percentile(50),
+            "lateness_p99_ms": self.lateness.percentile(99),
+            "lateness_max_ms": self.lateness.max_ms,
+        }
+
+
+SKIPPED_SEEN_LIMIT = 10_000
+"""Skipped notes remembered (so that one read again is not counted again); beyond, the
+memory starts afresh."""
+
+
+@dataclass
+class SkippedNotes:
+    """Notes read from the claim store that did not fit the schema of their kind
+    (:mod:`beatless.fleet._schema`) and were skipped, by family of note (``nodes``,
+    ``controls``, ``history`` ...). A note is one record: it is counted once, however
+    often it is read again unchanged, and once more each time it is written anew."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    _seen: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def add(self, family: str, kind: str, key: str, text: str) -> bool:
+        """Count the note ``key`` of ``kind``, unless it was counted as it is; whether it
+        was counted now."""
+        seen = hash(text)
+        if self._seen.get((kind, key)) == seen:
+            return False
+        if len(self._seen) >= SKIPPED_SEEN_LIMIT:
+            self._seen.clear()
+        self._seen[(kind, key)] = seen
+        self.counts[family] = self.counts.get(family, 0) + 1
+        return True

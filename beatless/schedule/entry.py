@@ -1,0 +1,484 @@
+"""Entries and schedules: what a node runs, validated when it is built."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import cached_property
+from typing import Any, TypeVar
+
+from beatless.core.durations import DurationLike, as_timedelta, describe, to_ms
+from beatless.core.triggers import Cron, Trigger, zone
+from beatless.errors import ConfigError, ScheduleError
+from beatless.stores.base import STORE_TOLERANCE
+
+DEFAULT_MAX_LATE = timedelta(seconds=60)
+FINGERPRINT_CHUNK = 10_000
+"""Tenants joined at a time into the text of the schedule fingerprint."""
+T = TypeVar("T")
+D = TypeVar("D")
+
+TASK_TAG_LENGTH = 8
+"""Hex digits of a task tag (:attr:`Entry.task_tag`)."""
+
+Tenants = Sequence[str] | Callable[[], Iterable[str]] | None
+
+CATCH_UP = ("latest", "all", "none")
+"""What a node that starts does with the occurrences before its start, within
+``max_late``: claim only the latest of them (coalescing the others), all of them, or none."""
+DEFAULT_CATCH_UP = "latest"
+
+OVERLAP = ("allow", "skip")
+"""What a firing does while a run of its address is still in progress: run on top of it
+(``allow``), or not be enqueued, counted ``skipped_overlap`` (``skip``)."""
+DEFAULT_OVERLAP = "allow"
+DEFAULT_RUN_LEASE = timedelta(seconds=30)
+"""How long a run lease lives without a heartbeat: a worker killed mid-run frees its
+address this long after its last heartbeat."""
+DEFAULT_HEARTBEAT = timedelta(seconds=5)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Entry:
+    """One named periodic task: task, args, trigger, options, jitter and lateness budget.
+
+    ``tenants`` fans the entry out: each tenant gets its own address, firing id and
+    offset. A callable is called at each occurrence, so the list may change; every node
+    must return the same list.
+    """
+
+    name: str
+    task: str
+    trigger: Trigger
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    jitter: timedelta = timedelta(0)
+    max_late: timedelta = DEFAULT_MAX_LATE
+    tenants: Tenants = None
+    catch_up: str = DEFAULT_CATCH_UP
+    overlap: str = DEFAULT_OVERLAP
+    run_lease: timedelta = DEFAULT_RUN_LEASE
+    heartbeat: timedelta = DEFAULT_HEARTBEAT
+    once_only: bool = True
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        task: str,
+        trigger: Trigger,
+        args: Iterable[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None,
+        jitter: DurationLike = 0,
+        max_late: DurationLike = DEFAULT_MAX_LATE,
+        tenants: Tenants = None,
+        catch_up: str = DEFAULT_CATCH_UP,
+        overlap: str = DEFAULT_OVERLAP,
+        run_lease: DurationLike = DEFAULT_RUN_LEASE,
+        heartbeat: DurationLike = DEFAULT_HEARTBEAT,
+        once_only: bool = True,
+    ) -> None:
+        setter = object.__setattr__
+        setter(self, "name", _name(name, "entry name"))
+        label = f"entry {name!r}"
+        found = _Problems()
+        setter(self, "task", found.keep(lambda: _task(label, task), task))
+        setter(self, "trigger", found.keep(lambda: _trigger(label, trigger), trigger))
+        setter(self, "args", tuple(args))
+        setter(self, "kwargs", dict(kwargs or {}))
+        setter(self, "options", dict(options or {}))
+        setter(self, "tenants", found.keep(lambda: _tenants(label, tenants), None))
+
+        def duration(value: DurationLike, key: str) -> timedelta | None:
+            return found.keep(lambda: as_timedelta(value, name=f"{label}: {key}"), None)
+
+        setter(self, "jitter", duration(jitter, "jitter"))
+        setter(self, "max_late", duration(max_late, "max_late"))
+        setter(self, "catch_up", found.keep(lambda: catch_up_policy(catch_up, label), catch_up))
+        setter(self, "overlap", found.keep(lambda: overlap_policy(overlap, label), overlap))
+        setter(self, "run_lease", duration(run_lease, "run_lease"))
+        setter(self, "heartbeat", duration(heartbeat, "heartbeat"))
+        setter(self, "once_only", found.keep(lambda: _once_only(label, once_only), once_only))
+        found.extend(
+            _timing_problems(label, self.jitter, self.max_late, self.run_lease, self.heartbeat)
+        )
+        found.raise_any()
+
+    @cached_property
+    def jitter_ms(self) -> int:
+        return to_ms(self.jitter)
+
+    @cached_property
+    def max_late_ms(self) -> int:
+        return to_ms(self.max_late)
+
+    @property
+    def memory_needed(self) -> timedelta:
+        """How long a store must remember a claim of this entry (rule 5)."""
+        return self.jitter + self.max_late + STORE_TOLERANCE
+
+    @cached_property
+    def memory_ms(self) -> int:
+        return to_ms(self.memory_needed)
+
+    @cached_property
+    def task_tag(self) -> str:
+        """The first 8 hex digits of the SHA-256 of the task name: stored with each claim,
+        so that a claim of another task under the same address is noticed (two apps
+        sharing one store and namespace)."""
+        return hashlib.sha256(self.task.encode()).hexdigest()[:TASK_TAG_LENGTH]
+
+    def tenant_list(self) -> tuple[str, ...] | None:
+        """The tenants now: the fixed list, or what the callable returns."""
+        if self.tenants is None:
+            return None
+        if callable(self.tenants):
+            return tuple(str(t) for t in self.tenants())
+        return tuple(self.tenants)
+
+    def replace(self, **changes: Any) -> Entry:
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        values.update(changes)
+        return Entry(**values)
+
+
+class _Problems:
+    """The problems of one entry, collected rather than raised at the first, so that a
+    typo in one option does not hide a timing rule another one breaks."""
+
+    def __init__(self) -> None:
+        self.found: list[str] = []
+        self.first: ConfigError | None = None
+
+    def keep(self, build: Callable[[], T], default: D) -> T | D:
+        """``build()``, or ``default`` with what it raised noted."""
+        try:
+            return build()
+        except ScheduleError as exc:
+            self.first = self.first or exc
+            self.found.extend(exc.errors)
+        except ConfigError as exc:
+            self.first = self.first or exc
+            self.found.append(str(exc))
+        return default
+
+    def extend(self, problems: Iterable[str]) -> None:
+        for problem in problems:
+            self.first = self.first or ScheduleError(problem)
+            self.found.append(problem)
+
+    def raise_any(self) -> None:
+        """Nothing when no problem was found; the one error as it was raised when there
+        is one; else a :class:`ScheduleError` listing them all."""
+        if self.first is None:
+            return
+        if len(self.found) == 1:
+            raise self.first
+        raise ScheduleError("; ".join(self.found), list(self.found))
+
+
+def _task(label: str, task: object) -> str:
+    if not isinstance(task, str) or not task:
+        raise ConfigError(f"{label}: task must be a non-empty string, got {task!r}")
+    return task
+
+
+def _trigger(label: str, trigger: object) -> Trigger:
+    if not isinstance(trigger, Trigger):
+        raise ConfigError(f"{label}: trigger must be a Cron or an Every, got {trigger!r}")
+    return trigger
+
+
+def _tenants(label: str, tenants: Tenants) -> Tenants:
+    if tenants is None or callable(tenants):
+        return tenants
+    if isinstance(tenants, str):
+        raise ConfigError(f"{label}: tenants must be a list, not a string")
+    if type(tenants) is not tuple or not all(type(t) is str for t in tenants):
+        tenants = tuple(str(t) for t in tenants)  # a tuple of str is kept as given
+    repeated = _repeated(tenants)
+    if repeated is not None:
+        raise ConfigError(f"{label}: tenants must not repeat ({repeated!r} does)")
+    return tenants
+
+
+def _once_only(label: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{label}: once_only must be true or false, got {value!r}")
+    return value
+
+
+def _timing_problems(
+    label: str,
+    jitter: timedelta | None,
+    max_late: timedelta | None,
+    run_lease: timedelta | None,
+    heartbeat: timedelta | None,
+) -> list[str]:
+    """The rules between an entry's durations, each checked when the durations it
+    compares could be read (``None``: one that could not, reported on its own)."""
+    found = []
+    if jitter is not None and jitter < timedelta(0):
+        found.append(f"{label}: jitter must not be negative, got {describe(jitter)}")
+    if max_late is not None and max_late <= timedelta(0):
+        found.append(f"{label}: max_late must be positive, got {describe(max_late)}")
+    elif max_late is not None and jitter is not None and max_late <= jitter:
+        found.append(
+            f"{label}: max_late {describe(max_late)} must be longer than jitter "
+            f"{describe(jitter)}, or a node waiting its full offset is already late; raise "
+            f"max_late above {describe(jitter)} or lower the jitter"
+        )
+    if run_lease is None or heartbeat is None:
+        return found
+    if run_lease <= timedelta(0) or heartbeat <= timedelta(0):
+        found.append(
+            f"{label}: run_lease {describe(run_lease)} and heartbeat {describe(heartbeat)} "
+            f"must be positive"
+        )
+    elif 2 * heartbeat >= run_lease:
+        found.append(
+            f"{label}: heartbeat {describe(heartbeat)} must be under half the run_lease "
+            f"{describe(run_lease)} (rule 6: a run lease is renewed at least twice before "
+            f"it can run out); lower the heartbeat under {describe(run_lease / 2)} or "
+            f"lengthen the run_lease"
+        )
+    return found
+
+
+def catch_up_policy(value: object, where: str) -> str:
+    """``value`` if it is one of :data:`CATCH_UP`, else a :class:`ConfigError` naming
+    ``where`` and the choices."""
+    if value not in CATCH_UP:
+        choices = ", ".join(repr(c) for c in CATCH_UP)
+        raise ConfigError(f"{where}: catch_up must be one of {choices}, got {value!r}")
+    return str(value)
+
+
+def overlap_policy(value: object, where: str) -> str:
+    """``value`` if it is one of :data:`OVERLAP`, else a :class:`ConfigError` naming
+    ``where`` and the choices (``buffer_one`` is named as not offered, and why)."""
+    if value == "buffer_one":
+        raise ConfigError(
+            f"{where}: overlap 'buffer_one' is not offered: holding one firing back until "
+            f"the running one ends needs a node to keep it claimed past max_late, which no "
+            f"firing may be; use 'skip' (the firing is counted skipped_overlap) or 'allow'"
+        )
+    if value not in OVERLAP:
+        choices = ", ".join(repr(c) for c in OVERLAP)
+        raise ConfigError(f"{where}: overlap must be one of {choices}, got {value!r}")
+    return str(value)
+
+
+def _repeated(tenants: tuple[str, ...]) -> str | None:
+    """A tenant listed twice, if any. Found in a sorted copy of the references (8 bytes
+    a tenant) rather than a set of them (about 50): a fan-out of a million tenants is
+    checked without a transient 50 MB on top of its list."""
+    ordered = sorted(tenants)
+    return next((a for a, b in itertools.pairwise(ordered) if a == b), None)
+
+
+def _name(value: str, what: str, *, slash: bool = True) -> str:
+    if not isinstance(value, str) or not value or value != value.strip():
+        raise ConfigError(f"{what} {value!r}: use a non-empty name without edge spaces")
+    if not slash and "/" in value:
+        raise ConfigError(f"{what} {value!r}: use a name without '/'")
+    return value
+
+
+def address_segment(name: str) -> str:
+    """An entry name as it stands in an address: ``%`` and ``/`` written ``%25`` and
+    ``%2F``, so that ``namespace/entry/tenant`` reads one way only. Names without them,
+    the usual case, stand as they are."""
+    return name.replace("%", "%25").replace("/", "%2F")
+
+
+def tenant_address(base: str, tenant: str) -> str:
+    """The address of a tenant's firing, from its entry's address ``namespace/entry``:
+    the one place the tenant part is written (the fan-out expands through it too)."""
+    return f"{base}/{tenant}"
+
+
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    """The set of entries a node runs; identical on every node.
+
+    Building one binds each cron without a zone to ``timezone`` and checks the timing
+    rules; every problem found is reported at once in a :class:`ScheduleError`.
+    """
+
+    entries: tuple[Entry, ...]
+    namespace: str = "default"
+    timezone: str = "UTC"
+
+    def __init__(
+        self, entries: Iterable[Entry], *, namespace: str = "default", timezone: str = "UTC"
+    ) -> None:
+        object.__setattr__(self, "namespace", _name(namespace, "namespace", slash=False))
+        zone(timezone)
+        object.__setattr__(self, "timezone", timezone)
+        bound = tuple(_bind(entry, timezone) for entry in entries)
+        object.__setattr__(self, "entries", bound)
+        errors = check_timing(bound)
+        if errors:
+            raise ScheduleError("; ".join(errors), errors)
+
+    def address(self, entry: Entry, tenant: str | None = None) -> str:
+        """``namespace/entry`` or ``namespace/entry/tenant``: the stable name the firing id
+        is derived from (see :func:`address_segment` for an entry name with a ``/``)."""
+        base = f"{self.namespace}/{address_segment(entry.name)}"
+        return base if tenant is None else tenant_address(base, tenant)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """16 hex digits of a SHA-256 over every entry's address with its trigger, jitter,
+        max_late, task, tenants, policies, args, kwargs and options: equal on nodes that
+        run the same schedule, different when a node runs another version of it (a
+        rollout in progress, even one that changes only a task's arguments).
+
+        The text hashed is one line per entry, ``|``-separated, the lines sorted and
+        joined by newlines, the tenants joined by commas (``callable`` for a callable),
+        the args, kwargs and options written by :func:`canonical`.
+        It is fed to the hash a piece at a time, so that a million tenants are never
+        joined into one string (14 MB, and as much again encoded)."""
+        parts = sorted((self._fingerprint_parts(e) for e in self.entries), key=lambda p: p[0])
+        if any(b[0].startswith(a[0]) for a, b in itertools.pairwise(parts)):
+            # One head is the start of another (a name with "|"): only whole lines order them.
+            parts.sort(key=lambda p: p[0] + ",".join(p[1]) + p[2])
+        digest = hashlib.sha256()
+        for number, (head, tenants, tail) in enumerate(parts):
+            digest.update(b"\n" if number else b"")
+            digest.update(head.encode())
+            for start in range(0, len(tenants), FINGERPRINT_CHUNK):
+                digest.update(b"," if start else b"")
+                digest.update(",".join(tenants[start : start + FINGERPRINT_CHUNK]).encode())
+            digest.update(tail.encode())
+        return digest.hexdigest()[:16]
+
+    def _fingerprint_parts(self, e: Entry) -> tuple[str, Sequence[str], str]:
+        """An entry's line of the fingerprint: what comes before its tenants, the
+        tenants, and what comes after them."""
+        head = (self.address(e), repr(e.trigger), str(e.jitter_ms), str(e.max_late_ms), e.task)
+        tail = (e.catch_up, e.overlap, str(to_ms(e.run_lease)), str(to_ms(e.heartbeat)))
+        sent = (canonical(e.args), canonical(e.kwargs), canonical(e.options))
+        tenants = ("callable",) if callable(e.tenants) else (e.tenants or ())
+        return "|".join(head) + "|", tenants, "|" + "|".join((*tail, str(e.once_only), *sent))
+
+    def entry(self, name: str) -> Entry:
+        for entry in self.entries:
+            if entry.name == name:
+                return entry
+        raise ConfigError(f"no entry named {name!r} in namespace {self.namespace!r}")
+
+    def check_store(
+        self,
+        remembers: timedelta | None,
+        store: str,
+        *,
+        run_leases: bool = True,
+        lengthen: Callable[[timedelta], str] | None = None,
+    ) -> list[str]:
+        """Rule 5: every entry's ``jitter + max_late + 10s`` fits the store's memory; and,
+        on a store that cannot hold a run lease without a gap (``run_leases`` false), no
+        entry asks for ``overlap = "skip"``. ``lengthen`` says, for the memory an entry
+        needs, how to give the store that much
+        (:meth:`~beatless.stores.base.ClaimStore.lengthen_memory`)."""
+        errors = [
+            f"entry {e.name!r}: overlap 'skip' needs a claim store that renews a run lease "
+            f"without a gap, which the {store} store cannot (a renewal reopens the lease for "
+            f"one round trip, and a run starting then would overlap); use another store, "
+            f"or overlap 'allow'"
+            for e in self.entries
+            if e.overlap == "skip" and not run_leases
+        ]
+        if remembers is None:
+            return errors
+        how = lengthen or (lambda _: "lengthen the store's memory")
+        return errors + [
+            f"entry {e.name!r}: jitter {describe(e.jitter)} + max_late {describe(e.max_late)}"
+            f" + tolerance {describe(STORE_TOLERANCE)} = {describe(e.memory_needed)} must be "
+            f"under what {store} remembers ({describe(remembers)}); lower max_late or "
+            f"jitter, or {how(e.memory_needed)}"
+            for e in self.entries
+            if e.memory_needed >= remembers
+        ]
+
+
+_ADDRESS = re.compile(r" at 0x[0-9A-Fa-f]+")
+"""The memory address in a default ``repr``, which differs from process to process."""
+
+
+def canonical(value: Any) -> str:
+    """A text of ``value`` that every node writes alike for equal values: mappings with
+    their keys sorted, lists and tuples alike (the wire makes both a list), sets sorted,
+    plain values as JSON, and anything else by its ``repr`` without memory addresses
+    (a kombu ``Queue``, a ``datetime``): what the schedule fingerprint hashes of an
+    entry's args, kwargs and options."""
+    if isinstance(value, Mapping):
+        items = sorted((canonical(key), canonical(item)) for key, item in value.items())
+        return "{" + ",".join(f"{key}:{item}" for key, item in items) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(canonical(item) for item in value) + "]"
+    if isinstance(value, set | frozenset):
+        return "set(" + ",".join(sorted(canonical(item) for item in value)) + ")"
+    if value is None or isinstance(value, str | int | float):
+        return json.dumps(value)
+    return _ADDRESS.sub("", repr(value))
+
+
+def _bind(entry: Entry, timezone: str) -> Entry:
+    if isinstance(entry.trigger, Cron) and entry.trigger.tz is None:
+        return entry.replace(trigger=entry.trigger.bind(timezone))
+    return entry
+
+
+def check_timing(entries: Sequence[Entry]) -> list[str]:
+    """Rules 6 that need the trigger: unique names and jitter under half the shortest gap."""
+    errors = []
+    seen: set[str] = set()
+    gaps: dict[Trigger, int] = {}
+    for entry in entries:
+        if entry.name in seen:
+            errors.append(f"entry {entry.name!r}: the name is used twice")
+        seen.add(entry.name)
+        if not entry.jitter:
+            continue
+        gap = gaps.get(entry.trigger)
+        if gap is None:
+            gap = gaps[entry.trigger] = entry.trigger.min_gap_ms()
+        if 2 * entry.jitter_ms >= gap:
+            half = timedelta(milliseconds=(gap - 1) // 2)
+            errors.append(
+                f"entry {entry.name!r}: jitter {describe(entry.jitter)} must be under half the "
+                f"shortest gap between occurrences of {entry.trigger.describe()} "
+                f"({describe(timedelta(milliseconds=gap))} → at most {describe(half)})"
+            )
+    return errors
+
+
+NODE_FIRINGS_PER_S = 10_000
+"""About what one node claims and sends per second on a 2-core machine with a fast broker
+(``bench/overload.py``: 17,000/s on the memory store, 13,000/s two-phase on Redis; the
+atomic Redis path is faster). A broker that takes ``t`` per send caps it near ``1 / t``."""
+
+
+def peak_firings_per_s(schedule: Schedule) -> tuple[float, str | None]:
+    """An upper bound of the firings released in one second, and the entry that adds the
+    most: each entry's fan-out spread over its jitter window (or released in one second
+    without one), as if every entry's occurrences fell in the same second."""
+    peak, busiest, most = 0.0, None, 0.0
+    for entry in schedule.entries:
+        fanout = len(entry.tenants) if isinstance(entry.tenants, tuple) else 1
+        per_second = max(1.0, 1_000 / max(entry.trigger.min_gap_ms(), 1))
+        rate = fanout * per_second / max(entry.jitter_ms / 1_000, 1.0)
+        peak += rate
+        if rate > most:
+            busiest, most = entry.name, rate
+    return peak, busiest

@@ -1,0 +1,988 @@
+"""The PostgreSQL claim store: one server-side function call per batch, on the server's clock.
+
+Every ``claim``, ``commit`` and ``release`` is one call of a PL/pgSQL function
+(``beatless/stores/sql/postgres.sql``, a package file whose header says what it
+creates), so a batch is one round trip and one transaction: it commits whole or not at
+all; a commit that carries notes calls the notes' function after the commit's in the
+same statement, still one round trip and one transaction. Inside a call the store's
+clock is ``clock_timestamp()``, read once: it decides whether a new claim is late or
+early and whether a lease is alive, so skew between nodes changes nothing. Each call
+locks the rows of its batch in one order (by firing id), so two nodes racing for
+overlapping batches wait on each other, never in a cycle.
+
+A firing whose entry skips overlapping runs names its address's run-lease record
+(:attr:`~beatless.stores.base.ClaimRequest.run_id`), an ordinary row of ``claims``. A
+claim of it that would be won reads that row in the same call, right before writing, by
+primary key and without locking it: under ``READ COMMITTED`` the read sees every claim
+committed before it, and a lock would make the workers' heartbeats wait for a whole
+batch (and be taken out of the batch's id order). A live pending run lease makes the
+claim :attr:`~beatless.stores.base.Outcome.OVERLAP`, written committed for its memory.
+
+Everything lives in one schema, ``beatless`` unless the URL says ``?schema=``:
+
+``version``
+    One row: the schema's version (:data:`SCHEMA_VERSION`). A schema at a newer version
+    is refused with both versions named; an older one (or one missing a function) is
+    brought up to date by the first node that opens it, under an advisory lock, so that
+    nodes starting together create it once. A node that finds the schema current sends
+    no DDL at all, so a role without the ``CREATE`` privilege can use a schema that an
+    administrator created.
+``epochs``
+    One row per namespace: a random token and the server's clock when the first claim
+    wrote it. A dropped schema (or a deleted row) makes the next claim write a new one,
+    and every store object that saw the old one reports what the old one may have held
+    as :attr:`~beatless.stores.base.Outcome.FORGOTTEN`. A schema dropped while nodes
+    run is created again by the first call that misses it.
+``claims``
+    One row per claim, keyed by namespace and firing id: the format of the row, pending
+    or committed, the end of the lease or of the memory, when the row may be deleted,
+    the memory asked for, when the claim was granted, the occurrence, the task tag, the
+    node and the address. A row of another format fails its own firing as
+    :attr:`~beatless.stores.base.Outcome.CORRUPT` and is never overwritten. Each claim
+    call then deletes up to a bounded number of rows past their memory, skipping rows
+    that another call holds (``FOR UPDATE SKIP LOCKED``), so the table stays bounded
+    without a sweeper of its own and without long locks.
+``notes``
+    One row per note (:meth:`PostgresStore.post`), keyed by namespace and the SHA-256
+    digests of its kind and key, so that names of any length fit a btree entry: the
+    end of its time on the server's clock, the kind and key as posted and the value's
+    UTF-8 bytes. A note costs a row of about 110 bytes beside its namespace, kind, key
+    and value (a value past 2 kB is compressed), an entry of about 80 bytes beside the
+    namespace in the primary key, and one of about 20 in the index of ends. Each post
+    deletes up to a bounded number of notes past their time, of any kind, as each
+    claim deletes claims.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from importlib import resources
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from beatless.core._drivers import driver
+from beatless.core._logtext import ERROR_LIMIT, WarnEvery, shown
+from beatless.core.durations import DurationLike, as_timedelta
+from beatless.core.urls import mask_url, secrets_of
+from beatless.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
+from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
+from beatless.stores.base import (
+    TOLERANCE_MS,
+    UNKNOWN,
+    ClaimRequest,
+    ClaimStore,
+    Epoch,
+    Fact,
+    Note,
+    Outcome,
+    StoreFacts,
+    Verdict,
+)
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg import sql
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 2
+"""The layout of the schema (tables and functions) written now; a newer one is refused.
+Version 2 replaced ``claim_v1`` with ``claim_v2``, which checks run leases
+(:attr:`~beatless.stores.base.Outcome.OVERLAP`); a version 1 schema is brought up to it in
+place (its tables are the same, and it keeps ``claim_v1``)."""
+
+SCHEMES = ("postgresql", "postgres")
+DEFAULT_SCHEMA = "beatless"
+DEFAULT_NAMESPACE = "default"
+DEFAULT_TIMEOUT = 5.0
+"""Seconds to connect, and for the server to run one call (``statement_timeout``)."""
+DEADLINE_SLACK_S = 2.0
+"""How long past ``timeout`` a call may go unanswered before the store cuts its
+connection: a server that stopped answering (frozen, or a link that holds packets)."""
+SWEEP_MIN = 200
+"""Expired rows each claim or post call may delete, at least; twice the batch when
+larger, so that deletion keeps pace with insertion."""
+CHUNK = 5_000
+"""Firings per function call; a larger batch is several calls, so that no transaction
+holds many thousands of row locks for long."""
+FUNCTIONS = (
+    "claim_v2(text, text, bigint, bigint, text, bigint, text, integer, text[], text[],"
+    " bigint[], bigint[], bigint[], bigint[], text[], text[], bigint)",
+    "commit_v1(text, text, text[], bigint)",
+    "release_v1(text, text, text[], bigint)",
+    "post_v1(text, bytea[], bytea[], text[], text[], bytea[], bigint[], integer[], integer,"
+    " bigint)",
+)
+"""The functions of this schema version, with their arguments' types."""
+SQL_FILE = "sql/postgres.sql"
+OPTIONS = ("schema", "timeout")
+"""URL query options the store reads itself; the others go to libpq."""
+_MAX_IDENTIFIER = 63
+_LOST_SCHEMA = ("42883", "42P01", "3F000")
+"""undefined_function, undefined_table, invalid_schema_name: the schema is gone."""
+_TRANSIENT_STATES = ("40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03", "53300")
+_SESSION_ENDED = ("57P01", "57P02", "57P03")
+"""admin_shutdown, crash_shutdown, cannot_connect_now: the server ended the session."""
+_FULL_STATES = ("53100",)
+"""``disk_full``: a write refused because the server's disk is full (:class:`StoreFull`)."""
+FULL_WARN_EVERY_S = 60.0
+_SETTINGS = (
+    "SELECT current_setting('synchronous_commit'), current_setting('fsync'), "
+    "pg_is_in_recovery(), current_setting('synchronous_standby_names'), "
+    "(SELECT count(*) FROM pg_stat_replication), "
+    "CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_walfile_name(pg_current_wal_lsn()) END"
+)
+"""What :meth:`PostgresStore.facts` reads, in one round trip."""
+_REFUSED = (
+    "authentication failed",
+    "does not exist",
+    "no pg_hba.conf entry",
+    "permission denied",
+)
+"""Words of a server's answer to a connection that retrying will not change."""
+
+_OUTCOMES = {
+    "W": Outcome.WON,
+    "T": Outcome.TAKEOVER,
+    "L": Outcome.LOST,
+    "H": Outcome.HELD,
+    "X": Outcome.LATE,
+    "E": Outcome.EARLY,
+    "F": Outcome.FORGOTTEN,
+    "C": Outcome.CORRUPT,
+    "A": Outcome.FOREIGN,
+    "O": Outcome.OVERLAP,
+}
+
+
+class PostgresStore(ClaimStore):
+    """Claims in a PostgreSQL schema, shared by every node that points at the same one.
+
+    ``conn_or_url`` is a ``postgresql://`` (or ``postgres://``) URL, whose connection
+    the store opens, reopens after a failure and closes; or a ``psycopg.Connection``,
+    which it uses as it is and leaves open (and cannot reopen). A URL may carry
+    ``?schema=`` and ``?timeout=`` (the keywords win) beside libpq's own parameters
+    (``sslmode``, ``application_name``, ...). ``namespace`` keeps the claims and the
+    epoch of several schedules apart in one schema. ``timeout`` (seconds, ``"2s"``,
+    ``timedelta``) bounds connecting and each call on the server; a call left
+    unanswered for ``timeout`` + 2 s more has its connection cut. ``clock`` is for
+    tests only: a clock they move by hand, read by each call and used by the server in
+    place of its own (``None``: the server's clock, as every node must use it).
+
+    Nothing is sent until the first call; the first call creates or upgrades the schema
+    if needed. A connection that fails raises :class:`~beatless.errors.StoreUnavailable`;
+    a refused login, a missing database or privilege, and any other error raise
+    :class:`~beatless.errors.StoreError`. The password never appears in ``repr``, logs
+    or error messages. One store object may be shared by the threads of a process: its
+    calls run one at a time on its one connection. A child process that inherits it
+    opens a connection of its own.
+    """
+
+    name = "postgres"
+
+    def __init__(
+        self,
+        conn_or_url: psycopg.Connection[Any] | str,
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        schema: str | None = None,
+        timeout: DurationLike | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        driver = _driver()
+        self._full_warned = WarnEvery()
+        if not isinstance(namespace, str) or not namespace or "\x00" in namespace:
+            raise ConfigError(
+                f"postgres store: namespace must be a non-empty string, got {namespace!r}"
+            )
+        self.namespace = namespace
+        self._conninfo: str | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        if isinstance(conn_or_url, str):
+            self._where = mask_url(conn_or_url)
+            self._secrets = secrets_of(conn_or_url)
+            conninfo, found = _split_url(conn_or_url, self._where)
+            schema = schema if schema is not None else found.get("schema")
+            timeout = timeout if timeout is not None else found.get("timeout")
+            self._conninfo = _checked_conninfo(driver, conninfo, self._where)
+        elif isinstance(conn_or_url, driver.Connection):
+            if not conn_or_url.autocommit:
+                raise ConfigError(
+                    "postgres store: a connection passed in must be in autocommit mode "
+                    "(psycopg.connect(..., autocommit=True)): each call is its own transaction"
+                )
+            self._conn = conn_or_url
+            self._where = _describe(conn_or_url)
+            self._secrets = [str(conn_or_url.info.password)] if conn_or_url.info.password else []
+        else:
+            raise ConfigError(
+                f"postgres store: expected a psycopg.Connection or a postgresql:// URL, got "
+                f"{type(conn_or_url).__name__}"
+            )
+        self.schema = _checked_schema(DEFAULT_SCHEMA if schema is None else schema)
+        self.timeout_s = _checked_timeout(DEFAULT_TIMEOUT if timeout is None else timeout)
+        self._owns_conn = self._conninfo is not None
+        self._driver = driver
+        self._statements = _Statements(self.schema)
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._ready = False
+        self._repair = False
+        self._closed = False
+        self._forgot_before_ms: int | None = None
+        self._timeline: int | None = None
+        self._watchdog = _Watchdog()
+        self._sock: socket.socket | None = None
+        self._clock = clock
+        logger.debug(
+            "postgres store %s opened with schema %s, namespace %s",
+            shown(self._where, quoted=False),
+            shown(self.schema),
+            shown(self.namespace),
+        )
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self._where!r}, schema={self.schema!r})"
+
+    # -- the contract ---------------------------------------------------------------
+
+    def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
+        if lease_ms <= 0:
+            raise ConfigError(f"postgres store: lease_ms must be positive, got {lease_ms}")
+        _check_node(node)
+        for request in requests:
+            _check_request(request)
+        self.refuse_claims()
+        outcomes: list[Outcome] = []
+        for start in range(0, len(requests), CHUNK):
+            outcomes += self._claim_chunk(requests[start : start + CHUNK], node, lease_ms)
+        return outcomes
+
+    def facts(self) -> StoreFacts:
+        """``synchronous_commit``, ``fsync``, whether the server is a standby
+        (``pg_is_in_recovery()``) and its replicas (``pg_stat_replication``,
+        ``synchronous_standby_names``), in one round trip."""
+        try:
+            row = self._row("read its settings", self._driver.sql.SQL(_SETTINGS), ())
+        except StoreError:
+            row = None
+        if row is not None:
+            self._follow_timeline(timeline_of(row[5]))
+        return settings_facts(f"postgres store {self._where}", row and row[:5])
+
+    def _follow_timeline(self, timeline: int | None) -> None:
+        """Note the server's timeline (read with its facts, at start and every sync); a
+        new one is a promoted standby (or a restore to a point in time), which may lack
+        the last claims: from now plus the tolerance back, the firings nobody holds are
+        answered forgotten, as after a lost epoch (see docs/stores.md, "Failover")."""
+        seen, self._timeline = self._timeline, timeline if timeline is not None else self._timeline
+        if seen is None or timeline is None or timeline == seen:
+            return
+        try:
+            horizon = self.time_ms() + TOLERANCE_MS
+        except StoreError:
+            horizon = int(time.time() * 1_000) + TOLERANCE_MS
+        self._forgot_before_ms = max(self._forgot_before_ms or 0, horizon)
+        logger.warning(
+            "postgres store %s (schema %s, namespace %s): the server's timeline changed "
+            "from %d to %d: a standby was promoted (or the database restored), and it may "
+            "lack the last claims of the old primary; firings released before %d ms that "
+            "nobody holds are written committed and reported forgotten, not enqueued",
+            shown(self._where, quoted=False),
+            shown(self.schema),
+            shown(self.namespace),
+            seen,
+            timeline,
+            horizon,
+        )
+
+    def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
+        """One call of ``commit_v1`` per :data:`CHUNK` ids; the notes ride in the first, one
+        statement that calls ``post_v1`` after it. A batch of one chunk (every batch a
+        node commits in practice) is then one round trip and one transaction; a node that
+        dies between the calls of a larger one leaves its notes committed with the first
+        chunk's claims, so a history item is never missing for a committed firing."""
+        _check_node(node)
+        if not ids:
+            self.post(notes)
+            return []
+        flags = ""
+        for start in range(0, len(ids), CHUNK):
+            chunk = list(ids[start : start + CHUNK])
+            args: tuple[Any, ...] = (self.namespace, node, chunk, self._now_ms())
+            if start == 0 and notes:
+                query, args = self._statements.commit_notes, (*self._note_args(notes), *args)
+                row = self._row("commit and post notes", query, args)
+            else:
+                row = self._row("commit", self._statements.commit, args)
+            flags += row[0]
+            if self.epoch is None and row[1] is not None:
+                # Only a first sighting: a changed epoch is left for the next claim to judge.
+                self.epoch = Epoch(row[1], int(row[2]))
+        return [flag == "1" for flag in flags]
+
+    def release(self, ids: Sequence[str], *, node: str) -> None:
+        _check_node(node)
+        for start in range(0, len(ids), CHUNK):
+            args = (self.namespace, node, list(ids[start : start + CHUNK]), self._now_ms())
+            self._row("release", self._statements.release, args)
+
+    def post(self, notes: Sequence[Note]) -> None:
+        """One call of ``post_v1``: one round trip and one transaction."""
+        if not notes:
+            return
+        self._row("post notes", self._statements.post, self._note_args(notes))
+
+    def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
+        """One query of the ``notes`` table, by primary key, for every kind asked."""
+        found: dict[str, dict[str, str]] = {kind: {} for kind in kinds}
+        if not found:
+            return found
+        by_id = {_digest(kind): kind for kind in found}
+        args = (self.namespace, list(by_id), self._now_ms())
+        query = self._statements.read_notes
+        rows = self._call("read notes", lambda conn: conn.execute(query, args).fetchall())
+        for kind_id, key, value in rows:
+            found[by_id[bytes(kind_id)]][key] = bytes(value).decode()
+        return found
+
+    def time_ms(self) -> int:
+        """``clock_timestamp()`` on the server, in epoch milliseconds: one round trip."""
+        if self._clock is not None:
+            return int(self._clock() * 1_000)
+        row = self._row("read the clock", self._statements.now, ())
+        return int(row[0])
+
+    def probe(self) -> None:
+        """Create or check the schema, then write a row of the ``claims`` table under this
+        namespace, read it back and delete it, in one transaction that is rolled back:
+        no other session ever sees it."""
+        probe_id, node = f"probe:{uuid.uuid4().hex}", f"probe:{uuid.uuid4().hex}"
+        got = self._call("probe", lambda c: self._probe(c, probe_id, node))
+        if got != node:
+            raise StoreError(
+                f"postgres store {self._where}: probe: wrote a row to {self.schema}.claims "
+                f"but read back {got!r}"
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._watchdog.stop()
+            if self._owns_conn:
+                self._drop_connection()
+            elif self._sock is not None:
+                self._sock.close()
+                self._sock = None
+
+    # -- reading, for ``beatless status`` ------------------------------------------------
+
+    def recent(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The ``limit`` most recent claims of this namespace still remembered, newest
+        first: dicts of ``id``, ``address``, ``occurrence_ms``, ``node`` (the winner),
+        ``committed``, ``until_ms`` and ``claimed_ms`` (when the store granted it)."""
+        args = (self.namespace, max(0, limit))
+        rows = self._call("read the recent claims", lambda c: self._fetch_all(c, args))
+        keys = ("id", "address", "occurrence_ms", "node", "committed", "until_ms", "claimed_ms")
+        return [dict(zip(keys, row, strict=True)) for row in rows]
+
+    def __len__(self) -> int:
+        """How many claim rows the schema holds now, every namespace, expired ones not yet
+        swept included."""
+        row = self._row("count the claims", self._statements.count, ())
+        return int(row[0])
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _claim_chunk(
+        self, requests: Sequence[ClaimRequest], node: str, lease_ms: int
+    ) -> list[Outcome]:
+        if not requests:
+            return []
+        seen = self.epoch.token if self.epoch is not None else ""
+        args = (
+            self.namespace,
+            node,
+            lease_ms,
+            TOLERANCE_MS,
+            seen,
+            self._forgot_before_ms,
+            new_token(),
+            max(SWEEP_MIN, 2 * len(requests)),
+            [r.id for r in requests],
+            [r.address for r in requests],
+            [r.occurrence_ms for r in requests],
+            [r.max_late_ms for r in requests],
+            [r.memory_ms for r in requests],
+            [r.release_ms for r in requests],
+            [r.tag for r in requests],
+            [r.run_id for r in requests],
+            self._now_ms(),
+        )
+        letters, token, started_ms = self._row("claim", self._statements.claim, args)
+        self._adopt(Epoch(token, int(started_ms)))
+        return [_OUTCOMES[letter] for letter in letters]
+
+    def _note_args(self, notes: Sequence[Note]) -> tuple[Any, ...]:
+        """The arguments of ``post_v1``, in its order."""
+        return (
+            self.namespace,
+            [_digest(n.kind) for n in notes],
+            [_digest(n.key) for n in notes],
+            [n.kind for n in notes],
+            [n.key for n in notes],
+            [n.value.encode() for n in notes],
+            [n.ttl_ms for n in notes],
+            [n.keep for n in notes],
+            max(SWEEP_MIN, 2 * len(notes)),
+            self._now_ms(),
+        )
+
+    def _now_ms(self) -> int | None:
+        """The reading of ``clock`` the functions use instead of the server's, if any."""
+        return None if self._clock is None else int(self._clock() * 1_000)
+
+    def _adopt(self, epoch: Epoch) -> None:
+        """Adopt the epoch a claim saw; warn when it is not the one last seen."""
+        seen, self.epoch = self.epoch, epoch
+        self._forgot_before_ms = horizon_ms(seen, epoch, self._forgot_before_ms)
+        if seen is not None and has_changed(seen, epoch):
+            logger.warning(
+                "postgres store %s (schema %s, namespace %s): %s",
+                shown(self._where, quoted=False),
+                shown(self.schema),
+                shown(self.namespace),
+                describe_change(seen, epoch),
+            )
+
+    def _row(
+        self, what: str, query: sql.Composed | sql.SQL, args: Sequence[Any]
+    ) -> tuple[Any, ...]:
+        """Send one statement (one round trip) and return the one row it answers."""
+        row = self._call(what, lambda conn: conn.execute(query, args).fetchone())
+        if row is None:
+            raise StoreError(f"postgres store {self._where}: cannot {what}: no row returned")
+        return tuple(row)
+
+    def _fetch_all(self, conn: psycopg.Connection[Any], args: Sequence[Any]) -> list[Any]:
+        return conn.execute(self._statements.recent, args).fetchall()
+
+    def _probe(self, conn: psycopg.Connection[Any], probe_id: str, node: str) -> str | None:
+        # Rolled back at the end, so that no other session ever sees the probe row.
+        with conn.transaction(force_rollback=True):
+            conn.execute(self._statements.probe_write, (self.namespace, probe_id, node))
+            row = conn.execute(self._statements.probe_read, (self.namespace, probe_id)).fetchone()
+            conn.execute(self._statements.probe_delete, (self.namespace, probe_id))
+        return None if row is None else str(row[0])
+
+    def _call(self, what: str, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Run ``fn`` on the connection (opened, and the schema made ready, first), under
+        the store's lock and the watchdog, with every driver error translated.
+
+        A call that finds the schema or a function missing (someone dropped the schema)
+        creates it again and runs once more: its epoch will be new. A call that finds the
+        connection it reused cut (the server restarted, or dropped its sessions) runs
+        once more at once on a new one, so that a commit is not left to the next wake,
+        nor a lease to run out meanwhile: every call here may be run twice (a claim the
+        node already holds is won again, a commit or a release of its own claims is
+        the same twice).
+        """
+        with self._lock:
+            for attempt in (1, 2):
+                with self._errors(what):
+                    reused = self._conn is not None and self._ready
+                    conn = self._connection()
+                    began = time.monotonic()
+                    try:
+                        with self._watchdog.bound(self._sock, self.timeout_s + DEADLINE_SLACK_S):
+                            return fn(conn)
+                    except self._driver.Error as exc:
+                        if attempt == 1 and self._was_cut(conn, exc, reused, began):
+                            logger.info(
+                                "postgres store %s: the connection was cut (%s); running the "
+                                "call again on a new one",
+                                shown(self._where, quoted=False),
+                                shown(self._mask(exc), quoted=False, limit=ERROR_LIMIT),
+                            )
+                            self._drop_connection()
+                            continue
+                        if attempt == 2 or exc.sqlstate not in _LOST_SCHEMA:
+                            raise
+                        logger.warning(
+                            "postgres store %s: schema %s or one of its functions is missing "
+                            "(%s); creating it again: every claim it held is lost, and the "
+                            "next claims report what may have been enqueued as forgotten",
+                            shown(self._where, quoted=False),
+                            shown(self.schema),
+                            shown(self._mask(exc), quoted=False),
+                        )
+                        self._ready, self._repair = False, True
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _was_cut(
+        self, conn: psycopg.Connection[Any], exc: Exception, reused: bool, began: float
+    ) -> bool:
+        """Whether ``exc`` says that a connection opened before this call was cut by the
+        server, at once rather than after a wait (a link that holds the bytes, cut by the
+        watchdog, is not tried again: that would double the wait)."""
+        if not reused or not self._owns_conn:
+            return False
+        if not isinstance(exc, self._driver.OperationalError | self._driver.InterfaceError):
+            return False
+        cut = conn.broken or conn.closed or exc.sqlstate in _SESSION_ENDED
+        return cut and time.monotonic() - began < self.timeout_s / 2
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._closed:
+            raise StoreError(f"postgres store {self._where} is closed")
+        if self._pid != os.getpid():
+            # A connection must not cross a fork: the child opens its own and leaves the
+            # parent's socket alone.
+            self._pid, self._conn, self._sock, self._ready = os.getpid(), None, None, False
+            self._watchdog = _Watchdog()
+        conn = self._conn
+        if conn is not None and (conn.closed or conn.broken):
+            if not self._owns_conn:
+                raise StoreUnavailable(
+                    f"postgres store {self._where}: the connection passed in is closed"
+                )
+            self._drop_connection()
+            conn = None
+        if conn is None:
+            conn = self._connect()
+        if self._sock is None:
+            self._sock = _socket_of(conn)
+        if not self._ready:
+            with self._watchdog.bound(self._sock, self.timeout_s + DEADLINE_SLACK_S):
+                _Schema(self._driver, self.schema, self._where).prepare(conn, force=self._repair)
+            self._ready, self._repair = True, False
+        return conn
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        if self._conninfo is None:
+            raise StoreUnavailable(f"postgres store {self._where}: no URL to connect with")
+        params = _conninfo_params(self._driver, self._conninfo)
+        extra: dict[str, Any] = {"autocommit": True}
+        if "connect_timeout" not in params:
+            extra["connect_timeout"] = max(2, round(self.timeout_s))
+        if "application_name" not in params:
+            extra["application_name"] = "beatless"
+        conn: psycopg.Connection[Any] = self._driver.connect(self._conninfo, **extra)
+        try:
+            timeout_ms = str(max(1, round(self.timeout_s * 1_000)))
+            conn.execute("SELECT set_config('statement_timeout', %s, false)", (timeout_ms,))
+        except BaseException:
+            conn.close()
+            raise
+        self._conn, self._ready = conn, False
+        return conn
+
+    def _drop_connection(self) -> None:
+        conn, sock, self._conn, self._sock, self._ready = self._conn, self._sock, None, None, False
+        if sock is not None:
+            sock.close()
+        if conn is not None:
+            with suppress(Exception):
+                conn.close()
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        driver = self._driver
+        try:
+            yield
+        except (StoreError, ConfigError):
+            raise
+        except driver.Error as exc:
+            text = f"postgres store {self._where}: cannot {what}: {self._mask(exc)}"
+            if exc.sqlstate == "42501":
+                raise StoreError(
+                    f"{text}; grant the role USAGE on schema {self.schema} and SELECT, "
+                    f"INSERT, UPDATE, DELETE on its tables, or CREATE on the database for "
+                    f"the first node"
+                ) from None
+            if isinstance(exc, driver.OperationalError | driver.InterfaceError):
+                if exc.sqlstate is None and _is_refusal(str(exc)):
+                    raise StoreError(
+                        f"{text}; check the user name, password and database name"
+                    ) from None
+                if exc.sqlstate is None or exc.sqlstate in _TRANSIENT_STATES:
+                    raise StoreUnavailable(text) from None
+            if exc.sqlstate in _TRANSIENT_STATES:
+                raise StoreUnavailable(text) from None
+            if exc.sqlstate in _FULL_STATES:
+                raise self._full(text) from None
+            raise StoreError(text) from None
+
+    def _full(self, text: str) -> StoreFull:
+        """A write refused as the disk is full, said at WARNING at most once a minute."""
+        if self._full_warned.allows("full", int(FULL_WARN_EVERY_S * 1_000), _monotonic_ms()):
+            logger.warning(
+                "%s: the server's disk is full and refuses writes; claims are refused and "
+                "their firings missed (reported) until it has room: free disk space",
+                text,
+            )
+        return StoreFull(text)
+
+    def _mask(self, exc: BaseException) -> str:
+        text = " ".join((str(exc) or type(exc).__name__).split())
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+
+def _monotonic_ms() -> int:
+    return int(time.monotonic() * 1_000)
+
+
+def timeline_of(walfile: object) -> int | None:
+    """The timeline of a write-ahead log file's name (its first 8 hex digits), or
+    ``None`` (a standby, or a name not read)."""
+    text = str(walfile) if walfile else ""
+    try:
+        return int(text[:8], 16) if len(text) >= 8 else None
+    except ValueError:
+        return None
+
+
+def settings_facts(store: str, row: Sequence[Any] | None) -> StoreFacts:
+    """The facts of a PostgreSQL server from the row of ``_SETTINGS`` (``None``: unread)."""
+    if row is None:
+        why = "could not be read"
+        names = ("synchronous_commit", "fsync", "standby", "replicas")
+        return StoreFacts(store, tuple(Fact(n, UNKNOWN, Verdict.WARN, why) for n in names))
+    sync_commit, fsync, standby, standby_names, replicas = row
+    facts = [Fact("synchronous_commit", str(sync_commit))]
+    if sync_commit == "off":
+        why = (
+            "a crash of the server loses the last claims it acknowledged (up to three "
+            "wal_writer_delay), and their firings may be sent again; ALTER ROLE ... SET "
+            "synchronous_commit = on for the role the nodes use"
+        )
+        facts[0] = Fact("synchronous_commit", "off", Verdict.WARN, why)
+    if fsync == "off":
+        why = "a crash of the server's host may lose or corrupt claims; set fsync = on"
+        facts.append(Fact("fsync", "off", Verdict.WARN, why))
+    else:
+        facts.append(Fact("fsync", str(fsync)))
+    if standby:
+        why = "a standby (in recovery) is read-only: point the URL at the primary"
+        facts.append(Fact("standby", "yes", Verdict.REFUSE, why))
+    else:
+        facts.append(Fact("standby", "no"))
+    count = int(replicas or 0)
+    if count and not standby_names:
+        why = (
+            "replication is asynchronous (synchronous_standby_names is empty): a standby "
+            "promoted by a failover may lack the last claims, and their firings may be sent "
+            "again"
+        )
+        facts.append(Fact("replicas", str(count), Verdict.WARN, why))
+    else:
+        sync = f" (synchronous: {standby_names})" if count and standby_names else ""
+        facts.append(Fact("replicas", f"{count}{sync}"))
+    return StoreFacts(store, tuple(facts))
+
+
+class _Statements:
+    """The statements the store sends, composed once with its schema's name."""
+
+    def __init__(self, schema: str) -> None:
+        from psycopg import sql
+
+        name = sql.Identifier(schema)
+
+        def q(text: str) -> sql.Composed:
+            return sql.SQL(text).format(s=name)
+
+        self.claim = q(
+            "SELECT outcomes, epoch_token, epoch_started_ms FROM {s}.claim_v2("
+            "%s, %s, %s, %s, %s, %s, %s, %s, %s::text[], %s::text[], %s::bigint[], "
+            "%s::bigint[], %s::bigint[], %s::bigint[], %s::text[], %s::text[], %s::bigint)"
+        )
+        commit = q("{s}.commit_v1(%s, %s, %s::text[], %s::bigint)")
+        post = q(
+            "{s}.post_v1(%s, %s::bytea[], %s::bytea[], %s::text[], %s::text[],"
+            " %s::bytea[], %s::bigint[], %s::integer[], %s, %s::bigint)"
+        )
+        self.commit = sql.SQL("SELECT flags, epoch_token, epoch_started_ms FROM {}").format(commit)
+        # One statement, so one transaction. post_v1 is in the select list: it runs on
+        # commit_v1's one row, after it, so the notes' locks come after the claims' (no
+        # call holds a note's lock while it waits for a claim's: never a cycle).
+        self.commit_notes = sql.SQL(
+            "SELECT c.flags, c.epoch_token, c.epoch_started_ms, {post} FROM {commit} AS c"
+        ).format(post=post, commit=commit)
+        self.release = q("SELECT {s}.release_v1(%s, %s, %s::text[], %s::bigint)")
+        self.post = sql.SQL("SELECT {}").format(post)
+        self.read_notes = q(
+            "SELECT kind_id, key, value FROM {s}.notes"
+            " WHERE namespace = %s AND kind_id = ANY (%s::bytea[]) AND until_ms >="
+            " coalesce(%s::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000))"
+        )
+        self.now = sql.SQL("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint")
+        self.recent = q(
+            "SELECT id, address, occurrence_ms, node, committed, until_ms, claimed_ms"
+            " FROM {s}.claims WHERE namespace = %s AND format = 1"
+            " ORDER BY claimed_ms DESC, id LIMIT %s"
+        )
+        self.count = q("SELECT count(*) FROM {s}.claims")
+        self.probe_write = q(
+            "INSERT INTO {s}.claims (until_ms, forget_ms, memory_ms, claimed_ms, occurrence_ms,"
+            " format, committed, namespace, id, tag, node, address)"
+            " VALUES (0, 0, 0, 0, 0, 1, true, %s, %s, '', %s, 'probe')"
+        )
+        self.probe_read = q("SELECT node FROM {s}.claims WHERE namespace = %s AND id = %s")
+        self.probe_delete = q("DELETE FROM {s}.claims WHERE namespace = %s AND id = %s")
+
+
+class _Schema:
+    """Brings a schema to :data:`SCHEMA_VERSION`, or refuses one that is newer."""
+
+    def __init__(self, driver: ModuleType, schema: str, where: str) -> None:
+        self.driver, self.schema, self.where = driver, schema, where
+        self.name = driver.sql.Identifier(schema)
+
+    def prepare(self, conn: psycopg.Connection[Any], *, force: bool = False) -> None:
+        """Check the schema, and create or upgrade it only when it needs it (``force``:
+        run the whole script again, as after a call found a table or function missing)."""
+        version, functions = self._state(conn)
+        self._refuse_newer(version)
+        if version == SCHEMA_VERSION and functions == len(FUNCTIONS) and not force:
+            return
+        with conn.transaction():
+            # Nodes that start together queue here; the first creates, the others check.
+            conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                (f"beatless schema {self.schema}",),
+            )
+            version, functions = self._state(conn)
+            self._refuse_newer(version)
+            if version == SCHEMA_VERSION and functions == len(FUNCTIONS) and not force:
+                return
+            sql = self.driver.sql
+            exists = conn.execute(
+                "SELECT to_regnamespace(%s) IS NOT NULL", (self.name.as_string(conn),)
+            )
+            if not exists.fetchone()[0]:  # type: ignore[index]
+                conn.execute(sql.SQL("CREATE SCHEMA {}").format(self.name))
+            path = self.name.as_string(conn)
+            conn.execute("SELECT set_config('search_path', %s, true)", (path,))
+            conn.execute(_schema_script())
+            conn.execute(
+                "INSERT INTO version (version) VALUES (%s) ON CONFLICT (only_row)"
+                " DO UPDATE SET version = excluded.version",
+                (SCHEMA_VERSION,),
+            )
+        logger.info(
+            "postgres store %s: schema %s created or upgraded to version %d",
+            shown(self.where, quoted=False),
+            shown(self.schema),
+            SCHEMA_VERSION,
+        )
+
+    def _state(self, conn: psycopg.Connection[Any]) -> tuple[int | None, int]:
+        """The schema's version (``None``: no version table) and how many of this
+        version's functions it has."""
+        prefix = self.name.as_string(conn) + "."
+        row = conn.execute(
+            "SELECT (SELECT count(to_regprocedure(f)) FROM unnest(%s::text[]) AS f),"
+            " to_regclass(%s) IS NOT NULL",
+            ([prefix + f for f in FUNCTIONS], prefix + "version"),
+        ).fetchone()
+        if row is None:
+            raise StoreError(f"postgres store {self.where}: the server returned no row")
+        functions, has_table = int(row[0]), bool(row[1])
+        if not has_table:
+            return None, functions
+        query = self.driver.sql.SQL("SELECT max(version) FROM {}.version").format(self.name)
+        found = conn.execute(query).fetchone()
+        version = None if found is None or found[0] is None else int(found[0])
+        return version, functions
+
+    def _refuse_newer(self, version: int | None) -> None:
+        if version is not None and version > SCHEMA_VERSION:
+            raise StoreError(
+                f"postgres store {self.where}: schema {self.schema!r} has version {version}, "
+                f"written by a newer beatless; this one reads up to version {SCHEMA_VERSION}: "
+                f"upgrade beatless on every node, or point this node at another schema"
+            )
+
+
+class _Watchdog:
+    """Cuts the connection of a call that overruns its deadline, so that the call fails
+    with an error instead of waiting for a server that stopped answering.
+
+    One daemon thread per store object, started with the first call; it sleeps until the
+    deadline of the call in flight and, if the call is still running then, shuts the
+    connection's socket down (a duplicate of its descriptor, made when the connection
+    was opened). The driver then sees the connection closed, the call raises, and the
+    store opens a new connection on the next call.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: float | None = None
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    @contextmanager
+    def bound(self, sock: socket.socket | None, seconds: float) -> Iterator[None]:
+        if sock is None:
+            yield
+            return
+        with self._cond:
+            if self._thread is None and not self._stopped:
+                self._thread = threading.Thread(
+                    target=self._run, name="beatless-postgres-watchdog", daemon=True
+                )
+                self._thread.start()
+            self._due, self._sock = time.monotonic() + seconds, sock
+            self._cond.notify()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._due = self._sock = None
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                if self._due is None:
+                    self._cond.wait()
+                    continue
+                left = self._due - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                sock, self._due, self._sock = self._sock, None, None
+                if sock is not None:
+                    logger.warning("postgres store: a call went unanswered; cutting its connection")
+                    with suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+
+
+def _driver() -> ModuleType:
+    return driver("psycopg.sql", "the postgres store")
+
+
+def _schema_script() -> str:
+    return (resources.files("beatless.stores.postgres") / SQL_FILE).read_text("utf-8")
+
+
+def _split_url(url: str, where: str) -> tuple[str, dict[str, str]]:
+    """The URL without the store's own query options, and those options."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in SCHEMES:
+        raise ConfigError(
+            f"postgres store: unknown URL scheme {scheme!r} in {where}: use "
+            f"postgresql://user:password@host:port/database"
+        )
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    ours = {k: v for k, v in pairs if k in OPTIONS}
+    rest = urlencode([(k, v) for k, v in pairs if k not in OPTIONS])
+    return urlunsplit(("postgresql", parts.netloc, parts.path, rest, parts.fragment)), ours
+
+
+def _checked_conninfo(driver: ModuleType, conninfo: str, where: str) -> str:
+    try:
+        driver.conninfo.conninfo_to_dict(conninfo)
+    except driver.ProgrammingError as exc:
+        message = " ".join(str(exc).split())
+        raise ConfigError(
+            f"postgres store: bad URL {where}: {message}; the store's own options are "
+            f"{', '.join(OPTIONS)}, the others are libpq's"
+        ) from None
+    return conninfo
+
+
+def _conninfo_params(driver: ModuleType, conninfo: str) -> dict[str, Any]:
+    params: dict[str, Any] = driver.conninfo.conninfo_to_dict(conninfo)
+    return params
+
+
+def _checked_schema(schema: object) -> str:
+    if (
+        not isinstance(schema, str)
+        or not schema
+        or len(schema.encode()) > _MAX_IDENTIFIER
+        or not (schema[0].isalpha() or schema[0] == "_")
+        or not all(ch.isalnum() or ch in "_$" for ch in schema)
+        or not schema.isascii()
+        or schema.lower().startswith("pg_")
+    ):
+        raise ConfigError(
+            f"postgres store: schema must be an identifier of letters, digits and '_' "
+            f"(at most {_MAX_IDENTIFIER}, not starting with a digit or 'pg_'), got {schema!r}"
+        )
+    return schema
+
+
+def _checked_timeout(timeout: DurationLike) -> float:
+    seconds = as_timedelta(timeout, name="postgres store: timeout").total_seconds()
+    if seconds <= 0:
+        raise ConfigError(f"postgres store: timeout must be positive, got {timeout!r}")
+    return seconds
+
+
+def _check_node(node: str) -> None:
+    if not isinstance(node, str) or "\x00" in node:
+        raise ConfigError(f"postgres store: node must be a string without NUL, got {node!r}")
+
+
+def _check_request(request: ClaimRequest) -> None:
+    r = request
+    if r.memory_ms <= 0 or r.max_late_ms < 0:
+        raise ConfigError(
+            f"postgres store: firing {r.id} ({r.address!r}): memory_ms must be positive and "
+            f"max_late_ms not negative, got {r.memory_ms} and {r.max_late_ms}"
+        )
+    if "\x00" in r.id or "\x00" in r.address or "\x00" in r.run_id:
+        raise ConfigError(
+            f"postgres store: firing {r.id!r} ({r.address!r}): PostgreSQL text cannot hold "
+            f"a NUL character"
+        )
+
+
+def _digest(name: str) -> bytes:
+    """The key of a note's kind or key in the ``notes`` table: SHA-256 of its UTF-8."""
+    return hashlib.sha256(name.encode()).digest()
+
+
+def _is_refusal(text: str) -> bool:
+    lowered = text.lower()
+    return any(words in lowered for words in _REFUSED)
+
+
+def _socket_of(conn: psycopg.Connection[Any]) -> socket.socket | None:
+    """A socket object on a duplicate of the connection's descriptor, for the watchdog."""
+    try:
+        return socket.socket(fileno=os.dup(conn.pgconn.socket))
+    except OSError:
+        return None
+
+
+def _describe(conn: psycopg.Connection[Any]) -> str:
+    info = conn.info
+    return f"postgresql://{info.user}@{info.host}:{info.port}/{info.dbname}"

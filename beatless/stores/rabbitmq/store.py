@@ -1,0 +1,1022 @@
+"""The RabbitMQ claim store: a stock broker decides who wins, with no plugin.
+
+For Celery or Dramatiq users on RabbitMQ, so that beatless needs no Redis. Everything
+the store knows lives in queues and bindings under one prefix, ``beatless.{namespace}.``
+unless ``prefix`` says otherwise:
+
+``{prefix}c.{firing id}``, the *slot*
+    A classic queue with ``x-max-length: 1`` and ``x-overflow: reject-publish``. A claim
+    publishes one message to it with publisher confirms: the broker takes the first
+    (``basic.ack``: won) and refuses every other while it is there (``basic.nack``:
+    held). The message, ``v=1|{token}|{lease_ms}|{tag}|{node}``, carries the lease as
+    its per-message TTL, so the broker drops a pending claim when its lease runs out, on
+    the broker's clock, and the next claim is taken. A claim published first with
+    ``mandatory`` set is returned when the slot does not exist: the claimant declares it
+    and publishes again, and wins a firing nobody tried before (``WON``); a win in a
+    slot that existed is a ``TAKEOVER``. The slot expires (``x-expires``) ``memory_ms +
+    lease_ms`` after its last use; the winner touches it (a passive declare) when it
+    wins and when it commits.
+``{prefix}done``, a direct exchange
+    A commit binds the slot to it with the firing id as routing key. A claim first asks
+    whether the firing is committed by publishing a message with TTL 0 to that routing
+    key: returned means no binding, so not committed; a routed one (acknowledged or
+    refused, never kept) means committed, ``LOST``. The binding goes with its slot, so
+    a committed claim is remembered ``memory_ms`` after the commit.
+``{prefix}epoch``
+    A queue holding one message, ``v=1|{started_ms}|{token}``, written when the queue is
+    found missing, and bound to ``{prefix}done`` with routing key ``epoch.{token}``. A
+    claim asks whether that binding still routes (one more TTL-0 message): a broker
+    that lost its definitions has neither, and the next claim writes a new epoch.
+``{prefix}notes``, a stream queue
+    The notes (:meth:`~RabbitMQStore.post`): a stream is the one kind of queue that is
+    read without taking its messages. A post is one message, ``{"v": 1, "notes":
+    [[kind, key, value, expires_ms, keep], ...]}`` in JSON, its expiry on the local
+    clock, published with a confirm (one round trip; the first post of a namespace
+    declares the stream). A read (:meth:`~RabbitMQStore.read_notes`) consumes the stream
+    from where this store object stopped (see ``_amqp.Read`` for how it knows the end)
+    and folds it as the broker would if it could: the last note of a kind and key
+    wins, each post's ``keep`` is applied after its notes, and notes whose expiry passed
+    are dropped. The stream's retention trims, not the reads: messages are kept
+    ``x-max-age`` 25 h (a note may live at most 24 h: the hour more covers skew between
+    the broker's clock, which trims, and the nodes', which expire), in segments of
+    8 MB so that trimming happens, and never more than 500 MB.
+
+Nothing is ever read with ``basic.get`` by a node that is not sure the message is its
+own: RabbitMQ counts only *ready* messages against ``x-max-length``, so a message got
+and not yet acknowledged leaves the slot open to another publish. A node knows its own
+claims instead (:class:`_Ledger`: the token and the monotonic instant just before its
+claim was published, whose TTL started later), and touches its message only while its
+lease certainly runs. Hence what other nodes cannot see: the task tag and the node of
+another process's claim. ``FOREIGN`` is answered only for a claim this process holds
+under another tag; another node's claim of another task is ``HELD`` or ``LOST``, and a
+claim this node made from another process (or whose confirm was lost with a connection)
+is ``HELD`` until its lease runs out and it is taken over.
+
+A renewal (a node claiming again a firing whose claim it holds: a run lease or a
+once-only record at every heartbeat) takes its message out of the slot and publishes a
+fresh one. It takes it with a consumer, not ``basic.get``, and every claim the slot
+takes is followed by a passive declare that counts the slot's consumers: a claim that
+finds one is a renewal's gap, and takes its message back (``HELD``) while the renewal
+publishes again until the slot takes its fresh claim. The renewal cancels its consumer
+only after that, then acknowledges the old message, so no claim wins a slot whose holder
+is renewing it. A renewer whose connection drops mid-renewal loses its claim (its old
+message goes back to the slot, and expires when its lease would have ended).
+
+Lateness and earliness are judged on the local clock (``clock``): RabbitMQ has no clock
+to read. Leases are measured by the broker (message TTL, ``x-expires``), so skew between
+nodes cannot make a live lease look expired; a commit counts as made only if the broker
+confirmed it before the node's own monotonic clock reached the end of the lease.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from beatless.core._drivers import driver
+from beatless.core._logtext import shown
+from beatless.core.durations import DurationLike, as_timedelta
+from beatless.core.urls import mask_url, secrets_of
+from beatless.errors import ConfigError, StoreError, StoreUnavailable
+from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
+from beatless.stores.base import (
+    ClaimRequest,
+    ClaimStore,
+    Epoch,
+    Fact,
+    Note,
+    Outcome,
+    StoreFacts,
+    Verdict,
+)
+
+if TYPE_CHECKING:
+    from beatless.stores.rabbitmq._amqp import Message
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = "v=1"
+DEFAULT_TIMEOUT = 5.0
+DEFAULT_CHANNELS = 16
+EXPIRY_SLACK_MS = 1_000
+RATE_ALLOWANCE = 0.001
+"""How much faster the node's monotonic clock may run than the broker's (ppm drift)."""
+GET_GUARD = 0.25
+"""A node gets its own pending message back (release, renewal) only while its claim is
+younger than ``1 - GET_GUARD`` of its lease, so the message is surely still there."""
+RENEW_RETRY_S = 0.005
+"""How long a renewal waits before it publishes again to a slot that a claimant, who will
+take its claim back, filled while the old claim was out."""
+RENEW_PATIENCE_S = 2.0
+"""How long a renewal keeps publishing to a slot that stays full (a claimant that died
+before it took its claim back) before it lets its own claim go: ``HELD``."""
+CONSUME_WAIT_S = 1.0
+"""How long a renewal waits for its claim's message to be delivered to its consumer
+(milliseconds, when the message is there)."""
+EPOCH_READS = 20
+HELD_MEMORY_S = 3_600
+"""How long this process remembers that it saw a firing held (for ``TAKEOVER``)."""
+PROBE_TTL_MS = 10_000
+_MAX_PREFIX = 180
+_OPTIONS = {"durable", "timeout", "channels", "prefix"}
+_SLOT = {"x-max-length": 1, "x-overflow": "reject-publish", "x-queue-type": "classic"}
+NOTES_FORMAT = 1
+NOTE_TTL_LIMIT_MS = 24 * 3_600_000
+"""The longest time to live of a note: the stream keeps its messages an hour longer."""
+_NOTES_STREAM = {
+    "x-queue-type": "stream",
+    "x-max-age": "25h",
+    "x-stream-max-segment-size-bytes": 8_000_000,
+    "x-max-length-bytes": 500_000_000,
+}
+NOTES_PREFETCH = 500
+"""How many messages a read of the notes is sent ahead of its acknowledgements."""
+NOTES_QUIET_S = 1.0
+"""How long a read waits for the first message of a stream that always has one, before
+it takes the stream for new (empty, or made anew since this store object last read)."""
+NOTES_READS = 3
+"""How many times a read starts over (on a stream found empty, or made anew)."""
+NOTES_START_S = 0.25
+"""How long a new stream is given to start (RabbitMQ takes a few milliseconds)."""
+
+
+def _driver() -> Any:
+    return driver("pika", "the rabbitmq store")
+
+
+@dataclass(frozen=True, slots=True)
+class _Hold:
+    """A claim this process published and the broker took."""
+
+    token: str
+    sent: float
+    """The monotonic clock just before the claim was published: its TTL began later."""
+    lease_ms: int
+    tag: str
+    state: str = "pending"
+
+    def runs(self, now: float, share: float = 0.0) -> bool:
+        """Whether the lease surely still runs, with ``share`` of it kept in hand."""
+        left = self.lease_ms * (1 - RATE_ALLOWANCE - share) - 1
+        return self.state == "pending" and (now - self.sent) * 1_000 < left
+
+
+class _Ledger:
+    """The claims the nodes of this process hold in one broker and prefix."""
+
+    _all: ClassVar[dict[tuple[str, str], _Ledger]] = {}
+    _guard: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.holds: dict[tuple[str, str], _Hold] = {}
+        self.held: dict[tuple[str, str], float] = {}
+
+    @classmethod
+    def of(cls, broker: str, prefix: str) -> _Ledger:
+        with cls._guard:
+            return cls._all.setdefault((broker, prefix), cls())
+
+    def get(self, node: str, id_: str) -> _Hold | None:
+        with self.lock:
+            return self.holds.get((node, id_))
+
+    def put(self, node: str, id_: str, hold: _Hold | None) -> None:
+        with self.lock:
+            if hold is None:
+                self.holds.pop((node, id_), None)
+            else:
+                self.holds[(node, id_)] = hold
+
+    def saw_held(self, node: str, id_: str, now: float) -> None:
+        with self.lock:
+            self.held[(node, id_)] = now
+
+    def was_held(self, node: str, id_: str) -> bool:
+        """Whether a claim of this firing was answered ``HELD`` here: a win after it is a
+        takeover, even in a slot that no claim reached through its binding yet."""
+        with self.lock:
+            return (node, id_) in self.held
+
+    def sweep(self, now: float) -> None:
+        with self.lock:
+            old = [k for k, h in self.holds.items() if now - h.sent > 2 * h.lease_ms / 1e3 + 60]
+            for key in old:
+                del self.holds[key]
+            for key in [k for k, seen in self.held.items() if now - seen > HELD_MEMORY_S]:
+                del self.held[key]
+
+    def clear(self) -> None:
+        with self.lock:
+            self.holds.clear()
+            self.held.clear()
+
+
+class RabbitMQStore(ClaimStore):
+    """Claims in a RabbitMQ broker, shared by every node that uses the same virtual host
+    and prefix. See the module docstring for what is kept and why.
+
+    ``url`` is ``amqp://user:password@host:port/vhost`` (or ``amqps://``); pika's own URL
+    options (``heartbeat``, ``ssl_options``, ...) pass through. The store's options may
+    be given in the URL too; keywords win: ``durable`` (default true: durable queues and
+    persistent messages, which survive a broker restart; false: transient ones, cheaper,
+    and a restart then reads as a store that lost its memory), ``timeout`` (seconds,
+    ``"2s"``; to connect and for each call), ``channels`` (claims run at once, each on a
+    channel), ``prefix``. ``clock`` gives the time for lateness (seconds, ``time.time``).
+
+    A post costs one message in the notes stream, its JSON and about a hundred bytes
+    more, kept 25 h (until its segment is trimmed) whatever the notes' time to live: keep
+    posts small and few. A read costs two round trips and a channel opened again, and
+    reads what was posted since this store object's last read; the first read of a
+    store object reads every message the stream still holds (up to 25 h of posts). Each
+    store object keeps the live notes it has read, of every kind, in memory (kind, key,
+    value and expiry of each). On a cluster, a read may miss a post of the last
+    moments, until the node it reads from has its copy. A note may live at most 24 h:
+    a longer ``ttl_ms`` is refused.
+
+    The notes a commit carries (each firing's history) are one post, published in the
+    same batch of channel scripts as the commit's binds, so they add no round trip (until
+    this store object has seen the notes stream work, they are posted right after the
+    commit instead: a stream still starting may close the connection under the batch).
+    The slots and the stream share no operation, so :attr:`commits_notes` is false: a
+    node that dies mid-commit may leave a committed firing without its history note, or
+    the note of a firing it sent whose claim then runs out pending.
+
+    Nothing is sent until the first call. An unreachable broker raises
+    :class:`~beatless.errors.StoreUnavailable`; a refused login or virtual host raises
+    :class:`~beatless.errors.StoreError`. The password never appears in ``repr``, logs
+    or errors. One store object may be shared by the threads of a process.
+
+    The store does not check run leases (:attr:`checks_overlap` is false): reading the
+    run-lease record of a firing's address would mean fetching another node's message
+    from its slot, which opens the slot to a second claim. A firing whose entry skips
+    overlapping runs is claimed as any other, never answered
+    :attr:`~beatless.stores.base.Outcome.OVERLAP`, and enqueued; the worker's own
+    run-lease check (:mod:`beatless.node.runs`, claims of this store like any other) refuses
+    the run while another run of its address holds the run lease. A worker's heartbeat
+    renews the run lease without ever leaving the slot to another claim (see the module
+    docstring), so a run lease excludes every other run while it is renewed.
+    """
+
+    name = "rabbitmq"
+    commits_notes = False
+    checks_overlap = False
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        namespace: str = "default",
+        prefix: str | None = None,
+        durable: bool | str | None = None,
+        timeout: DurationLike | None = None,
+        channels: int | str | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        pika = _driver()  # before _amqp, which imports pika as it loads
+        from beatless.stores.rabbitmq import _amqp
+
+        self._where = mask_url(url)
+        self._secrets = secrets_of(url)
+        given, rest = _split_url(url, self._where)
+        if not isinstance(namespace, str) or not namespace:
+            raise ConfigError(
+                f"rabbitmq store: namespace must be a non-empty string, got {namespace!r}"
+            )
+        self.prefix = _prefix(prefix if prefix is not None else given.get("prefix"), namespace)
+        self.durable = _flag(durable if durable is not None else given.get("durable", "true"))
+        seconds = as_timedelta(
+            timeout if timeout is not None else given.get("timeout", DEFAULT_TIMEOUT),
+            name="rabbitmq store: timeout",
+        ).total_seconds()
+        if seconds <= 0:
+            raise ConfigError(f"rabbitmq store: timeout must be positive, got {timeout!r}")
+        width = _count(
+            channels if channels is not None else given.get("channels", DEFAULT_CHANNELS)
+        )
+        try:
+            params = pika.URLParameters(rest)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"rabbitmq store: bad URL {self._where}: {self._mask(exc)}") from None
+        params.socket_timeout = params.stack_timeout = seconds
+        params.blocked_connection_timeout = seconds
+        self._session = _amqp.Session(
+            params, width=width, timeout=seconds, where=self._where, setup=self._declarations
+        )
+        # Notes have a connection and a lock of their own: a stream read that waits (a
+        # first read of a long stream, a stream being created) never holds up a claim or
+        # a commit, whose lease is running.
+        self._notes_session = _amqp.Session(
+            params, width=1, timeout=seconds, where=self._where, prefetch=NOTES_PREFETCH
+        )
+        self._notes_lock = threading.Lock()
+        self._amqp = _amqp
+        self._ledger = _Ledger.of(f"{params.host}:{params.port}{params.virtual_host}", self.prefix)
+        self._clock, self._monotonic = clock, monotonic
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._forgot_before_ms: int | None = None
+        self._closed = False
+        self._exchange = f"{self.prefix}slots"
+        self._epoch_queue = f"{self.prefix}epoch"
+        self._notes_queue = f"{self.prefix}notes"
+        self._board = _Board()
+        self._notes_seen = False
+
+    def __repr__(self) -> str:
+        return f"RabbitMQStore({self._where!r}, prefix={self.prefix!r}, durable={self.durable})"
+
+    def facts(self) -> StoreFacts:
+        """The queues this store declares: classic slot queues (a queue of length one
+        that refuses a second message needs the classic type), durable or not. Read from
+        its own settings: nothing is asked of the broker."""
+        queues = Fact(
+            "slot queues",
+            "classic",
+            why="each firing's slot lives on one node of a cluster, not replicated",
+        )
+        store = f"rabbitmq store {self._where}"
+        if self.durable:
+            return StoreFacts(store, (queues, Fact("durable", "yes")))
+        why = (
+            "transient queues and messages: a broker restart forgets every claim, and the "
+            "firings released before it are reported forgotten; drop ?durable=false"
+        )
+        return StoreFacts(store, (queues, Fact("durable", "no", Verdict.WARN, why)))
+
+    # -- the contract ---------------------------------------------------------------
+
+    def time_ms(self) -> int:
+        """The local clock: RabbitMQ has none to read."""
+        return int(self._clock() * 1_000)
+
+    def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
+        if lease_ms <= 0:
+            raise ConfigError(f"rabbitmq store: lease_ms must be positive, got {lease_ms}")
+        if not requests:
+            return []
+        with self._lock:
+            self._setup("claim")
+            self._follow_epoch()
+            return self._claim_batch(requests, node, lease_ms)
+
+    def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
+        _check_notes(notes)
+        done = self._commit(ids, node) if ids else []
+        self.post(notes)  # right after: the notes stream is not the claims' queues
+        return done
+
+    def _commit(self, ids: Sequence[str], node: str) -> list[bool]:
+        with self._lock:
+            self._setup("commit")
+            if self.epoch is None:
+                self.epoch = self._read_epoch()
+            now = self._monotonic()
+            holds = [self._ledger.get(node, id_) for id_ in ids]
+            work = [(i, h) for i, h in enumerate(holds) if h is not None and h.runs(now)]
+            results = self._run([self._commit_one(ids[i], hold) for i, hold in work], "commit")
+            done = [h is not None and h.state == "committed" for h in holds]
+            for (i, hold), ok in zip(work, results, strict=True):
+                done[i] = ok is True
+                self._ledger.put(
+                    node, ids[i], replace(hold, state="committed") if done[i] else None
+                )
+            return done
+
+    def release(self, ids: Sequence[str], *, node: str) -> None:
+        if not ids:
+            return
+        with self._lock:
+            self._setup("release")
+            now = self._monotonic()
+            scripts = []
+            for id_ in dict.fromkeys(ids):
+                hold = self._ledger.get(node, id_)
+                if hold is None or hold.state != "pending":
+                    continue
+                self._ledger.put(node, id_, replace(hold, state="released"))
+                if hold.runs(now, GET_GUARD):
+                    scripts.append(self._take_back(self._slot(id_), hold.token))
+            self._run(scripts, "release")
+
+    notes_live_ms = NOTE_TTL_LIMIT_MS
+
+    def post(self, notes: Sequence[Note]) -> None:
+        if not notes:
+            return
+        _check_notes(notes)
+        with self._notes_lock:
+            self._setup("post notes")
+            body = _notes_body(notes, self.time_ms())
+            self._use_notes(lambda: self._write_notes(body, "post notes"))
+
+    def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
+        if not kinds:
+            return {}
+        with self._notes_lock:
+            self._setup("read notes")
+            self._use_notes(self._catch_up)
+            return self._board.read(kinds, self.time_ms())
+
+    def probe(self) -> None:
+        """Declare a queue under the prefix (expiring in 10 s), publish a message to it
+        with a confirm, get it back, and delete the queue."""
+        with self._lock:
+            self._setup("probe")
+            queue, value = f"{self.prefix}probe.{uuid.uuid4().hex}", uuid.uuid4().hex.encode()
+            (got,) = self._run([self._probe_script(queue, value)], "probe")
+        if isinstance(got, BaseException):
+            raise StoreError(f"rabbitmq store {self._where}: probe: {self._mask(got)}")
+        if got != value:
+            raise StoreError(f"rabbitmq store {self._where}: probe: wrote {value!r}, read {got!r}")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._pid == os.getpid():
+                self._session.close()
+                with self._notes_lock:
+                    self._notes_session.close()
+
+    # -- claims -----------------------------------------------------------------------
+
+    def _claim_batch(
+        self, requests: Sequence[ClaimRequest], node: str, lease_ms: int
+    ) -> list[Outcome]:
+        now = self._monotonic()
+        self._ledger.sweep(now)
+        outcomes, first = self._triage(requests, node, now)
+        todo = [i for i in first.values() if outcomes[i] is None]
+        for _attempt in range(2):  # once more for what was refused before it was sent
+            scripts = [self._claim_script(requests[i], node, lease_ms) for i in todo]
+            again = []
+            for i, result in zip(todo, self._run(scripts, "claim"), strict=True):
+                if result is _RETRY:
+                    again.append(i)
+                else:
+                    outcomes[i] = self._settle(requests[i], node, result, now)
+            todo = again
+        return [outcomes[first[r.id]] or Outcome.HELD for r in requests]
+
+    def _triage(
+        self, requests: Sequence[ClaimRequest], node: str, now: float
+    ) -> tuple[list[Outcome | None], dict[str, int]]:
+        """What is decided without the broker: this process's own live claim under
+        another tag (``FOREIGN``), ``LATE`` and ``EARLY`` on the local clock. Also the
+        index of the first request of each firing (the same firing twice in a batch)."""
+        now_ms = int(self._clock() * 1_000)
+        outcomes: list[Outcome | None] = [None] * len(requests)
+        first: dict[str, int] = {}
+        for i, r in enumerate(requests):
+            if first.setdefault(r.id, i) != i:
+                continue
+            hold = self._ledger.get(node, r.id)
+            if hold is not None and hold.runs(now):
+                if r.tag and hold.tag and r.tag != hold.tag:
+                    outcomes[i] = Outcome.FOREIGN
+            elif r.is_late(now_ms):
+                outcomes[i] = Outcome.LATE
+            elif r.is_early(now_ms):
+                outcomes[i] = Outcome.EARLY
+        return outcomes, first
+
+    def _settle(self, r: ClaimRequest, node: str, result: Any, now: float) -> Outcome:
+        """Note a claim's result in the ledger; its outcome. A script whose channel closed
+        under it may have left its claim in the slot: held until that lease ends."""
+        if isinstance(result, BaseException) and not isinstance(result, self._amqp.ChannelLost):
+            raise result
+        outcome: Outcome = result[0] if isinstance(result, tuple) else Outcome.HELD
+        hold: _Hold | None = result[1] if isinstance(result, tuple) else None
+        self._ledger.put(node, r.id, hold)
+        if outcome is Outcome.HELD:
+            self._ledger.saw_held(node, r.id, now)
+        return outcome
+
+    def _claim_script(self, r: ClaimRequest, node: str, lease_ms: int) -> Any:
+        """One claim, as a script of steps (see ``_amqp``): renew this node's own claim,
+        or ask whether the firing is committed, publish to its slot, and check again."""
+        hold = self._ledger.get(node, r.id)
+        if hold is not None and hold.runs(self._monotonic()):
+            return self._renew(r, node, lease_ms, hold)
+        return self._first_claim(r, node, lease_ms)
+
+    def _first_claim(self, r: ClaimRequest, node: str, lease_ms: int) -> Any:
+        """Ask whether the firing is committed, publish a claim to its slot (creating
+        the slot if no claim ever reached it), then ask again."""
+        a, queue = self._amqp, self._slot(r.id)
+        token = new_token()[:16]
+        attempt = _Attempt()
+        try:
+            if (yield self._is_committed(r.id)) is not a.Confirm.RETURNED:
+                return Outcome.LOST, None
+            published = yield from self._publish_claim(r, node, lease_ms, token, attempt)
+            if published and (yield self._is_committed(r.id)) is not a.Confirm.RETURNED:
+                yield from self._take_back(queue, token)  # committed meanwhile
+                return Outcome.LOST, None
+        except a.ChannelLost as lost:
+            if not attempt.sent and lost.code in (0, 404, 406):
+                return _RETRY  # refused before a claim was published: try once more
+            attempt.won = False  # our claim may be in the slot: held until its lease ends
+        if not attempt.won:
+            return Outcome.HELD, None
+        hold = _Hold(token, attempt.at, lease_ms, r.tag)
+        if self._is_forgotten(r):
+            yield a.Bind(queue, self._exchange, f"done.{r.id}")
+            return Outcome.FORGOTTEN, replace(hold, state="committed")
+        won = attempt.first and not self._ledger.was_held(node, r.id)
+        return (Outcome.WON if won else Outcome.TAKEOVER), hold
+
+    def _publish_claim(
+        self, r: ClaimRequest, node: str, lease_ms: int, token: str, attempt: _Attempt
+    ) -> Any:
+        """Publish the claim through the slot's binding; if nothing is bound yet, declare
+        the slot, publish to it by name, and bind it for the claims that come after. A
+        claim the slot took while its holder renews (see :meth:`_renew`) is taken back."""
+        a, queue = self._amqp, self._slot(r.id)
+        body = _claim_body(token, lease_ms, r.tag, node)
+        attempt.at, attempt.sent = self._monotonic(), True
+        confirm = yield a.Publish(self._exchange, f"claim.{r.id}", body, lease_ms, self.durable)
+        if confirm is a.Confirm.RETURNED:  # no claim reached this slot yet
+            attempt.sent, attempt.first = False, True
+            args = {**_SLOT, "x-expires": r.memory_ms + lease_ms + EXPIRY_SLACK_MS}
+            yield a.Declare(queue, durable=self.durable, arguments=args, nowait=True)
+            attempt.at, attempt.sent = self._monotonic(), True
+            confirm = yield a.Publish("", queue, body, lease_ms, self.durable)
+            if confirm is a.Confirm.ACK:
+                yield a.Bind(queue, self._exchange, f"claim.{r.id}", nowait=True)
+        if confirm is a.Confirm.ACK:
+            _ready, consumers = yield a.Declare(queue, passive=True)  # outlive the lease
+            if consumers:  # its holder has the claim out to renew it: the slot is not free
+                yield from self._take_back(queue, token)
+                confirm = a.Confirm.NACK
+        attempt.won = confirm is a.Confirm.ACK
+        return attempt.won
+
+    def _renew(self, r: ClaimRequest, node: str, lease_ms: int, hold: _Hold) -> Any:
+        """This node's own pending claim: publish a fresh one in its place (``WON``), or
+        ``HELD`` if the claim was no longer there or its lease ran out meanwhile.
+
+        The slot counts only ready messages, so while the old claim is out of it another
+        claim can be published there. The old one is taken out by a consumer, which a
+        passive declare counts: a claimant that finds one takes its claim back and is
+        ``HELD`` (:meth:`_publish_claim`), and the fresh claim is published again until
+        the slot takes it. The consumer is cancelled before the old claim is acknowledged,
+        so the slot is never free while neither claim is in it."""
+        a, now = self._amqp, self._monotonic()
+        if not hold.runs(now, GET_GUARD):
+            return Outcome.HELD, hold  # too close to its end to touch it safely
+        queue = self._slot(r.id)
+        left = hold.lease_ms * (1 - RATE_ALLOWANCE) / 1_000 - (now - hold.sent)
+        got = yield a.Consume(queue, wait=min(max(left, 0.0), CONSUME_WAIT_S))
+        if got is None or _token_of(got.body) != hold.token:
+            return Outcome.HELD, None  # whatever was delivered goes back with the channel
+        token = new_token()[:16]
+        body = _claim_body(token, lease_ms, r.tag, node)
+        give_up = self._monotonic() + RENEW_PATIENCE_S
+        while True:
+            sent = self._monotonic()
+            confirm = yield a.Publish("", queue, body, lease_ms, self.durable)
+            if confirm is a.Confirm.ACK:
+                break
+            if (
+                confirm is a.Confirm.RETURNED
+                or not hold.runs(self._monotonic())
+                or self._monotonic() > give_up
+            ):
+                yield a.Settle(got.delivery_tag, ack=True)  # let the claim go
+                return Outcome.HELD, None
+            yield a.Sleep(RENEW_RETRY_S)  # a claimant's message, which it takes back
+        yield a.Cancel()
+        yield a.Settle(got.delivery_tag, ack=True)
+        yield a.Declare(queue, passive=True)
+        return Outcome.WON, _Hold(token, sent, lease_ms, r.tag)
+
+    def _commit_one(self, id_: str, hold: _Hold) -> Any:
+        a = self._amqp
+        try:
+            yield a.Declare(self._slot(id_), passive=True, nowait=True)  # memory from now
+            yield a.Bind(self._slot(id_), self._exchange, f"done.{id_}")
+        except a.ChannelLost:
+            return False
+        # Made only if the broker answered before the lease could have run out there.
+        return hold.runs(self._monotonic())
+
+    def _take_back(self, queue: str, token: str) -> Any:
+        """Get this node's own pending message and acknowledge it, so the slot is free."""
+        a = self._amqp
+        got = yield a.Get(queue)
+        if got is None:
+            return None
+        if _token_of(got.body) == token:
+            yield a.Settle(got.delivery_tag, ack=True)
+        else:
+            logger.warning("rabbitmq store: slot %s held another claim than ours", shown(queue))
+            yield a.Settle(got.delivery_tag, ack=False)
+        return None
+
+    def _is_committed(self, id_: str) -> Any:
+        return self._amqp.Publish(self._exchange, f"done.{id_}", b"?", ttl_ms=0)
+
+    def _is_forgotten(self, r: ClaimRequest) -> bool:
+        return self._forgot_before_ms is not None and r.release_ms < self._forgot_before_ms
+
+    # -- notes --------------------------------------------------------------------------
+
+    def _use_notes(self, call: Callable[[], bool]) -> None:
+        """Run ``call`` (which says whether it found the stream); once more, a moment
+        later, if it fails before this store object saw the stream work. A stream being
+        created refuses a publish or a consume that comes before it started, by closing
+        the channel or the whole connection (RabbitMQ 3.10): a race that only nodes
+        posting their first notes at once run into."""
+        try:
+            self._notes_seen = call()
+        except StoreError:
+            if self._notes_seen:
+                raise
+            time.sleep(NOTES_START_S)
+            self._notes_seen = call()
+
+    def _write_notes(self, body: bytes, what: str) -> bool:
+        (result,) = self._run([self._post_script(body)], what, self._notes_session)
+        return self._check_post(result, what)
+
+    def _check_post(self, result: Any, what: str) -> bool:
+        """Raise what a post script ended with, if it failed; ``True``: the stream took it."""
+        if isinstance(result, BaseException):
+            raise StoreError(f"rabbitmq store {self._where}: cannot {what}: {self._mask(result)}")
+        return True
+
+    def _post_script(self, body: bytes) -> Any:
+        """Publish one post to the stream, declaring it first if no post reached it yet."""
+        a, queue = self._amqp, self._notes_queue
+        confirm = yield a.Publish("", queue, body)
+        if confirm is a.Confirm.RETURNED:
+            try:
+                yield a.Declare(queue, durable=True, arguments=_NOTES_STREAM)
+            except a.ChannelLost as lost:
+                return StoreError(
+                    f"stream queue {queue} not declared ({lost.text}): notes need RabbitMQ "
+                    f"3.9 or later, with streams enabled"
+                )
+            confirm = yield a.Publish("", queue, body)
+        if confirm is not a.Confirm.ACK:
+            return StoreError(f"stream queue {queue} refused the notes ({confirm.value})")
+        return None
+
+    def _catch_up(self) -> bool:
+        """Read the stream from where this store object stopped to its end, into the
+        board; whether there is a stream.
+
+        A stream, once written, keeps its last message (RabbitMQ trims whole segments,
+        when a write starts a new one), and the read starts at the last message the
+        board applied: so a read that gets nothing found a stream that is empty, which
+        an empty post makes readable, or made anew, which is read again from its start."""
+        board, a = self._board, self._amqp
+        for _attempt in range(NOTES_READS):
+            start = board.resume_at()
+            read = a.Read(self._notes_queue, start, NOTES_QUIET_S)
+            (got,) = self._run([_single(read)], "read notes", self._notes_session)
+            if isinstance(got, a.ChannelLost) and got.code == 404:  # nothing was ever posted
+                board.clear()
+                return False
+            if isinstance(got, BaseException):
+                raise StoreError(
+                    f"rabbitmq store {self._where}: cannot read notes: {self._mask(got)}"
+                )
+            if got is None and start == "first":
+                self._write_notes(_notes_body((), 0), "read notes")
+            elif got is None or not board.follow(got, self.time_ms()):
+                board.clear()
+            else:
+                return True
+        raise StoreUnavailable(
+            f"rabbitmq store {self._where}: cannot read notes: stream {self._notes_queue} "
+            f"sent nothing within {NOTES_QUIET_S:g}s, {NOTES_READS} times"
+        )
+
+    # -- the epoch ----------------------------------------------------------------------
+
+    def _follow_epoch(self) -> None:
+        """Adopt the broker's epoch; when it changed, keep the horizon for ``FORGOTTEN``."""
+        seen = self.epoch
+        if seen is not None:
+            probe = self._amqp.Publish(self._exchange, f"epoch.{seen.token}", b"?", ttl_ms=0)
+            (confirm,) = self._run([_single(probe)], "claim")
+            if isinstance(confirm, self._amqp.ChannelLost):  # the exchange itself is gone
+                (error,) = self._run([self._declare_exchange()], "claim")
+                if error is not None:
+                    raise StoreError(f"rabbitmq store {self._where}: cannot claim: {error}")
+            elif confirm is not self._amqp.Confirm.RETURNED:
+                return
+        current = self._read_epoch()
+        self._forgot_before_ms = horizon_ms(seen, current, self._forgot_before_ms)
+        if seen is not None and has_changed(seen, current):
+            self._ledger.clear()  # the broker lost the claims this process held
+            logger.warning(
+                "rabbitmq store %s: %s",
+                shown(self._where, quoted=False),
+                describe_change(seen, current),
+            )
+        self.epoch = current
+
+    def _read_epoch(self) -> Epoch:
+        for _attempt in range(EPOCH_READS):
+            (result,) = self._run([self._epoch_script()], "read the epoch")
+            if isinstance(result, Epoch):
+                return result
+            if isinstance(result, StoreError):
+                raise result
+            if isinstance(result, self._amqp.ChannelLost):
+                if result.code != 406:  # not PRECONDITION_FAILED: refused, or the link went
+                    raise StoreError(
+                        f"rabbitmq store {self._where}: cannot read the epoch: queue "
+                        f"{self._epoch_queue} refused ({result.text})"
+                    )
+                raise StoreError(
+                    f"rabbitmq store {self._where}: cannot read the epoch: queue "
+                    f"{self._epoch_queue} refused ({result.text}); every node of a namespace "
+                    f"must use the same durable= setting"
+                )
+            time.sleep(0.01)  # another node is reading it this instant
+        raise StoreUnavailable(f"rabbitmq store {self._where}: the epoch record stays out of reach")
+
+    def _epoch_script(self) -> Any:
+        a, queue = self._amqp, self._epoch_queue
+        absent = (yield a.Publish("", queue, b"?", ttl_ms=0)) is a.Confirm.RETURNED
+        yield a.Declare(queue, durable=self.durable, arguments=_SLOT)
+        if absent:
+            record = f"{FORMAT_VERSION}|{int(self._clock() * 1_000)}|{new_token()}".encode()
+            yield a.Publish("", queue, record, persistent=self.durable)
+        got = yield a.Get(queue)
+        if got is None:
+            return None
+        yield a.Settle(got.delivery_tag, ack=False)
+        epoch = _parse_epoch(got.body)
+        if epoch is None:
+            return StoreError(
+                f"rabbitmq store {self._where}: unreadable epoch record {got.body!r} in {queue}"
+            )
+        yield a.Bind(queue, self._exchange, f"epoch.{epoch.token}")
+        return epoch
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    def _slot(self, id_: str) -> str:
+        return f"{self.prefix}c.{id_}"
+
+    def _probe_script(self, queue: str, value: bytes) -> Any:
+        a = self._amqp
+        args = {"x-expires": PROBE_TTL_MS, "x-queue-type": "classic"}
+        yield a.Declare(queue, durable=self.durable, arguments=args)
+        yield a.Publish("", queue, value)
+        got = yield a.Get(queue)
+        if got is not None:
+            yield a.Settle(got.delivery_tag, ack=True)
+        yield a.Delete(queue)
+        return None if got is None else got.body
+
+    def _setup(self, what: str) -> None:
+        if self._closed:
+            raise StoreError(f"rabbitmq store {self._where}: cannot {what}: the store is closed")
+        if self._pid != os.getpid():  # the sockets belong to the parent process
+            self._session.abandon()
+            self._notes_session.abandon()
+            self._pid = os.getpid()
+            self._ledger.clear()
+
+    def _declarations(self) -> list[Any]:
+        """What each new connection declares first: the exchange commits bind to."""
+        return [self._declare_exchange()]
+
+    def _declare_exchange(self) -> Any:
+        a = self._amqp
+        try:
+            yield a.DeclareExchange(self._exchange, self.durable)
+        except a.ChannelLost as lost:
+            if lost.code != 406:  # not PRECONDITION_FAILED: refused (403), or the link went
+                return StoreError(f"exchange {self._exchange} not declared ({lost.text})")
+            return StoreError(
+                f"exchange {self._exchange} exists with other settings ({lost.text}); every node "
+                f"of a namespace must use the same durable= setting"
+            )
+        return None
+
+    def _run(self, scripts: list[Any], what: str, session: Any = None) -> list[Any]:
+        try:
+            return (session or self._session).run(scripts)
+        except StoreError as exc:
+            raise type(exc)(self._mask(exc)) from None
+
+    def _mask(self, exc: BaseException) -> str:
+        text = str(exc) or type(exc).__name__
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """How far one claim got: published (outcome unknown until confirmed), in a slot no
+    claim had reached (a first win), won; and when it was published (monotonic)."""
+
+    sent: bool = False
+    first: bool = False
+    won: bool = False
+    at: float = 0.0
+
+
+_RETRY = object()
+"""A claim to run once more: its channel closed before it published anything."""
+
+_Row = tuple[str, str, str, int, int]
+"""A note as posted: kind, key, value, expiry (epoch milliseconds), keep."""
+
+
+class _Board:
+    """The live notes a store object has read, and the message of the stream it stopped
+    at: the next read starts there, and only checks that it finds the same message."""
+
+    def __init__(self) -> None:
+        self.notes: dict[str, dict[str, tuple[int, str]]] = {}
+        self.offset: int | None = None
+        self.digest = b""
+
+    def clear(self) -> None:
+        self.notes.clear()
+        self.offset, self.digest = None, b""
+
+    def resume_at(self) -> int | str:
+        return "first" if self.offset is None else self.offset
+
+    def follow(self, messages: list[Message], now_ms: int) -> bool:
+        """Apply the messages read from :meth:`resume_at`; ``False``, with nothing
+        applied, when the first is another than the one the board stopped at (the stream
+        was made anew). A first message further on is fine: retention removed the one
+        the board stopped at, and all before, older than any live note."""
+        first = messages[0]
+        if self.offset is not None and first.offset <= self.offset:
+            if first.offset < self.offset or _digest(first.body) != self.digest:
+                return False
+            messages = messages[1:]
+        for message in messages:
+            self._apply(_parse_notes(message.body), now_ms)
+        last = messages[-1] if messages else first
+        self.offset, self.digest = last.offset, _digest(last.body)
+        for kind in list(self.notes):
+            self._live(kind, now_ms)
+        return True
+
+    def read(self, kinds: Sequence[str], now_ms: int) -> dict[str, dict[str, str]]:
+        return {
+            kind: {key: value for key, (_, value) in self._live(kind, now_ms).items()}
+            for kind in kinds
+        }
+
+    def _apply(self, rows: list[_Row], now_ms: int) -> None:
+        """One post: write its notes, then bound the kinds it gave a ``keep``."""
+        bounds: dict[str, int] = {}
+        for kind, key, value, expires_ms, keep in rows:
+            self.notes.setdefault(kind, {})[key] = (expires_ms, value)
+            if keep:
+                bounds[kind] = keep
+        for kind, keep in bounds.items():
+            kept = self._live(kind, now_ms)
+            if len(kept) > keep:
+                by_expiry = sorted(kept.items(), key=lambda item: item[1][0])
+                for key, _ in by_expiry[: len(kept) - keep]:
+                    del kept[key]
+
+    def _live(self, kind: str, now_ms: int) -> dict[str, tuple[int, str]]:
+        """The notes of ``kind``, with those whose time ran out removed."""
+        notes = self.notes.get(kind)
+        if notes is None:
+            return {}
+        for key in [key for key, (until, _) in notes.items() if until < now_ms]:
+            del notes[key]
+        if not notes:
+            del self.notes[kind]
+        return notes
+
+
+def _check_notes(notes: Sequence[Note]) -> None:
+    for note in notes:
+        if note.ttl_ms > NOTE_TTL_LIMIT_MS:
+            raise ConfigError(
+                f"rabbitmq store: note {note.kind[:80]!r}/{note.key[:80]!r}: ttl_ms="
+                f"{note.ttl_ms} is over {NOTE_TTL_LIMIT_MS} (24 h), the longest the notes "
+                f"stream keeps a message; post the note again within 24 h instead"
+            )
+
+
+def _notes_body(notes: Sequence[Note], now_ms: int) -> bytes:
+    rows = [[n.kind, n.key, n.value, now_ms + n.ttl_ms, n.keep] for n in notes]
+    record = {"v": NOTES_FORMAT, "notes": rows}
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _parse_notes(body: bytes) -> list[_Row]:
+    """The notes of one post; none for a message of another format (a newer beatless,
+    another program), which is skipped."""
+    try:
+        record = json.loads(body)
+    except ValueError:
+        record = None
+    rows = (
+        record.get("notes")
+        if isinstance(record, dict) and record.get("v") == NOTES_FORMAT
+        else None
+    )
+    if not isinstance(rows, list):
+        logger.debug("rabbitmq store: skipped a notes message of another format")
+        return []
+    return [
+        (row[0], row[1], row[2], row[3], row[4])
+        for row in rows
+        if isinstance(row, list)
+        and len(row) == 5
+        and all(isinstance(text, str) for text in row[:3])
+        and all(isinstance(number, int) for number in row[3:])
+    ]
+
+
+def _digest(body: bytes) -> bytes:
+    return hashlib.blake2b(body, digest_size=8).digest()
+
+
+def _single(step: Any) -> Any:
+    return (yield step)
+
+
+def _claim_body(token: str, lease_ms: int, tag: str, node: str) -> bytes:
+    return f"{FORMAT_VERSION}|{token}|{lease_ms}|{tag}|{node}".encode()
+
+
+def _token_of(body: bytes) -> str | None:
+    parts = body.decode("utf-8", "replace").split("|", 2)
+    return parts[1] if len(parts) == 3 and parts[0] == FORMAT_VERSION else None
+
+
+def _parse_epoch(body: bytes) -> Epoch | None:
+    parts = body.decode("utf-8", "replace").split("|", 2)
+    if len(parts) != 3 or parts[0] != FORMAT_VERSION or not parts[1].isdigit() or not parts[2]:
+        return None
+    return Epoch(parts[2], int(parts[1]))
+
+
+def _split_url(url: str, where: str) -> tuple[dict[str, str], str]:
+    """The store's own options from the URL's query, and the URL for pika without them."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("amqp", "amqps"):
+        raise ConfigError(
+            f"rabbitmq store: unknown URL scheme {parts.scheme!r} in {where}: use "
+            f"amqp://user:password@host:5672/vhost or amqps://..."
+        )
+    if not parts.hostname:
+        raise ConfigError(f"rabbitmq store: URL {where} names no host")
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    ours = {k: v for k, v in pairs if k in _OPTIONS}
+    rest = urlencode([(k, v) for k, v in pairs if k not in _OPTIONS])
+    return ours, urlunsplit(parts._replace(query=rest))
+
+
+def _prefix(prefix: str | None, namespace: str) -> str:
+    value = prefix if prefix is not None else f"beatless.{namespace}."
+    if not value or len(value.encode()) > _MAX_PREFIX or value.startswith("amq."):
+        raise ConfigError(
+            f"rabbitmq store: prefix {value!r} must be 1 to {_MAX_PREFIX} bytes and not start "
+            f"with 'amq.' (queue names are at most 255 bytes)"
+        )
+    return value
+
+
+def _flag(value: bool | str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"rabbitmq store: durable must be true or false, got {value!r}")
+
+
+def _count(value: int | str) -> int:
+    try:
+        count = int(value)
+    except (TypeError, ValueError):
+        count = 0
+    if not 1 <= count <= 256:
+        raise ConfigError(f"rabbitmq store: channels must be 1 to 256, got {value!r}")
+    return count

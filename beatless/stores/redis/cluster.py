@@ -1,0 +1,688 @@
+"""The Redis Cluster claim store: the Redis store's scripts, one script per slot.
+
+A Lua script may touch the keys of one hash slot only. This store therefore files every
+claim under a *bucket*: the first two hex digits of its id (for an id that does not
+start with two, of the SHA-256 of the id), 256 buckets in all. A bucket is a hash tag,
+``{3f}``, so all its keys share one slot and one master, and a batch is split by bucket:
+one script per bucket (``claim.lua``, ``commit.lua``, ``release.lua`` of the Redis store,
+unchanged), all of them sent in one pipeline, which reaches every master at once.
+
+What is atomic, and what is not:
+
+* **Per firing, exactly as on one Redis.** Every claim, commit and release of a firing
+  runs in its bucket's script on one master, on that master's clock (``TIME``), so
+  exactly one node wins it, leases and lateness are judged as the Redis store judges
+  them, and skew between nodes changes nothing.
+* **Per bucket, not per batch.** A batch is one script per bucket; each is atomic, the
+  batch as a whole is not (on one Redis a batch over ``CHUNK`` firings is not either).
+  A connection lost mid-batch may leave some buckets claimed and not others; every
+  firing still has exactly one outcome, and the scheduler retries what it was not told.
+* **Overlap is read a round trip earlier.** An address's run lease (its record's id is
+  not the firing's) lives in another bucket. Before a batch whose requests name run
+  leases, the store reads them (``running.lua``, on their own masters' clocks) and tells
+  each claim script which are held. A run that starts between that read and the claim
+  is not seen: the firing is won and enqueued, and the worker's own run-lease check
+  refuses the run, as on a store that does not check overlap. A worker's once-only
+  record and run lease are two claims in two buckets: each exact, not one step.
+* **Notes are written apart from commits.** A kind of notes lives under a hash tag of
+  its own, ``{notes:<digest>}``, so the history of a batch spread over 256 buckets can
+  share no script with its commits (:attr:`commits_notes` is false): ``commit`` posts
+  its notes right after the commit scripts, and the scheduler posts its history notes at
+  its next sync. A post of several kinds is one script per kind, in one pipeline.
+* **Epoch per bucket.** A master that loses its memory (a restart without persistence, a
+  ``FLUSHALL``) loses the epochs of the buckets it serves and nothing else. Each bucket
+  has its own epoch record, written with the others by the first store object to meet
+  the namespace; every store object reads all of them at its first call, so a bucket
+  that later comes back without its record is noticed by the next claim there, and the
+  firings of that bucket released before the new record plus ``10 s`` that nobody holds
+  come back :attr:`~beatless.stores.base.Outcome.FORGOTTEN`. The store object's
+  :attr:`epoch` is a digest of every bucket's: it changes when any of them does. A
+  failover to a replica that had not yet received the last writes loses those claims
+  but not the epoch records, and is not noticed (as with one Redis and its replica).
+* **No claim and enqueue in one step.** A broker's queue is one key in one slot (kombu
+  and Dramatiq do not speak Redis Cluster at all), so no script can both claim a firing
+  of any bucket and push its message. The store has no ``claim_and_push``: Celery and
+  Dramatiq take the two-phase path with it (claim pending, enqueue, commit; see
+  :mod:`beatless.node.dispatch`), with the guarantees the two-phase path gives.
+
+Keys, under ``beatless:{namespace}:`` unless ``prefix`` says otherwise (a prefix may not
+contain ``{`` or ``}``, which would change the hash tags):
+
+``{prefix}{bb}:claim:{id}``
+    The claim record of a firing, a run lease or a once-only record, in the layout of
+    the Redis store (:mod:`beatless.stores.redis.store`), expiring as it does.
+``{prefix}{bb}:epoch``
+    ``v=1|{started_ms}|{token}``: the bucket's identity, written (no expiry) for every
+    bucket at once by the first store object of the namespace, and again by a claim in
+    a bucket that lost it.
+``{prefix}{bb}:last``
+    The last firing won at each address of the bucket, as the Redis store's ``last``.
+``{prefix}{notes:<digest>}`` and ``{prefix}{notes:<digest>}:expiry``
+    A kind of notes (the SHA-256 of the kind in hex): its hash and its expiry index, as
+    the Redis store keeps them.
+``{prefix}{bb}:probe:{random}``
+    Written, read back and deleted by :meth:`RedisClusterStore.probe`, one per master.
+
+The store's clock, for :meth:`time_ms`, is ``TIME`` on the client's default node; the
+claims of a bucket are judged on its master's clock. Keep the masters' clocks in step
+(NTP), as any Redis host's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import string
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from beatless.core._logtext import WarnEvery, shown
+from beatless.core.durations import DurationLike, as_timedelta
+from beatless.core.urls import mask_url, scrub, secrets_of
+from beatless.errors import ConfigError, StoreError, StoreFull
+from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
+from beatless.stores.base import (
+    TOLERANCE_MS,
+    ClaimRequest,
+    ClaimStore,
+    Epoch,
+    Fact,
+    Note,
+    Outcome,
+    StoreFacts,
+)
+from beatless.stores.redis.store import (
+    _CLAIM,
+    _COMMIT,
+    _COMMIT_WITHOUT_ROOM,
+    _OUTCOMES,
+    _POST,
+    _RELEASE,
+    CHUNK,
+    DEFAULT_SOCKET_TIMEOUT,
+    EXPIRY_SLACK_MS,
+    FORMAT_VERSION,
+    LAST_RETENTION_MS,
+    NOTE_VERSION,
+    PROBE_TTL_MS,
+    _claim_arg,
+    _driver,
+    _live_notes,
+    _parse_epoch,
+    _script,
+    _text,
+    commit_without_room,
+    driver_errors,
+    judge_settings,
+    key_prefix,
+    note_args,
+    policy_fact,
+    read_policy,
+    read_settings,
+    told_full,
+    usage_of,
+)
+
+if TYPE_CHECKING:
+    from redis.cluster import RedisCluster
+
+logger = logging.getLogger(__name__)
+
+SCHEMES = ("redis+cluster", "rediss+cluster")
+BUCKET_DIGITS = 2
+BUCKETS = tuple(f"{b:02x}" for b in range(16**BUCKET_DIGITS))
+"""Every bucket: a hash tag each, so 256 slots spread over the masters."""
+_HEX = frozenset(string.hexdigits)
+HELD_RUN = -1
+"""The ``run`` of a claim argument whose run lease was read held just before the claim
+(``claim.lua`` then answers overlap for it as for a run-lease key of its own)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Lua:
+    """A script and its SHA-1, sent by ``EVALSHA`` and loaded on ``NOSCRIPT``."""
+
+    text: str
+    sha: str
+
+    @classmethod
+    def of(cls, text: str) -> _Lua:
+        return cls(text, hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest())
+
+
+_CLAIM_LUA, _COMMIT_LUA, _RELEASE_LUA, _POST_LUA = map(_Lua.of, (_CLAIM, _COMMIT, _RELEASE, _POST))
+_ANYWAY = _Lua.of(_COMMIT_WITHOUT_ROOM)
+"""The commit script flagged ``allow-oom``: for claims whose commit was refused as full."""
+_EPOCHS_LUA = _Lua.of(_script("epochs.lua"))
+_RUNNING_LUA = _Lua.of(_script("prelude.lua", "running.lua"))
+_READ_NOTES_LUA = _Lua.of(_script("read_notes.lua"))
+
+Call = tuple[list[str], list[str | int]]
+
+
+class RedisClusterStore(ClaimStore):
+    """Claims in a Redis Cluster, shared by every node that points at the same cluster
+    and prefix. See the module docstring for the layout and what is atomic.
+
+    ``client_or_url`` is a ``redis.cluster.RedisCluster``, left open by :meth:`close`,
+    or a URL ``redis+cluster://[user:password@]host:port[,host:port...]`` (TLS:
+    ``rediss+cluster://``) naming one or more nodes to start from, whose client the store
+    creates at its first call and closes. Options of redis-py's URLs go in the query
+    (``?socket_timeout=2``, which wins over ``socket_timeout``). A created client waits
+    ``socket_timeout`` to connect and for each reply; redis-py follows the cluster's
+    redirections and retries a lost node a few times on its own.
+
+    A connection that fails raises :class:`~beatless.errors.StoreUnavailable`, as does
+    a cluster that is down or has a slot without a master; any other error raises
+    :class:`~beatless.errors.StoreError`. The password never appears in ``repr``, logs
+    or error messages.
+    """
+
+    name = "redis-cluster"
+    commits_notes = False
+
+    def __init__(
+        self,
+        client_or_url: RedisCluster | str,
+        *,
+        namespace: str = "default",
+        prefix: str | None = None,
+        socket_timeout: DurationLike = DEFAULT_SOCKET_TIMEOUT,
+    ) -> None:
+        driver = _driver("the redis cluster store")
+        self.prefix = key_prefix("redis cluster store", namespace, prefix)
+        if not isinstance(self.prefix, str) or not self.prefix or {"{", "}"} & set(self.prefix):
+            raise ConfigError(
+                f"redis cluster store: the prefix must be a non-empty string without '{{' or "
+                f"'}}' (they would change the hash tags that place keys), got {self.prefix!r}"
+            )
+        self._driver = driver
+        self._lock = threading.Lock()
+        self._closed = False
+        self._epochs: dict[str, Epoch] = {}
+        self._horizons: dict[str, int] = {}
+        self._full_warned = WarnEvery()
+        self._client: RedisCluster | None
+        if isinstance(client_or_url, str):
+            self._where = mask_url(client_or_url)
+            self._secrets = secrets_of(client_or_url)
+            self._options = _cluster_options(driver, client_or_url, socket_timeout, self._where)
+            self._client, self._owns_client = None, True
+        elif isinstance(client_or_url, driver.cluster.RedisCluster):
+            self._client, self._owns_client = client_or_url, False
+            self._where, self._secrets = _describe_client(client_or_url)
+        else:
+            raise ConfigError(
+                f"redis cluster store: expected a redis.cluster.RedisCluster client or a "
+                f"redis+cluster:// URL, got {type(client_or_url).__name__}"
+            )
+
+    def __repr__(self) -> str:
+        return f"RedisClusterStore({self._where!r}, prefix={self.prefix!r})"
+
+    # -- the contract ---------------------------------------------------------------
+
+    def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
+        if lease_ms <= 0:
+            raise ConfigError(f"redis cluster store: lease_ms must be positive, got {lease_ms}")
+        if not requests:
+            return []
+        self.refuse_claims()
+        args = [_claim_arg(r, 0) for r in requests]  # refuses bad numbers before any call
+        with self._errors("claim"):
+            self._read_epochs()
+            running = self._running(requests)
+            for i, request in enumerate(requests):
+                if request.run_id in running:
+                    args[i] = _claim_arg(request, HELD_RUN)
+            head: list[str | int] = [FORMAT_VERSION, EXPIRY_SLACK_MS, node, lease_ms]
+            places = list(_chunks([r.id for r in requests]))
+            calls = [
+                self._claim_call(
+                    head, bucket, [requests[i].id for i in chunk], [args[i] for i in chunk]
+                )
+                for bucket, chunk in places
+            ]
+            replies = self._run(_CLAIM_LUA, calls)
+        outcomes: list[Outcome] = [Outcome.CORRUPT] * len(requests)
+        changed: list[tuple[str, Epoch, Epoch]] = []
+        for (bucket, chunk), reply in zip(places, replies, strict=True):
+            for i, letter in zip(chunk, _text(reply[0]), strict=True):
+                outcomes[i] = _OUTCOMES[letter]
+            self._adopt(bucket, _text(reply[1]), changed)
+        if changed:
+            self._warn_changed(changed)
+        return outcomes
+
+    def _claim_call(
+        self, head: list[str | int], bucket: str, ids: list[str], args: list[str]
+    ) -> Call:
+        """The keys and ARGV of ``claim.lua`` for the claims ``ids`` of one bucket: ``head``
+        (version, slack, node, lease), this store object's view of the bucket's epoch, and
+        the requests as ``args``."""
+        seen = self._epochs.get(bucket)
+        keys = [self._key(bucket, "last"), self._key(bucket, "epoch")]
+        keys += [self._claim_key(bucket, id_) for id_ in ids]
+        id_from = len(self._claim_key(bucket, "")) + 1
+        tail: list[str | int] = [TOLERANCE_MS, LAST_RETENTION_MS, id_from, "0"]
+        tail += [seen.token if seen else "", self._horizons.get(bucket, ""), new_token()]
+        return keys, [*head, *tail, len(ids), *args]
+
+    def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
+        """Commit the claims of ``ids``, then post ``notes``. Claims refused as full are
+        committed again without room, as :meth:`RedisStore.commit
+        <beatless.stores.redis.store.RedisStore.commit>` does (a script flagged ``allow-oom``):
+        :class:`~beatless.errors.StoreFull` then carries ``kept``, also when only the notes
+        were refused."""
+        places = list(_chunks(ids))
+        head: list[str | int] = [FORMAT_VERSION, EXPIRY_SLACK_MS, node]
+        calls: list[Call] = [
+            (
+                [self._key(bucket, "epoch")] + [self._claim_key(bucket, ids[i]) for i in chunk],
+                [*head, len(chunk), NOTE_VERSION],
+            )
+            for bucket, chunk in places
+        ]
+
+        def commit(lua: _Lua) -> list[bool]:
+            kept = [False] * len(ids)
+            for (_bucket, chunk), reply in zip(places, self._run(lua, calls), strict=True):
+                for i, flag in zip(chunk, _text(reply[0]), strict=True):
+                    kept[i] = flag == "1"
+            return kept
+
+        try:
+            with self._errors("commit"):
+                if ids:
+                    self._read_epochs()  # a first sighting; a changed epoch waits for a claim
+                kept = commit(_COMMIT_LUA)
+        except StoreFull as exc:
+            where = f"redis cluster store {self._where}"
+            again = commit_without_room(where, len(ids), self._errors, partial(commit, _ANYWAY))
+            raise StoreFull(str(exc), usage=exc.usage, kept=again) from None
+        if notes:
+            try:
+                self.post(notes)
+            except StoreFull as exc:
+                raise StoreFull(str(exc), usage=exc.usage, kept=kept) from None
+        return kept
+
+    def release(self, ids: Sequence[str], *, node: str) -> None:
+        calls: list[Call] = [
+            ([self._claim_key(bucket, ids[i]) for i in chunk], [FORMAT_VERSION, node])
+            for bucket, chunk in _chunks(ids)
+        ]
+        if calls:
+            with self._errors("release"):
+                self._run(_RELEASE_LUA, calls)
+
+    def post(self, notes: Sequence[Note]) -> None:
+        by_kind: dict[str, list[Note]] = {}
+        for note in notes:
+            by_kind.setdefault(note.kind, []).append(note)
+        calls: list[Call] = []
+        for posted in by_kind.values():
+            keys, args = note_args(posted, self._notes_keys)
+            calls.append((keys, [NOTE_VERSION, EXPIRY_SLACK_MS, *args]))
+        if calls:
+            with self._errors("post notes"):
+                self._run(_POST_LUA, calls)
+
+    def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
+        asked = list(dict.fromkeys(kinds))
+        if not asked:
+            return {}
+        calls: list[Call] = [([self._notes_keys(kind)[0]], []) for kind in asked]
+        with self._errors("read notes"):
+            replies = self._run(_READ_NOTES_LUA, calls)
+        found = {}
+        for kind, (seconds, micros, flat) in zip(asked, replies, strict=True):
+            now_ms = int(seconds) * 1_000 + int(micros) // 1_000
+            fields = dict(zip(flat[::2], flat[1::2], strict=True))
+            found[kind] = _live_notes(fields, now_ms)
+        return found
+
+    def time_ms(self) -> int:
+        with self._errors("read the clock"):
+            seconds, micros = self._connected().time()
+        return int(seconds) * 1_000 + int(micros) // 1_000
+
+    def probe(self) -> None:
+        """SET a probe key (``PX`` 10 s) on every master, GET each back and DEL it."""
+        value = uuid.uuid4().hex
+        with self._errors("probe"):
+            client = self._connected()
+            keys = self._probe_keys(client, value)
+            pipe = client.pipeline()
+            for key in keys:
+                pipe.set(key, value, px=PROBE_TTL_MS)
+                pipe.get(key)
+                pipe.delete(key)
+            replies = pipe.execute()
+        for key, got in zip(keys, replies[1::3], strict=True):
+            if got is None or _text(got) != value:
+                raise StoreError(
+                    f"redis cluster store {self._where}: probe: wrote {key!r} but read back {got!r}"
+                )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            client, self._client = self._client, None
+        if self._owns_client and client is not None:
+            client.close()
+
+    def facts(self) -> StoreFacts:
+        """The facts of each primary, as :meth:`RedisStore.facts
+        <beatless.stores.redis.store.RedisStore.facts>` reads them, each named with its node
+        (``maxmemory-policy @10.0.0.1:7000``); one that cannot be read is unknown."""
+        store = f"redis cluster store {self._where}"
+        lost = (self._driver.exceptions.RedisError, OSError, StoreError)
+        try:
+            client = self._connected()
+            primaries = client.get_primaries()
+        except lost:
+            return judge_settings(store, {}, {})
+        facts: list[Fact] = []
+        usages: list[str] = []
+        for primary in primaries:
+            config, info = read_settings(client.get_redis_connection(primary), lost)
+            judged = judge_settings(store, config, info)
+            at = f"{primary.host}:{primary.port}"
+            facts += [Fact(f"{f.name} @{at}", f.value, f.verdict, f.why) for f in judged.facts]
+            usages += [f"{at} {judged.usage}"] if judged.usage else []
+        return StoreFacts(store, tuple(facts), usage="; ".join(usages) or None)
+
+    def quick_facts(self) -> StoreFacts | None:
+        """``maxmemory-policy`` and ``maxmemory`` of each primary (:func:`read_policy
+        <beatless.stores.redis.store.read_policy>`), named as :meth:`facts` names them; a
+        primary that does not answer keeps what was read of it last."""
+        lost = (self._driver.exceptions.RedisError, OSError, StoreError)
+        try:
+            client = self._connected()
+            primaries = client.get_primaries()
+        except lost:
+            return None
+        facts = []
+        for primary in primaries:
+            read = read_policy(client.get_redis_connection(primary), self._driver, lost)
+            if read is not None:
+                fact = policy_fact(*read)
+                at = f"{primary.host}:{primary.port}"
+                facts.append(Fact(f"{fact.name} @{at}", fact.value, fact.verdict, fact.why))
+        return StoreFacts(f"redis cluster store {self._where}", tuple(facts))
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _key(self, bucket: str, name: str) -> str:
+        return f"{self.prefix}{{{bucket}}}:{name}"
+
+    def _claim_key(self, bucket: str, id_: str) -> str:
+        return f"{self.prefix}{{{bucket}}}:claim:{id_}"
+
+    def _notes_keys(self, kind: str) -> tuple[str, str]:
+        """The keys of a kind, in one slot: its notes hash and that hash's expiry index."""
+        notes = f"{self.prefix}{{notes:{hashlib.sha256(kind.encode()).hexdigest()}}}"
+        return notes, f"{notes}:expiry"
+
+    def _probe_keys(self, client: Any, value: str) -> list[str]:
+        """One probe key per master: the first bucket each master serves."""
+        keys: dict[str, str] = {}
+        for bucket in BUCKETS:
+            key = self._key(bucket, f"probe:{value}")
+            keys.setdefault(client.get_node_from_key(key).name, key)
+        return list(keys.values())
+
+    def _connected(self) -> Any:
+        """The cluster client (a ``RedisCluster``, typed loosely: redis-py types few of
+        its methods), created at the first call, since redis-py's connects at once."""
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"redis cluster store {self._where}: the store is closed")
+            if self._client is None:
+                self._client = self._driver.cluster.RedisCluster(**self._options)
+            return self._client
+
+    def _read_epochs(self) -> None:
+        """At a store object's first call: read every bucket's epoch, writing the absent."""
+        if self._epochs:
+            return
+        from redis.crc import key_slot
+
+        by_slot: dict[int, list[str]] = {}
+        for bucket in BUCKETS:
+            by_slot.setdefault(key_slot(self._key(bucket, "epoch").encode()), []).append(bucket)
+        token = new_token()
+        calls: list[Call] = [
+            ([self._key(b, "epoch") for b in buckets], [token]) for buckets in by_slot.values()
+        ]
+        replies = self._run(_EPOCHS_LUA, calls)
+        epochs = {}
+        for buckets, records in zip(by_slot.values(), replies, strict=True):
+            for bucket, record in zip(buckets, records, strict=True):
+                epoch = _parse_epoch(_text(record))
+                if epoch is None:
+                    raise StoreError(
+                        f"redis cluster store {self._where}: unreadable epoch record at "
+                        f"{self._key(bucket, 'epoch')!r}: {_text(record)[:80]!r}"
+                    )
+                epochs[bucket] = epoch
+        if not self._epochs:
+            self._epochs = epochs
+            self.epoch = _digest(epochs)
+
+    def _running(self, requests: Sequence[ClaimRequest]) -> set[str]:
+        """The run leases named by ``requests`` that are held now, each read in its slot."""
+        run_ids = list(dict.fromkeys(r.run_id for r in requests if r.run_id))
+        if not run_ids:
+            return set()
+        places = list(_chunks(run_ids))
+        calls: list[Call] = [
+            ([self._claim_key(bucket, run_ids[i]) for i in chunk], [FORMAT_VERSION])
+            for bucket, chunk in places
+        ]
+        replies = self._run(_RUNNING_LUA, calls)
+        held = set()
+        for (_bucket, chunk), flags in zip(places, replies, strict=True):
+            held |= {run_ids[i] for i, flag in zip(chunk, _text(flags), strict=True) if flag == "1"}
+        return held
+
+    def _adopt(self, bucket: str, record: str, changed: list[tuple[str, Epoch, Epoch]]) -> None:
+        """Adopt the epoch a bucket's claim saw, keeping the bucket's forgetting horizon."""
+        epoch = _parse_epoch(record)
+        if epoch is None:
+            return
+        seen = self._epochs.get(bucket)
+        self._epochs[bucket] = epoch
+        horizon = horizon_ms(seen, epoch, self._horizons.get(bucket))
+        if horizon is not None:
+            self._horizons[bucket] = horizon
+        if seen is not None and has_changed(seen, epoch):
+            changed.append((bucket, seen, epoch))
+
+    def _warn_changed(self, changed: list[tuple[str, Epoch, Epoch]]) -> None:
+        """One WARNING per claim that found buckets with a new epoch, naming their masters."""
+        self.epoch = _digest(self._epochs)
+        masters = sorted({self._master_of(bucket) for bucket, _, _ in changed})
+        _, seen, current = changed[0]
+        logger.warning(
+            "redis cluster store %s: %d bucket(s) on master %s: %s",
+            shown(self._where, quoted=False),
+            len(changed),
+            ", ".join(masters),
+            describe_change(seen, current),
+        )
+
+    def _master_of(self, bucket: str) -> str:
+        exc = self._driver.exceptions
+        try:
+            return str(self._connected().get_node_from_key(self._key(bucket, "epoch")).name)
+        except (StoreError, exc.RedisError, exc.RedisClusterException):
+            return "unknown"
+
+    def _run(self, lua: _Lua, calls: list[Call]) -> list[Any]:
+        """Run ``lua`` once per call, in one pipeline: redis-py sends each call to the
+        master of its keys' slot, every master at once. A script a master does not know
+        (``NOSCRIPT``: a new or restarted master) is loaded on every master and the calls
+        it refused are sent again."""
+        client = self._connected()
+        replies = self._pipelined(client, lua, calls)
+        unknown = [i for i, reply in enumerate(replies) if isinstance(reply, self._noscript)]
+        if unknown:
+            client.script_load(lua.text)
+            again = self._pipelined(client, lua, [calls[i] for i in unknown])
+            for i, reply in zip(unknown, again, strict=True):
+                replies[i] = reply
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    @staticmethod
+    def _pipelined(client: Any, lua: _Lua, calls: list[Call]) -> list[Any]:
+        pipe = client.pipeline()
+        for keys, args in calls:
+            # redis-py's cluster pipeline has no evalsha method, and would ask the server
+            # for the keys of each command it cannot place; the master is named here from
+            # the client's slot table (a MOVED reply sends the call on to the new one).
+            master = client.get_node_from_key(keys[0])
+            pipe.execute_command("EVALSHA", lua.sha, len(keys), *keys, *args, target_nodes=master)
+        return list(pipe.execute(raise_on_error=False))
+
+    @property
+    def _noscript(self) -> type[BaseException]:
+        return self._driver.exceptions.NoScriptError  # type: ignore[no-any-return]
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        exc = self._driver.exceptions
+        down = (exc.ClusterDownError, exc.TryAgainError, exc.SlotNotCoveredError)
+        try:
+            with driver_errors(
+                self._driver,
+                f"redis cluster store {self._where}",
+                what,
+                self._secrets,
+                unavailable=(*down, _Unreachable),
+                failed=(exc.RedisClusterException,),
+            ):
+                try:
+                    yield
+                except exc.RedisClusterException as error:
+                    if isinstance(error.__cause__, exc.ConnectionError | exc.TimeoutError):
+                        raise _Unreachable(str(error)) from None
+                    raise
+        except StoreFull as full:
+            raise self._full(full) from None
+
+    def _full(self, exc: StoreFull) -> StoreFull:
+        """``exc`` with how full each primary is (``INFO memory``), said at WARNING at
+        most once per ``FULL_WARN_EVERY_MS``, as the Redis store says it."""
+        usages: list[str] = []
+        try:
+            client = self._connected()
+            for primary in client.get_primaries():
+                usage = usage_of(client.get_redis_connection(primary).info("memory"))
+                usages += [f"{primary.host}:{primary.port} {usage}"] if usage else []
+        except (self._driver.exceptions.RedisError, OSError, StoreError):
+            pass
+        return told_full(exc, "; ".join(usages) or None, self._full_warned)
+
+
+class _Unreachable(Exception):
+    """No node of the cluster could be reached (redis-py says so with a generic error)."""
+
+
+def _bucket(id_: str) -> str:
+    head = id_[:BUCKET_DIGITS].lower()
+    if len(head) == BUCKET_DIGITS and _HEX.issuperset(head):
+        return head
+    return hashlib.sha256(id_.encode()).hexdigest()[:BUCKET_DIGITS]
+
+
+def _chunks(ids: Sequence[str]) -> Iterator[tuple[str, list[int]]]:
+    """The positions of ``ids`` by bucket, at most ``CHUNK`` per script."""
+    by_bucket: dict[str, list[int]] = {}
+    for i, id_ in enumerate(ids):
+        by_bucket.setdefault(_bucket(id_), []).append(i)
+    for bucket, places in by_bucket.items():
+        for start in range(0, len(places), CHUNK):
+            yield bucket, places[start : start + CHUNK]
+
+
+def _digest(epochs: dict[str, Epoch]) -> Epoch:
+    """One epoch for the store object: changes when the epoch of any bucket does."""
+    tokens = "|".join(f"{bucket}={epochs[bucket].token}" for bucket in sorted(epochs))
+    token = hashlib.sha256(tokens.encode()).hexdigest()[:32]
+    return Epoch(token, max(epoch.started_ms for epoch in epochs.values()))
+
+
+def _cluster_options(
+    driver: ModuleType, url: str, socket_timeout: DurationLike, where: str
+) -> dict[str, Any]:
+    """The keyword arguments of ``RedisCluster`` for a ``redis+cluster://`` URL, checked
+    now so that a bad URL is a :class:`~beatless.errors.ConfigError` at construction."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in SCHEMES:
+        raise ConfigError(
+            f"redis cluster store: unknown URL scheme {scheme!r} in {where}: use "
+            f"redis+cluster://host:port[,host:port...] or rediss+cluster://..."
+        )
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    nodes = [_host_port(node, where) for node in hosts.split(",") if node.strip()]
+    if not nodes:
+        raise ConfigError(f"redis cluster store: no node in {where}: name at least one host:port")
+    if parts.path.strip("/") not in ("", "0"):
+        raise ConfigError(f"redis cluster store: {where}: a cluster has database 0 only")
+    timeout = as_timedelta(socket_timeout, name="redis cluster store: socket_timeout")
+    seconds = timeout.total_seconds()
+    if seconds <= 0:
+        raise ConfigError(
+            f"redis cluster store: socket_timeout must be positive, got {socket_timeout!r}"
+        )
+    host, port = nodes[0]
+    first = f"{scheme.split('+')[0]}://{userinfo}{at}{_netloc(host, port)}"
+    first += f"?{parts.query}" if parts.query else ""
+    try:
+        driver.connection.parse_url(first)
+    except ValueError as exc:
+        raise ConfigError(f"redis cluster store: bad URL {where}: {scrub(str(exc), url)}") from None
+    startup = [driver.cluster.ClusterNode(h, p) for h, p in nodes[1:]]
+    return {
+        "url": first,
+        "startup_nodes": startup,
+        "socket_timeout": seconds,
+        "socket_connect_timeout": seconds,
+    }
+
+
+def _host_port(node: str, where: str) -> tuple[str, int]:
+    host, colon, port = node.strip().rpartition(":")
+    if not colon or host.endswith(":"):
+        host, port = node.strip(), "6379"
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65_536:
+        raise ConfigError(f"redis cluster store: bad node {node!r} in {where}: write host:port")
+    return host, int(port)
+
+
+def _netloc(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _describe_client(client: Any) -> tuple[str, list[str]]:
+    """How to name a client passed in, and its password to mask."""
+    nodes = ",".join(node.name for node in client.get_nodes())
+    kwargs = getattr(client.nodes_manager, "connection_kwargs", {}) or {}
+    password = kwargs.get("password")
+    return f"redis+cluster://{nodes}", [str(password)] if password else []
