@@ -118,3 +118,42 @@ def test_a_dramatiq_declaration_with_a_bad_trigger_still_reports_its_timing_rule
     assert len(errors) == 2, errors
     assert all(e.startswith("entry 'actor': ") for e in errors)
     assert MAX_LATE_RULE in errors[1]
+
+
+@pytest.mark.parametrize(
+    ("option", "bad", "said"),
+    [
+        ("jitter", "wide", "jitter"),
+        ("max_late", "soon", "max_late"),
+        ("catch_up", "some", "catch_up must be one of 'latest', 'all', 'none', got 'some'"),
+        ("overlap", "queue", "overlap must be one of 'allow', 'skip', got 'queue'"),
+        ("run_lease", "long", "run_lease"),
+        ("heartbeat", "often", "heartbeat"),
+        ("once_only", "yes", "once_only must be true or false, got 'yes'"),
+    ],
+)
+def test_each_option_is_read_and_refused_alike_by_the_entry_the_toml_file_and_celery(
+    option: str, bad: str, said: str
+) -> None:
+    """One definition of each option (beatless.schedule.options): the same value is
+    refused with the same words wherever it is given, each naming where it came from."""
+    from celery import Celery
+
+    from beatless.celery.settings import CelerySettings
+    from beatless.cli.loader import schedule_from_mapping
+    from beatless.schedule.options import NAMES
+
+    assert option in NAMES
+    with pytest.raises(ConfigError) as by_entry:
+        Entry(name="e", task="t", trigger=Every(60), **{option: bad})
+    table = {"name": "e", "task": "t", "every": "60s", option: bad}
+    with pytest.raises(ScheduleError) as by_top:
+        schedule_from_mapping({option: bad, "entry": [table]})
+    app = Celery("options", broker="memory://", set_as_current=False)
+    app.conf.update({f"beatless_{option}": bad, "beatless_store_url": "memory://"})
+    with pytest.raises(ScheduleError) as by_celery:
+        CelerySettings.from_app(app)
+    assert f"entry 'e': {said}" in str(by_entry.value)
+    assert any(e.startswith(f"top level: {said}") for e in by_top.value.errors), by_top
+    assert any(e.startswith(f"entry 'e': {said}") for e in by_top.value.errors), by_top
+    assert any(e.startswith(f"beatless_{said}") for e in by_celery.value.errors), by_celery

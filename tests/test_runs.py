@@ -23,8 +23,9 @@ from stores import BACKENDS, REDIS, Backend, ManualClock, Opener, StoreFactory, 
 from beatless.core.triggers import Every
 from beatless.errors import StoreUnavailable
 from beatless.node.runs import RunPolicy, Runs
-from beatless.schedule.entry import OVERLAP, Entry
+from beatless.schedule.entry import Entry
 from beatless.schedule.firing import Firing, claim_request, executed_id, firing_id, run_lease_id
+from beatless.schedule.options import OVERLAP
 from beatless.stores import ClaimRequest, ClaimStore, MemoryStore, Outcome
 from beatless.stores.base import Note
 from beatless.stores.sqlite import SQLiteStore

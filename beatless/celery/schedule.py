@@ -55,6 +55,7 @@ from beatless.errors import ConfigError, ScheduleError, StoreError
 from beatless.fleet.limits import checked
 from beatless.node.scheduler import Decision, Enqueue, Scheduler, send_deadline_s
 from beatless.schedule.entry import Entry, Schedule
+from beatless.schedule.options import NAMES
 from beatless.schedule.problems import (
     STAND_IN_TRIGGER,
     Checked,
@@ -68,16 +69,7 @@ from beatless.stores.base import ClaimStore
 
 logger = logging.getLogger(__name__)
 
-ENTRY_SETTINGS = (
-    "jitter",
-    "max_late",
-    "tenants",
-    "catch_up",
-    "overlap",
-    "run_lease",
-    "heartbeat",
-    "once_only",
-)
+ENTRY_SETTINGS = (*NAMES, "tenants")
 """The keys allowed in an entry's ``options["beatless"]``."""
 
 _CRON_FIELDS = (  # attribute, the full range as Celery expands it

@@ -66,20 +66,21 @@ from datetime import timedelta, timezone
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlsplit
 
-from beatless.core.durations import as_timedelta, describe
+from beatless.core.durations import as_timedelta
 from beatless.core.triggers import zone
 from beatless.core.urls import mask_url
 from beatless.errors import ConfigError, ScheduleError
 from beatless.node.dispatch import DEFAULT_LEASE
 from beatless.ops.metrics import DEFAULT_ADDR, metrics_host, metrics_port, metrics_registry
-from beatless.schedule.entry import (
+from beatless.schedule.options import (
     DEFAULT_CATCH_UP,
     DEFAULT_HEARTBEAT,
     DEFAULT_MAX_LATE,
     DEFAULT_OVERLAP,
     DEFAULT_RUN_LEASE,
-    catch_up_policy,
-    overlap_policy,
+    NAMES,
+    read_options,
+    run_timing_problems,
 )
 from beatless.schedule.problems import REFUSE, on_schedule_error
 
@@ -150,6 +151,8 @@ class CelerySettings:
                 errors.append(str(exc))
                 return default
 
+        given = {key: conf.get(f"beatless_{key}") for key in NAMES}
+        given = {key: value for key, value in given.items() if value is not None}
         broker_url = read(lambda: broker_write_url(app), "")
         store_url = read(lambda: _store_url(conf.get("beatless_store_url"), broker_url, app), "")
         settings = cls(
@@ -157,29 +160,7 @@ class CelerySettings:
             broker_url=broker_url,
             namespace=read(lambda: _namespace(conf.get("beatless_namespace"), app, store_url), ""),
             timezone=read(lambda: app_timezone(app), "UTC"),
-            max_late=read(
-                lambda: _duration(conf, "beatless_max_late", DEFAULT_MAX_LATE), DEFAULT_MAX_LATE
-            ),
-            jitter=read(lambda: _duration(conf, "beatless_jitter", timedelta(0)), timedelta(0)),
-            catch_up=read(
-                lambda: catch_up_policy(
-                    conf.get("beatless_catch_up", DEFAULT_CATCH_UP), "beatless_catch_up"
-                ),
-                DEFAULT_CATCH_UP,
-            ),
-            overlap=read(
-                lambda: overlap_policy(
-                    conf.get("beatless_overlap", DEFAULT_OVERLAP), "beatless_overlap"
-                ),
-                DEFAULT_OVERLAP,
-            ),
-            run_lease=read(
-                lambda: _duration(conf, "beatless_run_lease", DEFAULT_RUN_LEASE), DEFAULT_RUN_LEASE
-            ),
-            heartbeat=read(
-                lambda: _duration(conf, "beatless_heartbeat", DEFAULT_HEARTBEAT), DEFAULT_HEARTBEAT
-            ),
-            once_only=read(lambda: _flag(conf, "beatless_once_only", default=True), True),
+            **(options := read_options(given, lambda key: f"beatless_{key}", errors)),
             lease=read(lambda: _duration(conf, "beatless_lease", DEFAULT_LEASE), DEFAULT_LEASE),
             force_two_phase=read(lambda: _flag(conf, "beatless_force_two_phase"), False),
             preferred_claimer=read(
@@ -193,7 +174,14 @@ class CelerySettings:
             metrics_host=read(lambda: _metrics_host(conf), DEFAULT_ADDR),
             metrics_registry=read(lambda: _metrics_registry(conf), None),
         )
-        errors.extend(_run_timing(conf))
+        errors.extend(
+            run_timing_problems(
+                "",
+                None if "run_lease" in given.keys() - options.keys() else settings.run_lease,
+                None if "heartbeat" in given.keys() - options.keys() else settings.heartbeat,
+                names=("beatless_run_lease", "beatless_heartbeat"),
+            )
+        )
         if errors:
             raise ScheduleError("; ".join(errors), errors)
         return settings
@@ -397,28 +385,6 @@ def _namespace(configured: Any, app: Any, store_url: str) -> str:
 def _duration(conf: Any, key: str, default: timedelta) -> timedelta:
     value = conf.get(key)
     return default if value is None else as_timedelta(value, name=key)
-
-
-def _run_timing(conf: Any) -> list[str]:
-    """The run-lease rule on the app-wide defaults, said once rather than for each entry
-    that takes them; nothing when either is not a duration (reported on its own)."""
-    try:
-        run_lease = _duration(conf, "beatless_run_lease", DEFAULT_RUN_LEASE)
-        heartbeat = _duration(conf, "beatless_heartbeat", DEFAULT_HEARTBEAT)
-    except ConfigError:
-        return []
-    if run_lease <= timedelta(0) or heartbeat <= timedelta(0):
-        return [
-            f"beatless_run_lease {describe(run_lease)} and beatless_heartbeat "
-            f"{describe(heartbeat)} must be positive"
-        ]
-    if 2 * heartbeat >= run_lease:
-        return [
-            f"beatless_heartbeat {describe(heartbeat)} must be under half beatless_run_lease "
-            f"{describe(run_lease)} (a run's records are renewed at least twice before they "
-            f"can lapse); lower beatless_heartbeat or lengthen beatless_run_lease"
-        ]
-    return []
 
 
 def _metrics_port(conf: Any) -> int | None:

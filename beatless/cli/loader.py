@@ -42,28 +42,15 @@ from pathlib import Path
 from typing import Any
 
 from beatless.core._logtext import shown
-from beatless.core.durations import as_timedelta
 from beatless.core.triggers import Cron, Every, Trigger, zone
 from beatless.errors import ConfigError, ScheduleError
 from beatless.fleet.limits import limits
-from beatless.schedule.entry import (
-    DEFAULT_CATCH_UP,
-    DEFAULT_HEARTBEAT,
-    DEFAULT_MAX_LATE,
-    DEFAULT_OVERLAP,
-    DEFAULT_RUN_LEASE,
-    Entry,
-    Schedule,
-    catch_up_policy,
-    overlap_policy,
-)
+from beatless.schedule.entry import Entry, Schedule
+from beatless.schedule.options import DEFAULTS, NAMES, read_options
 from beatless.schedule.problems import STAND_IN_TRIGGER, entry_of, keep
 
-RUN_KEYS = ("overlap", "run_lease", "heartbeat", "once_only")
-DEFAULTED_KEYS = ("jitter", "max_late", "catch_up")
-"""Entry keys that take the top level's value when an entry does not set its own (the
-run keys too)."""
-TOP_KEYS = ("namespace", "timezone", "max_late", "jitter", "catch_up", *RUN_KEYS, "entry")
+TOP_KEYS = ("namespace", "timezone", *NAMES, "entry")
+"""The keys of the top level: the options there are the defaults of every entry."""
 ENTRY_KEYS = (
     "name",
     "task",
@@ -72,10 +59,7 @@ ENTRY_KEYS = (
     "anchor",
     "timezone",
     "day_and",
-    "jitter",
-    "max_late",
-    "catch_up",
-    *RUN_KEYS,
+    *NAMES,
     "tenants",
     "args",
     "kwargs",
@@ -198,25 +182,13 @@ def schedule_from_mapping(data: Mapping[str, Any], *, source: str = "schedule") 
         errors.append(f"top level: {_unknown(unknown, TOP_KEYS)}")
     namespace = data.get("namespace", "default")
     timezone = data.get("timezone", "UTC")
-    defaults = {"max_late": data.get("max_late", DEFAULT_MAX_LATE), "jitter": data.get("jitter", 0)}
+    given = {key: data[key] for key in NAMES if key in data}
+    defaults = {**DEFAULTS, **read_options(given, lambda key: f"top level: {key}", errors)}
     try:
         zone(_text(timezone, "timezone"))
     except ConfigError as exc:
         errors.append(f"top level: {exc}")
         timezone = "UTC"
-    for key, value in defaults.items():
-        try:
-            as_timedelta(value, name=f"top level: {key}")
-        except ConfigError as exc:
-            errors.append(str(exc))
-    catch_up = data.get("catch_up", DEFAULT_CATCH_UP)
-    try:
-        catch_up_policy(catch_up, "top level")
-    except ConfigError as exc:
-        errors.append(str(exc))
-        catch_up = DEFAULT_CATCH_UP
-    defaults["catch_up"] = catch_up
-    defaults.update(_run_defaults(data, errors))
     tables = data.get("entry", [])
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         errors.append("top level: 'entry' must be a list of tables, written [[entry]]")
@@ -265,41 +237,8 @@ def _entry(table: Mapping[str, Any], index: int, defaults: Mapping[str, Any]) ->
         "options": keep(lambda: _typed(table, "options", dict, {}), {}, found),
         "tenants": keep(lambda: _tenants(table.get("tenants")), None, found),
     }
-    options = {key: table.get(key, defaults[key]) for key in (*DEFAULTED_KEYS, *RUN_KEYS)}
+    options = {key: table.get(key, defaults[key]) for key in NAMES}
     return entry_of(label, found, lambda: Entry(name=name, **pieces, **options))
-
-
-def _run_defaults(data: Mapping[str, Any], errors: list[str]) -> dict[str, Any]:
-    """The top-level defaults of the run keys; a bad one is reported and replaced by the
-    built-in default, so that the entries are still checked."""
-    builtin = {
-        "overlap": DEFAULT_OVERLAP,
-        "run_lease": DEFAULT_RUN_LEASE,
-        "heartbeat": DEFAULT_HEARTBEAT,
-        "once_only": True,
-    }
-    checks: dict[str, Any] = {
-        "overlap": lambda v: overlap_policy(v, "top level"),
-        "run_lease": lambda v: as_timedelta(v, name="top level: run_lease"),
-        "heartbeat": lambda v: as_timedelta(v, name="top level: heartbeat"),
-        "once_only": _flag,
-    }
-    defaults = {}
-    for key, default in builtin.items():
-        value = data.get(key, default)
-        try:
-            checks[key](value)
-        except ConfigError as exc:
-            errors.append(str(exc))
-            value = default
-        defaults[key] = value
-    return defaults
-
-
-def _flag(value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"top level: once_only must be true or false, got {value!r}")
-    return value
 
 
 def _unknown(keys: Iterable[str], allowed: Sequence[str]) -> str:

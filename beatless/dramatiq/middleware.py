@@ -53,20 +53,17 @@ from beatless.node.dispatch import DEFAULT_LEASE, Dispatcher
 from beatless.node.runs import RUN_HEADER, Run, RunPolicy, Runs
 from beatless.node.scheduler import Scheduler, send_deadline_s
 from beatless.ops import metrics as exported
-from beatless.schedule.entry import (
+from beatless.schedule.entry import Entry, Schedule, address_segment, tenant_address
+from beatless.schedule.firing import Firing
+from beatless.schedule.options import (
     DEFAULT_CATCH_UP,
     DEFAULT_HEARTBEAT,
     DEFAULT_MAX_LATE,
     DEFAULT_OVERLAP,
     DEFAULT_RUN_LEASE,
-    Entry,
-    Schedule,
-    address_segment,
     catch_up_policy,
     overlap_policy,
-    tenant_address,
 )
-from beatless.schedule.firing import Firing
 from beatless.schedule.problems import (
     EXIT_REFUSED,
     REFUSE,

@@ -17,14 +17,13 @@ from typing import Any
 from beatless.core.durations import DurationLike, as_timedelta
 from beatless.core.triggers import Cron, Every, Trigger
 from beatless.errors import ConfigError
-from beatless.schedule.entry import (
+from beatless.schedule.entry import Entry, Tenants
+from beatless.schedule.options import (
     DEFAULT_CATCH_UP,
     DEFAULT_HEARTBEAT,
     DEFAULT_MAX_LATE,
     DEFAULT_OVERLAP,
     DEFAULT_RUN_LEASE,
-    Entry,
-    Tenants,
     catch_up_policy,
     overlap_policy,
 )

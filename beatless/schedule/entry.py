@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -13,12 +14,21 @@ from datetime import timedelta
 from functools import cached_property
 from typing import Any, TypeVar
 
-from beatless.core.durations import DurationLike, as_timedelta, describe, to_ms
+from beatless.core.durations import DurationLike, describe, to_ms
 from beatless.core.triggers import Cron, Trigger, zone
 from beatless.errors import ConfigError, ScheduleError
+from beatless.schedule.options import (
+    DEFAULT_CATCH_UP,
+    DEFAULT_HEARTBEAT,
+    DEFAULT_MAX_LATE,
+    DEFAULT_OVERLAP,
+    DEFAULT_RUN_LEASE,
+    OPTIONS,
+    duration,
+    timing_problems,
+)
 from beatless.stores.base import STORE_TOLERANCE
 
-DEFAULT_MAX_LATE = timedelta(seconds=60)
 FINGERPRINT_CHUNK = 10_000
 """Tenants joined at a time into the text of the schedule fingerprint."""
 T = TypeVar("T")
@@ -28,20 +38,6 @@ TASK_TAG_LENGTH = 8
 """Hex digits of a task tag (:attr:`Entry.task_tag`)."""
 
 Tenants = Sequence[str] | Callable[[], Iterable[str]] | None
-
-CATCH_UP = ("latest", "all", "none")
-"""What a node that starts does with the occurrences before its start, within
-``max_late``: claim only the latest of them (coalescing the others), all of them, or none."""
-DEFAULT_CATCH_UP = "latest"
-
-OVERLAP = ("allow", "skip")
-"""What a firing does while a run of its address is still in progress: run on top of it
-(``allow``), or not be enqueued, counted ``skipped_overlap`` (``skip``)."""
-DEFAULT_OVERLAP = "allow"
-DEFAULT_RUN_LEASE = timedelta(seconds=30)
-"""How long a run lease lives without a heartbeat: a worker killed mid-run frees its
-address this long after its last heartbeat."""
-DEFAULT_HEARTBEAT = timedelta(seconds=5)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -96,19 +92,22 @@ class Entry:
         setter(self, "kwargs", dict(kwargs or {}))
         setter(self, "options", dict(options or {}))
         setter(self, "tenants", found.keep(lambda: _tenants(label, tenants), None))
-
-        def duration(value: DurationLike, key: str) -> timedelta | None:
-            return found.keep(lambda: as_timedelta(value, name=f"{label}: {key}"), None)
-
-        setter(self, "jitter", duration(jitter, "jitter"))
-        setter(self, "max_late", duration(max_late, "max_late"))
-        setter(self, "catch_up", found.keep(lambda: catch_up_policy(catch_up, label), catch_up))
-        setter(self, "overlap", found.keep(lambda: overlap_policy(overlap, label), overlap))
-        setter(self, "run_lease", duration(run_lease, "run_lease"))
-        setter(self, "heartbeat", duration(heartbeat, "heartbeat"))
-        setter(self, "once_only", found.keep(lambda: _once_only(label, once_only), once_only))
+        given = {
+            "jitter": jitter,
+            "max_late": max_late,
+            "catch_up": catch_up,
+            "overlap": overlap,
+            "run_lease": run_lease,
+            "heartbeat": heartbeat,
+            "once_only": once_only,
+        }
+        for option in OPTIONS:
+            # A duration that cannot be read is None, so the rules between durations skip it.
+            fallback = None if option.read is duration else option.default
+            read = functools.partial(option.value, given[option.name], label)
+            setter(self, option.name, found.keep(read, fallback))
         found.extend(
-            _timing_problems(label, self.jitter, self.max_late, self.run_lease, self.heartbeat)
+            timing_problems(label, self.jitter, self.max_late, self.run_lease, self.heartbeat)
         )
         found.raise_any()
 
@@ -208,73 +207,6 @@ def _tenants(label: str, tenants: Tenants) -> Tenants:
     if repeated is not None:
         raise ConfigError(f"{label}: tenants must not repeat ({repeated!r} does)")
     return tenants
-
-
-def _once_only(label: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{label}: once_only must be true or false, got {value!r}")
-    return value
-
-
-def _timing_problems(
-    label: str,
-    jitter: timedelta | None,
-    max_late: timedelta | None,
-    run_lease: timedelta | None,
-    heartbeat: timedelta | None,
-) -> list[str]:
-    """The rules between an entry's durations, each checked when the durations it
-    compares could be read (``None``: one that could not, reported on its own)."""
-    found = []
-    if jitter is not None and jitter < timedelta(0):
-        found.append(f"{label}: jitter must not be negative, got {describe(jitter)}")
-    if max_late is not None and max_late <= timedelta(0):
-        found.append(f"{label}: max_late must be positive, got {describe(max_late)}")
-    elif max_late is not None and jitter is not None and max_late <= jitter:
-        found.append(
-            f"{label}: max_late {describe(max_late)} must be longer than jitter "
-            f"{describe(jitter)}, or a node waiting its full offset is already late; raise "
-            f"max_late above {describe(jitter)} or lower the jitter"
-        )
-    if run_lease is None or heartbeat is None:
-        return found
-    if run_lease <= timedelta(0) or heartbeat <= timedelta(0):
-        found.append(
-            f"{label}: run_lease {describe(run_lease)} and heartbeat {describe(heartbeat)} "
-            f"must be positive"
-        )
-    elif 2 * heartbeat >= run_lease:
-        found.append(
-            f"{label}: heartbeat {describe(heartbeat)} must be under half the run_lease "
-            f"{describe(run_lease)} (rule 6: a run lease is renewed at least twice before "
-            f"it can run out); lower the heartbeat under {describe(run_lease / 2)} or "
-            f"lengthen the run_lease"
-        )
-    return found
-
-
-def catch_up_policy(value: object, where: str) -> str:
-    """``value`` if it is one of :data:`CATCH_UP`, else a :class:`ConfigError` naming
-    ``where`` and the choices."""
-    if value not in CATCH_UP:
-        choices = ", ".join(repr(c) for c in CATCH_UP)
-        raise ConfigError(f"{where}: catch_up must be one of {choices}, got {value!r}")
-    return str(value)
-
-
-def overlap_policy(value: object, where: str) -> str:
-    """``value`` if it is one of :data:`OVERLAP`, else a :class:`ConfigError` naming
-    ``where`` and the choices (``buffer_one`` is named as not offered, and why)."""
-    if value == "buffer_one":
-        raise ConfigError(
-            f"{where}: overlap 'buffer_one' is not offered: holding one firing back until "
-            f"the running one ends needs a node to keep it claimed past max_late, which no "
-            f"firing may be; use 'skip' (the firing is counted skipped_overlap) or 'allow'"
-        )
-    if value not in OVERLAP:
-        choices = ", ".join(repr(c) for c in OVERLAP)
-        raise ConfigError(f"{where}: overlap must be one of {choices}, got {value!r}")
-    return str(value)
 
 
 def _repeated(tenants: tuple[str, ...]) -> str | None:

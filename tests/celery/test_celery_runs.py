@@ -117,7 +117,7 @@ def test_bad_app_wide_run_settings_are_problems_said_once() -> None:
         "beatless_once_only",
         "beatless_heartbeat",
     ]
-    assert "beatless_heartbeat 2s must be under half beatless_run_lease 4s" in problems[2]
+    assert "beatless_heartbeat 2s must be under half the beatless_run_lease 4s" in problems[2]
     bad = make_app(beatless_run_lease="soon", beatless_heartbeat=60)
     assert [p.split(":")[0] for p in check_app(bad).problems] == ["beatless_run_lease"]
 

@@ -297,8 +297,8 @@ def test_settings_report_every_bad_setting_at_once() -> None:
         CelerySettings.from_app(app)
     assert [e.split(":")[0].split(" ")[0] for e in caught.value.errors] == [
         "Celery",
-        "beatless_max_late",
         "beatless_jitter",
+        "beatless_max_late",
         "beatless_force_two_phase",
         "beatless_on_schedule_error",
     ]
@@ -554,7 +554,7 @@ def test_catch_up_comes_from_the_app_setting_or_the_entry_and_is_checked() -> No
     by_name = {e.name: e.catch_up for e in read_schedule(app).entries}
     assert by_name == {"plain": "all", "own": "none"}
     assert {e.catch_up for e in read_schedule(make_app(entry("d", 600))).entries} == {"latest"}
-    with pytest.raises(ConfigError, match="beatless_catch_up: catch_up must be one of"):
+    with pytest.raises(ConfigError, match="beatless_catch_up must be one of"):
         CelerySettings.from_app(make_app(entry("d", 600), beatless_catch_up="some"))
 
 
