@@ -141,6 +141,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("beatless.stores",),
     ("beatless.schedule",),
     ("beatless.fleet",),
+    ("beatless.live",),
     ("beatless.node",),
     ("beatless.ops",),
     ("beatless.celery", "beatless.dramatiq"),
