@@ -78,7 +78,7 @@ def test_a_won_firing_then_noted_paused_by_another_node_stays_won(
     firing = Firing.of(TICK, None, plan.address(TICK), occurrence)
     request = claim_request(firing)
     assert store.claim([request], node="n0", lease_ms=30_000) == [Outcome.WON]
-    store.commit([firing.id], node="n0", notes=winner.history_notes([(firing, "won")]))
+    store.commit([firing.id], node="n0", notes=winner.wake.history_notes([(firing, "won")]))
     late = Decision(firing, "paused", "n1", 200)
     store.post([board.history_note(firing.address, HistoryItem.of(late))])
 

@@ -21,8 +21,9 @@ import beatless
 from beatless import Entry, Every, Firing, Schedule, StoreUnavailable
 from beatless.core._logtext import LIMIT, shown
 from beatless.fleet._notes import nodes_kind
+from beatless.node._tally import FOREIGN_WARN_EVERY_MS, SUMMARY_EVERY_MS
 from beatless.node.dispatch import Dispatcher, Wake, decide_claimed
-from beatless.node.scheduler import FOREIGN_WARN_EVERY_MS, SUMMARY_EVERY_MS, Scheduler
+from beatless.node.scheduler import Scheduler
 from beatless.schedule.firing import claim_request
 from beatless.stores.base import Outcome
 from beatless.stores.memory import MemoryStore

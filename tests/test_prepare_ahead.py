@@ -10,16 +10,16 @@ from collections.abc import Sequence
 from test_scheduler import T0, Clock, entry
 
 from beatless import Entry, Every, Firing, Schedule
-from beatless.node._prefer import LANE_DELAYS_MS, RUNGS, View, lane_of
-from beatless.node.dispatch import Dispatcher, Wake, decide_claimed
-from beatless.node.scheduler import (
-    FAN_OUT_STEP_MS,
+from beatless.node._ahead import (
     PREPARE_AHEAD_MS,
     PREPARE_CHUNK,
     PREPARE_IDLE_MS,
     PREPARED_STALE_MS,
-    Scheduler,
 )
+from beatless.node._prefer import LANE_DELAYS_MS, RUNGS, View, lane_of
+from beatless.node._timeline import FAN_OUT_STEP_MS
+from beatless.node.dispatch import Dispatcher, Wake, decide_claimed
+from beatless.node.scheduler import Scheduler
 from beatless.schedule._fanout import FanOut, Ranking
 from beatless.schedule.firing import claim_request
 from beatless.stores.memory import MemoryStore
@@ -191,7 +191,7 @@ def test_what_was_built_for_a_firing_not_sent_through_the_dispatcher_is_dropped(
     built = len(dispatcher.built_at)
     assert built >= 9 * 600
     # Only what was built within the last PREPARED_STALE_MS (and a second) is still held.
-    held = len(node._prepared)
+    held = len(node.ahead)
     assert 0 < held <= (PREPARED_STALE_MS // 10_000 + 1) * 600
 
 
@@ -262,7 +262,7 @@ def test_with_the_preferred_claimer_a_node_builds_ahead_only_the_firings_it_is_f
     while node.prepare_ahead():
         pass
 
-    due = [f for _, _, f in node._heap if isinstance(f, Firing)]
+    due = [f for _, f in node.timeline.items() if isinstance(f, Firing)]
     assert len(due) == 60
     first = {f.id for f in due if view.rank(f.id, "n1")[0] == 0}
     assert 0 < len(first) < 60

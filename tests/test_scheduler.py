@@ -21,6 +21,7 @@ from beatless import (
     ScheduleError,
     StoreUnavailable,
 )
+from beatless.errors import StoreFull
 from beatless.node.dispatch import Dispatcher, Wake, decide_claimed
 from beatless.node.scheduler import MAX_SLEEP_MS, Decision, Scheduler
 from beatless.schedule.firing import claim_request, from_datetime, run_lease_id
@@ -275,6 +276,45 @@ def test_losing_node_takes_over_a_firing_whose_winner_died_before_commit() -> No
     assert node.stats["e"].lost == 1
 
 
+class RefusingStore(FlakyStore):
+    """A memory store that can be switched to refuse every claim as full, or be down."""
+
+    full = False
+
+    def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
+        if self.full:
+            raise StoreFull("maxmemory reached")
+        return super().claim(requests, node=node, lease_ms=lease_ms)
+
+
+def test_nothing_of_a_firing_is_kept_in_flight_once_it_is_decided() -> None:
+    """Held then taken over, retried while the store is down, refused as full until
+    missed, coalesced by the catch-up: each firing's record goes at its decision."""
+    outcomes: dict[str, list[str]] = {}
+    for case in ("held", "down", "full", "caught"):
+        clock = Clock(T0 - 45)
+        store = RefusingStore(clock=clock)
+        trigger = Every(10) if case == "caught" else Every(3600)
+        schedule = Schedule([entry(case, trigger=trigger, max_late="20s")])
+        node = Scheduler(schedule, store=store, clock=clock, enqueue=lambda f: None, lease="5s")
+        clock.now = T0 - 44.9 if case == "caught" else T0
+        if case == "held":
+            held = Firing.of(schedule.entries[0], None, f"default/{case}", round(T0 * 1_000))
+            assert store.claim([claim_request(held)], node="dead", lease_ms=5_000) == [Outcome.WON]
+        store.down, store.full = case == "down", case == "full"
+        decided = [d.outcome for d in node.tick()]
+        assert len(node.flights) == (case != "caught")  # held, retried or refused: not decided
+        for _ in range(120):
+            clock.now += 0.25
+            decided += [d.outcome for d in node.tick()]
+        outcomes[case] = decided
+        assert len(node.flights) == 0, case
+    assert outcomes["held"] == ["held", "takeover"]
+    assert outcomes["down"][-1] == "late"
+    assert outcomes["full"][-1] == "missed"
+    assert outcomes["caught"][0] == "won"
+
+
 def test_claims_due_at_one_wake_go_in_sub_batches_sized_from_the_send_rate() -> None:
     clock = Clock()
 
@@ -465,7 +505,7 @@ def test_run_in_a_thread_fires_on_the_real_clock_and_stops_promptly() -> None:
     node.stop(timeout=5)
     assert not thread.is_alive()
     assert time.monotonic() - asked < 1.5
-    live = [(at, f) for at, f in sent if f.occurrence_ms > node._start_ms]
+    live = [(at, f) for at, f in sent if f.occurrence_ms > node.timeline.start_ms]
     assert len(live) >= 4, f"only {len(live)} firings in 1.5 s of a 200 ms entry"
     late = [at * 1_000 - f.release_ms for at, f in live]
     # The wall clock of a shared VM may be stepped back a little by time sync while the

@@ -16,6 +16,7 @@ from typing import Any
 from celery.worker.control import inspect_command
 
 from beatless.celery.worker import BeatlessStep
+from beatless.node._view import NodeView
 
 
 def _step(state: Any) -> BeatlessStep | None:
@@ -32,7 +33,7 @@ def beatless_status(state: Any) -> dict[str, Any]:
     step = _step(state)
     if step is None:
         return {"scheduling": False, "health": "no beatless scheduler on this worker"}
-    scheduler = step.scheduler
+    scheduler: NodeView | None = step.scheduler
     if scheduler is None:
         problems = list(step.schedule_problems)
         health = "schedule refused: " + "; ".join(problems) if problems else "not started"

@@ -41,7 +41,7 @@ from beatless.errors import BeatlessError, ConfigError
 if TYPE_CHECKING:
     from dramatiq import Broker
 
-    from beatless.node.scheduler import Scheduler
+    from beatless.node._view import NodeView
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class SchedulerMiddleware(Protocol):
     """What the scheduler process uses of the :class:`~beatless.dramatiq.Beatless`
     middleware it finds on the broker."""
 
-    def start(self, broker: Broker) -> Scheduler | None: ...
+    def start(self, broker: Broker) -> NodeView | None: ...
 
     def stop(self, timeout: float | None = 10) -> None: ...
 
@@ -192,12 +192,7 @@ def serve(parent: int) -> int:
     if scheduler is None:  # on_schedule_error="consume": said once, at ERROR
         broker.close()
         return EXIT_CONSUME
-    board = scheduler.board
-    board.restarts, board.last_failure, board.last_failure_ms = (
-        _deaths.count,
-        _deaths.last,
-        _deaths.last_ms,
-    )
+    scheduler.board.restarted(_deaths.count, _deaths.last, _deaths.last_ms)
     logger.info(
         "beatless scheduler process %d: node %s, %d entries",
         os.getpid(),

@@ -6,8 +6,9 @@ registry, and sweeps the history for missed firings. It WARNs (rate-limited) whe
 nodes disagree on the schedule fingerprint or the tzdata version, or when a node's clock
 is more than ``OFFSET_WARN_MS`` from the store's.
 
-The board reads its node through :class:`NodeLoop`, a small view of the scheduler loop,
-not the loop's class: the loop owns a board, and the board imports nothing of the loop.
+The board reads its node through :class:`~beatless.node._view.LoopView`, a small view of
+the scheduler loop, not the loop's class: the loop owns a board, and the board imports
+nothing of the loop.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
 
 from beatless._version import __version__
 from beatless.core._logtext import ERROR_LIMIT, WarnEvery, shown
@@ -73,14 +73,10 @@ from beatless.fleet._notes import (
     read_registry,
 )
 from beatless.fleet._schema import family
-from beatless.node.stats import EntryStats, SkippedNotes
+from beatless.node._view import LoopView
+from beatless.node.stats import SkippedNotes
 from beatless.schedule.firing import Decision, Firing, iso
-from beatless.stores.base import NOTE_VALUE_LIMIT, ClaimStore, Note, NoteItem, StoreFacts
-
-if TYPE_CHECKING:
-    from beatless.node._clockwatch import ClockWatch
-    from beatless.node._prefer import Preference
-    from beatless.schedule.entry import Schedule
+from beatless.stores.base import NOTE_VALUE_LIMIT, Note, NoteItem, StoreFacts
 
 logger = logging.getLogger("beatless.fleet")
 
@@ -97,31 +93,6 @@ SKIPPED_WARN_EVERY_MS = 300_000
 """A note skipped for not fitting its schema is told at most this often per kind and key."""
 
 
-class NodeLoop(Protocol):
-    """What the board reads of its node: the scheduler loop
-    (:class:`beatless.node.scheduler.Scheduler`), seen through what the board needs of it."""
-
-    @property
-    def node(self) -> str: ...
-
-    @property
-    def store(self) -> ClaimStore: ...
-
-    @property
-    def schedule(self) -> Schedule: ...
-
-    @property
-    def stats(self) -> Mapping[str, EntryStats]: ...
-
-    @property
-    def clockwatch(self) -> ClockWatch: ...
-
-    @property
-    def preference(self) -> Preference: ...
-
-    def now_ms(self) -> int: ...
-
-
 class Board:
     """One node's side of the notes: registry, entries, history, drift warnings.
 
@@ -131,7 +102,7 @@ class Board:
 
     def __init__(
         self,
-        loop: NodeLoop,
+        loop: LoopView,
         *,
         framework: str = "standalone",
         loop_alive: Callable[[], bool] | None = None,
@@ -188,6 +159,11 @@ class Board:
         """The store's settings as the last sync read them (:meth:`watch_store`)."""
         self._facts_ms: int | None = None
         self._full_seen = 0
+
+    def restarted(self, count: int, last: str | None, last_ms: int | None) -> None:
+        """Told by the supervisor that started this node's process again: how often, and
+        why and when it last died; shown in the registry record."""
+        self.restarts, self.last_failure, self.last_failure_ms = count, last, last_ms
 
     def woke(self, now_ms: int) -> None:
         """The loop calls this at every wake."""

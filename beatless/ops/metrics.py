@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     # import no prometheus_client of their own.
     from prometheus_client.registry import CollectorRegistry as CollectorRegistry  # noqa: PLC0414
 
-    from beatless.node.scheduler import Scheduler
+    from beatless.node._view import NodeView
 
 __all__ = [
     "DEFAULT_ADDR",
@@ -187,7 +187,7 @@ class _Families:
     def __iter__(self) -> Iterator[Metric]:
         return (getattr(self, field.name) for field in fields(self))
 
-    def add(self, scheduler: Scheduler) -> None:
+    def add(self, scheduler: NodeView) -> None:
         """The series of one scheduler."""
         node = [scheduler.schedule.namespace, scheduler.node]
         releases = _next_releases(scheduler.schedule, scheduler.now_ms())
@@ -271,15 +271,15 @@ class SchedulerCollector:
     """
 
     def __init__(self) -> None:
-        self._schedulers: list[Scheduler] = []
+        self._schedulers: list[NodeView] = []
         self._lock = threading.Lock()
 
     @property
-    def schedulers(self) -> tuple[Scheduler, ...]:
+    def schedulers(self) -> tuple[NodeView, ...]:
         with self._lock:
             return tuple(self._schedulers)
 
-    def add(self, scheduler: Scheduler) -> None:
+    def add(self, scheduler: NodeView) -> None:
         """Add a scheduler (again: nothing). Another with the same namespace and node
         would export the same series: a :class:`~beatless.errors.ConfigError`."""
         key = (scheduler.schedule.namespace, scheduler.node)
@@ -295,7 +295,7 @@ class SchedulerCollector:
                 )
             self._schedulers.append(scheduler)
 
-    def remove(self, scheduler: Scheduler) -> bool:
+    def remove(self, scheduler: NodeView) -> bool:
         """Remove a scheduler; whether it was there."""
         with self._lock:
             kept = [s for s in self._schedulers if s is not scheduler]
@@ -331,7 +331,7 @@ def _registry(registry: CollectorRegistry | None) -> CollectorRegistry:
     return REGISTRY
 
 
-def register(scheduler: Scheduler, registry: CollectorRegistry | None = None) -> None:
+def register(scheduler: NodeView, registry: CollectorRegistry | None = None) -> None:
     """Export ``scheduler``'s metrics from ``registry`` (prometheus_client's default
     registry when ``None``) until :func:`unregister`. One collector per registry holds
     every scheduler registered in it; registering a scheduler twice changes nothing."""
@@ -345,7 +345,7 @@ def register(scheduler: Scheduler, registry: CollectorRegistry | None = None) ->
         collector.add(scheduler)
 
 
-def unregister(scheduler: Scheduler) -> None:
+def unregister(scheduler: NodeView) -> None:
     """Stop exporting ``scheduler``'s metrics, from every registry it is registered in;
     a registry left with no scheduler loses the collector too."""
     with _lock:
@@ -376,7 +376,7 @@ def serve(
 
 
 def publish(
-    scheduler: Scheduler,
+    scheduler: NodeView,
     *,
     port: int | None = None,
     registry: CollectorRegistry | None = None,

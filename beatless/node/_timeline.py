@@ -1,0 +1,368 @@
+"""The node's timeline: when each firing of its schedule is due, in one heap.
+
+* Occurrences are computed once per distinct trigger (a :class:`Group`) and shared by
+  every entry and tenant that uses it; each is expanded into firings
+  ``EXPAND_AHEAD_MS`` (more for a big fan-out) before it is due.
+* At start, the occurrences still within ``max_late`` are caught up as each entry's
+  ``catch_up`` policy says (``latest``, ``all``, ``none``).
+* After a clock jump or a long freeze, the occurrences late for every entry of a trigger
+  are skipped in one step, and a firing due more than ``max_late`` after its occurrence
+  is handed back as late, before any store call: an overloaded node drops old work first.
+* Fan-outs release their tenants' firings over the window, a chunk at a time; firings
+  left to a node ranked above this one wait here for their next look.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from beatless.core._logtext import shown
+from beatless.core.triggers import Trigger
+from beatless.fleet._controls import Control, manual_firing
+from beatless.node._inflight import InFlight
+from beatless.node._prefer import Preference
+from beatless.node._tally import Tally
+from beatless.schedule._fanout import MAX_TENANTS, FanOut, prepare_ahead_ms
+from beatless.schedule.entry import Entry, Schedule
+from beatless.schedule.firing import Firing, iso
+
+logger = logging.getLogger("beatless.node.scheduler")
+
+EXPAND_AHEAD_MS = 2_000
+"""Occurrences are expanded into firings this long before they are due."""
+FAN_OUT_STEP_MS = 20
+"""A fan-out hands out its firings at most this often: a million tenants over ten minutes
+release 1,667 firings a second, and one wake (one claim, one commit) per release would
+make each round trip carry two or three of them."""
+MAX_BATCH = 5_000
+"""At most this many firings go to the dispatcher in one wake; the rest follow at once."""
+TENANTS_WARN_EVERY_MS = 60_000
+"""One ERROR per entry at most this often while its tenants callable fails."""
+
+
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """A due firing this node left to a node ranked above it, to look at again."""
+
+    firing: Firing
+
+
+@dataclass(slots=True)
+class Group:
+    """The entries that share one trigger, and where that trigger has got to."""
+
+    trigger: Trigger
+    entries: list[Entry]
+    occurrences: Iterator[int]
+
+    @property
+    def reach_ms(self) -> int:
+        """How far back an occurrence of this trigger may still be claimable."""
+        return max(entry.max_late_ms for entry in self.entries)
+
+
+def _known(tenants: object) -> tuple[str, ...]:
+    return tenants if isinstance(tenants, tuple) else ()
+
+
+Decide = Callable[[Firing, str], None]
+"""How the timeline hands back a due firing it decided itself (``late``, ``delegated``)."""
+
+
+class Timeline:
+    """The heap of what is due when: occurrences to expand, firings at their release,
+    fan-outs, and firings left to others. ``start_ms`` is when the node started (what
+    came before is caught up), ``now_ms`` its clock."""
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        *,
+        start_ms: int,
+        now_ms: Callable[[], int],
+        tally: Tally,
+        flights: InFlight,
+        preference: Preference,
+        ladder: Mapping[str, bool],
+    ) -> None:
+        self.schedule = schedule
+        self.start_ms = start_ms
+        self._now_ms = now_ms
+        self._tally = tally
+        self._flights = flights
+        self._preference = preference
+        self._ladder = ladder
+        self._heap: list[tuple[int, int, Any]] = []
+        self._seq = itertools.count()
+        self._tenants: dict[str, tuple[str, ...]] = {}
+        self._entries = {entry.name: entry for entry in schedule.entries}
+        self._caught_up: dict[str, list[int]] = {}
+        """Per entry: occurrences left by the catch-up policy, first and last, not said yet."""
+        self._plan()
+
+    def next_wake_ms(self) -> int | None:
+        """When the next item is due, in epoch milliseconds."""
+        return self._heap[0][0] if self._heap else None
+
+    def items(self) -> Iterable[tuple[int, Any]]:
+        """What the heap holds, each with when it is due, in no order."""
+        return ((at_ms, item) for at_ms, _, item in self._heap)
+
+    def add(self, at_ms: int, firing: Firing) -> None:
+        """Have ``firing`` due at ``at_ms`` (a retry, a run-now)."""
+        self._push(at_ms, firing)
+
+    def defer(self, at_ms: int, firing: Firing) -> None:
+        """Look again at ``firing``, left to others, at ``at_ms``."""
+        self._push(at_ms, Deferred(firing))
+
+    def _push(self, at_ms: int, item: Any) -> None:
+        heapq.heappush(self._heap, (at_ms, next(self._seq), item))
+
+    # -- planning and expanding -----------------------------------------------------
+
+    def _plan(self) -> None:
+        """Group entries by trigger and queue each trigger's first claimable occurrence."""
+        groups: dict[Trigger, Group] = {}
+        for entry in self.schedule.entries:
+            group = groups.get(entry.trigger)
+            if group is None:
+                group = groups[entry.trigger] = Group(entry.trigger, [], iter(()))
+            group.entries.append(entry)
+        for group in groups.values():
+            group.occurrences = group.trigger.after(self.start_ms - group.reach_ms)
+            self._queue_next(group)
+
+    def _queue_next(self, group: Group) -> int | None:
+        """Queue the group's next occurrence, and return it."""
+        occurrence = next(group.occurrences, None)
+        if occurrence is not None:
+            self._push(occurrence - self._expand_ahead_ms(group), (group, occurrence))
+        return occurrence
+
+    def _expand_ahead_ms(self, group: Group) -> int:
+        """Big fan-outs start preparing early enough to be ready at their occurrence."""
+        widest = max(len(self._tenants.get(e.name) or _known(e.tenants)) for e in group.entries)
+        return EXPAND_AHEAD_MS + prepare_ahead_ms(widest)
+
+    def _expand(self, group: Group, occurrence: int) -> None:
+        """Turn one occurrence of a trigger into the firings of every entry and tenant."""
+        following = self._queue_next(group)
+        for entry in group.entries:
+            if occurrence < self.start_ms - entry.max_late_ms:
+                continue  # before this node's time: not ours to judge
+            if occurrence < self.start_ms and self._not_caught_up(entry, occurrence, following):
+                continue
+            base = self.schedule.address(entry)
+            tenants = self.tenants_of(entry)
+            if tenants is None:
+                firing = Firing.of(entry, None, base, occurrence)
+                left = self._caught_up.get(entry.name)
+                if occurrence < self.start_ms and left is not None:
+                    self._flights.coalesce(firing, left[1], left[2])
+                self._push(firing.release_ms, firing)
+            elif len(tenants) > MAX_TENANTS:
+                logger.error(
+                    "entry %s: %d tenants, over the %d one fan-out can hold; occurrence %s skipped",
+                    shown(entry.name),
+                    len(tenants),
+                    MAX_TENANTS,
+                    iso(occurrence),
+                )
+            elif tenants:
+                self._push(self._now_ms(), FanOut(entry, base, occurrence, tenants))
+
+    def _not_caught_up(self, entry: Entry, occurrence: int, following: int | None) -> bool:
+        """Whether the entry's catch-up policy leaves this occurrence, from before the
+        node's start, unclaimed: ``none`` leaves every such occurrence, ``latest`` all but
+        the last of them (the others are coalesced into it), ``all`` none. Counted as
+        ``catch_up_skipped`` and said once per entry (:meth:`say_catch_up`)."""
+        policy = entry.catch_up
+        if policy == "all":
+            return False
+        if policy == "latest" and (following is None or following >= self.start_ms):
+            return False
+        known = entry.tenants if isinstance(entry.tenants, tuple) else None
+        self._tally.caught_up(entry.name, len(known or self._tenants.get(entry.name) or (None,)))
+        skipped = self._caught_up.setdefault(entry.name, [0, occurrence, occurrence])
+        skipped[0] += 1
+        skipped[2] = occurrence
+        return True
+
+    def say_catch_up(self) -> None:
+        """One INFO line per entry whose catch-up policy left occurrences unclaimed."""
+        for name, (count, first, last) in self._caught_up.items():
+            entry = self._entries[name]
+            kept = "the latest is claimed" if entry.catch_up == "latest" else "none is claimed"
+            logger.info(
+                "entry %s: %d occurrence(s) from %s to %s, before this node started, left "
+                "unclaimed by catch_up=%r (%s); counted as catch_up_skipped",
+                shown(name),
+                count,
+                iso(first),
+                iso(last),
+                entry.catch_up,
+                kept,
+            )
+        self._caught_up.clear()
+
+    def _skip_late(self, group: Group, occurrence: int | None, now: int) -> int | None:
+        """After a clock jump or a long freeze, skip in one step all but the last of the
+        occurrences that are late for every entry of the group; count them, say so once."""
+        horizon = now - group.reach_ms
+        skipped = 0
+        while occurrence is not None and occurrence <= horizon:
+            following = next(group.occurrences, None)
+            if following is None or following > horizon:
+                # The last late one is expanded and reported firing by firing.
+                if following is not None:
+                    group.occurrences = itertools.chain((following,), group.occurrences)
+                break
+            skipped += 1
+            occurrence = following
+        if skipped:
+            for entry in group.entries:
+                known = entry.tenants if isinstance(entry.tenants, tuple) else None
+                fanout = len(known or self._tenants.get(entry.name) or (None,))
+                self._tally.late(entry.name, skipped * fanout)
+                logger.warning(
+                    "entry %s: %d occurrence(s) of %s were more than max_late behind the "
+                    "clock (frozen node or clock jump) and were skipped as late",
+                    shown(entry.name),
+                    skipped,
+                    group.trigger.describe(),
+                )
+        return occurrence
+
+    def tenants_of(self, entry: Entry) -> tuple[str, ...] | None:
+        """The tenants of a fan-out entry (the last list its callable returned, if it
+        fails now); ``None`` for an entry that is not a fan-out."""
+        if entry.tenants is None:
+            return None
+        try:
+            tenants = entry.tenant_list()
+        except Exception:
+            if self._tally.may_warn(f"tenants {entry.name}", TENANTS_WARN_EVERY_MS):
+                logger.exception(
+                    "entry %s: the tenants callable failed; using the last list it returned "
+                    "(said at most once a minute while it fails)",
+                    shown(entry.name),
+                )
+            return self._tenants.get(entry.name, ())
+        self._tenants[entry.name] = tenants  # type: ignore[assignment]
+        return tenants
+
+    def run_now(self, controls: Iterable[Control], now: int) -> None:
+        """Queue a manual firing of each run-now request the board read: claimed like
+        any other, so exactly one node sends it."""
+        for control in controls:
+            entry = self._entries.get(control.entry)
+            if entry is None:
+                logger.warning(
+                    "run-now of entry %s by %s on %s ignored: this node's schedule has no "
+                    "such entry",
+                    shown(control.entry),
+                    shown(control.by),
+                    shown(control.host),
+                )
+                continue
+            tenants: tuple[str | None, ...] = (
+                (control.tenant,)
+                if control.tenant is not None or entry.tenants is None
+                else (self.tenants_of(entry) or ())
+            )
+            for tenant in tenants:
+                address = self.schedule.address(entry, tenant)
+                scheduled = Firing.of(entry, tenant, address, control.at_ms)
+                self._push(now, manual_firing(scheduled, control.request))
+            logger.info(
+                "run-now of entry %s (tenant %s) by %s on %s: %d manual firing(s) queued",
+                shown(entry.name),
+                shown(control.tenant),
+                shown(control.by),
+                shown(control.host),
+                len(tenants),
+            )
+
+    # -- what is due ----------------------------------------------------------------
+
+    def pop_due(self, now: int, decide: Decide) -> list[Firing]:
+        """The firings due now, at most ``MAX_BATCH``; the late ones are handed to
+        ``decide`` at once, without a store call, however many there are (and a
+        firing left to others that went late, ``delegated``)."""
+        due: list[Firing] = []
+        later: list[tuple[int, Any]] = []  # back into the heap after this wake
+        while self._heap and self._heap[0][0] <= now and len(due) < MAX_BATCH:
+            _, _, item = heapq.heappop(self._heap)
+            if isinstance(item, Deferred):
+                if now - item.firing.occurrence_ms > item.firing.entry.max_late_ms:
+                    decide(item.firing, "delegated")  # left to others; missed if not
+                else:
+                    due.append(item.firing)
+            elif isinstance(item, Firing):
+                if now - item.occurrence_ms > item.entry.max_late_ms:
+                    decide(item, "late")
+                else:
+                    due.append(item)
+            elif isinstance(item, FanOut):
+                self._take_fan_out(item, now, due, later)
+            else:
+                group, occurrence = item
+                occurrence = self._skip_late(group, occurrence, now)
+                if occurrence is not None:
+                    self._expand(group, occurrence)
+        for at_ms, item in later:
+            self._push(at_ms, item)
+        return due
+
+    def _take_fan_out(
+        self, fan: FanOut, now: int, due: list[Firing], later: list[tuple[int, Any]]
+    ) -> None:
+        """Prepare one chunk of a fan-out, or take the firings it has released by now."""
+        if now - fan.occurrence_ms > fan.entry.max_late_ms:
+            count = fan.drop()  # dropped whole: no decision per firing, one WARNING
+            if count > 0:
+                self._tally.late(fan.entry.name, count, fan.occurrence_ms)
+            return
+        ranking = self._preference.ranking(self._ladder[fan.entry.name])
+        if fan.view is not None and (ranking is None or ranking.digest != fan.view):
+            fan.unrank()  # the view changed: place every firing at its release
+        if not fan.is_prepared:
+            fan.prepare(ranking)
+            if not fan.is_prepared:
+                later.append((now, fan))  # one chunk per wake: the loop stays on time
+                return
+        due.extend(fan.take(now, MAX_BATCH - len(due)))
+        if not fan.remaining:
+            return
+        next_ms = fan.next_release_ms()
+        if next_ms <= now:
+            # Due firings left over from a full wake: they follow at once, and the
+            # cursor's place in the heap holds this node's progress back until then.
+            later.append((next_ms, fan))
+        else:
+            self._push(max(next_ms, now + FAN_OUT_STEP_MS), fan)
+
+    def upcoming(self, until_ms: int, limit: int, wanted: Callable[[Firing], bool]) -> list[Firing]:
+        """At most ``limit`` firings due by ``until_ms`` that are ``wanted`` (and staged
+        firings of prepared fan-outs): the heap's items up to then are a subtree at its
+        top."""
+        heap, below = self._heap, [0]
+        found: list[Firing] = []
+        while below and len(found) < limit:
+            i = below.pop()
+            if i >= len(heap) or heap[i][0] > until_ms:
+                continue
+            item = heap[i][2]
+            if isinstance(item, Firing):
+                if wanted(item):
+                    found.append(item)
+            elif isinstance(item, FanOut) and item.is_prepared:
+                found += item.stage(until_ms, limit - len(found))
+            below += (2 * i + 2, 2 * i + 1)
+        return found

@@ -1,0 +1,164 @@
+"""What the dispatchers report to the loop: the :class:`~beatless.node.dispatch.Wake` of a
+node, one object for its whole life.
+
+Every firing handed to a dispatcher comes back decided (:meth:`LoopWake.decide`) or to be
+tried again (:meth:`LoopWake.retry`); one sent to the broker is told first
+(:meth:`LoopWake.sent`), so that nothing after the send can make it go again. A decision
+is counted (:mod:`beatless.node._tally`), settled with the preferred claimer, and told
+(history, the decisions log, the ``on_decision`` hook) through the loop's ``report``; a
+retry goes back into the timeline. What each firing is meanwhile is kept in its
+:class:`~beatless.node._inflight.Flight`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from beatless.fleet._notes import HISTORY_OUTCOMES, SENT, HistoryItem
+from beatless.node._ahead import BuildAhead
+from beatless.node._board import Board
+from beatless.node._inflight import Flight, InFlight
+from beatless.node._prefer import Preference
+from beatless.node._tally import Tally
+from beatless.node._timeline import Timeline
+from beatless.schedule.firing import Decision, Firing
+from beatless.stores.base import Note, NoteItem
+
+RETRY_MS = 500
+"""A firing whose claim or enqueue failed is tried again after this long, until late."""
+
+Report = Callable[[Decision, "tuple[int, int] | None", bool], None]
+"""How a decision is told: with the occurrences it coalesced, and whether its history
+note was written already."""
+
+
+class LoopWake:
+    """The loop's side of every dispatch, for the node ``node`` whose clock is ``now_ms``:
+    ``flights`` keeps each firing's state,
+    ``tally`` counts, ``timeline`` takes retries, ``ahead`` hands back what was built,
+    ``board`` writes history notes, ``report`` tells each decision."""
+
+    def __init__(
+        self,
+        node: str,
+        *,
+        now_ms: Callable[[], int],
+        lease_ms: int,
+        flights: InFlight,
+        tally: Tally,
+        timeline: Timeline,
+        ahead: BuildAhead,
+        preference: Preference,
+        board: Board,
+        report: Report,
+    ) -> None:
+        self.node = node
+        self._now_ms = now_ms
+        self.lease_ms = lease_ms
+        self.flights = flights
+        self._tally = tally
+        self._timeline = timeline
+        self._ahead = ahead
+        self._preference = preference
+        self._board = board
+        self._report = report
+
+    def now_ms(self) -> int:
+        """The node's clock, in epoch milliseconds rounded down (never early)."""
+        return self._now_ms()
+
+    def is_late(self, firing: Firing, ahead_ms: int = 0) -> bool:
+        return self.now_ms() + ahead_ms - firing.occurrence_ms > firing.entry.max_late_ms
+
+    def was_held(self, firing: Firing) -> bool:
+        return self.flights.was_held(firing)
+
+    def decide(self, firing: Firing, outcome: str, *, recorded: bool = False) -> None:
+        """Record this node's final decision for ``firing``; ``recorded`` when its history
+        note was written with the store call that decided it. The firing leaves the wake
+        first: what fails after that (counters, history, hooks) is counted and logged,
+        never a reason to try the firing again."""
+        flight = self.flights.finish(firing)
+        if flight is not None and flight.unjudged and outcome == "late":
+            outcome, recorded = "missed", True  # never claimed: the store refused every claim
+        try:
+            self._record(firing, outcome, flight, recorded=recorded)
+        except Exception as exc:
+            self._tally.failed_step([firing], f"recording its outcome {outcome!r}", exc)
+
+    def _record(
+        self, firing: Firing, outcome: str, flight: Flight | None, *, recorded: bool
+    ) -> None:
+        """Count, settle and report one decision."""
+        now = self.now_ms()
+        self._tally.count(firing, outcome, now, seen_held=flight is not None and flight.held)
+        self._settle(firing, outcome)
+        coalesced = None if flight is None else flight.coalesced
+        if outcome == "held":
+            self._recheck_held(firing, now, coalesced)
+            coalesced = None
+        self._report(
+            Decision(firing, outcome, self.node, now - firing.release_ms), coalesced, recorded
+        )
+
+    def _recheck_held(self, firing: Firing, now: int, coalesced: tuple[int, int] | None) -> None:
+        """A firing another node holds pending may be ours to take over when its lease
+        runs out uncommitted, while it is not late."""
+        again = now + self.lease_ms + RETRY_MS
+        if again - firing.occurrence_ms <= firing.entry.max_late_ms:
+            self.flights.hold(firing, coalesced)
+            self._timeline.add(again, firing)
+
+    def retry(self, firing: Firing, outcome: str) -> None:
+        """``firing`` was not enqueued: count why, and try it again soon, until late."""
+        if not self.flights.retried(firing):
+            return  # sent already: never tried again (the dispatcher decides it)
+        now = self.now_ms()
+        self._timeline.add(now + RETRY_MS, firing)
+        try:
+            self._tally.count(firing, outcome, now, seen_held=self.flights.was_held(firing))
+            self._settle(firing, outcome)
+            self._report(Decision(firing, outcome, self.node, now - firing.release_ms), None, False)
+        except Exception as exc:
+            self._tally.failed_step([firing], f"recording its retry {outcome!r}", exc)
+
+    def sent(self, firing: Firing, outcome: str) -> None:
+        """``firing`` was handed to the broker: it leaves the firings to retry at once,
+        before any step after the send can fail."""
+        self.flights.sent(firing, outcome)
+
+    def in_window(self, firings: Sequence[Firing]) -> None:
+        """Sent firings found taken over at their commit: counted per entry
+        (``two_phase_window``, in the registry's counters and so in status)."""
+        self._tally.in_window(firings)
+
+    def failed_after_send(self, firings: Sequence[Firing], step: str, exc: Exception) -> None:
+        """A step after a decision or a send failed: counted per entry
+        (``post_send_errors``) and logged, one WARNING per minute; never retried."""
+        self._tally.failed_step(firings, step, exc)
+
+    def prepared(self, firing: Firing) -> object | None:
+        """What the dispatcher built ahead for ``firing``, once; ``None`` if nothing."""
+        return self._ahead.take(firing)
+
+    def history_notes(self, decided: Sequence[tuple[Firing, str]]) -> list[Note]:
+        """The history notes of this node's outcomes for ``decided``, written with the
+        commit that makes them so (the two-phase path)."""
+        now = self.now_ms()
+        items = []
+        for firing, outcome in decided:
+            if outcome not in HISTORY_OUTCOMES:
+                continue
+            decision = Decision(firing, outcome, self.node, now - firing.release_ms)
+            coalesced = self.flights.coalesced(firing) if outcome in SENT else None
+            items.append((firing.address, HistoryItem.of(decision, coalesced)))
+        return self._board.history_notes(items)
+
+    def history_template(self, firing: Firing) -> Note | NoteItem | None:
+        """The history note of ``firing`` for the atomic path's claim script to complete."""
+        return self._board.history_template(firing, self.now_ms(), self.flights.coalesced(firing))
+
+    def _settle(self, firing: Firing, outcome: str) -> None:
+        if self._preference.enabled and not firing.manual:
+            late_ms = firing.occurrence_ms + firing.entry.max_late_ms
+            self._preference.decided(firing.id, firing.release_ms, late_ms, outcome)
