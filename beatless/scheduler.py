@@ -37,8 +37,9 @@ from beatless._clockwatch import ClockWatch
 from beatless._controls import manual_firing
 from beatless._fanout import MAX_TENANTS, FanOut, prepare_ahead_ms
 from beatless._logtext import ERROR_LIMIT, WarnEvery, shown
-from beatless._notes import HISTORY_OUTCOMES, SENT, HistoryItem
+from beatless._notes import HISTORY_OUTCOMES, REGISTRY_EVERY_MS, SENT, HistoryItem
 from beatless._prefer import CLAIM, DELEGATE, LADDER_MS, Preference, Ranked, fits
+from beatless._reseed import Reseeder
 from beatless.dispatch import (
     DEFAULT_LEASE,
     Dispatcher,
@@ -60,7 +61,7 @@ from beatless.errors import (
 from beatless.firing import Decision, Firing, iso
 from beatless.problems import limits
 from beatless.stats import EntryStats
-from beatless.stores.base import ClaimStore, Note, NoteItem, Verdict
+from beatless.stores.base import TOLERANCE_MS, ClaimStore, Note, NoteItem, Verdict
 from beatless.triggers import Trigger
 
 logger = logging.getLogger(__name__)
@@ -275,6 +276,22 @@ class Scheduler:
             self._say_ladder()
         self.board = Board(self, framework=framework, loop_alive=self.loop_alive)
         """The registry record and history this node keeps in the store (:mod:`beatless._board`)."""
+        self.reseeder = Reseeder(
+            self.store,
+            node=(self.node, self.board.started_ms),
+            namespace=schedule.namespace,
+            lease_ms=self.lease_ms,
+            reach_ms=max((e.max_late_ms for e in schedule.entries), default=0)
+            + TOLERANCE_MS
+            + REGISTRY_EVERY_MS,
+            known_since=self.board.known_since,
+            notes=lambda: self.board.reseeded,
+        )
+        """What this node sent, written back when the store loses its memory
+        (:mod:`beatless._reseed`)."""
+        self.store.holds_off = self.reseeder.enabled
+        self._reseeding: set[str] = set()
+        """Firings the store held off while the nodes re-seed it: ``forgotten`` if late."""
         self._plan(self._start_ms)
 
     def _say_ladder(self) -> None:
@@ -492,6 +509,8 @@ class Scheduler:
             self._dispatch(due)
         else:
             self.dispatcher.settle(self)  # a failed commit is retried on every wake
+        if self.reseeder.step(now):
+            self._held.clear()  # a node that sent one of them wrote it back
         if self._caught_up:
             self._say_catch_up()
         self.preference.advance(now, self.next_wake_ms())
@@ -766,6 +785,12 @@ class Scheduler:
             self._unjudged.discard(firing.id)
             if outcome == "late":  # never claimed: the store refused every claim of it
                 outcome, recorded = "missed", True
+        if firing.id in self._reseeding:
+            self._reseeding.discard(firing.id)
+            if outcome == "late":  # held off until late: the fleet could not re-seed it
+                outcome = "forgotten"
+        if outcome in ("won", "takeover"):
+            self.reseeder.sent(firing)
         self._sent.pop(firing.id, None)
         try:
             self._record(firing, outcome, recorded=recorded)
@@ -807,6 +832,8 @@ class Scheduler:
         self._open.pop(firing.id, None)
         if firing.id in self._sent:
             return  # sent already: never tried again (the dispatcher decides it)
+        if outcome == "reseeding":
+            self._reseeding.add(firing.id)
         now = self.now_ms()
         self._push(now + RETRY_MS, firing)
         try:
@@ -821,6 +848,7 @@ class Scheduler:
         before any step after the send can fail."""
         self._open.pop(firing.id, None)
         self._sent[firing.id] = (firing, outcome)
+        self.reseeder.sent(firing)  # before any step after the send
 
     def in_window(self, firings: Sequence[Firing]) -> None:
         """Sent firings found taken over at their commit: counted per entry
