@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from beatless._logtext import ERROR_LIMIT, WarnEvery, shown
 from beatless.errors import StoreError
 from beatless.firing import Firing, claim_request
-from beatless.stores.base import TOLERANCE_MS, ClaimRequest, ClaimStore, Epoch, Note
+from beatless.stores.base import TOLERANCE_MS, ClaimRequest, ClaimStore, Epoch, Note, Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,13 @@ RING_LIMIT = 200_000
 """At most this many firings in a node's ring; the oldest go first."""
 CHUNK = 1_000
 """Firings per re-seed call."""
+HELD_TRIES = 3
+HELD_PAUSE_S = 0.05
+"""A firing written back that another claim holds pending is tried this many times, this
+long apart, in one wake."""
+RETRY_MS = 500
+"""A write-back that failed (a store error, or a firing still held) is tried again after
+this long."""
 
 Instance = tuple[str, int]
 """A node as the re-seed notes name it: its name and its start instant (its registry
@@ -171,6 +179,7 @@ class Reseeder:
         self._since_ms: int | None = None
         """When this node re-seeded for ``_token``; ``None``: it did not (a first sighting)."""
         self._waiting: set[Instance] = set()
+        self._retry_at_ms = 0
         self._warned = WarnEvery()
 
     @property
@@ -207,12 +216,26 @@ class Reseeder:
     def _reseed(self, now_ms: int, seen: Epoch, hinted: str | None) -> bool:
         """Write the ring back and post this node's note; whether it was done (a store
         error is told, and the next wake tries again)."""
+        if now_ms < self._retry_at_ms:
+            return False
         requests = self.ring.requests(now_ms)
         known = frozenset(self._known_since(now_ms - self.reach_ms) | {self.node})
         try:
-            for start in range(0, len(requests), CHUNK):
-                chunk = requests[start : start + CHUNK]
-                self.store.reseed(chunk, node=self.node[0], lease_ms=self.lease_ms)
+            held = self._write_back(requests)
+            if held:
+                self._retry_at_ms = now_ms + RETRY_MS
+                if self._warned.allows("reseed-held", 10_000, now_ms):
+                    logger.warning(
+                        "node %s: the claim store lost its memory; %d firing(s) this node "
+                        "sent are held pending by another claim and could not be written "
+                        "back yet (first: %s): tried again in %d ms, and until then firings "
+                        "released before the loss wait",
+                        shown(self.node[0], quoted=False),
+                        len(held),
+                        held[0],
+                        RETRY_MS,
+                    )
+                return False
             epoch = self.store.epoch or seen
             # The epoch the store object adopted, unless only a note told of a newer one.
             stale = not requests and epoch.token == self._token and hinted is not None
@@ -220,6 +243,7 @@ class Reseeder:
             note = Reseeded(token, self.node, known, len(requests))
             self.store.post([Note(self.kind, self.node[0], note.to_json(), RESEEDED_TTL_MS)])
         except StoreError as exc:
+            self._retry_at_ms = now_ms + RETRY_MS
             if self._warned.allows("reseed", 10_000, now_ms):
                 logger.warning(
                     "node %s: the claim store lost its memory; writing back the %d firing(s) "
@@ -241,6 +265,23 @@ class Reseeder:
             ", ".join(sorted(shown(n, quoted=False) for n, _ in known)),
         )
         return True
+
+    def _write_back(self, requests: list[ClaimRequest]) -> list[str]:
+        """Write ``requests`` back; the ids still held pending by another claim after a
+        few tries (a claim that holds off on a store that must take a slot to answer, or
+        a node that never saw the old epoch): not written, so the note must wait."""
+        held = []
+        for start in range(0, len(requests), CHUNK):
+            chunk = requests[start : start + CHUNK]
+            for attempt in range(HELD_TRIES):
+                outcomes = self.store.reseed(chunk, node=self.node[0], lease_ms=self.lease_ms)
+                chunk = [r for r, o in zip(chunk, outcomes, strict=True) if o is Outcome.HELD]
+                if not chunk:
+                    break
+                if attempt + 1 < HELD_TRIES:
+                    time.sleep(HELD_PAUSE_S)
+            held += [r.id for r in chunk]
+        return held
 
     def _settle(self, now_ms: int, notes: list[Reseeded]) -> bool:
         epoch = self.store.epoch
