@@ -196,14 +196,19 @@ class ClusterTestStore(RedisClusterStore):
     the test cluster and nowhere else, on close."""
 
     def close(self) -> None:
-        cluster = shared_cluster()
-        for port in cluster.ports:
-            keys = cluster.keys_on(port, f"{self.prefix}*")
-            with cluster.node(port) as client, client.pipeline(transaction=False) as pipe:
-                for key in keys:  # one key per DEL: a cluster refuses keys of two slots
-                    pipe.delete(key)
-                pipe.execute()
+        delete_prefix(self.prefix)
         super().close()
+
+
+def delete_prefix(prefix: str) -> None:
+    """Delete the keys under ``prefix``, on every master of the test cluster."""
+    cluster = shared_cluster()
+    for port in cluster.ports:
+        keys = cluster.keys_on(port, f"{prefix}*")
+        with cluster.node(port) as client, client.pipeline(transaction=False) as pipe:
+            for key in keys:  # one key per DEL: a cluster refuses keys of two slots
+                pipe.delete(key)
+            pipe.execute()
 
 
 def new_prefix() -> str:
@@ -216,4 +221,8 @@ def cluster_opener() -> Callable[[], ClaimStore]:
     cluster (started now if it is not yet): the contract suite's backend."""
     cluster = shared_cluster()
     prefix = new_prefix()
-    return lambda: ClusterTestStore(cluster.url, prefix=prefix)
+    from stores import Forgetful
+
+    return Forgetful(
+        lambda: ClusterTestStore(cluster.url, prefix=prefix), lambda: delete_prefix(prefix)
+    )

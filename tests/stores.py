@@ -58,6 +58,18 @@ Opener = Callable[[], ClaimStore]
 """Opens one more client of the same backing store, as another node would."""
 
 
+class Forgetful:
+    """An opener whose backing the test can make lose its memory, as a server restarted
+    empty would: ``forget()`` wipes what the test's stores wrote (and nothing else)."""
+
+    def __init__(self, opener: Opener, forget: Callable[[], None]) -> None:
+        self._opener = opener
+        self.forget = forget
+
+    def __call__(self) -> ClaimStore:
+        return self._opener()
+
+
 @dataclass(frozen=True)
 class Backend:
     """How to prepare one kind of claim store for a test.
@@ -79,34 +91,47 @@ class Backend:
 
 def _memory(_tmp: Path, clock: ManualClock) -> Opener:
     store = MemoryStore(clock=clock)
-    return lambda: store
+    return Forgetful(store.view, store.lose_memory)
 
 
 def _sqlite(tmp: Path, clock: ManualClock) -> Opener:
     path = tmp / f"claims-{uuid.uuid4().hex[:8]}.db"
-    return lambda: SQLiteStore(path, clock=clock)
+
+    def forget() -> None:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+    return Forgetful(lambda: SQLiteStore(path, clock=clock), forget)
 
 
 REDIS = ("Redis", "127.0.0.1", 6379)
+
+
+def delete_redis_prefix(prefix: str) -> None:
+    """Delete the keys under ``prefix`` (a test's own), and no others, on the shared Redis."""
+    import redis
+
+    with redis.Redis(host=REDIS[1], port=REDIS[2]) as client:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1_000))
+        if keys:
+            client.delete(*keys)
 
 
 class _RedisTestStore(RedisStore):
     """A Redis store that deletes the keys under its own prefix, and no others, on close."""
 
     def close(self) -> None:
-        import redis
-
-        with redis.Redis(host=REDIS[1], port=REDIS[2]) as client:
-            keys = list(client.scan_iter(match=f"{self.prefix}*", count=1_000))
-            if keys:
-                client.delete(*keys)
+        delete_redis_prefix(self.prefix)
         super().close()
 
 
 def _redis(_tmp: Path, _clock: ManualClock) -> Opener:
     pytest.importorskip("redis", reason="the redis store needs redis-py")
     prefix = f"beatless-test:{uuid.uuid4().hex}:"
-    return lambda: _RedisTestStore(f"redis://{REDIS[1]}:{REDIS[2]}/0", prefix=prefix)
+    return Forgetful(
+        lambda: _RedisTestStore(f"redis://{REDIS[1]}:{REDIS[2]}/0", prefix=prefix),
+        lambda: delete_redis_prefix(prefix),
+    )
 
 
 def _redis_cluster(_tmp: Path, _clock: ManualClock) -> Opener:
@@ -143,7 +168,10 @@ def _postgres(_tmp: Path, _clock: ManualClock) -> Opener:
             super().close()
             drop_postgres_schema(schema)
 
-    return lambda: _PostgresTestStore(POSTGRES_URL, schema=schema)
+    return Forgetful(
+        lambda: _PostgresTestStore(POSTGRES_URL, schema=schema),
+        lambda: drop_postgres_schema(schema),
+    )
 
 
 NATS = ("NATS", "127.0.0.1", 4222)
@@ -180,7 +208,9 @@ def _nats(_tmp: Path, _clock: ManualClock) -> Opener:
             super().close()
             delete_nats_bucket(bucket)
 
-    return lambda: _NATSTestStore(NATS_URL, bucket=bucket)
+    return Forgetful(
+        lambda: _NATSTestStore(NATS_URL, bucket=bucket), lambda: delete_nats_bucket(bucket)
+    )
 
 
 RABBITMQ = ("RabbitMQ", "127.0.0.1", 5672)
@@ -219,10 +249,13 @@ def _rabbitmq(_tmp: Path, _clock: ManualClock) -> Opener:
 
         def close(self) -> None:
             super().close()
-            queues = [f"{prefix}c.{id_}" for id_ in claimed] + [f"{prefix}epoch", f"{prefix}notes"]
-            delete_rabbitmq_names(queues, [f"{prefix}slots"])
+            forget()
 
-    return lambda: _RabbitMQTestStore(RABBITMQ_URL, prefix=prefix)
+    def forget() -> None:
+        queues = [f"{prefix}c.{id_}" for id_ in claimed] + [f"{prefix}epoch", f"{prefix}notes"]
+        delete_rabbitmq_names(queues, [f"{prefix}slots"])
+
+    return Forgetful(lambda: _RabbitMQTestStore(RABBITMQ_URL, prefix=prefix), forget)
 
 
 BACKENDS: list[Backend] = [
@@ -261,6 +294,14 @@ class StoreFactory:
 
     def now_ms(self) -> int:
         return self.clock.now_ms() if self.exact_clock else int(time.time() * 1_000)
+
+    def lose_memory(self) -> None:
+        """Make the backing store lose everything the test's stores wrote, as a server
+        restarted empty would; the case is skipped on a backend that cannot."""
+        forget = getattr(self._opener, "forget", None)
+        if forget is None:
+            pytest.skip(f"the {self.backend.name} test backend cannot lose its memory")
+        forget()
 
     def foreign(self, otherwise: Outcome) -> Outcome:
         """``FOREIGN``, or what a store that does not read other nodes' claims answers."""

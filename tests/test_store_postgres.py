@@ -307,7 +307,7 @@ def test_the_first_call_creates_the_schema_with_its_version_and_functions(
         " WHERE n.nspname = %s ORDER BY 1",
         (schema,),
     ).fetchall()
-    assert [n for (n,) in names] == ["claim_v2", "commit_v1", "post_v1", "release_v1"]
+    assert [n for (n,) in names] == ["claim_v2", "claim_v3", "commit_v1", "post_v1", "release_v1"]
     tables = conn.execute(
         "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", (schema,)
     ).fetchall()
@@ -344,6 +344,7 @@ def test_a_version_1_schema_is_brought_up_in_place_keeping_its_claims_epoch_and_
     old.close()
     # What version 1 left: the same tables, claim_v1 in place of claim_v2.
     execute(conn, schema, "DROP FUNCTION {s}.claim_v2")
+    execute(conn, schema, "DROP FUNCTION {s}.claim_v3")
     execute(conn, schema, "CREATE FUNCTION {s}." + CLAIM_V1 + " RETURNS void LANGUAGE sql AS ''")
     execute(conn, schema, "UPDATE {s}.version SET version = 1")
 
@@ -360,7 +361,14 @@ def test_a_version_1_schema_is_brought_up_in_place_keeping_its_claims_epoch_and_
         " WHERE n.nspname = %s ORDER BY 1",
         (schema,),
     ).fetchall()
-    assert [n for (n,) in names] == ["claim_v1", "claim_v2", "commit_v1", "post_v1", "release_v1"]
+    assert [n for (n,) in names] == [
+        "claim_v1",
+        "claim_v2",
+        "claim_v3",
+        "commit_v1",
+        "post_v1",
+        "release_v1",
+    ]
     new.close()
 
 

@@ -73,6 +73,7 @@ from beatless.fleet._notes import (
     read_registry,
 )
 from beatless.fleet._schema import family
+from beatless.node._reseed import reseeded_kind
 from beatless.node._view import LoopView
 from beatless.node.stats import SkippedNotes
 from beatless.schedule.firing import Decision, Firing, iso
@@ -86,6 +87,8 @@ FACTS_EVERY_MS = 10_000
 make a running store lose claims (:meth:`~beatless.stores.base.ClaimStore.quick_facts`)."""
 HISTORY_BUFFER = 20_000
 """At most this many history items wait for a post; beyond, the oldest are dropped."""
+SEEN_KEPT_MS = 3_600_000
+"""How long a node read in the registry is remembered (for re-seeding, :mod:`beatless._reseed`)."""
 MISSED_SWEEP_EVERY_MS = 30_000
 """How often a node looks for missed firings in the history of its entries."""
 DRIFT_WARN_EVERY_MS = 300_000
@@ -144,6 +147,11 @@ class Board:
         self.last_failure_ms: int | None = None
         self.registry: list[NodeRecord] = []
         """The live nodes as this node last read them (every ``REGISTRY_EVERY_MS``)."""
+        self._seen: dict[tuple[str, int], int] = {}
+        """Each node (name, start) read in the registry, with when it was last read there."""
+        self.reseeded: Mapping[str, str] = {}
+        """The nodes' notes that they re-seeded the store (:mod:`beatless._reseed`), as
+        last read (every sync)."""
         self.controls: dict[str, Control] = {}
         """The controls of this namespace by entry, as last read (every sync)."""
         self._run_now: list[Control] = []
@@ -439,6 +447,7 @@ class Board:
         registry (when due), in one call."""
         preference = self.loop.preference
         kinds = [controls_kind(self.namespace), run_now_kind(self.namespace)]
+        kinds.append(reseeded_kind(self.namespace))
         if preference.enabled:
             kinds.append(preference.kind)
         if registry_due:
@@ -453,15 +462,29 @@ class Board:
         if again:
             self.store.post(again)
         self._take_requests(notes[kinds[1]], now)
+        self.reseeded = notes[kinds[2]]
         if preference.enabled:
             preference.read(notes[preference.kind], self)
         if registry_due:
             self._registry_ms = now
             self.registry = read_registry(notes[nodes_kind(self.namespace)], self.namespace, self)
             preference.registry = self.registry
+            self._saw(self.registry, now)
             for problem in drift(self.registry):
                 if self._may_warn(problem, DRIFT_WARN_EVERY_MS, now):
                     logger.warning("namespace %s: %s", shown(self.namespace), problem)
+
+    def _saw(self, registry: Sequence[NodeRecord], now: int) -> None:
+        """Keep when each node was last read in the registry, for an hour."""
+        with self._lock:
+            self._seen.update(((r.node, r.started_ms), now) for r in registry)
+            for node in [n for n, at in self._seen.items() if now - at > SEEN_KEPT_MS]:
+                del self._seen[node]
+
+    def known_since(self, since_ms: int) -> set[tuple[str, int]]:
+        """The nodes (name, start) read in the registry at or after ``since_ms``."""
+        with self._lock:
+            return {node for node, at in self._seen.items() if at >= since_ms}
 
     def _take_requests(self, notes: Mapping[str, str], now: int) -> None:
         """Queue the run-now requests not seen before, once each."""

@@ -32,6 +32,9 @@ class Flight:
     """``won`` or ``takeover``: the outcome of a sent firing, decided so if the
     dispatcher leaves it undecided."""
     unjudged: bool = False
+    reseeding: bool = False
+    """Held off by the store while the nodes re-seed it (:mod:`._reseed`): ``forgotten``
+    rather than ``late`` if still so when late."""
     held: bool = False
     ranked: Ranked | None = None
     coalesced: tuple[int, int] | None = None
@@ -106,6 +109,16 @@ class InFlight:
         coalesced."""
         flight = self._of(firing)
         flight.held, flight.coalesced = True, coalesced
+
+    def held_off(self, firing: Firing) -> None:
+        """The store held ``firing`` off while the nodes re-seed it."""
+        self._of(firing).reseeding = True
+
+    def forget_held(self) -> None:
+        """The store was re-seeded: no firing seen held before counts as seen held (a
+        node that sent one wrote it back)."""
+        for flight in self._flights.values():
+            flight.held = False
 
     def was_held(self, firing: Firing) -> bool:
         flight = self._flights.get(firing.id)

@@ -19,6 +19,7 @@ from beatless.node._ahead import BuildAhead
 from beatless.node._board import Board
 from beatless.node._inflight import Flight, InFlight
 from beatless.node._prefer import Preference
+from beatless.node._reseed import Reseeder
 from beatless.node._tally import Tally
 from beatless.node._timeline import Timeline
 from beatless.schedule.firing import Decision, Firing
@@ -50,6 +51,7 @@ class LoopWake:
         ahead: BuildAhead,
         preference: Preference,
         board: Board,
+        reseeder: Reseeder,
         report: Report,
     ) -> None:
         self.node = node
@@ -61,6 +63,7 @@ class LoopWake:
         self._ahead = ahead
         self._preference = preference
         self._board = board
+        self._reseeder = reseeder
         self._report = report
 
     def now_ms(self) -> int:
@@ -81,6 +84,10 @@ class LoopWake:
         flight = self.flights.finish(firing)
         if flight is not None and flight.unjudged and outcome == "late":
             outcome, recorded = "missed", True  # never claimed: the store refused every claim
+        if flight is not None and flight.reseeding and outcome == "late":
+            outcome = "forgotten"  # held off until late: the fleet could not re-seed it
+        if outcome in ("won", "takeover"):
+            self._reseeder.sent(firing)
         try:
             self._record(firing, outcome, flight, recorded=recorded)
         except Exception as exc:
@@ -113,6 +120,8 @@ class LoopWake:
         """``firing`` was not enqueued: count why, and try it again soon, until late."""
         if not self.flights.retried(firing):
             return  # sent already: never tried again (the dispatcher decides it)
+        if outcome == "reseeding":
+            self.flights.held_off(firing)
         now = self.now_ms()
         self._timeline.add(now + RETRY_MS, firing)
         try:
@@ -126,6 +135,7 @@ class LoopWake:
         """``firing`` was handed to the broker: it leaves the firings to retry at once,
         before any step after the send can fail."""
         self.flights.sent(firing, outcome)
+        self._reseeder.sent(firing)  # before any step after the send
 
     def in_window(self, firings: Sequence[Firing]) -> None:
         """Sent firings found taken over at their commit: counted per entry

@@ -208,7 +208,11 @@ class Dispatcher(ABC):
 
 
 def decide_claimed(wake: Wake, firing: Firing, outcome: Outcome, *, recorded: bool = False) -> None:
-    """Report a store outcome that needs no further step (lost, held, late, early, ...)."""
+    """Report a store outcome that needs no further step (lost, held, late, early, ...);
+    a firing the store holds off while the nodes re-seed it is tried again."""
+    if outcome is Outcome.RESEEDING:
+        wake.retry(firing, outcome.value)
+        return
     wake.decide(firing, OUTCOME_NAMES.get(outcome, outcome.value), recorded=recorded)
 
 

@@ -40,12 +40,14 @@ from beatless.errors import (
     StoreRefused,
     StoreUnavailable,
 )
+from beatless.fleet._notes import REGISTRY_EVERY_MS
 from beatless.fleet.limits import limits
 from beatless.node._ahead import PREPARE_AHEAD_MS, BuildAhead
 from beatless.node._board import Board
 from beatless.node._clockwatch import ClockWatch
 from beatless.node._inflight import InFlight
 from beatless.node._prefer import CLAIM, DELEGATE, LADDER_MS, Preference, fits
+from beatless.node._reseed import Reseeder
 from beatless.node._tally import WARN_EVERY_MS, Tally
 from beatless.node._timeline import Timeline
 from beatless.node._wake import RETRY_MS, LoopWake
@@ -59,7 +61,7 @@ from beatless.node.dispatch import (
 )
 from beatless.schedule.entry import Schedule
 from beatless.schedule.firing import Decision, Firing, iso
-from beatless.stores.base import ClaimStore, Verdict
+from beatless.stores.base import TOLERANCE_MS, ClaimStore, Verdict
 
 logger = logging.getLogger(__name__)
 decisions_logger = logging.getLogger("beatless.decisions")
@@ -215,6 +217,20 @@ class Scheduler:
         self.board = Board(self, framework=framework, loop_alive=self.loop_alive)
         """The registry record and history this node keeps in the store
         (:mod:`beatless.node._board`)."""
+        self.reseeder = Reseeder(
+            self.store,
+            node=(self.node, self.board.started_ms),
+            namespace=schedule.namespace,
+            lease_ms=self.lease_ms,
+            reach_ms=max((e.max_late_ms for e in schedule.entries), default=0)
+            + TOLERANCE_MS
+            + REGISTRY_EVERY_MS,
+            known_since=self.board.known_since,
+            notes=lambda: self.board.reseeded,
+        )
+        """What this node sent, written back when the store loses its memory
+        (:mod:`beatless.node._reseed`)."""
+        self.store.holds_off = self.reseeder.enabled
         self.flights = InFlight()
         """Each firing's state between its release and its decision (:mod:`._inflight`)."""
         self.timeline = Timeline(
@@ -239,6 +255,7 @@ class Scheduler:
             ahead=self.ahead,
             preference=self.preference,
             board=self.board,
+            reseeder=self.reseeder,
             report=self._report,
         )
         """What the dispatcher reports to (:class:`~beatless.node.dispatch.Wake`)."""
@@ -268,6 +285,8 @@ class Scheduler:
             self._dispatch(due)
         else:
             self.dispatcher.settle(self.wake)  # a failed commit is retried on every wake
+        if self.reseeder.step(now):
+            self.flights.forget_held()  # a node that sent one of them wrote it back
         self.timeline.say_catch_up()
         self.preference.advance(now, self.next_wake_ms())
         self.tally.tell(now, self.clockwatch.offset_ms)

@@ -35,6 +35,18 @@ cut-off, so a later batch (a retry, the next sub-batch) is judged the same way. 
 object that has not seen an epoch yet adopts the first one it sees, with no cut-off; a
 commit never adopts a changed epoch. Use one store object per node.
 
+**Re-seeding.** Forgetting the firings before the horizon loses every one nobody claimed
+in time, though most were never sent. The nodes together know what they sent, so a
+store object that :attr:`~ClaimStore.holds_off` (a node loop sets it, and then re-seeds)
+answers such a firing :attr:`Outcome.RESEEDING` instead and writes nothing: the node
+tries it again. Each node writes back the firings it sent recently with
+:meth:`ClaimStore.reseed`, a claim judged as above (absent before the horizon: written
+committed, ``FORGOTTEN``; a won one is committed at once), and says so in a note; once
+every node the fleet knew has re-seeded (:mod:`beatless._reseed`), it calls
+:meth:`ClaimStore.settle`, which drops the horizon: a firing still absent was sent by
+nobody and is judged as new. A store object that does not hold off answers
+``FORGOTTEN`` as before, and one that never settles keeps the horizon.
+
 **Task tags.** A request carries a short tag of its entry's task
 (:attr:`ClaimRequest.tag`), and the store keeps it in the claim record. A live claim
 whose record has a tag other than the request's is answered :attr:`Outcome.FOREIGN`,
@@ -179,6 +191,10 @@ class Outcome(enum.Enum):
     """Lost: a live claim of another task holds the firing (its record's tag is not the
     request's), pending or committed. Two apps share one store and namespace, and an
     entry of each has the same name and occurrence; nothing written."""
+    RESEEDING = "reseeding"
+    """Not decided yet: the store lost its memory, the firing was released before the loss
+    and nobody holds it, and the nodes are writing back what they sent (see "Re-seeding"
+    in the module docstring). Nothing written; claim it again later."""
     OVERLAP = "skipped_overlap"
     """Not enqueued: the entry's overlap policy is ``skip`` and a run of its address is in
     progress (its run lease is live). Written committed, so no other node enqueues it."""
@@ -298,6 +314,7 @@ def judge(
     forgot_before_ms: int | None = None,
     *,
     running: Held | None = None,
+    hold_off: bool = False,
 ) -> Outcome:
     """The contract's outcome for one claim, for stores that decide outside the server.
 
@@ -306,7 +323,8 @@ def judge(
     must now write the claim as pending for the lease (for ``node``'s own pending claim:
     extend it); :attr:`Outcome.FORGOTTEN` and :attr:`Outcome.OVERLAP` mean it must write
     the claim committed. ``running`` is the record of the request's
-    :attr:`~ClaimRequest.run_id`, if it has one and the store holds it.
+    :attr:`~ClaimRequest.run_id`, if it has one and the store holds it. With ``hold_off``,
+    a firing that would be forgotten is :attr:`Outcome.RESEEDING`, and nothing is written.
     """
     if held is not None and held.until_ms >= now_ms:
         return _judge_live(request, held, node)
@@ -315,7 +333,7 @@ def judge(
     if request.is_early(now_ms):
         return Outcome.EARLY
     if held is None and forgot_before_ms is not None and request.release_ms < forgot_before_ms:
-        return Outcome.FORGOTTEN
+        return Outcome.RESEEDING if hold_off else Outcome.FORGOTTEN
     if is_running(running, now_ms):
         return Outcome.OVERLAP
     return Outcome.WON if held is None or held.committed else Outcome.TAKEOVER
@@ -444,6 +462,53 @@ class ClaimStore(ABC):
 
     epoch: Epoch | None = None
     """The epoch this store object last saw (``None`` before its first claim)."""
+
+    _forgot_before_ms: int | None = None
+    """The horizon of the last change of epoch this store object saw, until settled."""
+
+    reseeds: bool = False
+    """Whether the store implements :attr:`holds_off`, :meth:`reseed` and :meth:`settle`
+    (see "Re-seeding" in the module docstring). Every store here does."""
+
+    holds_off: bool = False
+    """Whether a claim answers :attr:`Outcome.RESEEDING`, writing nothing, for a firing it
+    would answer :attr:`Outcome.FORGOTTEN`: set by a node loop that re-seeds and settles
+    (:mod:`beatless._reseed`); a store object without such a loop keeps it false."""
+
+    @property
+    def forgot_before_ms(self) -> int | None:
+        """The horizon this store object still applies: absent firings released before it
+        are forgotten (or held off); ``None`` when none."""
+        return self._forgot_before_ms
+
+    def reseed(
+        self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int
+    ) -> list[Outcome]:
+        """Write back firings this node sent before the store lost its memory: each is
+        claimed as :meth:`claim` would without :attr:`holds_off` (absent and released
+        before the horizon: written committed, :attr:`Outcome.FORGOTTEN`), and one won
+        is committed at once, so no node sends any of them again. One outcome each."""
+        outcomes = self._claim_judged(requests, node=node, lease_ms=lease_ms, hold_off=False)
+        won = [r.id for r, o in zip(requests, outcomes, strict=True) if o.is_won]
+        if won:
+            self.commit(won, node=node)
+        return outcomes
+
+    def _claim_judged(
+        self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int, hold_off: bool
+    ) -> list[Outcome]:
+        """:meth:`claim`, holding off or not whatever :attr:`holds_off` says: stores that
+        re-seed implement it, and their :meth:`claim` calls it with :attr:`holds_off`."""
+        raise NotImplementedError(f"the {self.name} store does not re-seed")
+
+    def settle(self, epoch: Epoch) -> bool:
+        """Drop the horizon of ``epoch`` (every node the fleet knew wrote back what it
+        sent): later claims judge an absent firing as new. Nothing if this store object
+        has since seen another epoch; whether the horizon was dropped."""
+        if self.epoch is None or self.epoch.token != epoch.token:
+            return False
+        self._forgot_before_ms = None
+        return True
 
     @abstractmethod
     def time_ms(self) -> int:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import heapq
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from beatless.stores._epoch import new_token
+from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
 from beatless.stores.base import ClaimRequest, ClaimStore, Epoch, Note, Outcome, judge
+
+logger = logging.getLogger(__name__)
 
 NOTES_SWEEP_EVERY_MS = 60_000
 """How often a post also drops the expired notes of every kind, read or not."""
@@ -22,6 +25,13 @@ class _Claim:
     until_ms: int
     memory_ms: int
     tag: str
+
+
+@dataclass(slots=True)
+class _Shared:
+    """What every view of one memory store shares beside its dicts: the epoch."""
+
+    epoch: Epoch
 
 
 def _forget_at(claim: _Claim) -> int:
@@ -37,8 +47,10 @@ class MemoryStore(ClaimStore):
     that for a pending claim whose winner never committed) and a sweep costs only what
     it removes.
 
-    The store cannot lose its memory while it exists, so its epoch is fixed when it is
-    created and no claim is ever :attr:`~beatless.stores.base.Outcome.FORGOTTEN`.
+    The store loses its memory only when told (:meth:`lose_memory`, as a server restarted
+    empty would); every object of it is then another store object that saw the old epoch,
+    so it is one store shared by the nodes of one process, each through a view of its own
+    (:meth:`view`), which follows the epoch as a server store's object does.
     """
 
     name = "memory"
@@ -48,7 +60,7 @@ class MemoryStore(ClaimStore):
         self._claims: dict[str, _Claim] = {}
         self._lock = threading.Lock()
         self._expiry: list[tuple[int, str]] = []
-        self._epoch = Epoch(new_token(), self._now_ms())
+        self._shared = _Shared(Epoch(new_token(), self._now_ms()))
         self._notes: dict[str, dict[str, tuple[int, str]]] = {}
         """Per kind, per key: (expires at, value)."""
         self._notes_swept_ms = 0
@@ -65,21 +77,65 @@ class MemoryStore(ClaimStore):
     def probe(self) -> None:
         """Nothing to connect to: a memory store is always there."""
 
+    reseeds = True
+
+    def view(self) -> MemoryStore:
+        """Another store object of the same claims and notes, with an epoch, a horizon and
+        :attr:`holds_off` of its own: another node's client, as a server store's would be."""
+        other = object.__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        other.epoch, other._forgot_before_ms, other.holds_off = None, None, False
+        return other
+
+    def lose_memory(self) -> None:
+        """Forget every claim and note and begin a new epoch, as a server restarted empty
+        does (a test of the identity rule, or a process that starts afresh)."""
+        with self._lock:
+            self._claims.clear()
+            self._expiry.clear()
+            self._notes.clear()
+            self._shared.epoch = Epoch(new_token(), self._now_ms())
+
+    @property
+    def _epoch(self) -> Epoch:
+        return self._shared.epoch
+
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
+        return self._claim_judged(requests, node=node, lease_ms=lease_ms, hold_off=self.holds_off)
+
+    def _claim_judged(
+        self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int, hold_off: bool
+    ) -> list[Outcome]:
         with self._lock:
             now = self._now_ms()
             self._sweep(now)
-            outcomes = [self._claim_one(r, node, lease_ms, now) for r in requests]
-            self.epoch = self._epoch
+            current = self._epoch
+            horizon = horizon_ms(self.epoch, current, self._forgot_before_ms)
+            outcomes = [
+                self._claim_one(r, node, lease_ms, now, horizon=horizon, hold_off=hold_off)
+                for r in requests
+            ]
+            if self.epoch is not None and has_changed(self.epoch, current):
+                logger.warning("memory store: %s", describe_change(self.epoch, current))
+            self.epoch, self._forgot_before_ms = current, horizon
             return outcomes
 
-    def _claim_one(self, request: ClaimRequest, node: str, lease_ms: int, now: int) -> Outcome:
+    def _claim_one(
+        self,
+        request: ClaimRequest,
+        node: str,
+        lease_ms: int,
+        now: int,
+        *,
+        horizon: int | None,
+        hold_off: bool,
+    ) -> Outcome:
         held = self._claims.get(request.id)
         running = self._claims.get(request.run_id) if request.run_id else None
-        outcome = judge(request, held, node, now, running=running)
+        outcome = judge(request, held, node, now, horizon, running=running, hold_off=hold_off)
         if outcome.is_won:
             claim = _Claim(node, False, now + lease_ms, request.memory_ms, request.tag)
-        elif outcome is Outcome.OVERLAP:
+        elif outcome in (Outcome.OVERLAP, Outcome.FORGOTTEN):
             claim = _Claim(node, True, now + request.memory_ms, request.memory_ms, request.tag)
         else:
             return outcome
@@ -100,7 +156,8 @@ class MemoryStore(ClaimStore):
                     held.until_ms = now + held.memory_ms
                     self._expire_at(held, id_)
                 done.append(mine)
-            self.epoch = self._epoch
+            if self.epoch is None:  # a commit never adopts a changed epoch
+                self.epoch = self._epoch
             return done
 
     def release(self, ids: Sequence[str], *, node: str) -> None:

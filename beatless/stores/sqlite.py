@@ -253,7 +253,14 @@ class SQLiteStore(ClaimStore):
         if row is None or row[0] != value:
             raise StoreError(f"sqlite store {self.path!r}: a probe row written was not read back")
 
+    reseeds = True
+
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
+        return self._claim_judged(requests, node=node, lease_ms=lease_ms, hold_off=self.holds_off)
+
+    def _claim_judged(
+        self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int, hold_off: bool
+    ) -> list[Outcome]:
         if not requests:
             return []
         with self._transaction() as (conn, now):
@@ -263,7 +270,7 @@ class SQLiteStore(ClaimStore):
             held = self._held(
                 conn, [r.id for r in requests] + [r.run_id for r in requests if r.run_id]
             )
-            decide = _Decision(node, lease_ms, now, forgot_before)
+            decide = _Decision(node, lease_ms, now, forgot_before, hold_off)
             outcomes = []
             writes: dict[str, tuple[Any, ...]] = {}
             for request in requests:
@@ -491,6 +498,7 @@ class _Decision:
     lease_ms: int
     now: int
     forgot_before_ms: int | None
+    hold_off: bool = False
 
     def __call__(
         self,
@@ -505,7 +513,9 @@ class _Decision:
             return Outcome.CORRUPT, None
         node, now = self.node, self.now
         run = None if isinstance(running, _Unreadable) else running
-        outcome = judge(request, held, node, now, self.forgot_before_ms, running=run)
+        outcome = judge(
+            request, held, node, now, self.forgot_before_ms, running=run, hold_off=self.hold_off
+        )
         if outcome in (Outcome.FORGOTTEN, Outcome.OVERLAP):
             return outcome, _row(request, node, True, now + request.memory_ms, now)
         if not outcome.is_won:

@@ -316,7 +316,14 @@ class NATSStore(ClaimStore):
                 f"read back {got.value!r}"
             )
 
+    reseeds = True
+
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
+        return self._claim_judged(requests, node=node, lease_ms=lease_ms, hold_off=self.holds_off)
+
+    def _claim_judged(
+        self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int, hold_off: bool
+    ) -> list[Outcome]:
         if lease_ms <= 0:
             raise ConfigError(f"nats store: lease_ms must be positive, got {lease_ms}")
         for request in requests:
@@ -326,7 +333,7 @@ class NATSStore(ClaimStore):
         if not requests:
             return []
         state, forgot_before, outcomes = self._call(
-            "claim", lambda kv: self._claim_all(kv, requests, node, lease_ms)
+            "claim", lambda kv: self._claim_all(kv, requests, node, lease_ms, hold_off)
         )
         self._adopt(state.epoch, forgot_before)
         return outcomes
@@ -371,11 +378,16 @@ class NATSStore(ClaimStore):
     # -- claims, on the store's event loop -------------------------------------------------
 
     async def _claim_all(
-        self, kv: Bucket, requests: Sequence[ClaimRequest], node: str, lease_ms: int
+        self,
+        kv: Bucket,
+        requests: Sequence[ClaimRequest],
+        node: str,
+        lease_ms: int,
+        hold_off: bool = False,
     ) -> tuple[_State, int | None, list[Outcome]]:
         state = await self._state(kv)
         forgot_before = horizon_ms(self.epoch, state.epoch, self._forgot_before_ms)
-        decide = _Decision(node, lease_ms, state.now_ms, forgot_before, state.epoch.token)
+        decide = _Decision(node, lease_ms, state.now_ms, forgot_before, state.epoch.token, hold_off)
         outcomes: list[Outcome | None] = [None] * len(requests)
         # The same firing twice in a batch: the second is decided after the first.
         seen: Counter[str] = Counter()
@@ -728,6 +740,7 @@ class _Decision:
     forgot_before_ms: int | None
     epoch: str
     """The token of the epoch the decision was made in."""
+    hold_off: bool = False
 
     def __call__(
         self,
@@ -738,7 +751,15 @@ class _Decision:
         """``running``: the record of the request's run lease, if it has one."""
         if isinstance(held, _Unreadable):
             return Outcome.CORRUPT, None
-        outcome = judge(request, held, self.node, self.now, self.forgot_before_ms, running=running)
+        outcome = judge(
+            request,
+            held,
+            self.node,
+            self.now,
+            self.forgot_before_ms,
+            running=running,
+            hold_off=self.hold_off,
+        )
         if outcome in (Outcome.FORGOTTEN, Outcome.OVERLAP):
             until = self.now + request.memory_ms
             return outcome, _Record(self.node, True, until, request.memory_ms, request.tag)

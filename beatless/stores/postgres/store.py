@@ -119,6 +119,8 @@ holds many thousands of row locks for long."""
 FUNCTIONS = (
     "claim_v2(text, text, bigint, bigint, text, bigint, text, integer, text[], text[],"
     " bigint[], bigint[], bigint[], bigint[], text[], text[], bigint)",
+    "claim_v3(text, text, bigint, bigint, text, bigint, text, integer, text[], text[],"
+    " bigint[], bigint[], bigint[], bigint[], text[], text[], boolean, bigint)",
     "commit_v1(text, text, text[], bigint)",
     "release_v1(text, text, text[], bigint)",
     "post_v1(text, bytea[], bytea[], text[], text[], bytea[], bigint[], integer[], integer,"
@@ -160,6 +162,7 @@ _OUTCOMES = {
     "X": Outcome.LATE,
     "E": Outcome.EARLY,
     "F": Outcome.FORGOTTEN,
+    "R": Outcome.RESEEDING,
     "C": Outcome.CORRUPT,
     "A": Outcome.FOREIGN,
     "O": Outcome.OVERLAP,
@@ -257,7 +260,14 @@ class PostgresStore(ClaimStore):
 
     # -- the contract ---------------------------------------------------------------
 
+    reseeds = True
+
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
+        return self._claim_judged(requests, node=node, lease_ms=lease_ms, hold_off=self.holds_off)
+
+    def _claim_judged(
+        self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int, hold_off: bool
+    ) -> list[Outcome]:
         if lease_ms <= 0:
             raise ConfigError(f"postgres store: lease_ms must be positive, got {lease_ms}")
         _check_node(node)
@@ -266,7 +276,8 @@ class PostgresStore(ClaimStore):
         self.refuse_claims()
         outcomes: list[Outcome] = []
         for start in range(0, len(requests), CHUNK):
-            outcomes += self._claim_chunk(requests[start : start + CHUNK], node, lease_ms)
+            chunk = requests[start : start + CHUNK]
+            outcomes += self._claim_chunk(chunk, node, lease_ms, hold_off)
         return outcomes
 
     def facts(self) -> StoreFacts:
@@ -408,7 +419,7 @@ class PostgresStore(ClaimStore):
     # -- internals ------------------------------------------------------------------------
 
     def _claim_chunk(
-        self, requests: Sequence[ClaimRequest], node: str, lease_ms: int
+        self, requests: Sequence[ClaimRequest], node: str, lease_ms: int, hold_off: bool
     ) -> list[Outcome]:
         if not requests:
             return []
@@ -430,6 +441,7 @@ class PostgresStore(ClaimStore):
             [r.release_ms for r in requests],
             [r.tag for r in requests],
             [r.run_id for r in requests],
+            hold_off,
             self._now_ms(),
         )
         letters, token, started_ms = self._row("claim", self._statements.claim, args)
@@ -708,9 +720,10 @@ class _Statements:
             return sql.SQL(text).format(s=name)
 
         self.claim = q(
-            "SELECT outcomes, epoch_token, epoch_started_ms FROM {s}.claim_v2("
+            "SELECT outcomes, epoch_token, epoch_started_ms FROM {s}.claim_v3("
             "%s, %s, %s, %s, %s, %s, %s, %s, %s::text[], %s::text[], %s::bigint[], "
-            "%s::bigint[], %s::bigint[], %s::bigint[], %s::text[], %s::text[], %s::bigint)"
+            "%s::bigint[], %s::bigint[], %s::bigint[], %s::text[], %s::text[], %s::boolean, "
+            "%s::bigint)"
         )
         commit = q("{s}.commit_v1(%s, %s, %s::text[], %s::bigint)")
         post = q(

@@ -360,7 +360,16 @@ class RabbitMQStore(ClaimStore):
         """The local clock: RabbitMQ has none to read."""
         return int(self._clock() * 1_000)
 
+    reseeds = True
+    _holding_off = False
+    """Whether the claim under way holds off (set under the lock, for one batch)."""
+
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
+        return self._claim_judged(requests, node=node, lease_ms=lease_ms, hold_off=self.holds_off)
+
+    def _claim_judged(
+        self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int, hold_off: bool
+    ) -> list[Outcome]:
         if lease_ms <= 0:
             raise ConfigError(f"rabbitmq store: lease_ms must be positive, got {lease_ms}")
         if not requests:
@@ -368,7 +377,11 @@ class RabbitMQStore(ClaimStore):
         with self._lock:
             self._setup("claim")
             self._follow_epoch()
-            return self._claim_batch(requests, node, lease_ms)
+            self._holding_off = hold_off
+            try:
+                return self._claim_batch(requests, node, lease_ms)
+            finally:
+                self._holding_off = False
 
     def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
         _check_notes(notes)
@@ -533,8 +546,7 @@ class RabbitMQStore(ClaimStore):
             return Outcome.HELD, None
         hold = _Hold(token, attempt.at, lease_ms, r.tag)
         if self._is_forgotten(r):
-            yield a.Bind(queue, self._exchange, f"done.{r.id}")
-            return Outcome.FORGOTTEN, replace(hold, state="committed")
+            return (yield from self._forget(r, queue, hold))
         won = attempt.first and not self._ledger.was_held(node, r.id)
         return (Outcome.WON if won else Outcome.TAKEOVER), hold
 
@@ -628,6 +640,15 @@ class RabbitMQStore(ClaimStore):
 
     def _is_committed(self, id_: str) -> Any:
         return self._amqp.Publish(self._exchange, f"done.{id_}", b"?", ttl_ms=0)
+
+    def _forget(self, r: ClaimRequest, queue: str, hold: _Hold) -> Any:
+        """A slot won for a firing before the horizon: committed (``FORGOTTEN``), or, while
+        the claim holds off, given back at once (``RESEEDING``)."""
+        if self._holding_off:
+            yield from self._take_back(queue, hold.token)
+            return Outcome.RESEEDING, None
+        yield self._amqp.Bind(queue, self._exchange, f"done.{r.id}")
+        return Outcome.FORGOTTEN, replace(hold, state="committed")
 
     def _is_forgotten(self, r: ClaimRequest) -> bool:
         return self._forgot_before_ms is not None and r.release_ms < self._forgot_before_ms

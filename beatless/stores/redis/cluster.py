@@ -229,7 +229,17 @@ class RedisClusterStore(ClaimStore):
 
     # -- the contract ---------------------------------------------------------------
 
+    reseeds = False
+    """Not yet: each bucket has an epoch of its own, and a store object's epoch is a digest
+    of the buckets it saw, so nodes would not agree on the epoch they re-seeded for. A
+    claim holds off only if asked (:meth:`_claim_judged`); nodes forget as before."""
+
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
+        return self._claim_judged(requests, node=node, lease_ms=lease_ms, hold_off=self.holds_off)
+
+    def _claim_judged(
+        self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int, hold_off: bool
+    ) -> list[Outcome]:
         if lease_ms <= 0:
             raise ConfigError(f"redis cluster store: lease_ms must be positive, got {lease_ms}")
         if not requests:
@@ -246,7 +256,11 @@ class RedisClusterStore(ClaimStore):
             places = list(_chunks([r.id for r in requests]))
             calls = [
                 self._claim_call(
-                    head, bucket, [requests[i].id for i in chunk], [args[i] for i in chunk]
+                    head,
+                    bucket,
+                    [requests[i].id for i in chunk],
+                    [args[i] for i in chunk],
+                    "0h" if hold_off else "0",
                 )
                 for bucket, chunk in places
             ]
@@ -262,7 +276,7 @@ class RedisClusterStore(ClaimStore):
         return outcomes
 
     def _claim_call(
-        self, head: list[str | int], bucket: str, ids: list[str], args: list[str]
+        self, head: list[str | int], bucket: str, ids: list[str], args: list[str], mode: str
     ) -> Call:
         """The keys and ARGV of ``claim.lua`` for the claims ``ids`` of one bucket: ``head``
         (version, slack, node, lease), this store object's view of the bucket's epoch, and
@@ -271,7 +285,7 @@ class RedisClusterStore(ClaimStore):
         keys = [self._key(bucket, "last"), self._key(bucket, "epoch")]
         keys += [self._claim_key(bucket, id_) for id_ in ids]
         id_from = len(self._claim_key(bucket, "")) + 1
-        tail: list[str | int] = [TOLERANCE_MS, LAST_RETENTION_MS, id_from, "0"]
+        tail: list[str | int] = [TOLERANCE_MS, LAST_RETENTION_MS, id_from, mode]
         tail += [seen.token if seen else "", self._horizons.get(bucket, ""), new_token()]
         return keys, [*head, *tail, len(ids), *args]
 
@@ -495,6 +509,18 @@ class RedisClusterStore(ClaimStore):
         for (_bucket, chunk), flags in zip(places, replies, strict=True):
             held |= {run_ids[i] for i, flag in zip(chunk, _text(flags), strict=True) if flag == "1"}
         return held
+
+    @property
+    def forgot_before_ms(self) -> int | None:
+        """The latest horizon of any bucket (each bucket keeps its own)."""
+        return max(self._horizons.values(), default=None)
+
+    def settle(self, epoch: Epoch) -> bool:
+        """Drop every bucket's horizon, if ``epoch`` is still this object's digest of them."""
+        if self.epoch is None or self.epoch.token != epoch.token:
+            return False
+        self._horizons.clear()
+        return True
 
     def _adopt(self, bucket: str, record: str, changed: list[tuple[str, Epoch, Epoch]]) -> None:
         """Adopt the epoch a bucket's claim saw, keeping the bucket's forgetting horizon."""

@@ -195,6 +195,7 @@ _OUTCOMES = {
     "T": Outcome.TAKEOVER,
     "L": Outcome.LOST,
     "H": Outcome.HELD,
+    "R": Outcome.RESEEDING,
     "X": Outcome.LATE,
     "E": Outcome.EARLY,
     "F": Outcome.FORGOTTEN,
@@ -298,10 +299,17 @@ class RedisStore(ClaimStore):
 
     # -- the contract ---------------------------------------------------------------
 
+    reseeds = True
+
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
+        return self._claim_judged(requests, node=node, lease_ms=lease_ms, hold_off=self.holds_off)
+
+    def _claim_judged(
+        self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int, hold_off: bool
+    ) -> list[Outcome]:
         if lease_ms <= 0:
             raise ConfigError(f"redis store: lease_ms must be positive, got {lease_ms}")
-        return self._claim_batch(requests, node, lease_ms, None, None)
+        return self._claim_batch(requests, node, lease_ms, None, None, hold_off=hold_off)
 
     def claim_and_push(
         self,
@@ -343,7 +351,7 @@ class RedisStore(ClaimStore):
             raise ValueError("claim_and_push: one list of commands per request")
         if notes is not None and len(notes) != len(requests):
             raise ValueError("claim_and_push: one note (or None) per request")
-        return self._claim_batch(requests, node, 1, commands, notes)
+        return self._claim_batch(requests, node, 1, commands, notes, hold_off=self.holds_off)
 
     def _claim_batch(
         self,
@@ -352,10 +360,13 @@ class RedisStore(ClaimStore):
         lease_ms: int,
         commands: Sequence[Sequence[Sequence[str]] | str] | None,
         notes: Sequence[Note | NoteItem | None] | None,
+        *,
+        hold_off: bool,
     ) -> list[Outcome]:
         self.refuse_claims()
         id_from = len(self._claim_key("")) + 1
         atomic = ("0" if commands is None else "1") + ("w" if self.wait else "")
+        atomic += "h" if hold_off else ""
         seen = self.epoch.token if self.epoch is not None else ""
         horizon = "" if self._forgot_before_ms is None else self._forgot_before_ms
         head: list[str | int] = [FORMAT_VERSION, EXPIRY_SLACK_MS, node, lease_ms, TOLERANCE_MS]

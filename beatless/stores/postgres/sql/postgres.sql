@@ -23,7 +23,8 @@
 -- reconnects (it then refuses the newer version). The notes table with post_v1 came
 -- later within version 2: a schema without them is missing a function, so the next node
 -- runs this file again and gains them in place; a beatless that does not know notes
--- never touches them, and uses the schema as before.
+-- never touches them, and uses the schema as before. claim_v3 came later within version
+-- 2 too, in the same way: claim_v2 with p_hold_off (re-seeding), which claim_v2 now calls.
 
 CREATE TABLE IF NOT EXISTS version (
     only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
@@ -84,16 +85,18 @@ CREATE TABLE IF NOT EXISTS notes (
 );
 CREATE INDEX IF NOT EXISTS notes_until_ms ON notes (until_ms);
 
--- claim_v2: judge and write a batch of claims; one call is one transaction.
+-- claim_v3: judge and write a batch of claims; one call is one transaction.
 --
 -- Each request is judged by the contract's rules (beatless/stores/base.py), in the
 -- order of its id (then its place in the batch), against the row as it stands once
 -- locked. Returns one letter per request, in request order: W won, T takeover, L lost,
--- H held, X late, E early, F forgotten, C corrupt, A foreign, O overlap; and the
--- namespace's epoch (written now if absent). p_seen is the epoch token the caller last
--- saw ('' if none); when the epoch is another, the horizon is its start + p_tolerance_ms,
--- else p_horizon (NULL: none): a firing nobody holds and released before the horizon is
--- written committed and answered F. A node that claims its own live pending claim gets
+-- H held, X late, E early, F forgotten, R re-seeding, C corrupt, A foreign, O overlap;
+-- and the namespace's epoch (written now if absent). p_seen is the epoch token the caller
+-- last saw ('' if none); when the epoch is another, the horizon is its start +
+-- p_tolerance_ms, else p_horizon (NULL: none): a firing nobody holds and released before
+-- the horizon is written committed and answered F, or, with p_hold_off (a caller that
+-- re-seeds, see base.py "Re-seeding"), answered R with nothing written. A node that
+-- claims its own live pending claim gets
 -- W and its lease renewed: it runs p_lease_ms from now.
 --
 -- p_run_ids holds, per request, the id of its address's run-lease record ('' for none).
@@ -108,12 +111,12 @@ CREATE INDEX IF NOT EXISTS notes_until_ms ON notes (until_ms);
 --
 -- Afterwards, at most p_sweep rows past their forget_ms are deleted, skipping rows
 -- another call has locked.
-CREATE OR REPLACE FUNCTION claim_v2(
+CREATE OR REPLACE FUNCTION claim_v3(
     p_namespace text, p_node text, p_lease_ms bigint, p_tolerance_ms bigint,
     p_seen text, p_horizon bigint, p_new_token text, p_sweep integer,
     p_ids text[], p_addresses text[], p_occurrences bigint[], p_max_lates bigint[],
     p_memories bigint[], p_releases bigint[], p_tags text[], p_run_ids text[],
-    p_now_ms bigint
+    p_hold_off boolean, p_now_ms bigint
 ) RETURNS TABLE (outcomes text, epoch_token text, epoch_started_ms bigint)
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
@@ -158,7 +161,7 @@ BEGIN
                 letter := 'E';
             ELSE
                 IF forgot_before IS NOT NULL AND r.release_ms < forgot_before THEN
-                    letter := 'F';
+                    letter := CASE WHEN p_hold_off THEN 'R' ELSE 'F' END;
                 ELSIF r.run_id <> '' AND EXISTS (SELECT FROM claims c
                         WHERE c.namespace = p_namespace AND c.id = r.run_id AND c.format = 1
                             AND NOT c.committed AND c.until_ms >= now_ms) THEN
@@ -166,16 +169,21 @@ BEGIN
                 ELSE
                     letter := 'W';
                 END IF;
+                -- Held off: nothing written, if no row stands there.
+                EXIT WHEN letter = 'R' AND NOT EXISTS (SELECT FROM claims c
+                    WHERE c.namespace = p_namespace AND c.id = r.id);
                 -- Won: pending for the lease; forgotten or overlap: committed for memory.
-                INSERT INTO claims (until_ms, forget_ms, memory_ms, claimed_ms, occurrence_ms,
-                    format, committed, namespace, id, tag, node, address)
-                    VALUES (
-                    now_ms + CASE WHEN letter = 'W' THEN p_lease_ms ELSE r.memory_ms END,
-                    now_ms + r.memory_ms + CASE WHEN letter = 'W' THEN p_lease_ms ELSE 0 END,
-                    r.memory_ms, now_ms, r.occurrence_ms, 1, letter <> 'W', p_namespace, r.id,
-                    r.tag, p_node, r.address)
-                    ON CONFLICT DO NOTHING;
-                EXIT WHEN FOUND;
+                IF letter <> 'R' THEN
+                    INSERT INTO claims (until_ms, forget_ms, memory_ms, claimed_ms,
+                        occurrence_ms, format, committed, namespace, id, tag, node, address)
+                        VALUES (
+                        now_ms + CASE WHEN letter = 'W' THEN p_lease_ms ELSE r.memory_ms END,
+                        now_ms + r.memory_ms + CASE WHEN letter = 'W' THEN p_lease_ms ELSE 0 END,
+                        r.memory_ms, now_ms, r.occurrence_ms, 1, letter <> 'W', p_namespace,
+                        r.id, r.tag, p_node, r.address)
+                        ON CONFLICT DO NOTHING;
+                    EXIT WHEN FOUND;
+                END IF;
             END IF;
             -- A row stands there (or a late or early firing's may): judge it, locked.
             SELECT * INTO h FROM claims c
@@ -240,6 +248,20 @@ BEGIN
     outcomes := array_to_string(letters, '');
     RETURN NEXT;
 END
+$$;
+
+-- claim_v2: claim_v3 without holding off (the function an earlier beatless calls).
+CREATE OR REPLACE FUNCTION claim_v2(
+    p_namespace text, p_node text, p_lease_ms bigint, p_tolerance_ms bigint,
+    p_seen text, p_horizon bigint, p_new_token text, p_sweep integer,
+    p_ids text[], p_addresses text[], p_occurrences bigint[], p_max_lates bigint[],
+    p_memories bigint[], p_releases bigint[], p_tags text[], p_run_ids text[],
+    p_now_ms bigint
+) RETURNS TABLE (outcomes text, epoch_token text, epoch_started_ms bigint)
+LANGUAGE sql SET search_path FROM CURRENT AS $$
+    SELECT * FROM claim_v3(p_namespace, p_node, p_lease_ms, p_tolerance_ms, p_seen,
+        p_horizon, p_new_token, p_sweep, p_ids, p_addresses, p_occurrences, p_max_lates,
+        p_memories, p_releases, p_tags, p_run_ids, false, p_now_ms)
 $$;
 
 -- commit_v1: make this node's live claims committed, remembered for their memory_ms

@@ -30,7 +30,10 @@
 -- ARGV[8]   '1' to claim and enqueue (atomic), '0' for a pending claim (two-phase),
 --           followed by 'w' when every claim of the namespace is acknowledged by a replica
 --           before it counts as won (the store's wait option): a failover then forgets
---           only the pending claims, not the absent ones
+--           only the pending claims, not the absent ones; and by 'h' when the caller holds
+--           off (it re-seeds, see base.py "Re-seeding"): a firing nobody holds and released
+--           before the caller's own horizon (ARGV[9], ARGV[10]) is answered R and nothing is
+--           written, rather than F (a failover's horizon still answers F)
 -- ARGV[9]   the epoch token the caller last saw, '' if none
 -- ARGV[10]  the caller's forgetting horizon from an earlier epoch change, '' if none
 -- ARGV[11]  a fresh random token, for the epoch record if it is absent
@@ -57,7 +60,7 @@
 -- ARGV[15 + 5n + 3g]      notes only: its value, a template with {{items}} and {{at_ms}}
 --
 -- Returns {letters, epoch record}: one letter per request, W won, T takeover, L lost,
--- H held, X late, E early, F forgotten, C corrupt, A foreign (a live claim of another
+-- H held, X late, E early, F forgotten, R re-seeding, C corrupt, A foreign (a live claim of another
 -- task: its record's tag and the request's are both set and differ), O overlap (the
 -- firing would be won, but its run-lease record is a live pending claim: a run of its
 -- address is in progress; the firing is written committed and its commands are not
@@ -94,7 +97,9 @@
 
 local SLACK, node, lease = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local tolerance, id_from = tonumber(ARGV[5]), tonumber(ARGV[7])
-local atomic, waits = string.sub(ARGV[8], 1, 1) == '1', string.sub(ARGV[8], 2, 2) == 'w'
+local atomic = string.sub(ARGV[8], 1, 1) == '1'
+local waits = string.find(ARGV[8], 'w', 2, true) ~= nil
+local holds = string.find(ARGV[8], 'h', 2, true) ~= nil
 local n = tonumber(ARGV[12])
 local noting = ARGV[13 + 2 * n] ~= nil
 -- The key before the first kind of notes' keys.
@@ -147,9 +152,13 @@ local forgot_before = tonumber(ARGV[10]) or false
 if ARGV[9] ~= '' and token ~= ARGV[9] and not (failover and waits) then
   forgot_before = started + tolerance
 end
+-- The caller's own horizon, which a caller that re-seeds holds off before.
+local held_off_before = holds and forgot_before
 if failover and not waits then
   forgot_before = math.max(forgot_before or 0, started + tolerance)
 end
+-- A failover's horizon for firings nobody holds: always forgotten, never held off.
+local failover_before = failover and not waits and started + tolerance
 -- A failover's horizon for pending claims whose lease ran out: their commits may be lost.
 local lost_before = failover and started + tolerance
 
@@ -186,6 +195,10 @@ local function decide_free(i, key, h, r)
   if now - r.occurrence > r.max_late + tolerance then return 'X' end
   if r.release - now > tolerance then return 'E' end
   local lost = h and lost_before and h.state == 'pending' and r.release < lost_before
+  if not h and held_off_before and r.release < held_off_before
+      and not (failover_before and r.release < failover_before) then
+    return 'R'
+  end
   if lost or (not h and forgot_before and r.release < forgot_before) then
     return 'F', write(key, 'committed', now + r.memory, r.memory, r.tag, node,
       r.memory + SLACK)
