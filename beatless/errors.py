@@ -56,6 +56,15 @@ class StoreRefused(StoreError):
     setting is fixed; the message names the setting and the fix."""
 
 
+class StaleRevision(BeatlessError):
+    """A change to live entries based on a revision that is no longer the current one
+    (``if_revision=``): nothing was written. ``current`` is the current revision."""
+
+    def __init__(self, message: str, *, current: int) -> None:
+        super().__init__(message)
+        self.current = current
+
+
 class BrokerUnavailable(BeatlessError, ConnectionError):
     """A two-phase send refused at once: the previous one failed a moment ago, and the
     broker is left alone for a short cooldown rather than costing a deadline per firing."""

@@ -189,6 +189,7 @@ def delete_nats_bucket(bucket: str) -> None:
         try:
             await client.request(f"$JS.API.STREAM.DELETE.KV_{bucket}", b"", timeout=5)
             await client.request(f"$JS.API.STREAM.DELETE.NOTES_{bucket}", b"", timeout=5)
+            await client.request(f"$JS.API.STREAM.DELETE.KEPT_{bucket}", b"", timeout=5)
         finally:
             await client.close()
 

@@ -307,11 +307,18 @@ def test_the_first_call_creates_the_schema_with_its_version_and_functions(
         " WHERE n.nspname = %s ORDER BY 1",
         (schema,),
     ).fetchall()
-    assert [n for (n,) in names] == ["claim_v2", "claim_v3", "commit_v1", "post_v1", "release_v1"]
+    assert [n for (n,) in names] == [
+        "claim_v2",
+        "claim_v3",
+        "commit_v1",
+        "keep_v1",
+        "post_v1",
+        "release_v1",
+    ]
     tables = conn.execute(
         "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", (schema,)
     ).fetchall()
-    assert [t for (t,) in tables] == ["claims", "epochs", "notes", "version"]
+    assert [t for (t,) in tables] == ["claims", "epochs", "kept_notes", "notes", "version"]
     store.close()
 
 
@@ -366,6 +373,7 @@ def test_a_version_1_schema_is_brought_up_in_place_keeping_its_claims_epoch_and_
         "claim_v2",
         "claim_v3",
         "commit_v1",
+        "keep_v1",
         "post_v1",
         "release_v1",
     ]

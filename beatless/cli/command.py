@@ -25,6 +25,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from beatless._version import __version__
+from beatless.cli import schedule_command
 from beatless.cli.loader import load_schedule, parse_instant
 from beatless.core.durations import describe, to_ms
 from beatless.core.triggers import tzdata_version
@@ -137,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
         help="the address the metrics port listens on (127.0.0.1; 0.0.0.0 for every interface)",
     )
 
+    schedule_command.add_parser(commands, _fleet_source)
     status = commands.add_parser(
         "status", help="what the fleet did and does, read from the claim store"
     )
@@ -218,6 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())  # so module:attribute targets resolve like python -m
     handlers = {"next": cmd_next, "check": cmd_check, "explain": cmd_explain}
     handlers.update(run=cmd_run, demo=cmd_demo, status=cmd_status)
+    handlers["schedule"] = partial(schedule_command.cmd_schedule, fleet_from_args)
     handlers.update({"pause": cmd_control, "resume": cmd_control, "run-now": cmd_control})
     try:
         return handlers[args.command](args)

@@ -93,6 +93,21 @@ notes at most for a fixed time (a stream's retention) says so in
 :attr:`ClaimStore.notes_live_ms` and refuses a longer ``ttl_ms`` with a
 :class:`~beatless.errors.ConfigError`: a note that must live longer is posted again.
 
+**Kept notes.** Beside the notes that expire, a store may keep notes until they are
+replaced or deleted (:class:`KeptNote`): what must outlive any time to live, such as the
+live entries of a schedule and their revisions (:mod:`beatless.live`), which *are* the
+schedule rather than a cache of it. :meth:`ClaimStore.keep_notes` writes them, replacing
+the kept note of the same kind and key (one transaction where the store has one);
+:meth:`ClaimStore.read_kept` reads the kept notes of one kind (all of them, or only the
+keys asked); :meth:`ClaimStore.delete_kept` deletes some, by key. Kinds, keys and values
+follow the limits of notes, and kept notes are apart from notes: a kind of notes and a
+kind of kept notes of the same name never see each other. Kept notes never expire and
+are never trimmed; they are lost only with the store's memory (a Redis without
+persistence that restarts, a deleted SQLite file). A store that cannot keep a note
+without an end says so (:attr:`ClaimStore.keeps_notes` false) and its three calls raise
+a :class:`~beatless.errors.ConfigError` that says why and names the stores that can
+(:data:`KEEPING_STORES`). RabbitMQ is such a store: its notes live at most 24 hours.
+
 **What the store remembers.** Whether a claim survives depends on settings of the server
 as much as on this contract: a Redis that evicts keys when its memory is full forgets
 claims (and a firing whose claim was evicted is sent again), one without persistence
@@ -257,22 +272,42 @@ class Note:
     ``0`` bounds nothing."""
 
     def __post_init__(self) -> None:
-        for part, text in (("kind", self.kind), ("key", self.key)):
-            if not text or len(text) > NOTE_NAME_LIMIT or NOT_IN_NAMES in text:
-                raise ConfigError(
-                    f"note {part} {text[:80]!r}: must be 1 to {NOTE_NAME_LIMIT} characters, "
-                    "without NUL"
-                )
-        if len(self.value.encode()) > NOTE_VALUE_LIMIT:
-            raise ConfigError(
-                f"note {self.kind}/{self.key}: value of {len(self.value.encode())} bytes is over "
-                f"{NOTE_VALUE_LIMIT}"
-            )
+        check_note(self.kind, self.key, self.value)
         if self.ttl_ms <= 0 or self.keep < 0:
             raise ConfigError(
                 f"note {self.kind}/{self.key}: ttl_ms must be positive and keep at least 0, "
                 f"got ttl_ms={self.ttl_ms} keep={self.keep}"
             )
+
+
+def check_note(kind: str, key: str, value: str) -> None:
+    """Refuse a note's kind, key or value beyond the limits of notes (kept or not)."""
+    for part, text in (("kind", kind), ("key", key)):
+        if not text or len(text) > NOTE_NAME_LIMIT or NOT_IN_NAMES in text:
+            raise ConfigError(
+                f"note {part} {text[:80]!r}: must be 1 to {NOTE_NAME_LIMIT} characters, without NUL"
+            )
+    if len(value.encode()) > NOTE_VALUE_LIMIT:
+        raise ConfigError(
+            f"note {kind}/{key}: value of {len(value.encode())} bytes is over {NOTE_VALUE_LIMIT}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class KeptNote:
+    """A note kept until it is replaced or deleted (see "Kept notes" in the module
+    docstring): no time to live, no bound on its kind."""
+
+    kind: str
+    key: str
+    value: str
+
+    def __post_init__(self) -> None:
+        check_note(self.kind, self.key, self.value)
+
+
+KEEPING_STORES = ("memory", "sqlite", "redis", "redis-cluster", "postgres", "nats")
+"""The stores that keep notes until they are deleted (:attr:`ClaimStore.keeps_notes`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -635,6 +670,35 @@ class ClaimStore(ABC):
     def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
         """The live notes of each kind asked, ``{kind: {key: value}}``; a kind with none
         maps to ``{}``. One round trip where the store allows."""
+
+    keeps_notes: bool = False
+    """Whether the store keeps notes until they are deleted (:meth:`keep_notes`); a store
+    that cannot says why in :attr:`why_not_kept`."""
+
+    why_not_kept: str = "it does not implement kept notes"
+
+    def keep_notes(self, notes: Sequence[KeptNote]) -> None:
+        """Write each kept note, replacing the kept note of the same kind and key (the last
+        one, if ``notes`` names one twice); one transaction and one round trip where the
+        store allows. Raises :class:`~beatless.errors.StoreUnavailable` when the store
+        cannot be reached: then any of the notes may or may not have been written."""
+        raise self.cannot_keep()
+
+    def read_kept(self, kind: str, keys: Sequence[str] | None = None) -> dict[str, str]:
+        """The kept notes of ``kind``, ``{key: value}``: all of them, or those of ``keys``
+        that exist. One round trip where the store allows."""
+        raise self.cannot_keep()
+
+    def delete_kept(self, kind: str, keys: Sequence[str]) -> None:
+        """Delete the kept notes of ``kind`` named by ``keys``; a key with none is no error."""
+        raise self.cannot_keep()
+
+    def cannot_keep(self) -> ConfigError:
+        """The refusal of a store that does not keep notes until they are deleted."""
+        return ConfigError(
+            f"the {self.name} store cannot keep notes until they are deleted ({self.why_not_kept}),"
+            f" so it cannot hold live entries; use one of: {', '.join(KEEPING_STORES)}"
+        )
 
     def close(self) -> None:  # noqa: B027 - most stores have nothing to close
         """Close what the store opened itself; a client passed in is left open."""

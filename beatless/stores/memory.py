@@ -10,7 +10,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
-from beatless.stores.base import ClaimRequest, ClaimStore, Epoch, Note, Outcome, judge
+from beatless.stores.base import (
+    ClaimRequest,
+    ClaimStore,
+    Epoch,
+    KeptNote,
+    Note,
+    Outcome,
+    judge,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +72,8 @@ class MemoryStore(ClaimStore):
         self._notes: dict[str, dict[str, tuple[int, str]]] = {}
         """Per kind, per key: (expires at, value)."""
         self._notes_swept_ms = 0
+        self._kept: dict[str, dict[str, str]] = {}
+        """Kept notes, per kind, per key: the value."""
 
     def __repr__(self) -> str:
         return "MemoryStore()"
@@ -211,6 +221,28 @@ class MemoryStore(ClaimStore):
         if not notes:
             del self._notes[kind]
         return notes
+
+    keeps_notes = True
+
+    def keep_notes(self, notes: Sequence[KeptNote]) -> None:
+        with self._lock:
+            for note in notes:
+                self._kept.setdefault(note.kind, {})[note.key] = note.value
+
+    def read_kept(self, kind: str, keys: Sequence[str] | None = None) -> dict[str, str]:
+        with self._lock:
+            kept = self._kept.get(kind, {})
+            if keys is None:
+                return dict(kept)
+            return {key: kept[key] for key in keys if key in kept}
+
+    def delete_kept(self, kind: str, keys: Sequence[str]) -> None:
+        with self._lock:
+            kept = self._kept.get(kind, {})
+            for key in keys:
+                kept.pop(key, None)
+            if not kept:
+                self._kept.pop(kind, None)
 
     def _expire_at(self, claim: _Claim, id_: str) -> None:
         heapq.heappush(self._expiry, (_forget_at(claim), id_))

@@ -27,6 +27,9 @@ a bounded number of notes past their time, of any kind. A commit that carries no
 the same after its claims, in its own transaction, so that both are written or neither.
 A note costs its row (its kind, key and value as posted, and about 20 bytes more) and
 two index entries, one with its kind and key, one with its end.
+
+Kept notes (:meth:`SQLiteStore.keep_notes`) are rows of a ``kept_notes`` table, one per
+kind and key, with no end: written, replaced and deleted each in one transaction.
 """
 
 from __future__ import annotations
@@ -47,7 +50,15 @@ from beatless.core._logtext import shown
 from beatless.core.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
-from beatless.stores.base import ClaimRequest, ClaimStore, Epoch, Note, Outcome, judge
+from beatless.stores.base import (
+    ClaimRequest,
+    ClaimStore,
+    Epoch,
+    KeptNote,
+    Note,
+    Outcome,
+    judge,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +103,13 @@ _SCHEMA = (
         PRIMARY KEY (kind, key)
     )""",
     "CREATE INDEX IF NOT EXISTS notes_until_ms ON notes (until_ms)",
+    # Kept notes: no end, replaced or deleted only (added within schema version 1).
+    """CREATE TABLE IF NOT EXISTS kept_notes (
+        kind TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        PRIMARY KEY (kind, key)
+    )""",
 )
 # A file made before claims carried a task tag gains the column in place. A beatless
 # without it names its columns, so it reads and writes the file as before (tag '').
@@ -133,6 +151,9 @@ _SWEEP_NOTES = (
     " ORDER BY until_ms LIMIT ?)"
 )
 _NOTES = "SELECT kind, key, value FROM notes WHERE until_ms >= ? AND kind IN"
+_KEEP = "INSERT OR REPLACE INTO kept_notes (kind, key, value) VALUES (?, ?, ?)"
+_KEPT = "SELECT key, value FROM kept_notes WHERE kind = ?"
+_DELETE_KEPT = "DELETE FROM kept_notes WHERE kind = ? AND key = ?"
 _RECENT = (
     "SELECT id, address, occurrence_ms, node, committed, until_ms, claimed_ms"
     " FROM claims ORDER BY claimed_ms DESC, id LIMIT ?"
@@ -325,6 +346,24 @@ class SQLiteStore(ClaimStore):
                 for kind, key, value in conn.execute(sql, [now, *chunk]):
                     found[kind][key] = value
         return found
+
+    keeps_notes = True
+
+    def keep_notes(self, notes: Sequence[KeptNote]) -> None:
+        """One ``BEGIN IMMEDIATE`` transaction over the ``kept_notes`` table."""
+        if notes:
+            with self._transaction() as (conn, _now):
+                conn.executemany(_KEEP, ((n.kind, n.key, n.value) for n in notes))
+
+    def read_kept(self, kind: str, keys: Sequence[str] | None = None) -> dict[str, str]:
+        with self._lock, self._errors():
+            found = dict(self._connection().execute(_KEPT, (kind,)).fetchall())
+        return found if keys is None else {key: found[key] for key in keys if key in found}
+
+    def delete_kept(self, kind: str, keys: Sequence[str]) -> None:
+        if keys:
+            with self._transaction() as (conn, _now):
+                conn.executemany(_DELETE_KEPT, ((kind, key) for key in keys))
 
     def close(self) -> None:
         with self._lock:

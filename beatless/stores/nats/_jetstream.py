@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import contextlib
 import json
 import logging
 import os
@@ -245,6 +246,8 @@ class Bucket:
         self.timeout = timeout
         self.requests = 0
         self.notes = NoteStream(self)
+        self.kept = NoteStream(self, "kept")
+        """Kept notes: a stream of the same form with no ``max_age``."""
 
     async def _request(
         self, subject: str, payload: bytes = b"", headers: dict[str, str] | None = None
@@ -378,11 +381,11 @@ class NoteStream:
     :class:`BucketMissing`; one that JetStream does not answer, :class:`NoJetStream`.
     """
 
-    def __init__(self, bucket: Bucket) -> None:
+    def __init__(self, bucket: Bucket, family: str = "notes") -> None:
         self.bucket = bucket
         self.client = bucket.client
-        self.name = f"NOTES_{bucket.name}"
-        self.prefix = f"beatless.notes.{bucket.name}."
+        self.name = f"{family.upper()}_{bucket.name}"
+        self.prefix = f"beatless.{family}.{bucket.name}."
 
     async def _api(self, call: str, body: dict[str, object] | None = None) -> dict[str, Any]:
         from nats.errors import NoRespondersError
@@ -437,6 +440,11 @@ class NoteStream:
         except JetStreamError as exc:
             if exc.err_code != MESSAGE_GONE:
                 raise
+
+    async def purge(self, subject: str) -> None:
+        """Delete every message of ``prefix + subject`` (nothing, if the stream is missing)."""
+        with contextlib.suppress(BucketMissing):
+            await self._api(f"STREAM.PURGE.{self.name}", {"filter": self.prefix + subject})
 
     async def snapshot(self, subjects: str) -> Snapshot:
         """The last message of each subject matching ``prefix + subjects``: a consumer that

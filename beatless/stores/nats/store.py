@@ -58,6 +58,12 @@ the notes stream share no operation (:attr:`NATSStore.commits_notes` is false): 
 that dies mid-call may leave a committed firing without its history note, or the note of
 a firing it sent whose claim then runs out pending.
 
+**Kept notes** (:meth:`NATSStore.keep_notes`) live in a second stream of the same form,
+``KEPT_{bucket}`` over ``beatless.kept.{bucket}.>``, with no ``max_age``: a kept note is
+the one message of its subject (body ``{"v": 1, "kind", "key", "value"}``), replaced by
+the next write and deleted by a purge of its subject. A bucket's TTL is per stream,
+which is why they cannot share the notes stream.
+
 **Identity.** The epoch is the bucket's stream: its creation time on the server's clock,
 and a token hashed from that instant and the stream's description, where beatless puts a
 random token when it creates the bucket. The bucket is created with ``deny_purge`` (NATS
@@ -96,6 +102,7 @@ from beatless.stores.base import (
     ClaimStore,
     Epoch,
     Fact,
+    KeptNote,
     Note,
     Outcome,
     StoreFacts,
@@ -369,6 +376,25 @@ class NATSStore(ClaimStore):
             return {}
         return self._call("read notes", lambda kv: self._read(kv.notes, unique), notes=True)
 
+    keeps_notes = True
+
+    def keep_notes(self, notes: Sequence[KeptNote]) -> None:
+        if notes:
+            self._call("keep notes", lambda kv: self._keep(kv.kept, notes), notes=True)
+
+    def read_kept(self, kind: str, keys: Sequence[str] | None = None) -> dict[str, str]:
+        found = self._call("read kept notes", lambda kv: _kept_of(kv.kept, kind), notes=True)
+        return found if keys is None else {key: found[key] for key in keys if key in found}
+
+    def delete_kept(self, kind: str, keys: Sequence[str]) -> None:
+        subjects = [f"{_token(kind)}.{_token(key)}" for key in dict.fromkeys(keys)]
+
+        async def purge(kv: Bucket) -> None:
+            await _together(kv.kept.purge(subject) for subject in subjects)
+
+        if subjects:
+            self._call("delete kept notes", purge, notes=True)
+
     def close(self) -> None:
         with self._lock, self._notes_lock:
             self._closed = True
@@ -534,6 +560,24 @@ class NATSStore(ClaimStore):
                 await asyncio.sleep(attempt * STREAM_SETTLE_S)
         await _together(self._trim(stream, kind, keep) for kind, keep in bounds.items())
 
+    async def _keep(self, stream: NoteStream, notes: Sequence[KeptNote]) -> None:
+        """Publish each kept note as the one message of its subject, making the stream
+        (no ``max_age``) at the first write."""
+        latest = {(note.kind, note.key): note for note in notes}  # a later one replaces
+        for attempt in range(ATTEMPTS):
+            try:
+                await _together(
+                    stream.publish(f"{_token(n.kind)}.{_token(n.key)}", _kept_body(n))
+                    for n in latest.values()
+                )
+            except BucketMissing:
+                if attempt == ATTEMPTS - 1:
+                    raise
+                await stream.create(max_age_ms=0, replicas=self.replicas)
+                await asyncio.sleep(attempt * STREAM_SETTLE_S)
+            else:
+                return
+
     async def _trim(self, stream: NoteStream, kind: str, keep: int) -> None:
         """Delete the notes of ``kind`` that expired and, beyond ``keep``, those that
         expire first."""
@@ -684,7 +728,7 @@ class NATSStore(ClaimStore):
             return StoreError(
                 f"{prefix}: {link.refusal}; check the user name, password or token and the "
                 f"subjects this user may use ($JS.API.>, $KV.{self.bucket}.>, "
-                f"beatless.notes.{self.bucket}.>, _INBOX.>)"
+                f"beatless.notes.{self.bucket}.>, beatless.kept.{self.bucket}.>, _INBOX.>)"
             )
         outage = self._outage(exc)
         if outage is not None:
@@ -857,6 +901,30 @@ def _read_note(stored: Stored, kind: str) -> _Posted | None:
     if not (isinstance(key, str) and isinstance(value, str) and isinstance(ttl, int)):
         return None
     return _Posted(key, value, stored.stamp_ms + ttl, stored.seq)
+
+
+def _kept_body(note: KeptNote) -> bytes:
+    fields = {"v": NOTE_FORMAT, "kind": note.kind, "key": note.key, "value": note.value}
+    return json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+async def _kept_of(stream: NoteStream, kind: str) -> dict[str, str]:
+    """The kept notes of ``kind``; a message in another form is not read."""
+    try:
+        snapshot = await stream.snapshot(f"{_token(kind)}.*")
+    except BucketMissing:  # nothing was ever kept
+        return {}
+    found: dict[str, str] = {}
+    for stored in snapshot.messages:
+        try:
+            body = json.loads(stored.data)
+        except ValueError:
+            continue
+        if isinstance(body, dict) and body.get("v") == NOTE_FORMAT and body.get("kind") == kind:
+            key, value = body.get("key"), body.get("value")
+            if isinstance(key, str) and isinstance(value, str):
+                found[key] = value
+    return found
 
 
 async def _together(calls: Iterable[Awaitable[T]]) -> list[T]:

@@ -82,6 +82,7 @@ from beatless.stores.base import (
     ClaimStore,
     Epoch,
     Fact,
+    KeptNote,
     Note,
     Outcome,
     StoreFacts,
@@ -125,6 +126,7 @@ FUNCTIONS = (
     "release_v1(text, text, text[], bigint)",
     "post_v1(text, bytea[], bytea[], text[], text[], bytea[], bigint[], integer[], integer,"
     " bigint)",
+    "keep_v1(text, bytea[], bytea[], text[], text[], bytea[])",
 )
 """The functions of this schema version, with their arguments' types."""
 SQL_FILE = "sql/postgres.sql"
@@ -367,6 +369,41 @@ class PostgresStore(ClaimStore):
         for kind_id, key, value in rows:
             found[by_id[bytes(kind_id)]][key] = bytes(value).decode()
         return found
+
+    keeps_notes = True
+
+    def keep_notes(self, notes: Sequence[KeptNote]) -> None:
+        """One call of ``keep_v1``: one round trip and one transaction."""
+        if not notes:
+            return
+        args = (
+            self.namespace,
+            [_digest(n.kind) for n in notes],
+            [_digest(n.key) for n in notes],
+            [n.kind for n in notes],
+            [n.key for n in notes],
+            [n.value.encode() for n in notes],
+        )
+        self._row("keep notes", self._statements.keep, args)
+
+    def read_kept(self, kind: str, keys: Sequence[str] | None = None) -> dict[str, str]:
+        """One query of the ``kept_notes`` table, by primary key."""
+        query: sql.Composed
+        args: tuple[Any, ...] = (self.namespace, _digest(kind))
+        if keys is None:
+            query = self._statements.read_kept
+        else:
+            query = self._statements.read_kept_keys
+            args += ([_digest(key) for key in keys],)
+        rows = self._call("read kept notes", lambda conn: conn.execute(query, args).fetchall())
+        return {key: bytes(value).decode() for key, value in rows}
+
+    def delete_kept(self, kind: str, keys: Sequence[str]) -> None:
+        if not keys:
+            return
+        args = (self.namespace, _digest(kind), [_digest(key) for key in keys])
+        query = self._statements.delete_kept
+        self._call("delete kept notes", lambda conn: conn.execute(query, args))
 
     def time_ms(self) -> int:
         """``clock_timestamp()`` on the server, in epoch milliseconds: one round trip."""
@@ -743,6 +780,20 @@ class _Statements:
             "SELECT kind_id, key, value FROM {s}.notes"
             " WHERE namespace = %s AND kind_id = ANY (%s::bytea[]) AND until_ms >="
             " coalesce(%s::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000))"
+        )
+        self.keep = q(
+            "SELECT {s}.keep_v1(%s, %s::bytea[], %s::bytea[], %s::text[], %s::text[], %s::bytea[])"
+        )
+        self.read_kept = q(
+            "SELECT key, value FROM {s}.kept_notes WHERE namespace = %s AND kind_id = %s"
+        )
+        self.read_kept_keys = q(
+            "SELECT key, value FROM {s}.kept_notes"
+            " WHERE namespace = %s AND kind_id = %s AND key_id = ANY (%s::bytea[])"
+        )
+        self.delete_kept = q(
+            "DELETE FROM {s}.kept_notes"
+            " WHERE namespace = %s AND kind_id = %s AND key_id = ANY (%s::bytea[])"
         )
         self.now = sql.SQL("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint")
         self.recent = q(

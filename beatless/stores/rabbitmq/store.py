@@ -423,6 +423,7 @@ class RabbitMQStore(ClaimStore):
             self._run(scripts, "release")
 
     notes_live_ms = NOTE_TTL_LIMIT_MS
+    why_not_kept = "its notes live at most 24 hours, in a stream trimmed by age"
 
     def post(self, notes: Sequence[Note]) -> None:
         if not notes:

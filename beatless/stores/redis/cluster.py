@@ -60,6 +60,8 @@ contain ``{`` or ``}``, which would change the hash tags):
 ``{prefix}{notes:<digest>}`` and ``{prefix}{notes:<digest>}:expiry``
     A kind of notes (the SHA-256 of the kind in hex): its hash and its expiry index, as
     the Redis store keeps them.
+``{prefix}{kept:<digest>}``
+    A kind of kept notes, with no expiry (:mod:`beatless.stores.redis._kept`).
 ``{prefix}{bb}:probe:{random}``
     Written, read back and deleted by :meth:`RedisClusterStore.probe`, one per master.
 
@@ -94,10 +96,12 @@ from beatless.stores.base import (
     ClaimStore,
     Epoch,
     Fact,
+    KeptNote,
     Note,
     Outcome,
     StoreFacts,
 )
+from beatless.stores.redis import _kept
 from beatless.stores.redis.store import (
     _CLAIM,
     _COMMIT,
@@ -362,6 +366,27 @@ class RedisClusterStore(ClaimStore):
             fields = dict(zip(flat[::2], flat[1::2], strict=True))
             found[kind] = _live_notes(fields, now_ms)
         return found
+
+    keeps_notes = True
+
+    def keep_notes(self, notes: Sequence[KeptNote]) -> None:
+        """One pipeline: an ``HSET`` per kind, each kind's hash in one slot."""
+        if notes:
+            with self._errors("keep notes"):
+                pipe = self._connected().pipeline()
+                _kept.keep(pipe, notes, self._kept_key)
+                pipe.execute()
+
+    def read_kept(self, kind: str, keys: Sequence[str] | None = None) -> dict[str, str]:
+        with self._errors("read kept notes"):
+            return _kept.read(self._connected(), kind, keys, self._kept_key)
+
+    def delete_kept(self, kind: str, keys: Sequence[str]) -> None:
+        with self._errors("delete kept notes"):
+            _kept.delete(self._connected(), kind, keys, self._kept_key)
+
+    def _kept_key(self, kind: str) -> str:
+        return f"{self.prefix}{{kept:{_kept.kept_digest(kind)}}}"
 
     def time_ms(self) -> int:
         with self._errors("read the clock"):

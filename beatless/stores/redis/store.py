@@ -57,6 +57,9 @@ so two apps on one Redis never collide:
     ``t`` on the server's clock with ``ttl_ms`` expires at ``t + ttl_ms`` and is read
     through that millisecond; a read is ``TIME`` and one ``HGETALL`` per kind in one
     ``MULTI``, and drops the notes that expired (and any field in another form).
+``{prefix}kept:{digest}``
+    A hash per kind of kept notes (:class:`~beatless.stores.base.KeptNote`), with no
+    expiry: see :mod:`beatless.stores.redis._kept`.
 ``{prefix}notes-expiry:{digest}``
     A sorted set beside each notes hash, the note's key scored by its ``expires_ms``: the
     index with which a script that writes notes (``notes.lua``: a post, a commit, a
@@ -107,12 +110,14 @@ from beatless.stores.base import (
     ClaimStore,
     Epoch,
     Fact,
+    KeptNote,
     Note,
     NoteItem,
     Outcome,
     StoreFacts,
     Verdict,
 )
+from beatless.stores.redis import _kept
 
 if TYPE_CHECKING:
     import redis as redis_module
@@ -466,6 +471,27 @@ class RedisStore(ClaimStore):
             return
         with self._errors("post notes"):
             self._run(self._post, [(keys, [NOTE_VERSION, EXPIRY_SLACK_MS, *kinds])])
+
+    keeps_notes = True
+
+    def keep_notes(self, notes: Sequence[KeptNote]) -> None:
+        """One ``MULTI``: an ``HSET`` per kind (see :mod:`beatless.stores.redis._kept`)."""
+        if notes:
+            with self._errors("keep notes"):
+                pipe = self._client.pipeline(transaction=True)
+                _kept.keep(pipe, notes, self._kept_key)
+                pipe.execute()
+
+    def read_kept(self, kind: str, keys: Sequence[str] | None = None) -> dict[str, str]:
+        with self._errors("read kept notes"):
+            return _kept.read(self._client, kind, keys, self._kept_key)
+
+    def delete_kept(self, kind: str, keys: Sequence[str]) -> None:
+        with self._errors("delete kept notes"):
+            _kept.delete(self._client, kind, keys, self._kept_key)
+
+    def _kept_key(self, kind: str) -> str:
+        return f"{self.prefix}kept:{_kept.kept_digest(kind)}"
 
     def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
         asked = list(dict.fromkeys(kinds))

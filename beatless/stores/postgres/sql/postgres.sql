@@ -378,3 +378,36 @@ BEGIN
     END IF;
 END
 $$;
+
+-- One row per kept note (beatless.stores.base.KeptNote): a note with no end, replaced or
+-- deleted only, such as the live entries of a schedule and their revisions. Keyed as
+-- notes are (the SHA-256 digests of kind and key, the text beside them, the value as
+-- UTF-8 bytes). Added within version 2 with keep_v1: a schema without it is missing a
+-- function, so the next node runs this file again and gains them in place.
+CREATE TABLE IF NOT EXISTS kept_notes (
+    namespace text COLLATE "C" NOT NULL,
+    kind_id bytea NOT NULL,
+    key_id bytea NOT NULL,
+    kind text NOT NULL,
+    key text NOT NULL,
+    value bytea NOT NULL,
+    PRIMARY KEY (namespace, kind_id, key_id)
+);
+
+-- keep_v1: write a batch of kept notes, each replacing the kept note of the same kind
+-- and key (the last of the batch, if the batch names one twice); one call is one
+-- transaction.
+CREATE OR REPLACE FUNCTION keep_v1(
+    p_namespace text, p_kind_ids bytea[], p_key_ids bytea[], p_kinds text[], p_keys text[],
+    p_values bytea[]
+)
+RETURNS void
+LANGUAGE sql SET search_path FROM CURRENT AS $$
+    INSERT INTO kept_notes AS n (namespace, kind_id, key_id, kind, key, value)
+        SELECT DISTINCT ON (q.kind_id, q.key_id) p_namespace, q.kind_id, q.key_id, q.kind,
+            q.key, q.value
+        FROM unnest(p_kind_ids, p_key_ids, p_kinds, p_keys, p_values) WITH ORDINALITY
+            AS q(kind_id, key_id, kind, key, value, ord)
+        ORDER BY q.kind_id, q.key_id, q.ord DESC
+        ON CONFLICT (namespace, kind_id, key_id) DO UPDATE SET value = excluded.value;
+$$;

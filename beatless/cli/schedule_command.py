@@ -1,0 +1,191 @@
+"""``beatless schedule``: read and change a fleet's live entries (:mod:`beatless.live`).
+
+``list | get NAME | put FILE.toml | delete NAME | plan FILE.toml | apply FILE.toml |
+history [NAME] | revert --to R | export``, the fleet named as for ``status`` (``--store``
+with ``--namespace``, ``--celery``, ``--dramatiq``), ``--json`` everywhere. A TOML file is
+read as a schedule file (``[[entry]]`` tables); ``put`` writes its entries, ``plan`` and
+``apply`` make the live entries equal to them. ``export`` writes the live entries as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from beatless.live import Live, Revision, entry_to_json
+from beatless.live.plan import Plan
+
+ACTIONS = ("list", "get", "put", "delete", "plan", "apply", "history", "revert", "export")
+
+
+def add_parser(commands: Any, fleet_source: Callable[[argparse.ArgumentParser, str], None]) -> None:
+    """Add ``schedule`` to the command's sub-parsers; ``fleet_source`` adds the options
+    that name a fleet, as ``status`` has them."""
+    schedule = commands.add_parser("schedule", help="read and change the live entries in the store")
+    schedule.add_argument("action", choices=ACTIONS)
+    schedule.add_argument(
+        "operand", nargs="?", metavar="NAME|FILE", help="an entry's name or a TOML file"
+    )
+    fleet_source(schedule, "a TOML schedule file, or module:attribute (the code entries)")
+    schedule.add_argument("--json", action="store_true", help="JSON output")
+    schedule.add_argument("--to", type=int, metavar="R", help="revert: the revision to go back to")
+    schedule.add_argument("--note", help="a note kept with the revision")
+    schedule.add_argument("--if-revision", type=int, metavar="R", help="refuse unless R is current")
+    schedule.add_argument("--override", action="store_true", help="write names the code owns")
+    schedule.add_argument(
+        "--effective-in", metavar="DURATION", help="the fence after the commit (2s)"
+    )
+    schedule.add_argument("--window", default="7d", help="plan: the window from the fence (7d)")
+
+
+def cmd_schedule(
+    fleet_from_args: Callable[[argparse.Namespace], Any], args: argparse.Namespace
+) -> int:
+    """Run one action on the fleet ``fleet_from_args`` names."""
+    from beatless.errors import ConfigError
+
+    fleet = fleet_from_args(args)
+    code = fleet.schedule.entries if fleet.schedule is not None else ()
+    with fleet.open() as store:
+        live = Live(store, namespace=fleet.namespace, code=code, timezone=_zone(fleet))
+        needs = {"get": "NAME", "delete": "NAME", "put": "FILE", "plan": "FILE", "apply": "FILE"}
+        if args.action in needs and not args.operand:
+            raise ConfigError(f"schedule {args.action}: give {needs[args.action]}")
+        result = _ACTIONS[args.action](live, args)
+    _print(result, args.json)
+    return 0
+
+
+def _zone(fleet: Any) -> str:
+    return str(getattr(fleet.schedule, "timezone", None) or "UTC")
+
+
+def _entries(path: str) -> list[Any]:
+    from beatless.cli.loader import load_toml
+
+    return list(load_toml(Path(path)).entries)
+
+
+def _how(args: argparse.Namespace) -> dict[str, Any]:
+    return {"note": args.note, "if_revision": args.if_revision, "effective_in": args.effective_in}
+
+
+def _list(live: Live, _args: argparse.Namespace) -> Any:
+    return {"revision": live.head(), "entries": [entry_to_json(e) for e in live.list()]}
+
+
+def _get(live: Live, args: argparse.Namespace) -> Any:
+    from beatless.errors import ConfigError
+
+    entry = live.get(args.operand)
+    if entry is None:
+        raise ConfigError(f"no live entry {args.operand!r} in namespace {live.namespace!r}")
+    return entry_to_json(entry)
+
+
+def _put(live: Live, args: argparse.Namespace) -> Any:
+    return live.put_many(_entries(args.operand), override=args.override, **_how(args))
+
+
+def _delete(live: Live, args: argparse.Namespace) -> Any:
+    return live.delete(args.operand, **_how(args))
+
+
+def _plan(live: Live, args: argparse.Namespace) -> Any:
+    return live.plan(
+        _entries(args.operand), args.window, effective_in=args.effective_in, override=args.override
+    )
+
+
+def _apply(live: Live, args: argparse.Namespace) -> Any:
+    plan = _plan(live, args)
+    return live.apply(plan, note=args.note) or {"revision": live.head(), "changed": False}
+
+
+def _history(live: Live, args: argparse.Namespace) -> Any:
+    return live.history(args.operand)
+
+
+def _revert(live: Live, args: argparse.Namespace) -> Any:
+    from beatless.errors import ConfigError
+
+    if args.to is None:
+        raise ConfigError("schedule revert: give --to R")
+    return live.revert(args.to, **_how(args))
+
+
+def _export(live: Live, _args: argparse.Namespace) -> Any:
+    return {
+        "namespace": live.namespace,
+        "revision": live.head(),
+        "entries": [entry_to_json(e) for e in live.list()],
+    }
+
+
+_ACTIONS: dict[str, Callable[[Live, argparse.Namespace], Any]] = {
+    "list": _list,
+    "get": _get,
+    "put": _put,
+    "delete": _delete,
+    "plan": _plan,
+    "apply": _apply,
+    "history": _history,
+    "revert": _revert,
+    "export": _export,
+}
+
+
+def _print(result: Any, as_json: bool) -> None:
+    data = _plain(result)
+    if as_json or not isinstance(result, Revision | Plan | list):
+        print(json.dumps(data, indent=2, ensure_ascii=False))
+    elif isinstance(result, Revision):
+        print(_revision_line(result))
+    elif isinstance(result, Plan):
+        print(_plan_text(result))
+    else:
+        for revision in result:
+            print(_revision_line(revision))
+
+
+def _plain(result: Any) -> Any:
+    if isinstance(result, Revision | Plan):
+        return result.to_json()
+    if isinstance(result, list):
+        return [_plain(item) for item in result]
+    return result
+
+
+def _when(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1_000, UTC).isoformat(timespec="milliseconds")
+
+
+def _revision_line(revision: Revision) -> str:
+    names = ", ".join(("-" if c.is_delete else "+") + c.name for c in revision.changes)
+    note = f"  {revision.note}" if revision.note else ""
+    return (
+        f"r{revision.number}  {_when(revision.committed_ms)}  fence {_when(revision.fence_ms)}  "
+        f"{revision.writer}@{revision.host}  {revision.hash[:12]}  {names}{note}"
+    )
+
+
+def _plan_text(plan: Plan) -> str:
+    lines = [
+        f"plan against r{plan.base_revision}, fence {_when(plan.fence_ms)}, to {_when(plan.end_ms)}"
+    ]
+    lines += [("  - " if c.is_delete else "  + ") + c.name for c in plan.changes]
+    lines += [f"  adds {n} at {_when(o)}" for n, o in plan.added]
+    lines += [f"  removes {n} at {_when(o)}" for n, o in plan.removed]
+    lines += [f"  moves {n} {_when(a)} -> {_when(b)}" for n, a, b in plan.moved]
+    lines += [
+        f"  changes {n} (same firings, new task/args/options at the fence)" for n in plan.changed
+    ]
+    lines += [
+        f"  straddles {n} at {_when(o)}, released {_when(r)}: old definition"
+        for n, o, r in plan.straddling
+    ]
+    return "\n".join(lines) if plan.changes else f"no change (r{plan.base_revision})"

@@ -1,0 +1,252 @@
+"""Where a namespace's revisions live in the store, and how a writer commits one.
+
+Kept notes (:class:`~beatless.stores.base.KeptNote`, no time to live), two kinds:
+
+``beatless.live/{namespace}/revisions``
+    key ``{number}`` (and ``{number}.{part}`` for a revision over one note): the revision
+    as JSON (:meth:`~beatless.live.revisions.Revision.to_json`; a split one says
+    ``"parts": n`` in its first note and each further note holds ``{"changes": [...]}``),
+    written once and never changed.
+``beatless.live/{namespace}/head``
+    key ``head``: ``{"v": 1, "number": n}``, the last revision committed. It may lag (a
+    writer that died after its commit): a reader follows the revisions past it until one
+    is missing, so the head is a hint, the revisions are the truth.
+
+A writer (:func:`commit`):
+
+1. reads the latest revision ``h`` (head, then forward);
+2. claims number ``h + 1`` with the store's own exactly-once claim: a
+   :class:`~beatless.stores.base.ClaimRequest` whose id is the SHA-256 of
+   ``{namespace}/.live/revision@{n}``, never late, remembered ``REVISION_MEMORY_MS``,
+   pending for ``LEASE_MS``. Two writers never both win a number. ``held`` (another writer
+   is at it) waits and reads again; ``lost`` (committed by another) reads again;
+3. reads the store's clock, writes the revision note(s), checking first that its claim
+   is younger than half the lease (as a node checks before it enqueues);
+4. commits the claim, then writes the head.
+
+A writer that dies after its claim and before its commit leaves a pending claim whose
+lease runs out: the next writer takes the number over (``takeover``) and writes its
+own revision under it. Readers read only numbers at or below a committed one's (the
+head points only at committed revisions, and a reader follows past it only to notes
+that were written before their claim's commit or by a later takeover of it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from beatless.errors import BeatlessError, StaleRevision, StoreError
+from beatless.live.codec import dumps
+from beatless.live.revisions import Change, Revision
+from beatless.stores.base import (
+    NEVER_LATE_MS,
+    NOTE_VALUE_LIMIT,
+    ClaimRequest,
+    ClaimStore,
+    KeptNote,
+    Outcome,
+)
+
+LEASE_MS = 30_000
+"""How long a writer holds its revision number pending before its commit."""
+REVISION_MEMORY_MS = 30 * 86_400_000
+"""How long the store remembers a committed revision number: far longer than a writer
+takes between its claim and its head (a store that forgets sooner, NATS with its
+window, is still right: a forgotten number is below the head)."""
+WAIT_S = 0.05
+FORWARD = 8
+"""Revisions a reader looks for past the head in one round trip."""
+HEAD_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """A namespace's revisions in one store."""
+
+    store: ClaimStore
+    namespace: str
+
+    @property
+    def revisions_kind(self) -> str:
+        return f"beatless.live/{self.namespace}/revisions"
+
+    @property
+    def head_kind(self) -> str:
+        return f"beatless.live/{self.namespace}/head"
+
+    @property
+    def address(self) -> str:
+        return f"{self.namespace}/.live/revision"
+
+    def claim_id(self, number: int) -> str:
+        return hashlib.sha256(f"{self.address}@{number}".encode()).hexdigest()
+
+    # -- reading -----------------------------------------------------------------------
+
+    def latest(self) -> int:
+        """The last revision number: the head, followed forward while revisions exist."""
+        found = self.store.read_kept(self.head_kind, ["head"]).get("head")
+        number = int(json.loads(found)["number"]) if found else 0
+        while True:
+            ahead = [str(n) for n in range(number + 1, number + 1 + FORWARD)]
+            present = self.store.read_kept(self.revisions_kind, ahead)
+            step = 0
+            while str(number + step + 1) in present:
+                step += 1
+            number += step
+            if step < FORWARD:
+                return number
+
+    def read(self, numbers: Sequence[int]) -> list[Revision]:
+        """The revisions numbered ``numbers`` (those that exist), in number order."""
+        if not numbers:
+            return []
+        firsts = self.store.read_kept(self.revisions_kind, [str(n) for n in numbers])
+        found = {int(k): json.loads(v) for k, v in firsts.items()}
+        extra = [f"{n}.{p}" for n, d in found.items() for p in range(1, int(d.get("parts", 1)))]
+        rest = self.store.read_kept(self.revisions_kind, extra) if extra else {}
+        revisions = []
+        for number in sorted(found):
+            data = found[number]
+            for part in range(1, int(data.get("parts", 1))):
+                data["changes"] += json.loads(rest[f"{number}.{part}"])["changes"]
+            revisions.append(Revision.from_json(data))
+        return revisions
+
+    # -- writing -----------------------------------------------------------------------
+
+    def commit(
+        self,
+        changes: Sequence[Change],
+        *,
+        writer: str,
+        host: str,
+        note: str,
+        fence: Any,
+        if_revision: int | None,
+        node: str,
+    ) -> Revision:
+        """Write ``changes`` as the next revision (see the module docstring); ``fence`` is
+        a callable ``(committed_ms, last fence) -> fence_ms``."""
+        deadline = time.monotonic() + LEASE_MS / 1_000 + 5
+        while True:
+            head = self.latest()
+            if if_revision is not None and if_revision != head:
+                raise StaleRevision(
+                    f"live entries of {self.namespace!r}: the change was based on revision "
+                    f"{if_revision}, but the current revision is {head}; read it again and "
+                    f"retry",
+                    current=head,
+                )
+            number = head + 1
+            claimed = time.monotonic()
+            outcome = self._claim(number, node)
+            if outcome.is_won:
+                return self._write(
+                    number,
+                    changes,
+                    writer=writer,
+                    host=host,
+                    note=note,
+                    fence=fence,
+                    node=node,
+                    claimed=claimed,
+                )
+            if outcome not in (Outcome.HELD, Outcome.LOST):
+                raise StoreError(
+                    f"live entries of {self.namespace!r}: claiming revision {number} was "
+                    f"answered {outcome.value}; nothing was written"
+                )
+            if time.monotonic() > deadline:
+                raise StoreError(
+                    f"live entries of {self.namespace!r}: revision {number} stayed held by "
+                    f"another writer; nothing was written"
+                )
+            if outcome is Outcome.HELD:
+                time.sleep(WAIT_S)
+
+    def _claim(self, number: int, node: str) -> Outcome:
+        now = self.store.time_ms()
+        request = ClaimRequest(
+            id=self.claim_id(number),
+            address=self.address,
+            occurrence_ms=now,
+            max_late_ms=NEVER_LATE_MS,
+            memory_ms=REVISION_MEMORY_MS,
+            release_ms=now,
+        )
+        return self.store.claim([request], node=node, lease_ms=LEASE_MS)[0]
+
+    def _write(
+        self,
+        number: int,
+        changes: Sequence[Change],
+        *,
+        writer: str,
+        host: str,
+        note: str,
+        fence: Any,
+        node: str,
+        claimed: float,
+    ) -> Revision:
+        previous = self.read([number - 1]) if number > 1 else []
+        last_fence = previous[0].fence_ms if previous else 0
+        now = self.store.time_ms()
+        revision = Revision(
+            number=number,
+            changes=tuple(changes),
+            committed_ms=now,
+            fence_ms=max(int(fence(now)), last_fence),
+            writer=writer,
+            host=host,
+            note=note,
+        )
+        notes = self._notes(revision)
+        if time.monotonic() - claimed > LEASE_MS / 2_000:
+            self.store.release([self.claim_id(number)], node=node)
+            raise StoreError(
+                f"live entries of {self.namespace!r}: revision {number} was claimed too long "
+                f"ago to be written safely; nothing was written, try again"
+            )
+        self.store.keep_notes(notes)
+        if not self.store.commit([self.claim_id(number)], node=node)[0]:
+            raise BeatlessError(
+                f"live entries of {self.namespace!r}: revision {number} was taken over by "
+                f"another writer before this one committed it; read the revisions again"
+            )
+        head = dumps({"v": HEAD_VERSION, "number": number})
+        self.store.keep_notes([KeptNote(self.head_kind, "head", head)])
+        return revision
+
+    def _notes(self, revision: Revision) -> list[KeptNote]:
+        """The revision's note, or notes when one would be over ``NOTE_VALUE_LIMIT``."""
+        whole = dumps(revision.to_json())
+        if len(whole.encode()) <= NOTE_VALUE_LIMIT:
+            return [KeptNote(self.revisions_kind, str(revision.number), whole)]
+        parts: list[list[dict[str, Any]]] = [[]]
+        room = NOTE_VALUE_LIMIT - len(dumps(revision.meta_json() | {"parts": 99999}).encode())
+        size = len('{"changes":[]}')
+        for change in revision.changes:
+            text = dumps(change.to_json())
+            cost = len(text.encode()) + 1
+            if cost + size > room:
+                if not parts[-1]:
+                    raise StoreError(
+                        f"live entry {change.name!r} is {cost} bytes as JSON, over the "
+                        f"{NOTE_VALUE_LIMIT} a store note holds"
+                    )
+                parts.append([])
+                size = len('{"changes":[]}')
+            parts[-1].append(change.to_json())
+            size += cost
+        first = revision.meta_json() | {"parts": len(parts), "changes": parts[0]}
+        notes = [KeptNote(self.revisions_kind, str(revision.number), dumps(first))]
+        for index, part in enumerate(parts[1:], start=1):
+            key = f"{revision.number}.{index}"
+            notes.append(KeptNote(self.revisions_kind, key, dumps({"changes": part})))
+        return notes

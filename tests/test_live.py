@@ -1,0 +1,230 @@
+"""Live entries in the store (``beatless.live``): revisions, the API, on every store.
+
+Each test uses a namespace of its own. RabbitMQ cannot keep a note without an end: it
+refuses live entries with its reason."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from stores import StoreFactory
+
+from beatless.core.triggers import Cron, Every
+from beatless.errors import ConfigError, ScheduleError, StaleRevision
+from beatless.live import Live, entry_to_json
+from beatless.schedule.entry import Entry
+from beatless.stores.base import NOTE_VALUE_LIMIT, ClaimStore
+from beatless.stores.sqlite import SQLiteStore
+
+HALF_PAST = datetime(1970, 1, 1, 0, 30, tzinfo=UTC)
+
+
+def live(factory: StoreFactory, namespace: str | None = None, **kw: object) -> Live:
+    store = factory()
+    if not store.keeps_notes:
+        with pytest.raises(ConfigError, match="its notes live at most 24 hours"):
+            Live(store, namespace="x")
+        pytest.skip(f"the {store.name} store refuses live entries (asserted)")
+    return Live(store, namespace=namespace or f"live-{uuid.uuid4().hex[:8]}", **kw)  # type: ignore[arg-type]
+
+
+def report(name: str = "report", **changes: object) -> Entry:
+    entry = Entry(name=name, task="app.report", trigger=Cron("0 4 * * *", "UTC"), args=(1,))
+    return entry.replace(**changes) if changes else entry
+
+
+def test_a_put_is_revision_1_read_back_by_another_client(store_factory: StoreFactory) -> None:
+    writer = live(store_factory, writer="alice", host="desk")
+    reader = Live(store_factory(), namespace=writer.namespace)
+
+    revision = writer.put(report(), note="first")
+
+    assert (revision.number, revision.writer, revision.host, revision.note) == (
+        1,
+        "alice",
+        "desk",
+        "first",
+    )
+    assert revision.fence_ms == revision.committed_ms + 2_000
+    assert reader.head() == 1
+    got = reader.get("report")
+    assert got is not None
+    assert entry_to_json(got) == entry_to_json(report())
+    assert [e.name for e in reader.list()] == ["report"]
+    assert reader.history("report") == [revision]
+
+
+def test_edits_deletes_history_and_revert(store_factory: StoreFactory) -> None:
+    api = live(store_factory)
+    api.put(report())
+    api.put_many([report(args=(2,)), report("other")])
+    api.delete("report")
+
+    assert api.head() == 3
+    assert [e.name for e in api.list()] == ["other"]
+    assert [r.number for r in api.history("report")] == [1, 2, 3]
+    assert [r.number for r in api.history("other")] == [2]
+
+    reverted = api.revert(2)
+    assert reverted.number == 4
+    assert reverted.note == "revert to 2"
+    assert api.state() == api.state(2)
+    got = api.get("report")
+    assert got is not None
+    assert got.args == (2,)
+    with pytest.raises(ConfigError, match="no live entry 'gone'"):
+        api.delete("gone")
+
+
+def test_a_stale_base_revision_is_refused_naming_the_current_one(
+    store_factory: StoreFactory,
+) -> None:
+    api = live(store_factory)
+    api.put(report())
+    api.put(report(args=(5,)), if_revision=1)
+
+    with pytest.raises(
+        StaleRevision, match="based on revision 1, but the current revision is 2"
+    ) as stale:
+        api.put(report(args=(6,)), if_revision=1)
+    assert stale.value.current == 2
+    assert api.head() == 2
+
+
+def test_a_name_the_code_owns_is_refused_unless_overridden(store_factory: StoreFactory) -> None:
+    api = live(store_factory, code=[report()])
+    with pytest.raises(ScheduleError, match="owned by the code schedule"):
+        api.put(report())
+    revision = api.put(report(), override=True)
+    assert revision.changes[0].override
+
+
+def test_fences_follow_effective_in_and_at_and_never_go_back(store_factory: StoreFactory) -> None:
+    api = live(store_factory)
+    late = api.put(report(), effective_in="1h")
+    assert late.fence_ms == late.committed_ms + 3_600_000
+    sooner = api.put(report(args=(2,)), effective_in=0)
+    assert sooner.fence_ms == late.fence_ms  # a fence is at least its predecessor's
+    at = api.store.time_ms() + 7_200_000
+    assert api.put(report(args=(3,)), at=at).fence_ms == at
+    with pytest.raises(ConfigError, match="never retroactive"):
+        api.put(report(), at=api.store.time_ms() - 60_000)
+
+
+def test_a_batch_over_one_note_is_split_and_read_back_whole(store_factory: StoreFactory) -> None:
+    api = live(store_factory)
+    big = [
+        report(f"e{i}", kwargs={"pad": "x" * 2_000}) for i in range(3 * NOTE_VALUE_LIMIT // 2_000)
+    ]
+    revision = api.put_many(big)
+
+    reader = Live(api.store, namespace=api.namespace)
+    assert reader.history()[0].hash == revision.hash
+    assert len(reader.list()) == len(big)
+
+
+def test_two_editors_never_both_win_a_revision_number(store_factory: StoreFactory) -> None:
+    namespace = f"race-{uuid.uuid4().hex[:8]}"
+    first = live(store_factory, namespace)
+    editors = [first] + [Live(store_factory(), namespace=namespace) for _ in range(3)]
+    numbers: list[int] = []
+    lock = threading.Lock()
+
+    def edit(api: Live, index: int) -> None:
+        for round_ in range(3):
+            revision = api.put(report(f"n{index}", args=(round_,)))
+            with lock:
+                numbers.append(revision.number)
+
+    threads = [threading.Thread(target=edit, args=(api, i)) for i, api in enumerate(editors)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+
+    assert sorted(numbers) == list(range(1, 13))
+    assert [r.number for r in first.history()] == list(range(1, 13))
+    assert {e.name: e.args for e in first.list()} == {f"n{i}": (2,) for i in range(4)}
+
+
+def _edit_in_process(path: str, namespace: str, index: int, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    api = Live(SQLiteStore(path), namespace=namespace)
+    out.put([api.put(report(f"p{index}", args=(r,))).number for r in range(5)])
+
+
+def test_editors_in_processes_never_both_win_a_revision_number(tmp_path: Path) -> None:
+    path, namespace = str(tmp_path / "live.db"), "procs"
+    out: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
+    procs = [
+        multiprocessing.Process(target=_edit_in_process, args=(path, namespace, i, out))
+        for i in range(3)
+    ]
+    for proc in procs:
+        proc.start()
+    numbers = [n for _ in procs for n in out.get(timeout=60)]
+    for proc in procs:
+        proc.join(timeout=30)
+
+    assert sorted(numbers) == list(range(1, 16))
+    assert Live(SQLiteStore(path), namespace=namespace).head() == 15
+
+
+def test_a_plan_lists_added_removed_moved_changed_and_straddling_firings(
+    store_factory: StoreFactory,
+) -> None:
+    api = live(store_factory)
+    api.put_many(
+        [
+            Entry(
+                name="hourly",
+                task="t",
+                trigger=Every(timedelta(hours=1)),
+                jitter="10m",
+                max_late="20m",
+            ),
+            Entry(name="gone", task="t", trigger=Every(timedelta(hours=6))),
+            Entry(name="args", task="t", trigger=Every(timedelta(hours=12))),
+        ]
+    )
+    start = 1_800_000_000_000 - 60_000  # one minute before a whole hour
+    wanted = [
+        Entry(
+            name="hourly",
+            task="t",
+            trigger=Every(timedelta(hours=1), HALF_PAST),
+            jitter="10m",
+            max_late="20m",
+        ),
+        Entry(name="args", task="t", trigger=Every(timedelta(hours=12)), args=(1,)),
+        Entry(name="new", task="t", trigger=Every(timedelta(days=1))),
+    ]
+    plan = api.plan(wanted, window="1d", start_ms=start, effective_in=0)
+    again = api.plan(wanted, window="1d", start_ms=start, effective_in=0)
+
+    assert plan == again  # deterministic
+    assert {c.name for c in plan.changes} == {"hourly", "args", "new", "gone"}
+    assert {name for name, _ in plan.removed} >= {"gone"}
+    assert [name for name, _ in plan.added] == ["new"]
+    assert {name for name, _, _ in plan.moved} == {"hourly"}
+    assert plan.changed == ("args",)
+    assert all(o < plan.fence_ms <= r for _, o, r in plan.straddling)
+
+    applied = api.apply(plan)
+    assert applied is not None
+    assert applied.number == 2
+    assert sorted(e.name for e in api.list()) == ["args", "hourly", "new"]
+    with pytest.raises(StaleRevision):
+        api.apply(plan)
+
+
+def test_a_store_that_cannot_keep_notes_refuses_live_entries(store_factory: StoreFactory) -> None:
+    store: ClaimStore = store_factory()
+    if store.keeps_notes:
+        return
+    with pytest.raises(ConfigError, match="cannot hold live entries; use one of"):
+        Live(store, namespace="x")
