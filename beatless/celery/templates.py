@@ -60,6 +60,12 @@ _PUBLISH_SIGNALS = (signals.before_task_publish, signals.after_task_publish, sig
 Path = tuple[str | int, ...]
 
 
+class CannotBuild(Exception):
+    """``app.send_task`` failed to make an entry's message: raised each time its template
+    is asked for, so that each firing is told (at WARNING, see
+    :class:`~beatless.node.atomic.RedisAtomic`) and sent through ``app.send_task``."""
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     """One task message, as the Redis commands that push it."""
@@ -142,7 +148,7 @@ class Builder:
         self.mark = f"beatless-template-{uuid.uuid4().hex}"
         """The task id of every template: one marker, so that a result backend that
         subscribes to each sent id (``backend.on_task_call``) subscribes once."""
-        self._templates: dict[int, tuple[Entry, Template | str]] = {}
+        self._templates: dict[int, tuple[Entry, Template | str | CannotBuild]] = {}
 
     def close(self) -> None:
         self._templates.clear()
@@ -179,10 +185,13 @@ class Builder:
         return template.fill(firing, now_s)
 
     def template(self, entry: Entry) -> Template | str:
-        """``entry``'s template (made now, or reused), or why it has none."""
+        """``entry``'s template (made now, or reused), or why it has none; a
+        :class:`CannotBuild` when ``app.send_task`` failed to make it (each time asked)."""
         cached = self._templates.get(id(entry))
         if cached is not None and cached[0] is entry:
             made = cached[1]
+            if isinstance(made, CannotBuild):
+                raise CannotBuild(str(made))
             if isinstance(made, str) or not made.message.exchange:
                 return made
             if time.monotonic() - made.made_at < TEMPLATE_TTL_S:
@@ -192,12 +201,9 @@ class Builder:
         except StoreUnavailable:
             raise
         except Exception as exc:
-            logger.exception(
-                "entry %s: its message cannot be made by app.send_task; its firings are sent "
-                "through app.send_task at their release, where the error is theirs",
-                shown(entry.name),
-            )
-            made = f"its message cannot be built ({shown(exc, quoted=False)})"
+            failed = CannotBuild(shown(exc, quoted=False))
+            self._templates[id(entry)] = (entry, failed)
+            raise failed from exc
         self._templates[id(entry)] = (entry, made)
         return made
 

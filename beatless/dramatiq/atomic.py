@@ -10,40 +10,35 @@ of the broker's ``dispatch.lua``, under the broker's namespace::
 ``redis_message_id`` is a fresh UUID, as ``RedisBroker.enqueue`` draws one; the
 message's own id is the firing id; ``now_ms`` is when the message was built (up to a
 second before the release: the loop builds messages ahead while it would sleep, see
-:meth:`RedisBrokerStore.prepare`). A stock Dramatiq worker consumes the message as if
-``actor.send`` had enqueued it. The queue is the actor's canonical queue (a firing is
-never delayed: its release has already come).
+:meth:`~beatless.node.atomic.RedisAtomic.prepare`). A stock Dramatiq worker consumes the
+message as if ``actor.send`` had enqueued it. The queue is the actor's canonical queue (a
+firing is never delayed: its release has already come). The claim, the fall-back to
+``broker.enqueue`` and the push are the shared skeleton,
+:class:`~beatless.node.atomic.RedisAtomic`; this module supplies the message and its
+commands.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
-from dramatiq import Middleware
+from dramatiq import Message, Middleware
 
 from beatless.core._logtext import ERROR_LIMIT, shown
 from beatless.core.durations import DurationLike
 from beatless.dramatiq.messages import message_for
 from beatless.errors import ConfigError
-from beatless.node.dispatch import (
-    DEFAULT_LEASE,
-    RECORDED,
-    Dispatcher,
-    TwoPhase,
-    Wake,
-    decide_claimed,
-)
-from beatless.schedule.firing import Firing, claim_request
-from beatless.stores.redis.store import Ready, RedisStore, server_identity
+from beatless.node.atomic import RedisAtomic
+from beatless.node.dispatch import DEFAULT_LEASE
+from beatless.schedule.firing import Firing
+from beatless.stores.redis.store import RedisStore, server_identity
 
 if TYPE_CHECKING:
     import redis
-    from dramatiq import Message
     from dramatiq.brokers.redis import RedisBroker
 
 logger = logging.getLogger(__name__)
@@ -81,20 +76,20 @@ def url_is_broker_redis(url: str, broker: RedisBroker) -> bool:
         probe.close()
 
 
-class RedisBrokerStore(Dispatcher):
+class RedisBrokerStore(RedisAtomic[Message[Any]]):
     """The atomic :class:`~beatless.node.dispatch.Dispatcher` over the broker's own Redis.
 
     ``store`` is a :class:`~beatless.stores.redis.store.RedisStore` whose client talks to the
     broker's server and database; ``actor_of`` finds the actor of an entry's task. A
-    firing whose message cannot be prepared for the claim script goes two-phase on the
-    same store, through ``enqueue`` (the middleware passes its bounded
+    firing whose message cannot be built for the claim script is told at WARNING and goes
+    two-phase on the same store, through ``enqueue`` (the middleware passes its bounded
     :class:`~beatless.dramatiq.sending.Sender`; ``broker.enqueue`` by default), where it
     fails (or not) in Dramatiq's own words; it never stops the other firings of the wake.
     """
 
-    store: RedisStore
-
     name = "redis (the broker's own, atomic)"
+
+    sent_through = "broker.enqueue"
 
     def __init__(
         self,
@@ -108,74 +103,49 @@ class RedisBrokerStore(Dispatcher):
         enqueue: Callable[[Firing], object] | None = None,
     ) -> None:
         self.broker = broker
-        self.store = store
         self._actor_of = actor_of
         self._tenant_kwarg = tenant_kwarg
         self._owns_store = owns_store
         self._told: str | None = None
-        self.two_phase = TwoPhase(store, enqueue or self._enqueue, lease=lease)
-        self.lease_ms = self.two_phase.lease_ms
+        super().__init__(store, enqueue or self._enqueue, lease=lease)
 
     def __repr__(self) -> str:
         return f"RedisBrokerStore({self.store!r}, namespace={self.broker.namespace!r})"
 
-    prepares_ahead = True
+    # -- the hooks of the atomic path ----------------------------------------------
 
-    def prepare(self, firings: Sequence[Firing], wake: Wake) -> Sequence[object]:
-        """Build each firing's message, commands and claim ahead of its release (none
-        while firings go two-phase): at the release, what is left is the script."""
-        if self.why_two_phase() is not None:
-            return [None] * len(firings)
+    def build(self, firing: Firing, *, ahead: bool) -> Message[Any]:
+        """``firing``'s message, with a fresh ``redis_message_id`` as ``RedisBroker.enqueue``
+        draws one; the same ahead of the release as when due."""
+        return self._message(firing)
+
+    def commands(self, message: Message[Any]) -> list[list[str]]:
+        """The commands ``RedisBroker.enqueue`` runs for ``message`` (see the module doc),
+        with the heartbeat of now: when the message is built."""
+        namespace, queue = self.broker.namespace, message.queue_name
+        redis_id = str(message.options["redis_message_id"])
+        data = message.encode()
+        try:
+            payload = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(
+                "the atomic Redis path needs a text message encoding (Dramatiq's JSONEncoder); "
+                "with a binary encoder, use a claim store other than the broker's Redis"
+            ) from None
         now_ms = int(time.time() * 1000)
-        built: list[Ready[Message[Any]] | None] = []
-        for firing in firings:
-            try:
-                built.append(self._ready(firing, wake, now_ms))
-            except Exception:
-                built.append(None)  # built again when due, where the failure is told
-        return built
+        return [
+            ["ZADD", f"{namespace}:__heartbeats__", str(now_ms), str(self.broker.broker_id)],
+            ["HSET", f"{namespace}:{queue}.msgs", redis_id, payload],
+            ["RPUSH", f"{namespace}:{queue}", redis_id],
+        ]
 
-    def dispatch(self, firings: Sequence[Firing], wake: Wake) -> None:
-        now_ms = int(time.time() * 1000)
-        ready: list[tuple[Firing, Ready[Message[Any]]]] = []
-        fallback: list[Firing] = []
-        why = self.why_two_phase()
-        for firing in firings:
-            built = wake.prepared(firing)
-            if wake.is_late(firing):
-                wake.decide(firing, "late")
-                continue
-            if why is not None:
-                fallback.append(firing)
-                continue
-            if isinstance(built, Ready):
-                ready.append((firing, built))
-                continue
-            try:
-                ready.append((firing, self._ready(firing, wake, now_ms)))
-            except Exception:
-                logger.exception(
-                    "firing %s of entry %s: its message cannot be prepared for the claim "
-                    "script; sending it two-phase through broker.enqueue",
-                    firing.id,
-                    shown(firing.entry.name),
-                )
-                fallback.append(firing)
-        self._push(ready, wake)
-        if fallback:
-            self.two_phase.dispatch(fallback, wake)
+    def pushed(self, messages: list[Message[Any]]) -> None:
+        for message in messages:
+            self.broker.emit_after("enqueue", message, None)
 
-    def _ready(self, firing: Firing, wake: Wake, now_ms: int) -> Ready[Message[Any]]:
-        message = self._message(firing)
-        return Ready(
-            message,
-            claim_request(firing),
-            json.dumps(self.commands(message, now_ms)),
-            wake.history_template(firing),
-        )
-
-    def why_two_phase(self) -> str | None:
-        """Why every firing goes through ``broker.enqueue`` now, or ``None``.
+    def why_two_phase(self, firing: Firing | None = None) -> str | None:
+        """Why every firing goes through ``broker.enqueue`` now, or ``None`` (the same for
+        every ``firing``).
 
         A middleware with its own ``before_enqueue`` expects to see (and may change) each
         message before it is sent; the claim script cannot call it for the winner alone,
@@ -197,21 +167,7 @@ class RedisBrokerStore(Dispatcher):
             )
         return why
 
-    def _push(self, ready: list[tuple[Firing, Ready[Message[Any]]]], wake: Wake) -> None:
-        if not ready:
-            return
-        notes = [r.note for _, r in ready]
-        outcomes = self.store.claim_and_push(
-            [r.request for _, r in ready],
-            [r.commands for _, r in ready],
-            node=wake.node,
-            notes=notes if any(notes) else None,
-        )
-        for (firing, built), outcome in zip(ready, outcomes, strict=True):
-            recorded = built.note is not None and outcome in RECORDED
-            decide_claimed(wake, firing, outcome, recorded=recorded)
-            if outcome.is_won:
-                self.broker.emit_after("enqueue", built.message, None)
+    # -- the rest ------------------------------------------------------------------
 
     def _enqueue(self, firing: Firing) -> None:
         actor = self._actor_of(firing.entry.task)
@@ -224,24 +180,6 @@ class RedisBrokerStore(Dispatcher):
             tenant_kwarg=self._tenant_kwarg,
             extra={"redis_message_id": str(uuid4())},
         )
-
-    def commands(self, message: Message[Any], now_ms: int) -> list[list[str]]:
-        """The commands ``RedisBroker.enqueue`` runs for ``message`` (see the module doc)."""
-        namespace, queue = self.broker.namespace, message.queue_name
-        redis_id = str(message.options["redis_message_id"])
-        data = message.encode()
-        try:
-            payload = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ConfigError(
-                "the atomic Redis path needs a text message encoding (Dramatiq's JSONEncoder); "
-                "with a binary encoder, use a claim store other than the broker's Redis"
-            ) from None
-        return [
-            ["ZADD", f"{namespace}:__heartbeats__", str(now_ms), str(self.broker.broker_id)],
-            ["HSET", f"{namespace}:{queue}.msgs", redis_id, payload],
-            ["RPUSH", f"{namespace}:{queue}", redis_id],
-        ]
 
     def close(self) -> None:
         """Close the claim store if it was opened for this one (never the broker's client)."""

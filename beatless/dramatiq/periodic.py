@@ -14,18 +14,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from beatless.core.durations import DurationLike, as_timedelta
+from beatless.core.durations import DurationLike
 from beatless.core.triggers import Cron, Every, Trigger
 from beatless.errors import ConfigError
 from beatless.schedule.entry import Entry, Tenants
 from beatless.schedule.options import (
+    BY_NAME,
     DEFAULT_CATCH_UP,
     DEFAULT_HEARTBEAT,
     DEFAULT_MAX_LATE,
     DEFAULT_OVERLAP,
     DEFAULT_RUN_LEASE,
-    catch_up_policy,
-    overlap_policy,
 )
 from beatless.schedule.problems import STAND_IN_TRIGGER, collect, entry_of
 
@@ -194,38 +193,27 @@ def _periodic(
     problems: list[str] = []
     return Periodic(
         trigger=collect(trigger, problems),
-        jitter=collect(lambda: _duration(jitter, "jitter"), problems),
-        max_late=collect(lambda: _duration(max_late, "max_late"), problems),
+        jitter=collect(lambda: _option("jitter", jitter), problems),
+        max_late=collect(lambda: _option("max_late", max_late), problems),
         args=tuple(args),
         kwargs=dict(kwargs or {}),
         options=dict(options or {}),
         tenants=tenants,
         name=name,
-        catch_up=collect(lambda: _policy(catch_up), problems),
-        overlap=collect(lambda: _overlap(overlap), problems),
-        run_lease=collect(lambda: _duration(run_lease, "run_lease"), problems),
-        heartbeat=collect(lambda: _duration(heartbeat, "heartbeat"), problems),
-        once_only=collect(lambda: _once_only(once_only), problems),
+        catch_up=collect(lambda: _option("catch_up", catch_up), problems),
+        overlap=collect(lambda: _option("overlap", overlap), problems),
+        run_lease=collect(lambda: _option("run_lease", run_lease), problems),
+        heartbeat=collect(lambda: _option("heartbeat", heartbeat), problems),
+        once_only=collect(lambda: _option("once_only", once_only), problems),
         problems=tuple(problems),
     )
 
 
-def _policy(value: str | None) -> str | None:
-    return None if value is None else catch_up_policy(value, "catch_up")
-
-
-def _overlap(value: str | None) -> str | None:
-    return None if value is None else overlap_policy(value, "overlap")
-
-
-def _once_only(value: object) -> bool | None:
-    if value is None or isinstance(value, bool):
-        return value
-    raise ConfigError(f"once_only must be true or false, got {value!r}")
-
-
-def _duration(value: DurationLike | None, name: str) -> timedelta | None:
-    return None if value is None else as_timedelta(value, name=name)
+def _option(name: str, value: object) -> Any:
+    """An entry option as ``periodic=`` was given it, read as every place that takes entry
+    options reads it (:mod:`beatless.schedule.options`); ``None`` (not given) is left for
+    the middleware's default."""
+    return None if value is None else BY_NAME[name].read(value, name)
 
 
 def declarations(actor_name: str, value: object) -> Sequence[Periodic]:

@@ -514,15 +514,22 @@ def test_failed_two_phase_send_releases_the_claim(db: int, token: str, r: Any) -
 
 
 def test_firing_whose_message_cannot_be_built_is_isolated_and_released(
-    db: int, token: str, r: Any
+    db: int, token: str, r: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     app = make_app(db, token, task_create_missing_queues=False)
     atomic = make_atomic(app, db, token)
     bad, good = firing("bad", options={"queue": f"{token}-missing"}), firing("good")
     try:
-        assert dispatch_now(atomic, [bad, good], node="a") == ["enqueue_failed", "won"]
+        with caplog.at_level(logging.DEBUG, logger="beatless.node.atomic"):
+            assert dispatch_now(atomic, [bad, good], node="a") == ["enqueue_failed", "won"]
     finally:
         close(atomic)
+    (said,) = [r for r in caplog.records if r.name == "beatless.node.atomic"]
+    assert said.levelno == logging.WARNING
+    assert said.getMessage().startswith(
+        f"firing {bad.id} of entry 'bad': its message cannot be built for the claim script ("
+    )
+    assert said.getMessage().endswith("); sending it two-phase through app.send_task")
     assert [m["headers"]["id"] for m in entries(r, token)] == [good.id]
     record = r.get(f"{token}:claims:claim:{bad.id}")
     assert b"|committed|" not in (record or b"")  # released: the next claim takes it over

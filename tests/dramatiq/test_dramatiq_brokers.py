@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -144,6 +145,41 @@ def test_messages_built_ahead_are_the_ones_the_script_sends_and_a_failed_build_i
     assert ahead_ids == {f.id for f in firings} - {firings[3].id}
     assert {m["kwargs"]["tenant"] for m in sent} == {f.tenant for f in firings}
     client.close()
+
+
+def test_a_message_that_cannot_be_built_when_due_is_one_warning_and_goes_two_phase(
+    namespace: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same rule as Celery's (:class:`~beatless.node.atomic.RedisAtomic`): a WARNING
+    naming the entry, at most every ``FAILURE_WARN_S`` per entry (the others at DEBUG),
+    and each firing sent through ``broker.enqueue``, where it is Dramatiq's to refuse."""
+    broker = redis_broker(namespace, REDIS_URL)
+    actor = dramatiq.actor(lambda tenant=None: None, actor_name="t", broker=broker, queue_name="q")
+    client = redis.Redis.from_url(REDIS_URL)
+    entry = Entry(name="t", task="t", trigger=Every(60), tenants=["a", "b"])
+    now_ms = int(client.time()[0]) * 1_000
+    firings = [Firing.of(entry, t, f"{namespace}/t/{t}", now_ms) for t in ("a", "b")]
+    store = RedisBrokerStore(
+        broker, RedisStore(client, namespace=namespace), lambda _: actor, tenant_kwarg="tenant"
+    )
+
+    def message(self: RedisBrokerStore, firing: Firing) -> Any:
+        raise ValueError("cannot encode")
+
+    monkeypatch.setattr(RedisBrokerStore, "_message", message)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="beatless.node.atomic"):
+            assert dispatch_now(store, firings, node="n1") == ["won", "won"]
+        sent = client.lrange(f"{namespace}:q", 0, -1)
+    finally:
+        client.close()
+    assert len(sent) == 2  # through broker.enqueue
+    said = [r for r in caplog.records if r.name == "beatless.node.atomic"]
+    assert [r.levelno for r in said] == [logging.WARNING, logging.DEBUG]
+    assert said[0].getMessage() == (
+        f"firing {firings[0].id} of entry 't': its message cannot be built for the claim "
+        f"script (cannot encode); sending it two-phase through broker.enqueue"
+    )
 
 
 def test_a_firing_enqueued_atomically_is_lost_to_every_other_node_and_runs_once(

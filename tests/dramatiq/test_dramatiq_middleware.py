@@ -6,7 +6,7 @@ import logging
 import sys
 import textwrap
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -518,6 +518,17 @@ def ours(records: list[logging.LogRecord]) -> list[logging.LogRecord]:
     """beatless's own records: Dramatiq's middleware (its Prometheus exporter on 1.x)
     logs on its own loggers."""
     return [r for r in records if r.name.startswith("beatless")]
+
+
+def test_the_options_are_checked_once_and_read_as_attributes_of_the_middleware() -> None:
+    beat = bd.Beatless(store="memory://", jitter="2m", overlap="skip", once_only=False)
+    assert (beat.jitter, beat.overlap, beat.once_only) == (timedelta(minutes=2), "skip", False)
+    assert beat.store == beat.settings.store == "memory://"
+    assert beat.address_namespace == "default"
+    with pytest.raises(AttributeError, match="no attribute 'jiter'"):
+        beat.jiter  # noqa: B018 - a name that is no option
+    with pytest.raises(ConfigError, match="Beatless: once_only must be true or false"):
+        bd.Beatless(store="memory://", once_only="yes")  # type: ignore[arg-type]
 
 
 def test_catch_up_comes_from_the_middleware_or_the_declaration() -> None:

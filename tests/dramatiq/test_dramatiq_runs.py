@@ -62,7 +62,7 @@ def stub_broker(store: Any, clock: ManualClock, **options: Any) -> StubBroker:
 def broker(store: MemoryStore, clock: ManualClock) -> Iterator[StubBroker]:
     stub = stub_broker(store, clock)
     yield stub
-    beat(stub).close_runs()
+    beat(stub).gate.close()
     stub.close()
 
 
@@ -300,7 +300,7 @@ def test_a_copy_of_a_message_runs_once_and_is_counted_duplicate(broker: StubBrok
     work(broker, threads=3)
     assert ran == [message.message_id]
     assert beat(broker).run_counts == {"run": 1, "duplicate": 2}
-    assert beat(broker).runs(broker).active() == 0
+    assert beat(broker).gate.runs(broker).active() == 0
 
 
 def test_a_copy_while_the_run_goes_on_is_refused_and_so_is_one_after_it(
@@ -394,7 +394,7 @@ def test_a_redelivery_after_the_worker_died_runs_again_once_the_run_lease_lapsed
     message = bd.message_for(firing_of(entry, NOW_MS), actors[0][0], tenant_kwarg=None)
     proxy = MessageProxy(message)
     beat(dead).before_process_message(dead, proxy)  # the run starts ...
-    beat(dead).close_runs()  # ... and its process is killed: no heartbeat, no end
+    beat(dead).gate.close()  # ... and its process is killed: no heartbeat, no end
     clock.advance(2_000)
     alive.enqueue(message)
     work(alive)
@@ -405,7 +405,7 @@ def test_a_redelivery_after_the_worker_died_runs_again_once_the_run_lease_lapsed
     assert actors[1][1] == [message.message_id]
     assert beat(alive).run_counts == {"duplicate": 1, "rerun": 1}
     for b in (dead, alive):
-        beat(b).close_runs()
+        beat(b).gate.close()
         b.close()
 
 
@@ -435,7 +435,7 @@ def test_a_retry_is_a_new_attempt_and_runs(broker: StubBroker) -> None:
         worker.stop()
     assert attempts == [0, 1]
     assert beat(broker).run_counts == {"run": 2}
-    assert beat(broker).runs(broker).active() == 0
+    assert beat(broker).gate.runs(broker).active() == 0
 
 
 class SkipAfter(Middleware):
@@ -460,8 +460,8 @@ def test_a_run_skipped_by_a_later_middleware_is_ended_all_the_same(
     work(broker)
     assert ran == []
     assert beat(broker).run_counts == {"run": 1}
-    assert beat(broker).runs(broker).active() == 0
-    assert beat(broker)._running == {}
+    assert beat(broker).gate.runs(broker).active() == 0
+    assert beat(broker).gate._running == {}
     lease = ClaimRequest(run_lease_id("unit/skipped"), "unit/skipped", NOW_MS, 10**12, 1_000, 0)
     assert store.claim([lease], node="probe", lease_ms=1_000)[0].is_won  # released
 
@@ -497,7 +497,7 @@ def test_a_message_without_an_address_option_takes_its_entry_and_tenant(
     entry = Entry(name="fan/out", task="fan", trigger=Every(60), overlap="skip")
     full = bd.message_for(firing_of(entry, NOW_MS, "acme"), actor, tenant_kwarg=None)
     older = full.copy(options={ADDRESS_OPTION: None})
-    assert beat(broker)._address_of(older) == "unit/fan%2Fout/acme"  # type: ignore[arg-type]
+    assert beat(broker).gate.address_of(older) == "unit/fan%2Fout/acme"  # type: ignore[arg-type]
     proxy = MessageProxy(older)
     beat(broker).before_process_message(broker, proxy)
     lease = ClaimRequest(
@@ -528,7 +528,7 @@ def test_with_the_store_unreachable_once_only_is_given_up_and_overlap_skip_is_no
     work(stub)
     assert len(ran) == 1
     assert beat(stub).run_counts == {"unchecked": 1, "skipped_overlap": 1}
-    beat(stub).close_runs()
+    beat(stub).gate.close()
     stub.close()
 
 
@@ -536,23 +536,23 @@ def test_the_runs_of_a_process_are_opened_once_named_host_pid_and_closed(
     broker: StubBroker, store: MemoryStore
 ) -> None:
     middleware = beat(broker)
-    runs = middleware.runs(broker)
-    assert middleware.runs(broker) is runs
+    runs = middleware.gate.runs(broker)
+    assert middleware.gate.runs(broker) is runs
     assert runs.node == f"{socket.gethostname()}:{os.getpid()}"
     named = bd.Beatless(store="memory://", node="node-a")
-    assert named.runs(broker).node == f"node-a:{os.getpid()}"
+    assert named.gate.runs(broker).node == f"node-a:{os.getpid()}"
     runs.start("f", "unit/x", RunPolicy("allow", 30_000, 5_000, True, 70_000))
     assert middleware.run_counts == {"run": 1}
-    middleware.close_runs()
+    middleware.gate.close()
     assert runs._thread is not None
     runs._thread.join(5)
     assert not runs._thread.is_alive()  # the heartbeat thread ended
     assert middleware.run_counts == {"run": 1}  # the counts outlive the close
-    again = middleware.runs(broker)
+    again = middleware.gate.runs(broker)
     assert again is not runs
     again.start("g", "unit/x", RunPolicy("allow", 30_000, 5_000, True, 70_000))
     assert middleware.run_counts == {"run": 2}
-    named.close_runs()
+    named.gate.close()
     # The store given to the middleware is the runs' store, and their close leaves it open.
     request = ClaimRequest("id", "unit/x", NOW_MS, 60_000, 70_000, NOW_MS)
     assert store.claim([request], node="n", lease_ms=1_000) == [Outcome.WON]
@@ -568,12 +568,12 @@ def test_the_runs_use_the_store_the_scheduler_claims_in(namespace: str, store: M
     given = bd.Beatless(store=store, namespace=namespace)
     url = bd.Beatless(store=OTHER_DB_URL, namespace=namespace)
     try:
-        own = follows._runs_store(broker)
+        own = follows.status_store(broker)
         assert isinstance(own, RedisStore)
         assert own.prefix == f"beatless:{namespace}:"
         assert own.client is broker.client
-        assert given._runs_store(broker).store is store  # type: ignore[attr-defined]
-        opened = url._runs_store(broker)
+        assert given.status_store(broker).store is store  # type: ignore[attr-defined]
+        opened = url.status_store(broker)
         assert isinstance(opened, RedisStore)
         assert opened.client.connection_pool.connection_kwargs["db"] == 13
         opened.close()

@@ -247,7 +247,7 @@ def test_the_middleware_enqueues_two_phase_through_a_sender_on_the_lease_deadlin
     broker.add_middleware(beatless)
     dramatiq.actor(lambda: None, actor_name=ACTOR, broker=broker, periodic=bd.every("1h"))
     scheduler = beatless.scheduler(broker)
-    (sender,) = [o for o in beatless._opened if isinstance(o, Sender)]
+    (sender,) = [o for o in beatless.builder.opened if isinstance(o, Sender)]
     assert scheduler.dispatcher.enqueue is sender
     assert sender.deadline_s == pytest.approx(4.0)  # 0.4 x the lease
     beatless.close()
@@ -280,7 +280,7 @@ broker.add_middleware(middleware)
 dramatiq.actor(lambda: None, actor_name="tick", broker=broker, queue_name=namespace,
                periodic=bd.every("1h"))
 atomic = type(middleware.scheduler(broker).dispatcher).__name__
-sender = middleware.sender(broker)
+sender = middleware.builder.sender(broker)
 entry = Entry(name="tick", task="tick", trigger=Every(3600))
 sent = sender(Firing.of(entry, None, namespace + "/tick", 1_800_000_000_000)).message_id
 middleware.close()
