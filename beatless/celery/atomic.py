@@ -29,6 +29,7 @@ from beatless.node.dispatch import (
 )
 from beatless.schedule.entry import Entry
 from beatless.schedule.firing import Firing, claim_request
+from beatless.schedule.outcomes import DecisionOutcome
 from beatless.stores.redis.store import Ready, RedisStore
 
 from .messages import send_task_options
@@ -160,7 +161,7 @@ class CeleryRedisAtomic(Dispatcher):
         for firing in firings:
             built = wake.prepared(firing)
             if wake.is_late(firing):
-                wake.decide(firing, "late")
+                wake.decide(firing, DecisionOutcome.LATE)
                 continue
             if isinstance(built, Ready) and self._why_two_phase(firing) is None:
                 atomic.append((firing, built))

@@ -11,6 +11,7 @@ from beatless.cli._fleet import fleet_from_args
 from beatless.core.durations import describe
 from beatless.schedule.entry import Entry, Schedule
 from beatless.schedule.firing import Firing, digest, iso
+from beatless.schedule.outcomes import DecisionOutcome
 
 if TYPE_CHECKING:
     from beatless.core.triggers import Trigger
@@ -87,16 +88,17 @@ def what_happened(
             f"{HISTORY_TTL_MS // 3_600_000} h){coalesced}"
         )
     where = f"by node {item.node}"
-    said = {
-        "won": f"fired: sent {where}, {item.lateness_ms} ms after its release",
-        "takeover": f"fired: taken over and sent {where}, {item.lateness_ms} ms after its "
-        "release (the first winner did not commit in time)",
-        "skipped_overlap": f"skipped {where}: a run of the address was in progress and its "
-        "overlap policy is 'skip'",
-        "paused": f"skipped {where}: the entry was paused by an operator",
-        "missed": f"missed: no node claimed it within max_late (found {where})",
-        "forgotten": f"not sent {where}: the claim store had lost its memory, so it may "
-        "have been sent before that",
+    late = f"{item.lateness_ms} ms after its release"
+    said: dict[str, str] = {
+        DecisionOutcome.WON: f"fired: sent {where}, {late}",
+        DecisionOutcome.TAKEOVER: f"fired: taken over and sent {where}, {late} (the first "
+        "winner did not commit in time)",
+        DecisionOutcome.SKIPPED_OVERLAP: f"skipped {where}: a run of the address was in "
+        "progress and its overlap policy is 'skip'",
+        DecisionOutcome.PAUSED: f"skipped {where}: the entry was paused by an operator",
+        DecisionOutcome.MISSED: f"missed: no node claimed it within max_late (found {where})",
+        DecisionOutcome.FORGOTTEN: f"not sent {where}: the claim store had lost its memory, "
+        "so it may have been sent before that",
     }
     return said.get(item.outcome, f"{item.outcome} {where}")
 

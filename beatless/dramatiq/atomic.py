@@ -39,6 +39,7 @@ from beatless.node.dispatch import (
     decide_claimed,
 )
 from beatless.schedule.firing import Firing, claim_request
+from beatless.schedule.outcomes import DecisionOutcome
 from beatless.stores.redis.store import Ready, RedisStore, server_identity
 
 if TYPE_CHECKING:
@@ -143,7 +144,7 @@ class RedisBrokerStore(Dispatcher):
         for firing in firings:
             built = wake.prepared(firing)
             if wake.is_late(firing):
-                wake.decide(firing, "late")
+                wake.decide(firing, DecisionOutcome.LATE)
                 continue
             if why is not None:
                 fallback.append(firing)
