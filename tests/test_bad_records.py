@@ -31,7 +31,7 @@ from service_check import require_service
 from stores import BACKENDS, Backend, ManualClock, Opener
 
 from beatless import Entry, Every, Schedule
-from beatless.cli.command import print_status
+from beatless.cli._status import print_status
 from beatless.fleet._controls import (
     Control,
     audit_kind,

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from beatless import Entry, Every, Firing, Schedule
-from beatless.cli.command import main, upcoming
+from beatless.cli._next import upcoming
+from beatless.cli.command import main
 from beatless.errors import ConfigError
 from beatless.schedule._fanout import CHUNK, FanOut, bucket_count, earliest
 from beatless.schedule.entry import canonical

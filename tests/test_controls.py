@@ -161,7 +161,7 @@ def test_a_control_needs_a_store(command: str) -> None:
 
 
 def test_explain_says_what_happened_to_a_past_firing_from_the_history(tmp_path: Path) -> None:
-    from beatless.cli.command import what_happened
+    from beatless.cli._explain import what_happened
 
     fleet = Fleet()
     plan = schedule()

@@ -8,7 +8,7 @@ import json
 
 from test_status import NS, Fleet
 
-from beatless.cli.command import what_happened
+from beatless.cli._explain import what_happened
 from beatless.core.triggers import Every
 from beatless.fleet._controls import set_control
 from beatless.fleet._notes import (

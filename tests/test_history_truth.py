@@ -70,7 +70,7 @@ def test_a_won_firing_then_noted_paused_by_another_node_stays_won(
     """The winner's note goes with its commit; a node that had read a pause the winner
     had not yet posts ``paused`` for the same firing after it: the history says ``won``,
     in the status and in ``explain``."""
-    from beatless.cli.command import what_happened
+    from beatless.cli._explain import what_happened
 
     winner = one_node(store_factory)
     store, board, plan = winner.store, winner.board, winner.schedule

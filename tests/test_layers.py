@@ -378,3 +378,10 @@ def test_each_old_module_path_is_the_moved_module_and_warns_once_imported() -> N
         name, warned = said[old]
         assert name != old, f"{old} is not the moved module"
         assert warned == [f"{old} moved to {name}; the old path goes in beatless 0.3"], warned
+
+
+def test_the_architecture_page_describes_every_layer() -> None:
+    page = (PACKAGE.parent / "docs/architecture.md").read_text()
+    heads = [line.split("**")[1] for line in page.splitlines() if line.startswith("**")]
+    missing = [p for layer in LAYERS for p in layer if not any(f"`{p}`" in h for h in heads)]
+    assert not missing, f"docs/architecture.md has no paragraph for {missing}"

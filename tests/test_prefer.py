@@ -252,14 +252,15 @@ def test_a_fleet_with_a_big_fan_out_still_posts_its_registry_and_splits_the_clai
 def test_beatless_run_turns_the_preferred_claimer_off_with_every_node_claims(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from beatless.cli import command as cli
+    from beatless.cli import _run
+    from beatless.cli.command import main
 
     schedule = tmp_path / "schedule.toml"
     schedule.write_text('[[entry]]\nname = "tick"\ntask = "t.tick"\nevery = "10s"\n')
     seen: list[bool] = []
-    monkeypatch.setattr(cli, "run_node", lambda *a, **k: seen.append(k["preferred"]) or 0)
-    assert cli.main(["run", str(schedule), "--store", "memory://"]) == 0
-    assert cli.main(["run", str(schedule), "--store", "memory://", "--every-node-claims"]) == 0
+    monkeypatch.setattr(_run, "run_node", lambda *a, **k: seen.append(k["preferred"]) or 0)
+    assert main(["run", str(schedule), "--store", "memory://"]) == 0
+    assert main(["run", str(schedule), "--store", "memory://", "--every-node-claims"]) == 0
     assert seen == [True, False]
 
 

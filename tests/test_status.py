@@ -285,7 +285,7 @@ def test_each_missed_firing_is_counted_and_logged_by_exactly_one_node(
 
 
 def test_occurrences_coalesced_by_catch_up_are_not_missed_and_explain_says_so() -> None:
-    from beatless.cli.command import what_happened
+    from beatless.cli._explain import what_happened
 
     fleet = Fleet()
     fleet.run(5)

@@ -50,7 +50,9 @@ def status(
 ) -> None:
     """What the fleet did and does: live nodes, drift, each entry's last and next
     firings, missed firings. Exit 0 when healthy, 1 with problems, 2 on an error."""
-    from beatless.cli.command import EXIT_BAD_INPUT, celery_fleet, print_status, serve_status
+    from beatless.cli._common import EXIT_BAD_INPUT
+    from beatless.cli._fleet import celery_fleet
+    from beatless.cli._status import print_status, serve_status
 
     try:
         fleet = celery_fleet(ctx.obj.app, store)

@@ -34,6 +34,7 @@ from beatless.core.urls import mask_url
 from beatless.errors import ConfigError
 from beatless.schedule.entry import Entry, Schedule
 from beatless.schedule.firing import Firing, iso
+from beatless.schedule.outcomes import DecisionOutcome
 
 WARMUP_MS = 2_000
 """Occurrences this soon after the start are not counted: the nodes are still starting."""
@@ -421,7 +422,7 @@ def run_node(*, store_url: str, node: str, until_ms: int, namespace: str = "demo
     lock = threading.Lock()
 
     def report(decision: Decision) -> None:
-        if decision.outcome in ("won", "takeover"):
+        if decision.outcome in DecisionOutcome.SENT:
             _emit(lock, _firing_report(decision))
 
     stop = threading.Event()

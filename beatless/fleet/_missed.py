@@ -26,6 +26,7 @@ from beatless.fleet._notes import (
 from beatless.fleet._schema import Skipped
 from beatless.schedule.entry import Schedule, tenant_address
 from beatless.schedule.firing import firing_id, missed_id
+from beatless.schedule.outcomes import DecisionOutcome
 from beatless.stores.base import NEVER_LATE_MS, TOLERANCE_MS, ClaimRequest, ClaimStore
 
 HOUR_MS = 3_600_000
@@ -104,7 +105,9 @@ def missed_occurrences(
     hour_ago = now_ms - HOUR_MS
     missed = {o for o in counted if hour_ago <= o <= now_ms}
     missed.update(
-        i.occurrence_ms for i in items if i.outcome == "missed" and i.occurrence_ms >= hour_ago
+        i.occurrence_ms
+        for i in items
+        if i.outcome == DecisionOutcome.MISSED and i.occurrence_ms >= hour_ago
     )
     if view.trigger is None or view.fan_out or not items:
         return sorted(missed)
@@ -144,7 +147,7 @@ def sweep_missed(
     found: list[tuple[EntryView, int]] = []
     for view in views:
         items = history_items(view, history, skipped)
-        recorded = {i.occurrence_ms for i in items if i.outcome == "missed"}
+        recorded = {i.occurrence_ms for i in items if i.outcome == DecisionOutcome.MISSED}
         fresh = [o for o in missed_occurrences(view, items, now_ms) if o not in recorded]
         found.extend((view, occurrence) for occurrence in fresh)
     if not found:

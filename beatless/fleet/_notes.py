@@ -59,6 +59,7 @@ from beatless.fleet._schema import (
 )
 from beatless.schedule.entry import Entry, Schedule, tenant_address
 from beatless.schedule.firing import Decision, firing_id
+from beatless.schedule.outcomes import DecisionOutcome
 
 SYNC_EVERY_MS = 1_000
 """How often a node posts its history and checks what is due below."""
@@ -77,32 +78,25 @@ OFFSET_WARN_MS = 1_000
 """A node's clock more than this far from the store's is told: by the node itself
 (:mod:`beatless.node._clockwatch`), and by every node reading the registry (:func:`drift`)."""
 
-HISTORY_STRENGTH = {
-    "won": 4,
-    "takeover": 4,
-    "forgotten": 3,
-    "skipped_overlap": 3,
-    "paused": 2,
-    "missed": 1,
+HISTORY_STRENGTH: dict[str, int] = {
+    DecisionOutcome.WON: 4,
+    DecisionOutcome.TAKEOVER: 4,
+    DecisionOutcome.FORGOTTEN: 3,
+    DecisionOutcome.SKIPPED_OVERLAP: 3,
+    DecisionOutcome.PAUSED: 2,
+    DecisionOutcome.MISSED: 1,
 }
-"""The one order of the outcomes a firing may have in the history, strongest highest: what
-the history tells of a firing is its strongest outcome. A sent firing (``won``,
-``takeover``) is what happened, whatever a node that did not send it decided; then what
-its claim decided without a send; then ``paused`` (a node chose not to claim it); then
-``missed`` (no claim was found in time)."""
-HISTORY_OUTCOMES = frozenset(HISTORY_STRENGTH)
-"""The decisions a node writes into an address's history: those only it made. ``lost`` and
-``held`` belong to another node's history item; a node-side ``late`` is only this node's
-view (another node may have sent the firing)."""
-CLAIM_DECIDED = frozenset({"won", "takeover", "forgotten", "skipped_overlap"})
-"""The outcomes a claim decides: one of them at most per firing in the whole fleet (the
-store answers it to one node), so their notes share the firing's key. The others
-(``paused``, ``missed``) are a node's own decision, which another node may contradict:
-each has a key of its own (:func:`history_key`), so that no note of a weaker outcome ever
-replaces a stronger one, on any store, and readers take the strongest
-(:func:`strongest`)."""
+"""The one order of the outcomes a firing may have in the history
+(:attr:`DecisionOutcome.HISTORY <beatless.schedule.outcomes.DecisionOutcome.HISTORY>`),
+strongest highest: what the history tells of a firing is its strongest outcome. A sent
+firing (``won``, ``takeover``) is what happened, whatever a node that did not send it
+decided; then what its claim decided without a send; then ``paused`` (a node chose not to
+claim it); then ``missed`` (no claim was found in time)."""
+HISTORY_OUTCOMES = DecisionOutcome.HISTORY
+SENT = DecisionOutcome.SENT
+"""The groups of :class:`~beatless.schedule.outcomes.DecisionOutcome` by their former names
+here, which :mod:`beatless.node.scheduler` still imports."""
 
-SENT = frozenset({"won", "takeover"})
 TEMPLATE_OUTCOME = "{{outcome}}"
 TEMPLATE_AT = -1_000_001
 TEMPLATE_LATENESS = -1_000_002
@@ -128,9 +122,12 @@ def history_kind(address: str) -> str:
 
 def history_key(firing_id: str, outcome: str) -> str:
     """The key of a firing's note in its address's history: the firing id for an outcome
-    its claim decided, ``{id}.{outcome}`` for a node's own decision (see
-    :data:`CLAIM_DECIDED`)."""
-    return firing_id if outcome in CLAIM_DECIDED else f"{firing_id}.{outcome}"
+    its claim decided, ``{id}.{outcome}`` for a node's own decision, which another node may
+    contradict (see :attr:`DecisionOutcome.CLAIM_DECIDED
+    <beatless.schedule.outcomes.DecisionOutcome.CLAIM_DECIDED>`): so no note of a weaker
+    outcome ever replaces a stronger one, on any store, and readers take the strongest
+    (:func:`strongest`)."""
+    return firing_id if outcome in DecisionOutcome.CLAIM_DECIDED else f"{firing_id}.{outcome}"
 
 
 def missed_kind(address: str) -> str:

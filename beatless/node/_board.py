@@ -42,7 +42,6 @@ from beatless.fleet._notes import (
     ENTRIES_EVERY_MS,
     ENTRIES_TTL_MS,
     HISTORY_KEEP,
-    HISTORY_OUTCOMES,
     HISTORY_TTL_MS,
     MIN_HISTORY_TTL_MS,
     MISSED_KEEP,
@@ -50,7 +49,6 @@ from beatless.fleet._notes import (
     MISSED_PER_NOTE,
     REGISTRY_EVERY_MS,
     REGISTRY_TTL_MS,
-    SENT,
     SYNC_EVERY_MS,
     TEMPLATE_AT,
     TEMPLATE_LATENESS,
@@ -77,6 +75,7 @@ from beatless.node._reseed import reseeded_kind
 from beatless.node._view import LoopView
 from beatless.node.stats import SkippedNotes
 from beatless.schedule.firing import Decision, Firing, iso
+from beatless.schedule.outcomes import DecisionOutcome
 from beatless.stores.base import NOTE_VALUE_LIMIT, Note, NoteItem, StoreFacts
 
 logger = logging.getLogger("beatless.fleet")
@@ -179,8 +178,9 @@ class Board:
 
     def record(self, decision: Decision, coalesced: tuple[int, int] | None = None) -> None:
         """Keep a decision for the history, if it is one this node writes."""
-        if decision.outcome in HISTORY_OUTCOMES:
-            item = HistoryItem.of(decision, coalesced if decision.outcome in SENT else None)
+        if decision.outcome in DecisionOutcome.HISTORY:
+            sent = decision.outcome in DecisionOutcome.SENT
+            item = HistoryItem.of(decision, coalesced if sent else None)
             self.record_item(decision.firing.address, item)
 
     def record_item(self, address: str, item: HistoryItem) -> None:
@@ -507,7 +507,9 @@ class Board:
             entry = schedule.entry(view.name)
             for occurrence in occurrences:
                 firing = Firing.of(entry, None, view.address, occurrence)
-                decision = Decision(firing, "missed", loop.node, now - firing.release_ms)
+                decision = Decision(
+                    firing, DecisionOutcome.MISSED, loop.node, now - firing.release_ms
+                )
                 self.record_item(firing.address, HistoryItem.of(decision))
             # Counted apart from the history, which keeps only its last firings: posted
             # with these items at the next sync.

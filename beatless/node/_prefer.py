@@ -48,6 +48,7 @@ from beatless.fleet._controls import json_text
 from beatless.fleet._notes import REGISTRY_EVERY_MS, REGISTRY_TTL_MS, NodeRecord, progress_kind
 from beatless.fleet._schema import PROGRESS, BadNote, Skipped, parse_each
 from beatless.schedule._fanout import Ranking
+from beatless.schedule.outcomes import DecisionOutcome
 
 GRACE_MS = 3_000
 """How long after the rung above a lower-ranked node waits: the preferred node's progress
@@ -205,13 +206,6 @@ CLAIM = -1
 DELEGATE = -2
 """:meth:`Preference.place`: the preferred node dealt with the firing; leave it."""
 
-SETTLED = frozenset(
-    {"won", "takeover", "lost", "late", "late_store", "forgotten", "corrupt"}
-    | {"foreign", "paused", "skipped_overlap", "delegated"}
-)
-"""Outcomes after which a firing has a final claim record, or nobody could claim it any
-more. ``held`` is not one: another node's claim is pending, and may run out unsent."""
-
 
 class Preference:
     """One node's side of the preferred claimer: its view, the others' progress, its own.
@@ -303,9 +297,12 @@ class Preference:
         """A firing this node claimed was decided (or retried) with ``outcome``."""
         self._owned.pop(firing_id, None)
         self._held.pop(firing_id, None)
-        if outcome in SETTLED or not (self.enabled and self.owns(firing_id)):
+        if outcome in DecisionOutcome.SETTLED or not (self.enabled and self.owns(firing_id)):
             return
-        (self._held if outcome == "held" else self._owned)[firing_id] = (release_ms, late_ms)
+        (self._held if outcome == DecisionOutcome.HELD else self._owned)[firing_id] = (
+            release_ms,
+            late_ms,
+        )
 
     def advance(self, now_ms: int, pending_ms: int | None) -> None:
         """After a wake: every firing preferred here and released by ``now_ms`` is settled,

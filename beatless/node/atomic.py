@@ -38,6 +38,7 @@ from beatless.node.dispatch import (
     decide_claimed,
 )
 from beatless.schedule.firing import Firing, claim_request
+from beatless.schedule.outcomes import DecisionOutcome
 from beatless.stores.redis.store import Ready, RedisStore
 
 logger = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ class RedisAtomic(Dispatcher, Generic[M]):
         for firing in firings:
             built = wake.prepared(firing)
             if wake.is_late(firing):
-                wake.decide(firing, "late")
+                wake.decide(firing, DecisionOutcome.LATE)
             elif self.why_two_phase(firing) is not None:
                 fallback.append(firing)
             elif isinstance(built, Ready):

@@ -34,6 +34,7 @@ from beatless.core._logtext import ERROR_LIMIT, shown
 from beatless.core.durations import DurationLike, as_timedelta, to_ms
 from beatless.errors import ConfigError, StoreError, StoreFull
 from beatless.schedule.firing import Firing, claim_request
+from beatless.schedule.outcomes import DecisionOutcome
 from beatless.stores.base import ClaimStore, Note, NoteItem, Outcome
 
 logger = logging.getLogger(__name__)
@@ -86,10 +87,12 @@ FAILURE_WARN_S = 10.0
 
 Enqueue = Callable[[Firing], object]
 
-OUTCOME_NAMES = {Outcome.LATE: "late_store"}
-"""The decision name of a store outcome, where it differs from the outcome's value."""
-RECORDED = frozenset({Outcome.WON, Outcome.TAKEOVER, Outcome.OVERLAP, Outcome.FORGOTTEN})
-"""The outcomes whose history note a claim script writes (the atomic path)."""
+RECORDED = frozenset(
+    o for o in Outcome if DecisionOutcome.of_claim(o) in DecisionOutcome.CLAIM_DECIDED
+)
+"""The store outcomes whose history note a claim script writes (the atomic path): those
+of the history a claim decides (``won``, ``takeover``, ``skipped_overlap``,
+``forgotten``)."""
 
 
 def send_deadline_s(lease_ms: int) -> float:
@@ -128,16 +131,16 @@ class Wake(Protocol):
         """Whether this node saw the firing held pending by another node before."""
         ...
 
-    def decide(self, firing: Firing, outcome: str, *, recorded: bool = False) -> None:
+    def decide(self, firing: Firing, outcome: DecisionOutcome, *, recorded: bool = False) -> None:
         """The firing is done on this node: ``won``, ``lost``, ``late``, ...; ``recorded``
         when its history note was written with the store call that decided it."""
         ...
 
-    def retry(self, firing: Firing, outcome: str) -> None:
+    def retry(self, firing: Firing, outcome: DecisionOutcome) -> None:
         """The firing was not enqueued here and may be tried again until it is late."""
         ...
 
-    def sent(self, firing: Firing, outcome: str) -> None:
+    def sent(self, firing: Firing, outcome: DecisionOutcome) -> None:
         """The firing's message was handed to the broker (``outcome``: ``won`` or
         ``takeover``), told before any step after the send runs: from now on it is never
         retried, whatever raises. The dispatcher still decides it; a firing it leaves
@@ -211,9 +214,9 @@ def decide_claimed(wake: Wake, firing: Firing, outcome: Outcome, *, recorded: bo
     """Report a store outcome that needs no further step (lost, held, late, early, ...);
     a firing the store holds off while the nodes re-seed it is tried again."""
     if outcome is Outcome.RESEEDING:
-        wake.retry(firing, outcome.value)
+        wake.retry(firing, DecisionOutcome.RESEEDING)
         return
-    wake.decide(firing, OUTCOME_NAMES.get(outcome, outcome.value), recorded=recorded)
+    wake.decide(firing, DecisionOutcome.of_claim(outcome), recorded=recorded)
 
 
 class SendRate:
@@ -306,14 +309,14 @@ class TwoPhase(Dispatcher):
             fresh = []
             for firing in batch:
                 if wake.is_late(firing):
-                    wake.decide(firing, "late")
+                    wake.decide(firing, DecisionOutcome.LATE)
                 else:
                     fresh.append(firing)
             if not fresh:
                 continue
             if self.uncommitted and not self._commit_again(wake):
                 for firing in fresh:  # nothing is claimed, so nothing is to release
-                    wake.retry(firing, "commit_failed")
+                    wake.retry(firing, DecisionOutcome.COMMIT_FAILED)
                 continue
             self._sub_batch(fresh, wake)
 
@@ -331,7 +334,7 @@ class TwoPhase(Dispatcher):
             elif outcome is Outcome.WON and wake.was_held(firing):
                 forgotten.append(firing)  # held by another node, now new: the store forgot
             elif self.uncommitted:  # a commit of this sub-batch failed: send nothing more
-                wake.retry(firing, "commit_failed")
+                wake.retry(firing, DecisionOutcome.COMMIT_FAILED)
                 unsent.append(firing)
             elif self._send_one(firing, outcome, claimed_at, wake, began := self.monotonic()):
                 first_sent = first_sent if sent else began
@@ -352,10 +355,10 @@ class TwoPhase(Dispatcher):
         it is :meth:`Wake.sent` before anything else."""
         age_ms = (now - claimed_at) * 1_000
         if age_ms >= self.lease_ms / 2:
-            wake.retry(firing, "stale_claim")
+            wake.retry(firing, DecisionOutcome.STALE_CLAIM)
             return False
         if wake.is_late(firing, ahead_ms=self.rate.expected_ms()):
-            wake.decide(firing, "late")  # it would reach the broker late
+            wake.decide(firing, DecisionOutcome.LATE)  # it would reach the broker late
             return False
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(SENDING, firing.id, shown(firing.entry.name), age_ms)
@@ -364,9 +367,9 @@ class TwoPhase(Dispatcher):
             self.enqueue(firing)
         except Exception as exc:
             self._warn_failed(firing, exc)
-            wake.retry(firing, "enqueue_failed")
+            wake.retry(firing, DecisionOutcome.ENQUEUE_FAILED)
             return False
-        wake.sent(firing, outcome.value)
+        wake.sent(firing, DecisionOutcome.of_claim(outcome))
         took = self.monotonic() - began
         self.rate.observe(took)
         if took > send_deadline_s(self.lease_ms):
@@ -409,7 +412,7 @@ class TwoPhase(Dispatcher):
         if not sent:
             return
         firings = [f for f, _ in sent]
-        notes = self._history(wake, [(f, o.value) for f, o in sent])
+        notes = self._history(wake, [(f, DecisionOutcome.of_claim(o)) for f, o in sent])
         kept, recorded = self._commit(firings, wake, notes, claimed_at)
         self._tell_taken_over(firings, kept, wake)
         for firing, outcome in sent:
@@ -492,7 +495,7 @@ class TwoPhase(Dispatcher):
         """Firings the store forgot: keep them committed, unsent, so no node sends them."""
         if not firings:
             return
-        notes = self._history(wake, [(f, "forgotten") for f in firings])
+        notes = self._history(wake, [(f, DecisionOutcome.FORGOTTEN) for f in firings])
         try:
             self.store.commit([f.id for f in firings], node=wake.node, notes=notes)
             recorded = self.store.commits_notes
@@ -505,7 +508,7 @@ class TwoPhase(Dispatcher):
                 shown(exc, quoted=False, limit=ERROR_LIMIT),
             )
         for firing in firings:
-            wake.decide(firing, "forgotten", recorded=recorded)
+            wake.decide(firing, DecisionOutcome.FORGOTTEN, recorded=recorded)
 
     def _history(self, wake: Wake, decided: list[tuple[Firing, str]]) -> list[Note]:
         """The history notes to write with a commit: on a store that writes them in the

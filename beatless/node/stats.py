@@ -6,6 +6,8 @@ import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
+from beatless.schedule.outcomes import DecisionOutcome
+
 BUCKETS_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000)
 """Upper bounds of the lateness histogram, in milliseconds; one more bucket holds the rest."""
 
@@ -36,28 +38,29 @@ class Histogram:
         return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
 
 
-_COUNTERS = {
-    "won": "won",
-    "takeover": "won",
-    "lost": "lost",
-    "late": "late_node",
-    "late_store": "late_store",
-    "early": "early",
-    "forgotten": "forgotten",
-    "corrupt": "corrupt",
-    "foreign": "foreign",
-    "skipped_overlap": "skipped_overlap",
-    "clock_skew": "skipped_clock",
-    "missed": "missed",
-    "paused": "paused",
-    "delegated": "delegated",
-    "enqueue_failed": "enqueue_failures",
-    "stale_claim": "stale_claims",
-    "commit_failed": "commit_failures",
-    "unavailable": "store_unavailable",
-    "store_full": "store_full",
-    "store_refused": "store_refused",
-    "error": "errors",
+_COUNTERS: dict[str, str] = {
+    DecisionOutcome.WON: "won",
+    DecisionOutcome.TAKEOVER: "won",
+    DecisionOutcome.LOST: "lost",
+    DecisionOutcome.LATE: "late_node",
+    DecisionOutcome.LATE_STORE: "late_store",
+    DecisionOutcome.EARLY: "early",
+    DecisionOutcome.FORGOTTEN: "forgotten",
+    DecisionOutcome.CORRUPT: "corrupt",
+    DecisionOutcome.FOREIGN: "foreign",
+    DecisionOutcome.SKIPPED_OVERLAP: "skipped_overlap",
+    DecisionOutcome.CLOCK_SKEW: "skipped_clock",
+    DecisionOutcome.MISSED: "missed",
+    DecisionOutcome.PAUSED: "paused",
+    DecisionOutcome.DELEGATED: "delegated",
+    DecisionOutcome.ENQUEUE_FAILED: "enqueue_failures",
+    DecisionOutcome.STALE_CLAIM: "stale_claims",
+    DecisionOutcome.COMMIT_FAILED: "commit_failures",
+    DecisionOutcome.UNAVAILABLE: "store_unavailable",
+    DecisionOutcome.STORE_FULL: "store_full",
+    DecisionOutcome.STORE_REFUSED: "store_refused",
+    DecisionOutcome.RESEEDING: "reseeding",
+    DecisionOutcome.ERROR: "errors",
 }
 """The counter each decision adds to (a takeover is also a win). ``lost`` and ``held`` are
 counted by the loop, once per firing; a ``foreign`` firing is counted lost as well."""
@@ -112,13 +115,16 @@ class EntryStats:
     counted ``missed`` once it is late."""
     store_refused: int = 0
     """Claims not made because the store's settings are refused (an evicting Redis)."""
+    reseeding: int = 0
+    """Claims the store held off (each retry counts) while the nodes wrote back what they
+    sent after it lost its memory; a firing still held off when late is ``forgotten``."""
     errors: int = 0
     takeovers: int = 0
     lateness: Histogram = field(default_factory=Histogram)
 
     def count(self, outcome: str) -> None:
         """Add one decision (``won``, ``late``, ...) to its counter."""
-        if outcome == "takeover":
+        if outcome == DecisionOutcome.TAKEOVER:
             self.takeovers += 1
         name = _COUNTERS.get(outcome)
         if name is not None:

@@ -41,6 +41,7 @@ from beatless._version import __version__
 from beatless.errors import ConfigError, StoreError
 from beatless.fleet._missed import HOUR_MS
 from beatless.fleet._notes import OFFSET_WARN_MS
+from beatless.schedule.outcomes import DecisionOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,14 @@ LATENESS_TICKS_MS = (1, 10, 100, 1_000, 10_000)
 TIME_TICK_MS = 600_000
 MARK_RADIUS = 3.5
 CONTROLS_SHOWN = 5
-OUTCOMES = ("won", "takeover", "missed", "skipped_overlap", "forgotten", "paused")
+OUTCOMES = (
+    DecisionOutcome.WON,
+    DecisionOutcome.TAKEOVER,
+    DecisionOutcome.MISSED,
+    DecisionOutcome.SKIPPED_OVERLAP,
+    DecisionOutcome.FORGOTTEN,
+    DecisionOutcome.PAUSED,
+)
 """The outcomes a history holds, in the legend's order (colours are in ``STYLE``)."""
 
 STYLE = """

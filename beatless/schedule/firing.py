@@ -152,13 +152,7 @@ class Decision:
 
     firing: Firing
     outcome: str
-    """Final: ``won``, ``takeover``, ``lost``, ``held``, ``late`` (node clock),
-    ``late_store``, ``early``, ``forgotten``, ``corrupt``, ``foreign`` (lost to a claim
-    of another task under the same address), ``clock_skew`` (this node's clock is too
-    far off the store's to claim), ``delegated`` (left to the node preferred for it).
-    Retried: ``enqueue_failed``, ``stale_claim`` (the claim got older than half its
-    lease before the send), ``commit_failed`` (a commit of this node failed, and it sends
-    nothing until one succeeds), ``unavailable`` (the store could not be reached),
-    ``error``."""
+    """A :class:`~beatless.schedule.outcomes.DecisionOutcome` (``won``, ``late``, ...; each
+    is described there), equal to its string."""
     node: str
     lateness_ms: int
