@@ -19,7 +19,6 @@ from beatless import Entry, Every, Schedule
 from beatless.fleet._controls import set_control
 from beatless.fleet._notes import (
     HISTORY_KEEP,
-    HISTORY_OUTCOMES,
     HISTORY_STRENGTH,
     HistoryItem,
     history_key,
@@ -30,6 +29,7 @@ from beatless.fleet._notes import (
 from beatless.node.scheduler import Decision, Scheduler
 from beatless.ops.status import HOUR_MS, report
 from beatless.schedule.firing import Firing, claim_request, firing_id, iso
+from beatless.schedule.outcomes import DecisionOutcome
 from beatless.stores import Outcome
 
 TICK = Entry(name="tick", task="tests.tick", trigger=Every(1), max_late="5s")
@@ -47,7 +47,7 @@ def one_node(store_factory: StoreFactory) -> Scheduler:
 
 
 def test_every_outcome_of_the_history_has_one_strength_and_a_sent_firing_is_strongest() -> None:
-    assert set(HISTORY_STRENGTH) == HISTORY_OUTCOMES
+    assert set(HISTORY_STRENGTH) == DecisionOutcome.HISTORY
     sent = min(HISTORY_STRENGTH["won"], HISTORY_STRENGTH["takeover"])
     assert all(HISTORY_STRENGTH[o] < sent for o in ("paused", "missed", "skipped_overlap"))
     # A weaker outcome never has the key a claim's outcome has.

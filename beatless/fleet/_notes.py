@@ -92,10 +92,6 @@ strongest highest: what the history tells of a firing is its strongest outcome. 
 firing (``won``, ``takeover``) is what happened, whatever a node that did not send it
 decided; then what its claim decided without a send; then ``paused`` (a node chose not to
 claim it); then ``missed`` (no claim was found in time)."""
-HISTORY_OUTCOMES = DecisionOutcome.HISTORY
-SENT = DecisionOutcome.SENT
-"""The groups of :class:`~beatless.schedule.outcomes.DecisionOutcome` by their former names
-here, which :mod:`beatless.node.scheduler` still imports."""
 
 TEMPLATE_OUTCOME = "{{outcome}}"
 TEMPLATE_AT = -1_000_001

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from beatless.fleet._notes import HISTORY_OUTCOMES, SENT, HistoryItem
+from beatless.fleet._notes import HistoryItem
 from beatless.node._ahead import BuildAhead
 from beatless.node._board import Board
 from beatless.node._inflight import Flight, InFlight
@@ -23,6 +23,7 @@ from beatless.node._reseed import Reseeder
 from beatless.node._tally import Tally
 from beatless.node._timeline import Timeline
 from beatless.schedule.firing import Decision, Firing
+from beatless.schedule.outcomes import DecisionOutcome
 from beatless.stores.base import Note, NoteItem
 
 RETRY_MS = 500
@@ -82,16 +83,21 @@ class LoopWake:
         first: what fails after that (counters, history, hooks) is counted and logged,
         never a reason to try the firing again."""
         flight = self.flights.finish(firing)
-        if flight is not None and flight.unjudged and outcome == "late":
-            outcome, recorded = "missed", True  # never claimed: the store refused every claim
-        if flight is not None and flight.reseeding and outcome == "late":
-            outcome = "forgotten"  # held off until late: the fleet could not re-seed it
-        if outcome in ("won", "takeover"):
+        if flight is not None and flight.unjudged and outcome == DecisionOutcome.LATE:
+            outcome, recorded = (
+                DecisionOutcome.MISSED,
+                True,
+            )  # never claimed: the store refused every claim
+        if flight is not None and flight.reseeding and outcome == DecisionOutcome.LATE:
+            outcome = (
+                DecisionOutcome.FORGOTTEN
+            )  # held off until late: the fleet could not re-seed it
+        if outcome in DecisionOutcome.SENT:
             self._reseeder.sent(firing)
         try:
             self._record(firing, outcome, flight, recorded=recorded)
         except Exception as exc:
-            self._tally.failed_step([firing], f"recording its outcome {outcome!r}", exc)
+            self._tally.failed_step([firing], f"recording its outcome '{outcome}'", exc)
 
     def _record(
         self, firing: Firing, outcome: str, flight: Flight | None, *, recorded: bool
@@ -120,7 +126,7 @@ class LoopWake:
         """``firing`` was not enqueued: count why, and try it again soon, until late."""
         if not self.flights.retried(firing):
             return  # sent already: never tried again (the dispatcher decides it)
-        if outcome == "reseeding":
+        if outcome == DecisionOutcome.RESEEDING:
             self.flights.held_off(firing)
         now = self.now_ms()
         self._timeline.add(now + RETRY_MS, firing)
@@ -129,7 +135,7 @@ class LoopWake:
             self._settle(firing, outcome)
             self._report(Decision(firing, outcome, self.node, now - firing.release_ms), None, False)
         except Exception as exc:
-            self._tally.failed_step([firing], f"recording its retry {outcome!r}", exc)
+            self._tally.failed_step([firing], f"recording its retry '{outcome}'", exc)
 
     def sent(self, firing: Firing, outcome: str) -> None:
         """``firing`` was handed to the broker: it leaves the firings to retry at once,
@@ -157,10 +163,10 @@ class LoopWake:
         now = self.now_ms()
         items = []
         for firing, outcome in decided:
-            if outcome not in HISTORY_OUTCOMES:
+            if outcome not in DecisionOutcome.HISTORY:
                 continue
             decision = Decision(firing, outcome, self.node, now - firing.release_ms)
-            coalesced = self.flights.coalesced(firing) if outcome in SENT else None
+            coalesced = self.flights.coalesced(firing) if outcome in DecisionOutcome.SENT else None
             items.append((firing.address, HistoryItem.of(decision, coalesced)))
         return self._board.history_notes(items)
 

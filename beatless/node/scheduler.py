@@ -61,6 +61,7 @@ from beatless.node.dispatch import (
 )
 from beatless.schedule.entry import Schedule
 from beatless.schedule.firing import Decision, Firing, iso
+from beatless.schedule.outcomes import DecisionOutcome
 from beatless.stores.base import TOLERANCE_MS, ClaimStore, Verdict
 
 logger = logging.getLogger(__name__)
@@ -280,7 +281,7 @@ class Scheduler:
         due = self._drop_paused(self._prefer(due, now), now)
         if due and not self.clockwatch.check(now):
             for firing in due:
-                self.wake.decide(firing, "clock_skew")
+                self.wake.decide(firing, DecisionOutcome.CLOCK_SKEW)
         elif due:
             self._dispatch(due)
         else:
@@ -311,7 +312,7 @@ class Scheduler:
             if placed == CLAIM:
                 claimed.append(firing)
             elif placed == DELEGATE:
-                self.wake.decide(firing, "delegated")
+                self.wake.decide(firing, DecisionOutcome.DELEGATED)
             else:
                 if ranked is not None:
                     self.flights.rank(firing, ranked)
@@ -343,7 +344,7 @@ class Scheduler:
             if self.board.paused(firing.entry.name, now) is None:
                 kept.append(firing)
             else:
-                self.wake.decide(firing, "paused")
+                self.wake.decide(firing, DecisionOutcome.PAUSED)
         return kept
 
     def _dispatch(self, firings: list[Firing]) -> None:
