@@ -18,6 +18,7 @@ from beatless.fleet._notes import HISTORY_OUTCOMES, SENT, HistoryItem
 from beatless.node._ahead import BuildAhead
 from beatless.node._board import Board
 from beatless.node._inflight import Flight, InFlight
+from beatless.node._judging import Judging
 from beatless.node._prefer import Preference
 from beatless.node._tally import Tally
 from beatless.node._timeline import Timeline
@@ -36,7 +37,8 @@ class LoopWake:
     """The loop's side of every dispatch, for the node ``node`` whose clock is ``now_ms``:
     ``flights`` keeps each firing's state,
     ``tally`` counts, ``timeline`` takes retries, ``ahead`` hands back what was built,
-    ``board`` writes history notes, ``report`` tells each decision."""
+    ``board`` writes history notes, ``report`` tells each decision, ``judging`` takes the
+    unjudged firings that went late."""
 
     def __init__(
         self,
@@ -51,6 +53,7 @@ class LoopWake:
         preference: Preference,
         board: Board,
         report: Report,
+        judging: Judging,
     ) -> None:
         self.node = node
         self._now_ms = now_ms
@@ -62,6 +65,7 @@ class LoopWake:
         self._preference = preference
         self._board = board
         self._report = report
+        self._judging = judging
 
     def now_ms(self) -> int:
         """The node's clock, in epoch milliseconds rounded down (never early)."""
@@ -77,10 +81,12 @@ class LoopWake:
         """Record this node's final decision for ``firing``; ``recorded`` when its history
         note was written with the store call that decided it. The firing leaves the wake
         first: what fails after that (counters, history, hooks) is counted and logged,
-        never a reason to try the firing again."""
+        never a reason to try the firing again. An unjudged firing gone ``late`` is not
+        decided yet: the store is asked who holds it first (:mod:`._judging`)."""
+        if outcome == "late" and self.flights.judging(firing):
+            self._judging.add(firing)
+            return
         flight = self.flights.finish(firing)
-        if flight is not None and flight.unjudged and outcome == "late":
-            outcome, recorded = "missed", True  # never claimed: the store refused every claim
         try:
             self._record(firing, outcome, flight, recorded=recorded)
         except Exception as exc:

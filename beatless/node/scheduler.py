@@ -45,8 +45,9 @@ from beatless.node._ahead import PREPARE_AHEAD_MS, BuildAhead
 from beatless.node._board import Board
 from beatless.node._clockwatch import ClockWatch
 from beatless.node._inflight import InFlight
+from beatless.node._judging import Judging
 from beatless.node._prefer import CLAIM, DELEGATE, LADDER_MS, Preference, fits
-from beatless.node._tally import WARN_EVERY_MS, Tally
+from beatless.node._tally import SETTLE_MS, WARN_EVERY_MS, Tally
 from beatless.node._timeline import Timeline
 from beatless.node._wake import RETRY_MS, LoopWake
 from beatless.node.dispatch import (
@@ -227,6 +228,8 @@ class Scheduler:
             ladder=self._ladder,
         )
         """What is due when (:mod:`beatless.node._timeline`)."""
+        self.judging = Judging(self.store, self.node, self.lease_ms, self.tally)
+        """The unjudged firings gone late, waiting for the store's word (:mod:`._judging`)."""
         self.ahead = BuildAhead(self.dispatcher, self.timeline, self._claims_first, self.now_ms)
         """What the dispatcher built ahead (:mod:`beatless.node._ahead`)."""
         self.wake = LoopWake(
@@ -240,6 +243,7 @@ class Scheduler:
             preference=self.preference,
             board=self.board,
             report=self._report,
+            judging=self.judging,
         )
         """What the dispatcher reports to (:class:`~beatless.node.dispatch.Wake`)."""
 
@@ -268,6 +272,7 @@ class Scheduler:
             self._dispatch(due)
         else:
             self.dispatcher.settle(self.wake)  # a failed commit is retried on every wake
+        self.judging.judge(now, self.wake.decide)
         self.timeline.say_catch_up()
         self.preference.advance(now, self.next_wake_ms())
         self.tally.tell(now, self.clockwatch.offset_ms)
@@ -434,6 +439,9 @@ class Scheduler:
                 if not prepared:
                     self._stop.wait(self.sleep_s())
         finally:
+            if len(self.judging):  # asked once more; what is left is told as not judged
+                self.judging.judge(self.now_ms(), self.wake.decide, last=True)
+                self.tally.tell(self.now_ms() + SETTLE_MS, self.clockwatch.offset_ms)
             self.board.stop(timeout=5)
         logger.info("node %s stopped", shown(self.node, quoted=False))
 
