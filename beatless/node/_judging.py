@@ -78,9 +78,8 @@ class Judging:
         node stops), what the store does not answer now is decided unjudged too."""
         if not self._waiting:
             return
-        for firing in [
-            f for f in self._waiting.values() if now - f.occurrence_ms > f.entry.memory_ms
-        ]:
+        forgotten = [f for f in self._waiting.values() if now - f.occurrence_ms > f.entry.memory_ms]
+        for firing in forgotten:  # even the store may have forgotten who held them
             self._unjudged(firing, now, decide)
         firings = list(self._waiting.values())
         if not firings:
