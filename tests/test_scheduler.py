@@ -289,7 +289,8 @@ class RefusingStore(FlakyStore):
 
 def test_nothing_of_a_firing_is_kept_in_flight_once_it_is_decided() -> None:
     """Held then taken over, retried while the store is down, refused as full until
-    missed, coalesced by the catch-up: each firing's record goes at its decision."""
+    missed (past its memory of 30 s: not judged), coalesced by the catch-up: each firing's
+    record goes at its decision."""
     outcomes: dict[str, list[str]] = {}
     for case in ("held", "down", "full", "caught"):
         clock = Clock(T0 - 45)
@@ -304,7 +305,7 @@ def test_nothing_of_a_firing_is_kept_in_flight_once_it_is_decided() -> None:
         store.down, store.full = case == "down", case == "full"
         decided = [d.outcome for d in node.tick()]
         assert len(node.flights) == (case != "caught")  # held, retried or refused: not decided
-        for _ in range(120):
+        for _ in range(130):
             clock.now += 0.25
             decided += [d.outcome for d in node.tick()]
         outcomes[case] = decided

@@ -28,7 +28,7 @@ from beatless import Entry, Every, Schedule
 from beatless.errors import StoreFull
 from beatless.node.scheduler import Decision, Scheduler
 from beatless.schedule.firing import Firing
-from beatless.stores.base import ClaimRequest, Outcome
+from beatless.stores.base import ClaimRequest, Outcome, judging
 from beatless.stores.redis.store import RedisStore
 
 ROOM = 1_000_000
@@ -231,3 +231,24 @@ def test_a_full_store_sends_no_firing_twice_and_reports_every_unjudged_firing_mi
     assert all(o / 1_000 >= full_from - 1 for o in during)
     counted = sum(node.stats["beat"].missed for node in nodes)
     assert counted >= len(missed)
+
+
+def test_a_full_redis_answers_a_judging_claim_which_writes_nothing(
+    server: RedisServer, filler: Filler
+) -> None:
+    with (
+        RedisStore(server.url, namespace="full") as winner,
+        RedisStore(server.url, namespace="full") as judge,
+    ):
+        committed, held, free = request(winner), request(winner), request(winner)
+        assert winner.claim([committed, held], node="n1", lease_ms=60_000) == [Outcome.WON] * 2
+        assert winner.commit([committed.id], node="n1") == [True]
+        assert judge.claim([request(judge)], node="n2", lease_ms=5_000) == [Outcome.WON]
+        filler.fill()
+
+        asked = [judging(r) for r in (committed, held, free)]
+        assert judge.claim(asked, node="n2", lease_ms=5_000) == [
+            Outcome.LOST,
+            Outcome.HELD,
+            Outcome.LATE,
+        ]

@@ -1,14 +1,14 @@
 """What a node knows of each firing between its release and its decision: one record.
 
 A firing can be handed to the dispatcher in this wake (*open*), handed to the broker and
-not decided yet (*sent*), refused by a full or refusing store (*unjudged*: decided
-``missed`` rather than ``late`` if it is never claimed), seen held by another node's
-pending claim (*held*), left to a node ranked above this one (*ranked*: where this node
-ranks for it), or be the catch-up firing that coalesced earlier occurrences
-(*coalesced*). All of it lives in one :class:`Flight` per firing, kept only while one of
-these is so, and there is one clean-up rule: the record goes at the firing's decision
-(:meth:`InFlight.finish`); a firing decided ``held`` that this node will look at again
-starts a new one (:meth:`InFlight.hold`).
+not decided yet (*sent*), refused by a full or refusing store (*unjudged*: once late, the
+store is asked who holds it before it is decided, :mod:`beatless.node._judging`), seen
+held by another node's pending claim (*held*), left to a node ranked above this one
+(*ranked*: where this node ranks for it), or be the catch-up firing that coalesced
+earlier occurrences (*coalesced*). All of it lives in one :class:`Flight` per firing,
+kept only while one of these is so, and there is one clean-up rule: the record goes at
+the firing's decision (:meth:`InFlight.finish`); a firing decided ``held`` that this node
+will look at again starts a new one (:meth:`InFlight.hold`).
 """
 
 from __future__ import annotations
@@ -78,6 +78,16 @@ class InFlight:
         for flight in self._wake:
             if flight.step == OPEN:
                 flight.unjudged = True
+
+    def judging(self, firing: Firing) -> bool:
+        """Whether ``firing``, gone late, is unjudged, and so left to the store's judgment
+        rather than decided ``late``: it then leaves the wake, keeping its record until
+        its decision."""
+        flight = self._flights.get(firing.id)
+        if flight is None or not flight.unjudged:
+            return False
+        flight.step = IDLE
+        return True
 
     def sent(self, firing: Firing, outcome: str) -> None:
         """``firing`` was handed to the broker: from now on it is never retried."""

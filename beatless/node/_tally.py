@@ -40,8 +40,12 @@ WARNINGS = {
     "after they were released, so they may already have been enqueued",
     "corrupt": "not sent: the store holds a record for them that it cannot read",
     "missed": "missed: the claim store refused every claim of them until they were late "
-    "(full, or its settings refused: see its WARNING), so this node could not judge them; "
-    "not sent by this node",
+    "(full, or its settings refused: see its WARNING), and then held no claim of them (or "
+    "could not be asked: see the WARNING of firings not judged); not sent by this node",
+    "unjudged": "not judged: the claim store refused every claim of them, and every question "
+    "about who holds them, until their memory (jitter + max_late + 10s after the "
+    "occurrence) ran out or this node stopped; counted missed, though another node may "
+    "have claimed and sent them before the store filled",
 }
 """Outcomes an operator must hear about, and what they mean."""
 
@@ -127,6 +131,11 @@ class Tally:
         self._summary["late"] += count
         if occurrence is not None:
             self._trouble.add(("late", entry, occurrence), count, self._now_ms())
+
+    def unjudged(self, firing: Firing, now: int) -> None:
+        """``firing`` is decided missed without the store's word on who holds it
+        (:mod:`beatless.node._judging`): told in one WARNING per entry and occurrence."""
+        self._trouble.add(("unjudged", firing.entry.name, firing.occurrence_ms), 1, now)
 
     def caught_up(self, entry: str, count: int) -> None:
         """``count`` firings of ``entry`` left unclaimed by its catch-up policy."""

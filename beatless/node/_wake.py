@@ -18,6 +18,7 @@ from beatless.fleet._notes import HistoryItem
 from beatless.node._ahead import BuildAhead
 from beatless.node._board import Board
 from beatless.node._inflight import Flight, InFlight
+from beatless.node._judging import Judging
 from beatless.node._prefer import Preference
 from beatless.node._reseed import Reseeder
 from beatless.node._tally import Tally
@@ -38,7 +39,8 @@ class LoopWake:
     """The loop's side of every dispatch, for the node ``node`` whose clock is ``now_ms``:
     ``flights`` keeps each firing's state,
     ``tally`` counts, ``timeline`` takes retries, ``ahead`` hands back what was built,
-    ``board`` writes history notes, ``report`` tells each decision."""
+    ``board`` writes history notes, ``report`` tells each decision, ``judging`` takes the
+    unjudged firings that went late."""
 
     def __init__(
         self,
@@ -54,6 +56,7 @@ class LoopWake:
         board: Board,
         reseeder: Reseeder,
         report: Report,
+        judging: Judging,
     ) -> None:
         self.node = node
         self._now_ms = now_ms
@@ -66,6 +69,7 @@ class LoopWake:
         self._board = board
         self._reseeder = reseeder
         self._report = report
+        self._judging = judging
 
     def now_ms(self) -> int:
         """The node's clock, in epoch milliseconds rounded down (never early)."""
@@ -81,17 +85,15 @@ class LoopWake:
         """Record this node's final decision for ``firing``; ``recorded`` when its history
         note was written with the store call that decided it. The firing leaves the wake
         first: what fails after that (counters, history, hooks) is counted and logged,
-        never a reason to try the firing again."""
+        never a reason to try the firing again. An unjudged firing gone ``late`` is not
+        decided yet: the store is asked who holds it first (:mod:`._judging`)."""
+        if outcome == "late" and self.flights.judging(firing):
+            self._judging.add(firing)
+            return
         flight = self.flights.finish(firing)
-        if flight is not None and flight.unjudged and outcome == DecisionOutcome.LATE:
-            outcome, recorded = (
-                DecisionOutcome.MISSED,
-                True,
-            )  # never claimed: the store refused every claim
         if flight is not None and flight.reseeding and outcome == DecisionOutcome.LATE:
-            outcome = (
-                DecisionOutcome.FORGOTTEN
-            )  # held off until late: the fleet could not re-seed it
+            # held off until late: the fleet could not re-seed it
+            outcome = DecisionOutcome.FORGOTTEN
         if outcome in DecisionOutcome.SENT:
             self._reseeder.sent(firing)
         try:

@@ -46,9 +46,10 @@ from beatless.node._ahead import PREPARE_AHEAD_MS, BuildAhead
 from beatless.node._board import Board
 from beatless.node._clockwatch import ClockWatch
 from beatless.node._inflight import InFlight
+from beatless.node._judging import Judging
 from beatless.node._prefer import CLAIM, DELEGATE, LADDER_MS, Preference, fits
 from beatless.node._reseed import Reseeder
-from beatless.node._tally import WARN_EVERY_MS, Tally
+from beatless.node._tally import SETTLE_MS, WARN_EVERY_MS, Tally
 from beatless.node._timeline import Timeline
 from beatless.node._wake import RETRY_MS, LoopWake
 from beatless.node.dispatch import (
@@ -244,6 +245,8 @@ class Scheduler:
             ladder=self._ladder,
         )
         """What is due when (:mod:`beatless.node._timeline`)."""
+        self.judging = Judging(self.store, self.node, self.lease_ms, self.tally)
+        """The unjudged firings gone late, waiting for the store's word (:mod:`._judging`)."""
         self.ahead = BuildAhead(self.dispatcher, self.timeline, self._claims_first, self.now_ms)
         """What the dispatcher built ahead (:mod:`beatless.node._ahead`)."""
         self.wake = LoopWake(
@@ -258,6 +261,7 @@ class Scheduler:
             board=self.board,
             reseeder=self.reseeder,
             report=self._report,
+            judging=self.judging,
         )
         """What the dispatcher reports to (:class:`~beatless.node.dispatch.Wake`)."""
 
@@ -288,6 +292,7 @@ class Scheduler:
             self.dispatcher.settle(self.wake)  # a failed commit is retried on every wake
         if self.reseeder.step(now):
             self.flights.forget_held()  # a node that sent one of them wrote it back
+        self.judging.judge(now, self.wake.decide)
         self.timeline.say_catch_up()
         self.preference.advance(now, self.next_wake_ms())
         self.tally.tell(now, self.clockwatch.offset_ms)
@@ -454,6 +459,9 @@ class Scheduler:
                 if not prepared:
                     self._stop.wait(self.sleep_s())
         finally:
+            if len(self.judging):  # asked once more; what is left is told as not judged
+                self.judging.judge(self.now_ms(), self.wake.decide, last=True)
+                self.tally.tell(self.now_ms() + SETTLE_MS, self.clockwatch.offset_ms)
             self.board.stop(timeout=5)
         logger.info("node %s stopped", shown(self.node, quoted=False))
 

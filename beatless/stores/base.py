@@ -62,6 +62,15 @@ A live claim decides first: ``FOREIGN``, ``LOST``, ``HELD`` (or ``WON`` for the 
 own pending claim) take precedence over ``LATE``, ``EARLY``, ``FORGOTTEN`` and
 ``OVERLAP``.
 
+**Judging claims.** Since a live claim decides first, a claim can ask who holds a firing
+without ever winning it: :func:`judging` gives the request an occurrence at the Unix
+epoch and no lateness allowed, so a firing nobody holds live is answered ``LATE`` and
+nothing is written, while a live claim answers as it always does: ``LOST`` (committed),
+``HELD`` (another node's pending claim), ``FOREIGN``, ``CORRUPT``. The one claim it wins
+is the asking node's own pending claim, renewed as any claim of its holder is. Nodes ask
+so about the firings a full or refusing store kept them from judging
+(:mod:`beatless.node._judging`).
+
 **Renewal.** A node that claims a firing it holds pending gets ``WON`` with its lease
 renewed: it lasts ``lease_ms`` from this claim. Run leases are built on this; a store
 whose renewal leaves a gap in which another node could win says so
@@ -149,7 +158,7 @@ import enum
 import string
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Protocol, Self
 
@@ -256,6 +265,13 @@ class ClaimRequest:
     def is_early(self, store_now_ms: int) -> bool:
         """The store-side early rule: a release more than ``10 s`` ahead."""
         return self.release_ms - store_now_ms > TOLERANCE_MS
+
+
+def judging(request: ClaimRequest) -> ClaimRequest:
+    """The claim that asks who holds ``request``'s firing and never wins a firing nobody
+    holds (see "Judging claims" in the module docstring): the same firing and numbers,
+    its occurrence at the Unix epoch, no lateness allowed, no run lease to check."""
+    return replace(request, occurrence_ms=0, max_late_ms=0, run_id="")
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,8 +63,10 @@ is renewing it. A renewer whose connection drops mid-renewal loses its claim (it
 message goes back to the slot, and expires when its lease would have ended).
 
 Lateness and earliness are judged on the local clock (``clock``): RabbitMQ has no clock
-to read. Leases are measured by the broker (message TTL, ``x-expires``), so skew between
-nodes cannot make a live lease look expired; a commit counts as made only if the broker
+to read. A live claim decides first all the same: a late claim asks, without a write,
+whether the firing is committed (``LOST``) or its slot holds a claim (``HELD``).
+Leases are measured by the broker (message TTL, ``x-expires``), so skew between nodes
+cannot make a live lease look expired; a commit counts as made only if the broker
 confirmed it before the node's own monotonic clock reached the end of the lease.
 """
 
@@ -472,6 +474,12 @@ class RabbitMQStore(ClaimStore):
         now = self._monotonic()
         self._ledger.sweep(now)
         outcomes, first = self._triage(requests, node, now)
+        late = [i for i in first.values() if outcomes[i] is Outcome.LATE]
+        looks = self._run([self._look(requests[i].id) for i in late], "claim") if late else []
+        for i, look in zip(late, looks, strict=True):
+            if isinstance(look, BaseException):
+                raise look
+            outcomes[i] = look  # a live claim decides first, even for a late firing
         todo = [i for i in first.values() if outcomes[i] is None]
         for _attempt in range(2):  # once more for what was refused before it was sent
             scripts = [self._claim_script(requests[i], node, lease_ms) for i in todo]
@@ -638,6 +646,20 @@ class RabbitMQStore(ClaimStore):
             logger.warning("rabbitmq store: slot %s held another claim than ours", shown(queue))
             yield a.Settle(got.delivery_tag, ack=False)
         return None
+
+    def _look(self, id_: str) -> Any:
+        """A late firing, answered without a write: ``LOST`` if it is committed, ``HELD``
+        if a claim is in its slot (or out of it, being renewed), else ``LATE``; ``LATE``
+        too when its slot is gone (a passive declare of it refused) or the broker refused
+        the question. The declare counts as a use of an existing slot, as a commit's does."""
+        a = self._amqp
+        try:
+            if (yield self._is_committed(id_)) is not a.Confirm.RETURNED:
+                return Outcome.LOST
+            ready, consumers = yield a.Declare(self._slot(id_), passive=True)
+        except a.ChannelLost:
+            return Outcome.LATE
+        return Outcome.HELD if ready or consumers else Outcome.LATE
 
     def _is_committed(self, id_: str) -> Any:
         return self._amqp.Publish(self._exchange, f"done.{id_}", b"?", ttl_ms=0)
