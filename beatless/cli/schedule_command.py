@@ -209,4 +209,5 @@ def _plan_text(plan: Plan) -> str:
         f"  straddles {n} at {_when(o)}, released {_when(r)}: old definition"
         for n, o, r in plan.straddling
     ]
+    lines += [f"  dst {n}: {note.text()}" for n, note in plan.dst]
     return "\n".join(lines) if plan.changes else f"no change (r{plan.base_revision})"
