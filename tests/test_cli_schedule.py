@@ -39,3 +39,24 @@ def test_put_list_delete_revert_and_history_through_the_command(
     assert run("export")["revision"] == 3  # type: ignore[index]
     assert main(["schedule", "put", str(schedule), *fleet, "--if-revision", "1"]) == 2
     assert "current revision is 3" in capsys.readouterr().err
+
+
+def test_export_writes_toml_that_put_reads_back_as_the_same_entries(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    schedule = tmp_path / "live.toml"
+    schedule.write_text(TOML)
+    fleet = ["--store", f"sqlite:///{tmp_path / 'claims.db'}", "--namespace", "clitest"]
+    assert main(["schedule", "put", str(schedule), *fleet]) == 0
+    capsys.readouterr()
+
+    assert main(["schedule", "export", *fleet]) == 0
+    exported = tmp_path / "exported.toml"
+    exported.write_text(capsys.readouterr().out)
+    assert main(["schedule", "export", *fleet, "--format", "json"]) == 0
+    as_json = json.loads(capsys.readouterr().out)
+    assert main(["schedule", "plan", str(exported), *fleet, "--json"]) == 0
+
+    assert json.loads(capsys.readouterr().out)["changes"] == []  # the same entries
+    assert exported.read_text().startswith("# live entries of namespace 'clitest' at revision 1")
+    assert [e["name"] for e in as_json["entries"]] == ["nightly"]

@@ -9,6 +9,8 @@
 * In a task: ``beatless.celery.occurrence(self.request)`` is the nominal occurrence;
   ``beatless.celery.task_firing_id(self.request)`` the firing id, which is the task id.
 * Before a deploy: ``beatless check --celery proj.celery:app`` (:func:`check_app`).
+* At run time: ``beatless.celery.live(app).put(name, beat_schedule_item)`` writes a live
+  entry (:mod:`beatless.celery.live`; RedBeat's ``entry.save()``, ported).
 * In production: ``celery -A proj beatless status`` (the fleet, from the claim store) and
   ``celery -A proj inspect beatless`` (each worker's scheduler, over remote control).
 
@@ -22,6 +24,7 @@ from typing import Any
 
 from beatless.celery import control  # noqa: F401 - registers `celery inspect beatless`
 from beatless.celery.beat import BeatScheduler, Scheduler
+from beatless.celery.live import CeleryLive, live
 from beatless.celery.messages import occurrence, task_firing_id, tenant
 from beatless.celery.schedule import (
     CeleryScheduler,
@@ -35,12 +38,14 @@ from beatless.celery.worker import BeatlessStep, install
 __all__ = [
     "BeatScheduler",
     "BeatlessStep",
+    "CeleryLive",
     "CeleryScheduler",
     "CelerySettings",
     "Scheduler",
     "build_scheduler",
     "check_app",
     "install",
+    "live",
     "occurrence",
     "read_schedule",
     "task_firing_id",

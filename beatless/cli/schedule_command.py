@@ -4,7 +4,10 @@
 history [NAME] | revert --to R | export``, the fleet named as for ``status`` (``--store``
 with ``--namespace``, ``--celery``, ``--dramatiq``), ``--json`` everywhere. A TOML file is
 read as a schedule file (``[[entry]]`` tables); ``put`` writes its entries, ``plan`` and
-``apply`` make the live entries equal to them. ``export`` writes the live entries as JSON.
+``apply`` make the live entries equal to them. ``export`` writes the live entries as a
+TOML schedule file that ``put`` and the code's loader read back (``--format toml``, the
+default) or as JSON (``--format json``, or ``--json``), for backups and for promoting an
+entry to code.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from beatless.cli._toml import schedule_toml
 from beatless.live import Live, Revision, entry_to_json
 from beatless.live.plan import Plan
 
@@ -40,6 +44,11 @@ def add_parser(commands: Any, fleet_source: Callable[[argparse.ArgumentParser, s
         "--effective-in", metavar="DURATION", help="the fence after the commit (2s)"
     )
     schedule.add_argument("--window", default="7d", help="plan: the window from the fence (7d)")
+    schedule.add_argument(
+        "--format",
+        choices=("toml", "json"),
+        help="export: a TOML schedule file (the default) or JSON (the default with --json)",
+    )
 
 
 def cmd_schedule(
@@ -118,11 +127,20 @@ def _revert(live: Live, args: argparse.Namespace) -> Any:
     return live.revert(args.to, **_how(args))
 
 
-def _export(live: Live, _args: argparse.Namespace) -> Any:
+def _export(live: Live, args: argparse.Namespace) -> Any:
+    head, entries = live.head(), live.list()
+    if (args.format or ("json" if args.json else "toml")) == "toml":
+        return schedule_toml(
+            entries,
+            namespace=live.namespace,
+            timezone=live.timezone,
+            header=f"live entries of namespace {live.namespace!r} at revision {head}, "
+            f"exported {_when(live.store.time_ms())}",
+        )
     return {
         "namespace": live.namespace,
-        "revision": live.head(),
-        "entries": [entry_to_json(e) for e in live.list()],
+        "revision": head,
+        "entries": [entry_to_json(e) for e in entries],
     }
 
 
@@ -140,6 +158,9 @@ _ACTIONS: dict[str, Callable[[Live, argparse.Namespace], Any]] = {
 
 
 def _print(result: Any, as_json: bool) -> None:
+    if isinstance(result, str):  # a file's text, as it is
+        print(result, end="")
+        return
     data = _plain(result)
     if as_json or not isinstance(result, Revision | Plan | list):
         print(json.dumps(data, indent=2, ensure_ascii=False))
@@ -188,4 +209,5 @@ def _plan_text(plan: Plan) -> str:
         f"  straddles {n} at {_when(o)}, released {_when(r)}: old definition"
         for n, o, r in plan.straddling
     ]
+    lines += [f"  dst {n}: {note.text()}" for n, note in plan.dst]
     return "\n".join(lines) if plan.changes else f"no change (r{plan.base_revision})"

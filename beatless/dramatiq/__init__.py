@@ -21,6 +21,7 @@ Before a deploy: ``beatless check --dramatiq myapp.broker myapp.tasks``.
 
 from __future__ import annotations
 
+from beatless.dramatiq.live import live as live
 from beatless.dramatiq.messages import (
     ADDRESS_OPTION,
     ENTRY_OPTION,

@@ -13,7 +13,7 @@ import socket
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Self
 
 from beatless.core._time import from_datetime
 from beatless.core.durations import DurationLike, as_timedelta, to_ms
@@ -49,6 +49,7 @@ class Live:
         writer: str | None = None,
         host: str | None = None,
         timezone: str = "UTC",
+        owns_store: bool = False,
     ) -> None:
         if not store.keeps_notes:
             raise store.cannot_keep()
@@ -62,12 +63,24 @@ class Live:
         self.writer = writer if writer is not None else _login()
         self.host = host if host is not None else socket.gethostname()
         self.timezone = timezone
+        self.owns_store = owns_store
         self._ledger = Ledger(store, namespace)
         self._known: dict[int, Revision] = {}
         self._node = f"live-writer:{self.host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
     def __repr__(self) -> str:
         return f"Live({self.store!r}, namespace={self.namespace!r})"
+
+    def close(self) -> None:
+        """Close the store if this object owns it (``owns_store``)."""
+        if self.owns_store:
+            self.store.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- reading -------------------------------------------------------------------------
 

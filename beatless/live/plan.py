@@ -15,7 +15,10 @@ occurrences from the fence on are compared:
 * **changed**: entries whose occurrences stay (same firing ids, claimed once) but whose
   task, args, kwargs or options change at the fence;
 * **straddling**: occurrences just before the fence whose release (occurrence + offset,
-  the entry's jitter) falls at or after it: they run under the old definition (rule 3).
+  the entry's jitter) falls at or after it: they run under the old definition (rule 3);
+* **dst**: for each cron entry put, the UTC-offset changes of its zone in the window that
+  skip or repeat a wall time it matches, and what runs then
+  (:class:`~beatless.core._dst.DstNote`).
 
 A plan names the revision it was made against, so :meth:`beatless.live.Live.apply`
 refuses it (:class:`~beatless.errors.StaleRevision`) once another change came first.
@@ -27,6 +30,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from beatless.core._dst import DstNote, dst_notes
+from beatless.core.triggers import Cron
 from beatless.live.codec import entry_from_json
 from beatless.live.revisions import Change, State, diff
 from beatless.schedule.entry import Entry, address_segment, canonical, tenant_address
@@ -54,6 +59,8 @@ class Plan:
     straddling: tuple[tuple[str, int, int], ...] = ()
     """``(name, occurrence_ms, release_ms)``."""
     truncated: tuple[str, ...] = field(default=())
+    dst: tuple[tuple[str, DstNote], ...] = ()
+    """``(name, note)``: wall times of a cron entry put that DST skips or repeats."""
 
     @property
     def is_empty(self) -> bool:
@@ -73,6 +80,7 @@ class Plan:
             "changed": list(self.changed),
             "straddling": [list(s) for s in self.straddling],
             "truncated": list(self.truncated),
+            "dst": [{"name": name, **note.to_json()} for name, note in self.dst],
         }
 
 
@@ -96,6 +104,7 @@ def make_plan(
     changed: list[str] = []
     straddling: list[tuple[str, int, int]] = []
     truncated: list[str] = []
+    dst: list[tuple[str, DstNote]] = []
     for change in changes:
         old = _entry(current.get(change.name), timezone)
         new = _entry(change.entry, timezone)
@@ -111,6 +120,8 @@ def make_plan(
             changed.append(change.name)
         if old is not None:
             straddling += _straddling(namespace, old, start_ms, fence_ms)
+        if new is not None and isinstance(new.trigger, Cron):
+            dst += [(change.name, note) for note in dst_notes(new.trigger, fence_ms, end_ms)]
     return Plan(
         namespace=namespace,
         base_revision=base_revision,
@@ -124,6 +135,7 @@ def make_plan(
         changed=tuple(changed),
         straddling=tuple(straddling),
         truncated=tuple(dict.fromkeys(truncated)),
+        dst=tuple(dst),
     )
 
 
