@@ -24,7 +24,7 @@ from beatless.node.dispatch import Dispatcher
 from beatless.schedule.entry import Schedule
 from beatless.schedule.problems import one_line
 from beatless.stores import open_store, probed
-from beatless.stores.base import ClaimRequest, ClaimStore, Note, Outcome
+from beatless.stores.base import ClaimRequest, ClaimStore, KeptNote, Note, Outcome
 
 if TYPE_CHECKING:
     from dramatiq import Actor, Broker
@@ -225,6 +225,8 @@ class Borrowed(ClaimStore):
         self.name = store.name
         self.notes_live_ms = store.notes_live_ms
         self.commits_notes = store.commits_notes
+        self.keeps_notes = store.keeps_notes
+        self.why_not_kept = store.why_not_kept
 
     def __repr__(self) -> str:
         return repr(self.store)
@@ -249,3 +251,12 @@ class Borrowed(ClaimStore):
 
     def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
         return self.store.read_notes(kinds)
+
+    def keep_notes(self, notes: Sequence[KeptNote]) -> None:
+        self.store.keep_notes(notes)
+
+    def read_kept(self, kind: str, keys: Sequence[str] | None = None) -> dict[str, str]:
+        return self.store.read_kept(kind, keys)
+
+    def delete_kept(self, kind: str, keys: Sequence[str]) -> None:
+        self.store.delete_kept(kind, keys)

@@ -125,3 +125,20 @@ def test_options_go_in_the_declaration_or_beside_a_trigger_not_both(broker: Stub
 def test_a_broker_without_the_middleware_is_refused() -> None:
     with pytest.raises(ConfigError, match="0 Beatless middleware"):
         bd.live(StubBroker())
+
+
+def test_a_borrowed_store_keeps_notes_as_the_store_it_wraps() -> None:
+    """The store the runs and the fleet commands borrow from the middleware passes kept
+    notes through (``beatless schedule --dramatiq`` on a store object given to
+    ``Beatless(store=...)``)."""
+    from beatless.dramatiq.store import Borrowed
+    from beatless.stores.base import KeptNote
+    from beatless.stores.memory import MemoryStore
+
+    inner = MemoryStore()
+    borrowed = Borrowed(inner)
+    assert borrowed.keeps_notes is inner.keeps_notes is True
+    borrowed.keep_notes([KeptNote("kind", "key", "value")])
+    assert inner.read_kept("kind") == {"key": "value"} == borrowed.read_kept("kind")
+    borrowed.delete_kept("kind", ["key"])
+    assert borrowed.read_kept("kind") == {}
