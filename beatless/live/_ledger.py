@@ -58,6 +58,17 @@ REVISION_MEMORY_MS = 30 * 86_400_000
 """How long the store remembers a committed revision number: far longer than a writer
 takes between its claim and its head (a store that forgets sooner, NATS with its
 window, is still right: a forgotten number is below the head)."""
+PROPAGATION_MS = 2_000
+"""The propagation bound: no revision's fence is sooner than its commit + this, on the
+store's clock (the writer refuses a sooner one, and :func:`Ledger.commit` never writes
+one). A node claims an occurrence ``o`` only after a read of the head that began later
+than ``o - PROPAGATION_MS + READ_SLACK_MS``, so it knows every revision in force at
+``o`` (rule 6 of issue 24, on every store)."""
+READ_SLACK_MS = 500
+"""The part of the propagation bound left for a writer's note to become visible after
+it read the store's clock for its commit instant (one round trip; a writer slower than
+this between the two gives up and writes nothing) and for the error of a node's
+measured offset to the store's clock."""
 WAIT_S = 0.05
 FORWARD = 8
 """Revisions a reader looks for past the head in one round trip."""
@@ -196,12 +207,13 @@ class Ledger:
     ) -> Revision:
         previous = self.read([number - 1]) if number > 1 else []
         last_fence = previous[0].fence_ms if previous else 0
+        read_at = time.monotonic()
         now = self.store.time_ms()
         revision = Revision(
             number=number,
             changes=tuple(changes),
             committed_ms=now,
-            fence_ms=max(int(fence(now)), last_fence),
+            fence_ms=max(int(fence(now)), last_fence, now + PROPAGATION_MS),
             writer=writer,
             host=host,
             note=note,
@@ -212,6 +224,13 @@ class Ledger:
             raise StoreError(
                 f"live entries of {self.namespace!r}: revision {number} was claimed too long "
                 f"ago to be written safely; nothing was written, try again"
+            )
+        if time.monotonic() - read_at > READ_SLACK_MS / 2_000:
+            self.store.release([self.claim_id(number)], node=node)
+            raise StoreError(
+                f"live entries of {self.namespace!r}: revision {number} took over "
+                f"{READ_SLACK_MS // 2} ms between its commit instant and its write; nothing "
+                f"was written, try again"
             )
         self.store.keep_notes(notes)
         if not self.store.commit([self.claim_id(number)], node=node)[0]:
