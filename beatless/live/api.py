@@ -1,7 +1,7 @@
 """The Python API of live entries: :class:`Live`, one namespace's entries in one store.
 
 What is built: entries are stored and versioned (revisions, fences, history, revert,
-plans). Nodes do not yet schedule them: the scheduler reads only code entries today.
+plans); nodes schedule them (:mod:`beatless.node._live`).
 """
 
 from __future__ import annotations

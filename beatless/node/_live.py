@@ -29,6 +29,7 @@ reads the spans.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import logging
 import threading
@@ -40,8 +41,8 @@ from beatless.core._logtext import shown
 from beatless.errors import BeatlessError
 from beatless.live._ledger import PROPAGATION_MS, READ_SLACK_MS, Ledger
 from beatless.live.codec import entry_from_json
-from beatless.live.revisions import Revision, fold, state_hash
-from beatless.schedule.entry import Entry, Schedule
+from beatless.live.revisions import Revision, fold
+from beatless.schedule.entry import Entry, Schedule, canonical
 from beatless.stores.base import ClaimStore
 
 logger = logging.getLogger("beatless.node.scheduler")
@@ -64,6 +65,25 @@ class Span:
     start_ms: int
     entry: Entry | None
     revision: int
+
+
+class StateDigest:
+    """A hash of the live entries kept up to date per change (work per change, not per
+    entry): the sum, modulo 2**256, of the SHA-256 of each name with its entry JSON."""
+
+    def __init__(self) -> None:
+        self._each: dict[str, int] = {}
+        self._sum = 0
+
+    def change(self, name: str, entry: Mapping[str, Any] | None) -> None:
+        self._sum -= self._each.pop(name, 0)
+        if entry is not None:
+            text = canonical([name, dict(entry)]).encode()
+            self._each[name] = int.from_bytes(hashlib.sha256(text).digest(), "big")
+            self._sum += self._each[name]
+
+    def hexdigest(self) -> str:
+        return f"{self._sum % 2**256:064x}"
 
 
 class LiveView:
@@ -92,6 +112,7 @@ class LiveView:
         self._spans: dict[str, list[Span]] = {}
         self._starts: dict[str, list[int]] = {}
         self._state: dict[str, Mapping[str, Any]] = {}
+        self._digests = StateDigest()
         self._lock = threading.Lock()
         self._pending: dict[int, Revision] = {}
         self._read_ms: int | None = None
@@ -104,7 +125,7 @@ class LiveView:
         self.committed_ms: int | None = None
         self.applied_lag_ms: int | None = None
         """Store-clock milliseconds from the last revision's commit to its application."""
-        self.state_hash = state_hash({})
+        self.state_hash = self._digests.hexdigest()
         self.overrides: tuple[str, ...] = ()
         """Live entries that override a code entry's name (reported as drift)."""
 
@@ -177,11 +198,13 @@ class LiveView:
             self._starts.setdefault(change.name, [s.start_ms for s in spans[:-1]])
             self._starts[change.name].append(revision.fence_ms)
         self._state = fold(self._state, revision.changes)
+        for change in revision.changes:
+            self._digests.change(change.name, change.entry)
         self.revision = revision.number
         self.fence_ms, self.committed_ms = revision.fence_ms, revision.committed_ms
         now = self._now_ms() + (self._offset_ms() or 0)
         self.applied_lag_ms = max(now - revision.committed_ms, 0)
-        self.state_hash = state_hash(self._state)
+        self.state_hash = self._digests.hexdigest()
         self.overrides = tuple(sorted(set(self._state) & set(self._code)))
         logger.debug("live revision %d applied (fence %d)", revision.number, revision.fence_ms)
         return fresh

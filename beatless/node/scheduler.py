@@ -158,8 +158,8 @@ def _live_enabled(live: bool, store: ClaimStore) -> bool:
         logger.info(
             "live entries off: the %s store cannot keep them (%s); this node runs its code "
             "entries only",
-            store.name,
-            store.why_not_kept,
+            shown(store.name, quoted=False),
+            shown(store.why_not_kept, quoted=False),
         )
     return live and store.keeps_notes
 
