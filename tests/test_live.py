@@ -108,8 +108,12 @@ def test_fences_follow_effective_in_and_at_and_never_go_back(store_factory: Stor
     api = live(store_factory)
     late = api.put(report(), effective_in="1h")
     assert late.fence_ms == late.committed_ms + 3_600_000
-    sooner = api.put(report(args=(2,)), effective_in=0)
+    sooner = api.put(report(args=(2,)), effective_in="2s")
     assert sooner.fence_ms == late.fence_ms  # a fence is at least its predecessor's
+    with pytest.raises(ConfigError, match="propagation bound"):
+        api.put(report(), effective_in=0)
+    with pytest.raises(ConfigError, match="propagation bound"):
+        api.put(report(), at=api.store.time_ms() + 500)
     at = api.store.time_ms() + 7_200_000
     assert api.put(report(args=(3,)), at=at).fence_ms == at
     with pytest.raises(ConfigError, match="never retroactive"):

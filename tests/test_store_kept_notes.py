@@ -101,3 +101,21 @@ def test_a_store_that_cannot_keep_notes_refuses_naming_why_and_the_stores_that_c
             call()
         assert "24 hours" in str(refused.value)
         assert all(name in str(refused.value) for name in KEEPING_STORES)
+
+
+def test_a_sync_reads_notes_and_the_kept_notes_asked_in_one_call(
+    store_factory: StoreFactory,
+) -> None:
+    a = keeping(store_factory)
+    b = store_factory()
+    notes, kept, other = kind("notes"), kind("kept"), kind("other")
+    a.post([Note(notes, "n", "1", 60_000)])
+    a.keep_notes(
+        [KeptNote(kept, "head", "h"), KeptNote(kept, "7", "r7"), KeptNote(other, "x", "y")]
+    )
+
+    read, found = b.read_synced([notes, kind("none")], {kept: ["head", "8", "7"], other: []})
+
+    assert read[notes] == {"n": "1"}
+    assert found == {kept: {"head": "h", "7": "r7"}, other: {}}
+    assert b.read_synced([], {kept: ["head"]}) == ({}, {kept: {"head": "h"}})

@@ -456,6 +456,7 @@ def build_scheduler(
             lease=settings.lease,
             framework=framework,
             preferred=settings.preferred_claimer,
+            live=settings.live,
         )
     except BaseException:
         if atomic is not None:

@@ -33,6 +33,9 @@
                                    registry (rendezvous hashing on its id), the others
                                    claiming only if it did not; off: every node claims every
                                    firing. Default: True.
+``beatless_live``                  Each worker node also schedules the live entries written
+                                   in the store (``beatless.live``); off: code entries only.
+                                   Default: True.
 ``beatless_expires_from_lateness`` Give each message an ``expires`` at the end of its firing's
                                    lateness budget (jitter + max_late). Default: False.
 ``beatless_on_schedule_error``     ``"refuse"`` (default): a worker whose schedule has
@@ -116,6 +119,7 @@ class CelerySettings:
     force_two_phase: bool = False
     expires_from_lateness: bool = False
     preferred_claimer: bool = True
+    live: bool = True
     on_schedule_error: str = REFUSE
     metrics_port: int | None = None
     metrics_host: str = DEFAULT_ADDR
@@ -131,7 +135,7 @@ class CelerySettings:
             f"once_only={self.once_only!r}, lease={self.lease!r}, "
             f"force_two_phase={self.force_two_phase!r}, "
             f"expires_from_lateness={self.expires_from_lateness!r}, "
-            f"preferred_claimer={self.preferred_claimer!r}, "
+            f"preferred_claimer={self.preferred_claimer!r}, live={self.live!r}, "
             f"on_schedule_error={self.on_schedule_error!r}, "
             f"metrics_port={self.metrics_port!r}, metrics_host={self.metrics_host!r}, "
             f"metrics_registry={self.metrics_registry!r})"
@@ -166,6 +170,7 @@ class CelerySettings:
             preferred_claimer=read(
                 lambda: _flag(conf, "beatless_preferred_claimer", default=True), True
             ),
+            live=read(lambda: _flag(conf, "beatless_live", default=True), True),
             expires_from_lateness=read(
                 lambda: _flag(conf, "beatless_expires_from_lateness"), False
             ),

@@ -166,9 +166,26 @@ class NodeRecord:
     """What the node last read of the store's settings (:meth:`StoreFacts.summary
     <beatless.stores.base.StoreFacts.summary>`): ``ok``, ``warn: appendonly no``,
     ``refuse: maxmemory-policy allkeys-lru`` (claims stopped)."""
+    live_revision: int | None = None
+    """The live revision the node applied (``None``: it does not read live entries)."""
+    live_hash: str | None = None
+    """The first hex digits of the SHA-256 of the node's live entries at that revision."""
+    live_lag_ms: int | None = None
+    """Milliseconds (store clock) from that revision's commit to the node applying it."""
+    live_overrides: str | None = None
+    """Live entries written over a code entry's name, comma-separated: drift until the
+    code catches up."""
 
     def to_json(self) -> str:
         return json_text(asdict(self))
+
+    @property
+    def schedule_fingerprint(self) -> str:
+        """The code fingerprint + live revision + state hash: equal on nodes that run the
+        same effective schedule."""
+        if self.live_revision is None:
+            return self.fingerprint
+        return f"{self.fingerprint}+r{self.live_revision}.{self.live_hash}"
 
     @classmethod
     def parse(cls, text: str) -> NodeRecord:
@@ -466,6 +483,12 @@ def drift(records: Iterable[NodeRecord]) -> list[str]:
             more = len(groups) - DRIFT_SHOWN
             told += f"; {more} more" if more > 0 else ""
             problems.append(f"live nodes run different {what}s: {told}")
+    overrides = sorted({name for r in records for name in (r.live_overrides or "").split(",")})
+    for name in [name for name in overrides if name][:DRIFT_SHOWN]:
+        problems.append(
+            f"entry {shown(name)}: a live entry overrides the code's (written with "
+            f"override=True): drift until the code catches up"
+        )
     for record in records:
         offset = record.clock_offset_ms
         if offset is not None and abs(offset) > OFFSET_WARN_MS:

@@ -273,6 +273,10 @@ NODE_RECORD = schema(
     last_failure=optional(nullable(TEXT)),
     last_failure_ms=optional(nullable(INSTANT)),
     store_verdict=optional(nullable(TEXT)),
+    live_revision=optional(nullable(COUNT)),
+    live_hash=optional(nullable(NAME)),
+    live_lag_ms=optional(nullable(COUNT)),
+    live_overrides=optional(nullable(TEXT)),
 )
 """A node's registry record (:class:`beatless.fleet._notes.NodeRecord`)."""
 

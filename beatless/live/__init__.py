@@ -6,7 +6,7 @@ content hash, writer, host, note, commit time and fence on the store's clock; wr
 serialize by claiming the next number with the store's own exactly-once claim
 (:mod:`beatless.live._ledger`); entries are stored as JSON (:mod:`beatless.live.codec`);
 :class:`Live` reads, writes, plans (:mod:`beatless.live.plan`) and reverts them.
-Not yet: nodes do not schedule live entries (the scheduler reads code entries only).
+Nodes schedule them (:mod:`beatless.node._live`).
 """
 
 from __future__ import annotations

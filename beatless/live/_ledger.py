@@ -42,7 +42,7 @@ from typing import Any
 
 from beatless.errors import BeatlessError, StaleRevision, StoreError
 from beatless.live.codec import dumps
-from beatless.live.revisions import Change, Revision
+from beatless.live.revisions import Change, Revision, content_hash
 from beatless.stores.base import (
     NEVER_LATE_MS,
     NOTE_VALUE_LIMIT,
@@ -58,6 +58,17 @@ REVISION_MEMORY_MS = 30 * 86_400_000
 """How long the store remembers a committed revision number: far longer than a writer
 takes between its claim and its head (a store that forgets sooner, NATS with its
 window, is still right: a forgotten number is below the head)."""
+PROPAGATION_MS = 2_000
+"""The propagation bound: no revision's fence is sooner than its commit + this, on the
+store's clock (the writer refuses a sooner one, and :func:`Ledger.commit` never writes
+one). A node claims an occurrence ``o`` only after a read of the head that began later
+than ``o - PROPAGATION_MS + READ_SLACK_MS``, so it knows every revision in force at
+``o`` (rule 6 of issue 24, on every store)."""
+READ_SLACK_MS = 500
+"""The part of the propagation bound left for a writer's note to become visible after
+it read the store's clock for its commit instant (one round trip; a writer slower than
+this between the two gives up and writes nothing) and for the error of a node's
+measured offset to the store's clock."""
 WAIT_S = 0.05
 FORWARD = 8
 """Revisions a reader looks for past the head in one round trip."""
@@ -196,22 +207,33 @@ class Ledger:
     ) -> Revision:
         previous = self.read([number - 1]) if number > 1 else []
         last_fence = previous[0].fence_ms if previous else 0
+        texts = [dumps(change.to_json()) for change in changes]  # before the clock is read
+        digest = content_hash(changes)
+        read_at = time.monotonic()
         now = self.store.time_ms()
         revision = Revision(
             number=number,
             changes=tuple(changes),
             committed_ms=now,
-            fence_ms=max(int(fence(now)), last_fence),
+            fence_ms=max(int(fence(now)), last_fence, now + PROPAGATION_MS),
             writer=writer,
             host=host,
             note=note,
+            hash=digest,
         )
-        notes = self._notes(revision)
+        notes = self._notes(revision, texts)
         if time.monotonic() - claimed > LEASE_MS / 2_000:
             self.store.release([self.claim_id(number)], node=node)
             raise StoreError(
                 f"live entries of {self.namespace!r}: revision {number} was claimed too long "
                 f"ago to be written safely; nothing was written, try again"
+            )
+        if time.monotonic() - read_at > READ_SLACK_MS / 2_000:
+            self.store.release([self.claim_id(number)], node=node)
+            raise StoreError(
+                f"live entries of {self.namespace!r}: revision {number} took over "
+                f"{READ_SLACK_MS // 2} ms between its commit instant and its write; nothing "
+                f"was written, try again"
             )
         self.store.keep_notes(notes)
         if not self.store.commit([self.claim_id(number)], node=node)[0]:
@@ -223,16 +245,16 @@ class Ledger:
         self.store.keep_notes([KeptNote(self.head_kind, "head", head)])
         return revision
 
-    def _notes(self, revision: Revision) -> list[KeptNote]:
-        """The revision's note, or notes when one would be over ``NOTE_VALUE_LIMIT``."""
-        whole = dumps(revision.to_json())
+    def _notes(self, revision: Revision, texts: Sequence[str]) -> list[KeptNote]:
+        """The revision's note, or notes when one would be over ``NOTE_VALUE_LIMIT``;
+        ``texts`` are its changes as JSON, written before the commit instant was read."""
+        whole = dumps(revision.meta_json())[:-1] + ',"changes":[' + ",".join(texts) + "]}"
         if len(whole.encode()) <= NOTE_VALUE_LIMIT:
             return [KeptNote(self.revisions_kind, str(revision.number), whole)]
-        parts: list[list[dict[str, Any]]] = [[]]
+        parts: list[list[str]] = [[]]
         room = NOTE_VALUE_LIMIT - len(dumps(revision.meta_json() | {"parts": 99999}).encode())
         size = len('{"changes":[]}')
-        for change in revision.changes:
-            text = dumps(change.to_json())
+        for change, text in zip(revision.changes, texts, strict=True):
             cost = len(text.encode()) + 1
             if cost + size > room:
                 if not parts[-1]:
@@ -242,11 +264,12 @@ class Ledger:
                     )
                 parts.append([])
                 size = len('{"changes":[]}')
-            parts[-1].append(change.to_json())
+            parts[-1].append(text)
             size += cost
-        first = revision.meta_json() | {"parts": len(parts), "changes": parts[0]}
-        notes = [KeptNote(self.revisions_kind, str(revision.number), dumps(first))]
+        head = dumps(revision.meta_json() | {"parts": len(parts)})[:-1]
+        first = head + ',"changes":[' + ",".join(parts[0]) + "]}"
+        notes = [KeptNote(self.revisions_kind, str(revision.number), first)]
         for index, part in enumerate(parts[1:], start=1):
             key = f"{revision.number}.{index}"
-            notes.append(KeptNote(self.revisions_kind, key, dumps({"changes": part})))
+            notes.append(KeptNote(self.revisions_kind, key, '{"changes":[' + ",".join(part) + "]}"))
         return notes

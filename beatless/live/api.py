@@ -1,7 +1,7 @@
 """The Python API of live entries: :class:`Live`, one namespace's entries in one store.
 
 What is built: entries are stored and versioned (revisions, fences, history, revert,
-plans). Nodes do not yet schedule them: the scheduler reads only code entries today.
+plans); nodes schedule them (:mod:`beatless.node._live`).
 """
 
 from __future__ import annotations
@@ -18,15 +18,16 @@ from typing import Any, Self
 from beatless.core._time import from_datetime
 from beatless.core.durations import DurationLike, as_timedelta, to_ms
 from beatless.errors import ConfigError, ScheduleError
-from beatless.live._ledger import Ledger
+from beatless.live._ledger import PROPAGATION_MS, Ledger
 from beatless.live.codec import entry_from_json, entry_to_json
 from beatless.live.plan import Plan, make_plan
 from beatless.live.revisions import Change, Revision, diff, history, state
 from beatless.schedule.entry import Entry
 from beatless.stores.base import ClaimStore
 
-DEFAULT_FENCE_MS = 2_000
-"""A revision's fence when none is asked: its commit + 2 s on the store's clock."""
+DEFAULT_FENCE_MS = PROPAGATION_MS
+"""A revision's fence when none is asked: its commit + 2 s on the store's clock (the
+least allowed: :data:`~beatless.live._ledger.PROPAGATION_MS`)."""
 DEFAULT_WINDOW = "7d"
 
 
@@ -211,7 +212,8 @@ class Live:
 
     def apply(self, plan: Plan, *, note: str | None = None) -> Revision | None:
         """Write a plan's changes as one revision, refused if another revision came after
-        the one it was made against; ``None`` for a plan with no change."""
+        the one it was made against; ``None`` for a plan with no change. Its fence is the
+        commit + the plan's delay, or + the propagation bound if that is longer."""
         if plan.namespace != self.namespace:
             raise ConfigError(
                 f"a plan of namespace {plan.namespace!r} applied to {self.namespace!r}"
@@ -219,7 +221,7 @@ class Live:
         if plan.is_empty:
             return None
         changes = [Change(c.name, c.entry, c.name in self.code) for c in plan.changes]
-        delay = plan.fence_ms - plan.start_ms
+        delay = max(plan.fence_ms - plan.start_ms, PROPAGATION_MS)  # never under the bound
         return self._commit(changes, plan.base_revision, note, timedelta(milliseconds=delay), None)
 
     # -- inside ----------------------------------------------------------------------------
@@ -261,6 +263,12 @@ class Live:
             raise ConfigError("live entries: give effective_in or at, not both")
         if at is None:
             delay = _delay_ms(effective_in)
+            if delay < PROPAGATION_MS:
+                raise ConfigError(
+                    f"live entries: effective_in {delay} ms is under the propagation bound "
+                    f"({PROPAGATION_MS} ms): every node must be able to read a change before "
+                    f"its fence; use effective_in of at least {PROPAGATION_MS // 1_000}s"
+                )
             return lambda committed_ms: committed_ms + delay
         at_ms = from_datetime(at) if isinstance(at, datetime) else int(at)
         now = self.store.time_ms()
@@ -269,7 +277,13 @@ class Live:
                 f"live entries: at {at_ms} is {now - at_ms} ms in the past on the store's "
                 f"clock; a change is never retroactive"
             )
-        return lambda committed_ms: max(at_ms, committed_ms)
+        if at_ms < now + PROPAGATION_MS:
+            raise ConfigError(
+                f"live entries: at {at_ms} is {at_ms - now} ms from now on the store's "
+                f"clock, under the propagation bound ({PROPAGATION_MS} ms); choose a later "
+                f"instant"
+            )
+        return lambda committed_ms: max(at_ms, committed_ms + PROPAGATION_MS)
 
 
 def _delay_ms(effective_in: DurationLike | None) -> int:

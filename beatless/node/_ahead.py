@@ -51,7 +51,7 @@ class BuildAhead:
         self._now_ms = now_ms
         self._timeline = timeline
         self._claims_at_release = claims_at_release
-        self._built: dict[str, tuple[int, object]] = {}
+        self._built: dict[str, tuple[int, object] | tuple[int, object, object]] = {}
         self._swept_ms = 0
 
     def __len__(self) -> int:
@@ -82,7 +82,7 @@ class BuildAhead:
         except Exception:
             built = [None] * len(firings)  # built when due, where a failure is told
         for firing, payload in zip(firings, built, strict=True):
-            self._built[firing.id] = (firing.release_ms, payload)
+            self._built[firing.id] = (firing.release_ms, payload, firing.entry)
         return True
 
     def _wanted(self, firing: Firing) -> bool:
@@ -98,4 +98,6 @@ class BuildAhead:
     def take(self, firing: Firing) -> object | None:
         """What the dispatcher built ahead for ``firing``, once; ``None`` if nothing."""
         built = self._built.pop(firing.id, None)
-        return None if built is None else built[1]
+        if built is None or (len(built) > 2 and built[2] is not firing.entry):
+            return None  # built under a definition a live revision replaced
+        return built[1]

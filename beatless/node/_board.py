@@ -321,7 +321,7 @@ class Board:
     def node_record(self, now_ms: int) -> NodeRecord:
         loop = self.loop
         counters: dict[str, int] = {}
-        for stats in loop.stats.values():
+        for stats in list(loop.stats.values()):
             for name, value in stats.as_dict().items():
                 if isinstance(value, int) and not name.startswith("lateness"):
                     counters[name] = counters.get(name, 0) + value
@@ -346,6 +346,7 @@ class Board:
             last_failure=self.last_failure,
             last_failure_ms=self.last_failure_ms,
             store_verdict=None if self.store_facts is None else self.store_facts.summary(),
+            **loop.live.record(),
         )
 
     def sync(self, now_ms: int | None = None) -> None:
@@ -452,7 +453,11 @@ class Board:
             kinds.append(preference.kind)
         if registry_due:
             kinds.append(nodes_kind(self.namespace))
-        notes = self.store.read_notes(kinds)
+        live = self.loop.live
+        began = self.loop.now_ms()
+        notes, kept = self.store.read_synced(kinds, live.wanted() if live.enabled else {})
+        if live.enabled:
+            live.took(kept, began)
         self.controls = read_controls(notes[kinds[0]], self.namespace, self)
         again = [
             note

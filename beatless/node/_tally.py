@@ -39,6 +39,9 @@ WARNINGS = {
     "forgotten": "not sent: the claim store lost its memory (restarted without persistence?) "
     "after they were released, so they may already have been enqueued",
     "corrupt": "not sent: the store holds a record for them that it cannot read",
+    "stale_schedule": "not claimed: this node could not read the live schedule's head "
+    "recently enough to know the revision in force at them (store link to the notes down, "
+    "or its sync frozen) until they were late; see the live head in `beatless status`",
     "missed": "missed: the claim store refused every claim of them until they were late "
     "(full, or its settings refused: see its WARNING), and then held no claim of them (or "
     "could not be asked: see the WARNING of firings not judged); not sent by this node",
@@ -89,6 +92,13 @@ class Tally:
         self._trouble = Trouble()
         self._warned = WarnEvery()
 
+    def of(self, entry: str) -> EntryStats:
+        """The counters of ``entry`` (a live entry's are made at its first count)."""
+        stats = self.stats.get(entry)
+        if stats is None:
+            stats = self.stats[entry] = EntryStats()
+        return stats
+
     def may_warn(self, kind: str, every_ms: int) -> bool:
         """Whether a warning of ``kind`` may be logged now (at most once per ``every_ms``)."""
         return self._warned.allows(kind, every_ms, self._now_ms())
@@ -96,7 +106,7 @@ class Tally:
     def count(self, firing: Firing, outcome: str, now: int, *, seen_held: bool) -> None:
         """Add one decision (or retry) of ``firing``; ``seen_held`` when this node saw it
         held by another node before, so that it is counted lost once."""
-        stats = self.stats[firing.entry.name]
+        stats = self.of(firing.entry.name)
         if outcome in ("won", "takeover"):
             stats.lateness.observe(now - firing.release_ms)
         if outcome in ("lost", "held", "foreign") and not seen_held:
@@ -127,7 +137,7 @@ class Tally:
     def late(self, entry: str, count: int, occurrence: int | None = None) -> None:
         """``count`` firings of ``entry`` dropped as late in one step, without a decision
         each; with their ``occurrence``, told in one WARNING with the count."""
-        self.stats[entry].late_node += count
+        self.of(entry).late_node += count
         self._summary["late"] += count
         if occurrence is not None:
             self._trouble.add(("late", entry, occurrence), count, self._now_ms())
@@ -139,19 +149,19 @@ class Tally:
 
     def caught_up(self, entry: str, count: int) -> None:
         """``count`` firings of ``entry`` left unclaimed by its catch-up policy."""
-        self.stats[entry].catch_up_skipped += count
+        self.of(entry).catch_up_skipped += count
         self._summary["catch_up_skipped"] += count
 
     def in_window(self, firings: Sequence[Firing]) -> None:
         """Sent firings found taken over at their commit (``two_phase_window``)."""
         for firing in firings:
-            self.stats[firing.entry.name].two_phase_window += 1
+            self.of(firing.entry.name).two_phase_window += 1
 
     def failed_step(self, firings: Sequence[Firing], step: str, exc: Exception) -> None:
         """A step after a decision or a send failed: counted per entry
         (``post_send_errors``) and logged, one WARNING per minute."""
         for firing in firings:
-            self.stats[firing.entry.name].post_send_errors += 1
+            self.of(firing.entry.name).post_send_errors += 1
         self._summary["post_send_error"] += len(firings)
         if not firings or not self.may_warn("post_send", WARN_EVERY_MS):
             return
@@ -210,5 +220,5 @@ class Tally:
             entry.task_tag,
             shown(entry.task),
             shown(self._namespace),
-            self.stats[entry.name].foreign,
+            self.of(entry.name).foreign,
         )

@@ -25,6 +25,7 @@ from beatless.core._logtext import shown
 from beatless.core.triggers import Trigger
 from beatless.fleet._controls import Control, manual_firing
 from beatless.node._inflight import InFlight
+from beatless.node._live import WAIT_MS, LiveView
 from beatless.node._prefer import Preference
 from beatless.node._tally import Tally
 from beatless.schedule._fanout import MAX_TENANTS, FanOut, prepare_ahead_ms
@@ -59,6 +60,9 @@ class Group:
     trigger: Trigger
     entries: list[Entry]
     occurrences: Iterator[int]
+    live: bool = False
+    """One live definition (:mod:`beatless.node._live`): over once a later revision
+    takes its place."""
 
     @property
     def reach_ms(self) -> int:
@@ -89,6 +93,7 @@ class Timeline:
         flights: InFlight,
         preference: Preference,
         ladder: Mapping[str, bool],
+        live: LiveView,
     ) -> None:
         self.schedule = schedule
         self.start_ms = start_ms
@@ -97,6 +102,7 @@ class Timeline:
         self._flights = flights
         self._preference = preference
         self._ladder = ladder
+        self._live = live
         self._heap: list[tuple[int, int, Any]] = []
         self._seq = itertools.count()
         self._tenants: dict[str, tuple[str, ...]] = {}
@@ -138,9 +144,21 @@ class Timeline:
             group.occurrences = group.trigger.after(self.start_ms - group.reach_ms)
             self._queue_next(group)
 
+    def plan_live(self, fresh: Iterable[tuple[Entry, int]]) -> None:
+        """Queue each new live definition from its fence (``(entry, fence_ms)``): never an
+        occurrence before it (rule 2); caught up at start like a code entry."""
+        for entry, fence_ms in fresh:
+            group = Group(entry.trigger, [entry], iter(()), live=True)
+            since = max(fence_ms - 1, self.start_ms - entry.max_late_ms)
+            group.occurrences = entry.trigger.after(since)
+            self._entries[entry.name] = entry
+            self._queue_next(group)
+
     def _queue_next(self, group: Group) -> int | None:
         """Queue the group's next occurrence, and return it."""
         occurrence = next(group.occurrences, None)
+        if occurrence is not None and group.live and self._live.ended(group.entries[0], occurrence):
+            return None  # a later revision took this definition's place
         if occurrence is not None:
             self._push(occurrence - self._expand_ahead_ms(group), (group, occurrence))
         return occurrence
@@ -156,6 +174,8 @@ class Timeline:
         for entry in group.entries:
             if occurrence < self.start_ms - entry.max_late_ms:
                 continue  # before this node's time: not ours to judge
+            if not self._live.current(entry, occurrence):
+                continue  # another definition is in force at this occurrence
             if occurrence < self.start_ms and self._not_caught_up(entry, occurrence, following):
                 continue
             base = self.schedule.address(entry)
@@ -261,7 +281,7 @@ class Timeline:
         """Queue a manual firing of each run-now request the board read: claimed like
         any other, so exactly one node sends it."""
         for control in controls:
-            entry = self._entries.get(control.entry)
+            entry = self._live.entry_at(control.entry, now) or self._entries.get(control.entry)
             if entry is None:
                 logger.warning(
                     "run-now of entry %s by %s on %s ignored: this node's schedule has no "
@@ -299,6 +319,8 @@ class Timeline:
         later: list[tuple[int, Any]] = []  # back into the heap after this wake
         while self._heap and self._heap[0][0] <= now and len(due) < MAX_BATCH:
             _, _, item = heapq.heappop(self._heap)
+            if isinstance(item, Deferred | Firing) and not self._in_force(item, now, later, decide):
+                continue
             if isinstance(item, Deferred):
                 if now - item.firing.occurrence_ms > item.firing.entry.max_late_ms:
                     decide(item.firing, "delegated")  # left to others; missed if not
@@ -320,10 +342,41 @@ class Timeline:
             self._push(at_ms, item)
         return due
 
+    def _in_force(
+        self, item: Firing | Deferred, now: int, later: list[tuple[int, Any]], decide: Decide
+    ) -> bool:
+        """Whether a due firing may go on: built under the definition in force at its
+        occurrence (else dropped, counted ``unscheduled``), and the live head read
+        recently enough to know it (else looked at again in ``WAIT_MS``, and decided
+        ``stale_schedule`` once late). A manual firing (run-now) is a control: always."""
+        firing = item.firing if isinstance(item, Deferred) else item
+        if firing.manual:
+            return True
+        if not self._live.current(firing.entry, firing.occurrence_ms):
+            self._flights.finish(firing)
+            self._tally.of(firing.entry.name).unscheduled += 1
+            return False
+        if self._live.confirms(firing.occurrence_ms):
+            return True
+        if now - firing.occurrence_ms > firing.entry.max_late_ms:
+            decide(firing, "stale_schedule")
+        else:
+            later.append((now + WAIT_MS, item))
+        return False
+
     def _take_fan_out(
         self, fan: FanOut, now: int, due: list[Firing], later: list[tuple[int, Any]]
     ) -> None:
         """Prepare one chunk of a fan-out, or take the firings it has released by now."""
+        if not self._live.current(fan.entry, fan.occurrence_ms):
+            self._tally.of(fan.entry.name).unscheduled += fan.drop()
+            return
+        if not self._live.confirms(fan.occurrence_ms):
+            if now - fan.occurrence_ms > fan.entry.max_late_ms:
+                self._tally.of(fan.entry.name).stale_schedule += fan.drop()
+            else:
+                later.append((now + WAIT_MS, fan))
+            return
         if now - fan.occurrence_ms > fan.entry.max_late_ms:
             count = fan.drop()  # dropped whole: no decision per firing, one WARNING
             if count > 0:

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from beatless.fleet._notes import NodeRecord
 from beatless.node._clockwatch import ClockWatch
+from beatless.node._live import LiveView
 from beatless.node._prefer import Preference
 from beatless.node.stats import EntryStats, SkippedNotes
 from beatless.schedule.entry import Schedule
@@ -41,6 +42,11 @@ class LoopView(Protocol):
 
     @property
     def preference(self) -> Preference: ...
+
+    @property
+    def live(self) -> LiveView:
+        """The live revisions the node knows (:mod:`beatless.node._live`)."""
+        ...
 
     def now_ms(self) -> int:
         """The node's clock, in epoch milliseconds."""
@@ -84,6 +90,9 @@ class NodeView(Protocol):
 
     @property
     def clockwatch(self) -> ClockWatch: ...
+
+    @property
+    def live(self) -> LiveView: ...
 
     @property
     def board(self) -> BoardView: ...

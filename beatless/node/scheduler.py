@@ -47,6 +47,7 @@ from beatless.node._board import Board
 from beatless.node._clockwatch import ClockWatch
 from beatless.node._inflight import InFlight
 from beatless.node._judging import Judging
+from beatless.node._live import LiveView
 from beatless.node._prefer import CLAIM, DELEGATE, LADDER_MS, Preference, fits
 from beatless.node._reseed import Reseeder
 from beatless.node._tally import SETTLE_MS, WARN_EVERY_MS, Tally
@@ -152,6 +153,19 @@ def _warn_no_takeover(schedule: Schedule, lease_ms: int) -> None:
             )
 
 
+def _live_enabled(live: bool, store: ClaimStore) -> bool:
+    """Whether the node reads live entries: asked, and the store keeps notes (one INFO
+    line when it cannot: the node runs its code entries only)."""
+    if live and not store.keeps_notes:
+        logger.info(
+            "live entries off: the %s store cannot keep them (%s); this node runs its code "
+            "entries only",
+            shown(store.name, quoted=False),
+            shown(store.why_not_kept, quoted=False),
+        )
+    return live and store.keeps_notes
+
+
 def _say_ladder(ladder: dict[str, bool]) -> None:
     """Name the entries every node claims, since the preferred claimer's ladder does not
     fit within their max_late."""
@@ -191,6 +205,7 @@ class Scheduler:
         monotonic: Callable[[], float] = time.monotonic,
         framework: str = "standalone",
         preferred: bool = True,
+        live: bool = True,
     ) -> None:
         self.schedule = schedule
         self.dispatcher = _dispatcher(store, enqueue, lease, monotonic)
@@ -204,6 +219,20 @@ class Scheduler:
         """What this node decided, counted, and the trouble it tells (:mod:`._tally`)."""
         self.stats = self.tally.stats
         self.clockwatch = ClockWatch(self.store, clock, self.node)
+        self.live = LiveView(
+            self.store,
+            schedule,
+            enabled=_live_enabled(live, self.store),
+            now_ms=self.now_ms,
+            offset_ms=lambda: self.clockwatch.offset_ms,
+        )
+        """The live entries this node knows, and which definition is in force when
+        (:mod:`beatless.node._live`); ``live=False``: code entries only."""
+        if self.live.enabled:
+            try:
+                self.live.read()  # a starting node schedules the live entries at once
+            except StoreError as exc:
+                logger.warning("live schedule's head not read at start (%s); retried", exc)
         self._decisions: list[Decision] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -243,6 +272,7 @@ class Scheduler:
             flights=self.flights,
             preference=self.preference,
             ladder=self._ladder,
+            live=self.live,
         )
         """What is due when (:mod:`beatless.node._timeline`)."""
         self.judging = Judging(self.store, self.node, self.lease_ms, self.tally)
@@ -280,6 +310,7 @@ class Scheduler:
         now = self.now_ms()
         self.board.woke(now)
         self.preference.adopt(now)
+        self._follow_live(now)
         self.timeline.run_now(self.board.take_run_now(), now)
         due = self.timeline.pop_due(now, self.wake.decide)
         due = self._drop_paused(self._prefer(due, now), now)
@@ -298,6 +329,30 @@ class Scheduler:
         self.tally.tell(now, self.clockwatch.offset_ms)
         decisions, self._decisions = self._decisions, []
         return decisions
+
+    def _follow_live(self, now: int) -> None:
+        """Apply the live revisions read and plan their new definitions; read the head
+        here first when something is due and the board's last read is too old to claim
+        it (:meth:`LiveView.confirms <beatless.node._live.LiveView.confirms>`)."""
+        live = self.live
+        if not live.enabled:
+            return
+        wake = self.timeline.next_wake_ms()
+        if wake is not None and wake <= now and live.needs_read(now):
+            try:
+                live.read()
+            except StoreError as exc:
+                if self.tally.may_warn("live_read", WARN_EVERY_MS * 6):
+                    logger.warning(
+                        "node %s: the live schedule's head not read (%s): firings wait, and "
+                        "are decided stale_schedule once late",
+                        shown(self.node, quoted=False),
+                        shown(str(exc), quoted=False, limit=ERROR_LIMIT),
+                    )
+        fresh = live.apply()
+        for entry, _fence in fresh:
+            self._ladder[entry.name] = fits(entry.jitter_ms, entry.max_late_ms)
+        self.timeline.plan_live(fresh)
 
     def _prefer(self, due: list[Firing], now: int) -> list[Firing]:
         """The due firings this node claims now; the others are left to the node preferred

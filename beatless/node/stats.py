@@ -61,6 +61,7 @@ _COUNTERS: dict[str, str] = {
     DecisionOutcome.STORE_REFUSED: "store_refused",
     DecisionOutcome.RESEEDING: "reseeding",
     DecisionOutcome.ERROR: "errors",
+    DecisionOutcome.STALE_SCHEDULE: "stale_schedule",
 }
 """The counter each decision adds to (a takeover is also a win). ``lost`` and ``held`` are
 counted by the loop, once per firing; a ``foreign`` firing is counted lost as well."""
@@ -119,6 +120,13 @@ class EntryStats:
     """Claims the store held off (each retry counts) while the nodes wrote back what they
     sent after it lost its memory; a firing still held off when late is ``forgotten``."""
     errors: int = 0
+    stale_schedule: int = 0
+    """Firings not claimed because this node had not read the live schedule's head
+    recently enough to know the revision in force at them, until they were late."""
+    unscheduled: int = 0
+    """Firings built under a live definition that a later revision replaced or deleted
+    at or before their occurrence: dropped before any claim (the definition in force
+    builds its own, under the same id when it has the occurrence)."""
     takeovers: int = 0
     lateness: Histogram = field(default_factory=Histogram)
 
@@ -137,6 +145,7 @@ class EntryStats:
             "post_send_errors": self.post_send_errors,
             "two_phase_window": self.two_phase_window,
             "takeovers": self.takeovers,
+            "unscheduled": self.unscheduled,
             "catch_up_skipped": self.catch_up_skipped,
             "lateness_p50_ms": self.lateness.percentile(50),
             "lateness_p99_ms": self.lateness.percentile(99),

@@ -66,6 +66,9 @@ class DecisionOutcome(StrEnum):
     """Retried: the store's settings are refused (an evicting Redis); nothing claimed."""
     ERROR = "error"
     """Retried: the claim or the dispatch failed otherwise."""
+    STALE_SCHEDULE = "stale_schedule"
+    """Final: this node could not confirm the live schedule in force at the occurrence
+    (its last read of the live head was too old) until the firing was late; not sent."""
     RESEEDING = "reseeding"
     """Retried: the store lost its memory and holds the firing off while the nodes write
     back what they sent (``forgotten`` if still so when late)."""

@@ -157,7 +157,7 @@ from __future__ import annotations
 import enum
 import string
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Protocol, Self
@@ -686,6 +686,16 @@ class ClaimStore(ABC):
     def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
         """The live notes of each kind asked, ``{kind: {key: value}}``; a kind with none
         maps to ``{}``. One round trip where the store allows."""
+
+    def read_synced(
+        self, kinds: Sequence[str], kept: Mapping[str, Sequence[str]]
+    ) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+        """:meth:`read_notes` of ``kinds`` and, for each kind of ``kept``, the kept notes
+        of the keys it names (those that exist): what a node reads at its sync. One round
+        trip on memory, SQLite, Redis and PostgreSQL; elsewhere (this default) one call of
+        :meth:`read_notes` and one of :meth:`read_kept` per kept kind."""
+        notes = self.read_notes(kinds) if kinds else {}
+        return notes, {kind: self.read_kept(kind, keys) for kind, keys in kept.items()}
 
     keeps_notes: bool = False
     """Whether the store keeps notes until they are deleted (:meth:`keep_notes`); a store

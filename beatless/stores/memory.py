@@ -6,7 +6,7 @@ import heapq
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
@@ -221,6 +221,21 @@ class MemoryStore(ClaimStore):
         if not notes:
             del self._notes[kind]
         return notes
+
+    def read_synced(
+        self, kinds: Sequence[str], kept: Mapping[str, Sequence[str]]
+    ) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+        """Both under one lock."""
+        with self._lock:
+            now = self._now_ms()
+            notes = {kind: {k: v for k, (_, v) in self._live(kind, now).items()} for kind in kinds}
+            found = {
+                kind: {
+                    key: self._kept[kind][key] for key in keys if key in self._kept.get(kind, {})
+                }
+                for kind, keys in kept.items()
+            }
+            return notes, found
 
     keeps_notes = True
 

@@ -40,7 +40,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -153,6 +153,7 @@ _SWEEP_NOTES = (
 _NOTES = "SELECT kind, key, value FROM notes WHERE until_ms >= ? AND kind IN"
 _KEEP = "INSERT OR REPLACE INTO kept_notes (kind, key, value) VALUES (?, ?, ?)"
 _KEPT = "SELECT key, value FROM kept_notes WHERE kind = ?"
+_KEPT_KEY = "SELECT value FROM kept_notes WHERE kind = ? AND key = ?"
 _DELETE_KEPT = "DELETE FROM kept_notes WHERE kind = ? AND key = ?"
 _RECENT = (
     "SELECT id, address, occurrence_ms, node, committed, until_ms, claimed_ms"
@@ -346,6 +347,31 @@ class SQLiteStore(ClaimStore):
                 for kind, key, value in conn.execute(sql, [now, *chunk]):
                     found[kind][key] = value
         return found
+
+    def read_synced(
+        self, kinds: Sequence[str], kept: Mapping[str, Sequence[str]]
+    ) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+        """Both on one connection, under the store's lock: one read transaction."""
+        notes: dict[str, dict[str, str]] = {kind: {} for kind in kinds}
+        found: dict[str, dict[str, str]] = {kind: {} for kind in kept}
+        with self._lock, self._errors():
+            conn, now = self._connection(), self._now_ms()
+            conn.execute("BEGIN")
+            try:
+                unique = list(notes)
+                for start in range(0, len(unique), _CHUNK):
+                    chunk = unique[start : start + _CHUNK]
+                    sql = f"{_NOTES} ({','.join('?' * len(chunk))})"
+                    for kind, key, value in conn.execute(sql, [now, *chunk]):
+                        notes[kind][key] = value
+                for kind, keys in kept.items():
+                    for key in keys:
+                        row = conn.execute(_KEPT_KEY, (kind, key)).fetchone()
+                        if row is not None:
+                            found[kind][key] = row[0]
+            finally:
+                conn.execute("COMMIT")
+        return notes, found
 
     keeps_notes = True
 

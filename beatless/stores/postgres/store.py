@@ -62,7 +62,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from importlib import resources
 from types import ModuleType
@@ -369,6 +369,33 @@ class PostgresStore(ClaimStore):
         for kind_id, key, value in rows:
             found[by_id[bytes(kind_id)]][key] = bytes(value).decode()
         return found
+
+    def read_synced(
+        self, kinds: Sequence[str], kept: Mapping[str, Sequence[str]]
+    ) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+        """One query: the ``notes`` of ``kinds`` and the ``kept_notes`` asked, by primary
+        key, in a ``UNION ALL``."""
+        notes: dict[str, dict[str, str]] = {kind: {} for kind in kinds}
+        found: dict[str, dict[str, str]] = {kind: {} for kind in kept}
+        by_id = {_digest(kind): kind for kind in notes}
+        kept_ids = {_digest(kind): kind for kind in found}
+        pairs = [(_digest(kind), _digest(key)) for kind, keys in kept.items() for key in keys]
+        args = (
+            self.namespace,
+            list(by_id),
+            self._now_ms(),
+            [kind for kind, _ in pairs],
+            [key for _, key in pairs],
+            self.namespace,
+        )
+        query = self._statements.read_synced
+        rows = self._call("read notes", lambda conn: conn.execute(query, args).fetchall())
+        for is_kept, kind_id, key, value in rows:
+            if is_kept:
+                found[kept_ids[bytes(kind_id)]][key] = bytes(value).decode()
+            else:
+                notes[by_id[bytes(kind_id)]][key] = bytes(value).decode()
+        return notes, found
 
     keeps_notes = True
 
@@ -780,6 +807,14 @@ class _Statements:
             "SELECT kind_id, key, value FROM {s}.notes"
             " WHERE namespace = %s AND kind_id = ANY (%s::bytea[]) AND until_ms >="
             " coalesce(%s::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000))"
+        )
+        self.read_synced = q(
+            "SELECT false, kind_id, key, value FROM {s}.notes"
+            " WHERE namespace = %s AND kind_id = ANY (%s::bytea[]) AND until_ms >="
+            " coalesce(%s::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000))"
+            " UNION ALL SELECT true, n.kind_id, n.key, n.value FROM {s}.kept_notes AS n"
+            " JOIN unnest(%s::bytea[], %s::bytea[]) AS w(kind_id, key_id)"
+            " ON n.kind_id = w.kind_id AND n.key_id = w.key_id WHERE n.namespace = %s"
         )
         self.keep = q(
             "SELECT {s}.keep_v1(%s, %s::bytea[], %s::bytea[], %s::text[], %s::text[], %s::bytea[])"

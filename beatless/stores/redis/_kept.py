@@ -51,6 +51,19 @@ def read(
     return {k: v[len(_MARK) :] for k, v in found.items() if v.startswith(_MARK)}
 
 
+def queue_read(pipe: Any, kind: str, keys: Sequence[str], key_of: Callable[[str], str]) -> None:
+    """Queue on ``pipe`` the read of the kept notes of ``kind`` named by ``keys``
+    (``HMGET``); :func:`read_reply` reads its reply."""
+    pipe.hmget(key_of(kind), list(dict.fromkeys(keys)))
+
+
+def read_reply(keys: Sequence[str], values: Sequence[Any]) -> dict[str, str]:
+    """The kept notes in the reply of :func:`queue_read`."""
+    asked = list(dict.fromkeys(keys))
+    found = {k: _text(v) for k, v in zip(asked, values, strict=True) if v is not None}
+    return {k: v[len(_MARK) :] for k, v in found.items() if v.startswith(_MARK)}
+
+
 def delete(client: Any, kind: str, keys: Sequence[str], key_of: Callable[[str], str]) -> None:
     """Delete the kept notes of ``kind`` named by ``keys`` (``HDEL``)."""
     if keys:

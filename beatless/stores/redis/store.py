@@ -79,7 +79,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -505,6 +505,30 @@ class RedisStore(ClaimStore):
             (seconds, micros), *fields = pipe.execute()
         now_ms = int(seconds) * 1_000 + int(micros) // 1_000
         return {kind: _live_notes(f, now_ms) for kind, f in zip(asked, fields, strict=True)}
+
+    def read_synced(
+        self, kinds: Sequence[str], kept: Mapping[str, Sequence[str]]
+    ) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+        """One ``MULTI``: ``TIME``, an ``HGETALL`` per kind of notes, an ``HMGET`` per kind
+        of kept notes."""
+        asked = list(dict.fromkeys(kinds))
+        wanted = [(kind, keys) for kind, keys in kept.items() if keys]
+        with self._errors("read notes"):
+            pipe = self._client.pipeline(transaction=True)
+            pipe.time()
+            for kind in asked:
+                pipe.hgetall(self._notes_keys(kind)[0])
+            for kind, keys in wanted:
+                _kept.queue_read(pipe, kind, keys, self._kept_key)
+            (seconds, micros), *replies = pipe.execute()
+        now_ms = int(seconds) * 1_000 + int(micros) // 1_000
+        notes = {
+            k: _live_notes(f, now_ms) for k, f in zip(asked, replies[: len(asked)], strict=True)
+        }
+        found: dict[str, dict[str, str]] = {kind: {} for kind in kept}
+        for (kind, keys), values in zip(wanted, replies[len(asked) :], strict=True):
+            found[kind] = _kept.read_reply(keys, values)
+        return notes, found
 
     def time_ms(self) -> int:
         with self._errors("read the clock"):

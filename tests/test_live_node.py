@@ -1,0 +1,242 @@
+"""Nodes scheduling live entries (issue 24, item 3): the rules by the nominal occurrence,
+driven by a fake clock on the memory store: no sleeping, every send checked."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from test_scheduler import Clock
+
+from beatless import Entry, Every, Firing, Schedule, StoreUnavailable
+from beatless.live import Live
+from beatless.live._ledger import PROPAGATION_MS
+from beatless.node._live import CONFIRM_MS
+from beatless.node.scheduler import Scheduler
+from beatless.stores.memory import MemoryStore
+
+NS = "live-node"
+
+
+class Link(MemoryStore):
+    """The memory store, whose notes can be cut off from a node while claims go on: the
+    node's sync cannot read the live head (a frozen sync, a cut link to the notes)."""
+
+    cut = False
+
+    def read_synced(
+        self, kinds: Sequence[str], kept: Mapping[str, Sequence[str]]
+    ) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+        if self.cut:
+            raise StoreUnavailable("notes link cut")
+        return super().read_synced(kinds, kept)
+
+
+def every(name: str, seconds: int = 10, **kw: Any) -> Entry:
+    return Entry(name=name, task="t.job", trigger=Every(timedelta(seconds=seconds)), **kw)
+
+
+class Node:
+    """One scheduler over ``store``, recording what it sent."""
+
+    def __init__(self, store: MemoryStore, clock: Clock, code: Sequence[Entry] = (), **kw: Any):
+        self.sent: list[Firing] = []
+        self.clock = clock
+        self.scheduler = Scheduler(
+            Schedule(list(code), namespace=NS),
+            store=store,
+            enqueue=self.sent.append,
+            clock=clock,
+            node=f"n{id(self)}",
+            **kw,
+        )
+        self.outcomes: list[tuple[str, str, int]] = []
+
+    def run(self, seconds: float, step_ms: int = 100) -> None:
+        for _ in range(round(seconds * 1_000 / step_ms)):
+            self.clock.ms += step_ms
+            self.scheduler.board.sync()
+            for d in self.scheduler.tick():
+                self.outcomes.append((d.outcome, d.firing.entry.name, d.firing.occurrence_ms))
+
+    def sends(self, name: str) -> list[tuple[int, tuple[Any, ...]]]:
+        return [(f.occurrence_ms, tuple(f.entry.args)) for f in self.sent if f.entry.name == name]
+
+
+@pytest.fixture
+def clock() -> Clock:
+    clock = Clock()
+    clock.ms -= clock.ms % 10_000 - 1_000  # one second past a slot of 10 s
+    return clock
+
+
+def test_a_live_entry_fires_from_its_fence_and_never_before(clock: Clock) -> None:
+    store = MemoryStore(clock=clock)
+    node = Node(store, clock)
+    revision = Live(store, namespace=NS).put(every("report", args=(1,)), effective_in="15s")
+    node.run(60)
+    occurrences = [o for o, _ in node.sends("report")]
+    assert occurrences, "the live entry was scheduled"
+    assert min(occurrences) >= revision.fence_ms  # rule 2
+    assert occurrences == sorted(set(occurrences))
+    assert len(occurrences) >= 4
+
+
+def test_an_args_change_takes_effect_at_its_fence_exactly_and_keeps_the_ids(clock: Clock) -> None:
+    store = MemoryStore(clock=clock)
+    node = Node(store, clock)
+    live = Live(store, namespace=NS)
+    live.put(every("report", args=(1,)), effective_in="2s")
+    node.run(25)
+    fence_at = clock.ms + 10_000 - clock.ms % 10_000  # the next slot, exactly
+    edit = live.put(every("report", args=(2,)), at=fence_at)
+    assert edit.fence_ms == fence_at
+    node.run(40)
+    sends = node.sends("report")
+    assert all(args == ((1,) if o < fence_at else (2,)) for o, args in sends)  # rules 1, 6
+    assert any(o == fence_at and args == (2,) for o, args in sends)
+    ids = [f.id for f in node.sent]
+    assert len(ids) == len(set(ids))
+    # rule 4: an occurrence in both definitions has one id, whichever definition sent it
+    firing = next(f for f in node.sent if f.occurrence_ms == fence_at)
+    assert firing.id == Firing.of(every("report"), None, f"{NS}/report", fence_at).id
+
+
+def test_an_edit_inside_a_jitter_window_leaves_the_straddling_occurrence_old(
+    clock: Clock,
+) -> None:
+    store = MemoryStore(clock=clock)
+    node = Node(store, clock)
+    live = Live(store, namespace=NS)
+    jittered = every("wide", seconds=60, jitter="25s", max_late="60s", args=("old",))
+    live.put(jittered, effective_in="2s")
+    node.run(70)
+    # An occurrence whose release falls after the next fence: rule 3 keeps it old.
+    start = clock.ms
+    occurrence = next(jittered.trigger.after(start + 3_000))
+    firing = Firing.of(jittered, None, f"{NS}/wide", occurrence)
+    assert firing.offset_ms > 3_000, "pick a slot whose release is after the fence"
+    clock.ms = occurrence - 2_500
+    node.run(0.1)
+    edit = live.put(jittered.replace(args=("new",)), at=occurrence + 1)
+    assert occurrence < edit.fence_ms <= firing.release_ms
+    node.run(150)
+    sends = dict(node.sends("wide"))
+    assert sends[occurrence] == ("old",)  # before the fence: the old definition
+    assert all(args == ("new",) for o, args in sends.items() if o >= edit.fence_ms)
+    assert any(o >= edit.fence_ms for o in sends)
+
+
+def test_delete_stops_every_occurrence_at_or_after_its_fence_and_re_create_resumes(
+    clock: Clock,
+) -> None:
+    store = MemoryStore(clock=clock)
+    node = Node(store, clock)
+    live = Live(store, namespace=NS)
+    live.put(every("report"), effective_in="2s")
+    node.run(30)
+    gone = live.delete("report", effective_in="5s")
+    node.run(40)
+    assert all(o < gone.fence_ms for o, _ in node.sends("report"))  # rule 5
+    back = live.put(every("report", args=(3,)), effective_in="2s")
+    node.run(30)
+    after = [(o, a) for o, a in node.sends("report") if o >= gone.fence_ms]
+    assert after
+    assert all(o >= back.fence_ms and a == (3,) for o, a in after)
+    assert node.scheduler.stats["report"].unscheduled >= 0
+
+
+def test_a_live_entry_overriding_a_code_name_runs_from_its_fence_and_is_drift(
+    clock: Clock,
+) -> None:
+    store = MemoryStore(clock=clock)
+    code = every("report", args=("code",))
+    node = Node(store, clock, code=[code])
+    node.run(15)
+    edit = Live(store, namespace=NS, code=[code]).put(
+        every("report", args=("live",)), override=True, effective_in="3s"
+    )
+    node.run(30)
+    sends = node.sends("report")
+    assert all(a == ("code",) for o, a in sends if o < edit.fence_ms)
+    assert all(a == ("live",) for o, a in sends if o >= edit.fence_ms)
+    assert len({o for o, _ in sends}) == len(sends)
+    record = node.scheduler.board.node_record(clock.ms)
+    assert record.live_overrides == "report"
+    assert record.live_revision == 1
+    assert record.schedule_fingerprint.startswith(record.fingerprint + "+r1.")
+
+
+def test_a_node_that_cannot_read_the_head_never_sends_old_values_past_a_fence(
+    clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = Link(clock=clock)
+    node = Node(store, clock)
+    live = Live(store, namespace=NS)  # the writer reads with read_kept: its link is fine
+    live.put(every("report", args=(1,)), effective_in="2s")
+    node.run(25)
+    edit = live.put(every("report", args=(2,)), effective_in="2s")
+    store.cut = True  # the node's sync cannot read the head across the fence
+    with caplog.at_level(logging.WARNING):
+        node.run(90)
+    assert "stale_schedule" in caplog.text
+    sends = node.sends("report")
+    assert all(a == (1,) for o, a in sends)
+    assert all(o <= edit.committed_ms for o, _ in sends)  # nothing past the fence, old
+    assert not [o for o, _ in sends if o > edit.fence_ms - CONFIRM_MS]
+    stale = [o for outcome, _, o in node.outcomes if outcome == "stale_schedule"]
+    assert stale, "the occurrences it could not confirm are decided, not lost"
+    assert node.scheduler.stats["report"].stale_schedule == len(stale)
+    store.cut = False
+    node.run(30)
+    assert any(a == (2,) for _, a in node.sends("report"))
+
+
+def test_live_off_runs_code_entries_only_and_a_store_that_cannot_keep_notes_says_so(
+    clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = MemoryStore(clock=clock)
+    Live(store, namespace=NS).put(every("report"), effective_in="2s")
+    node = Node(store, clock, code=[every("code")], live=False)
+    node.run(25)
+    assert not node.sends("report")
+    assert node.sends("code")
+
+    class Forgetful(MemoryStore):
+        keeps_notes = False
+        why_not_kept = "its notes live at most a day"
+
+    with caplog.at_level(logging.INFO, logger="beatless.node.scheduler"):
+        quiet = Node(Forgetful(clock=clock), clock, code=[every("code")])
+    assert not quiet.scheduler.live.enabled
+    assert "live entries off" in caplog.text
+
+
+def test_a_change_costs_one_read_of_its_revision_whatever_the_entries(clock: Clock) -> None:
+    store = MemoryStore(clock=clock)
+    live = Live(store, namespace=NS)
+    live.put_many([every(f"e{i}", seconds=3600) for i in range(300)], effective_in="2s")
+    node = Node(store, clock)
+    node.run(1)
+    calls: list[Any] = []
+    real = store.read_kept
+
+    def counted(kind: str, keys: Sequence[str] | None = None) -> dict[str, str]:
+        calls.append((kind, keys))
+        return real(kind, keys)
+
+    store.read_kept = counted  # type: ignore[method-assign]
+    live.put(every("e1", seconds=3600, args=(1,)), effective_in="2s")
+    calls.clear()
+    node.run(2)
+    assert node.scheduler.live.revision == 2
+    assert all(keys is not None and len(keys) <= 1 for _, keys in calls)
+
+
+def test_the_fence_is_never_sooner_than_the_propagation_bound(clock: Clock) -> None:
+    store = MemoryStore(clock=clock)
+    revision = Live(store, namespace=NS).put(every("x"))
+    assert revision.fence_ms - revision.committed_ms >= PROPAGATION_MS
