@@ -130,6 +130,10 @@ class Beatless(Middleware):
     ``preferred_claimer`` (default on): each firing is claimed first by one node of the
     live registry, chosen by rendezvous hashing on its id, the others claiming only if it
     did not (:mod:`beatless.node._prefer`); off, every node claims every firing.
+
+    ``live`` (default on): the node also schedules the live entries of its namespace,
+    written at run time (``docs/live.md``); off, only the code's. On a store that cannot
+    keep them (RabbitMQ) it is off, said once at INFO.
     """
 
     def __init__(
@@ -155,6 +159,7 @@ class Beatless(Middleware):
         metrics_port: int | None = None,
         metrics_host: str = exported.DEFAULT_ADDR,
         preferred_claimer: bool = True,
+        live: bool = True,
     ) -> None:
         self.settings = DramatiqSettings.of(
             store=store,
@@ -177,6 +182,7 @@ class Beatless(Middleware):
             metrics_port=metrics_port,
             metrics_host=metrics_host,
             preferred_claimer=preferred_claimer,
+            live=live,
         )
         """The options, converted and checked (:mod:`beatless.dramatiq.settings`); each
         is also an attribute of the middleware (``beat.jitter``)."""

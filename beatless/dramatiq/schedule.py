@@ -116,6 +116,7 @@ class SchedulerBuilder:
             lease=settings.lease,
             framework="dramatiq",
             preferred=settings.preferred_claimer,
+            live=settings.live,
         )
 
     def sender(self, broker: Broker) -> Sender:

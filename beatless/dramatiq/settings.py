@@ -61,6 +61,7 @@ class DramatiqSettings:
     metrics_port: int | None
     metrics_host: str
     preferred_claimer: bool
+    live: bool
 
     @classmethod
     def of(
@@ -86,6 +87,7 @@ class DramatiqSettings:
         metrics_port: int | None,
         metrics_host: str,
         preferred_claimer: bool,
+        live: bool = True,
     ) -> DramatiqSettings:
         """The options, as ``Beatless(...)`` was given them (its signature holds the
         defaults), converted and checked in that order: the first bad one raises
@@ -113,6 +115,7 @@ class DramatiqSettings:
             else exported.metrics_port(metrics_port, "Beatless: metrics_port"),
             metrics_host=exported.metrics_host(metrics_host, "Beatless: metrics_host"),
             preferred_claimer=_flag(preferred_claimer, "preferred_claimer"),
+            live=_flag(live, "live"),
         )
 
     @property

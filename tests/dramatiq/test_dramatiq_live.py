@@ -142,3 +142,20 @@ def test_a_borrowed_store_keeps_notes_as_the_store_it_wraps() -> None:
     assert inner.read_kept("kind") == {"key": "value"} == borrowed.read_kept("kind")
     borrowed.delete_kept("kind", ["key"])
     assert borrowed.read_kept("kind") == {}
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_the_middleware_schedules_live_entries_unless_told_not_to(live: bool) -> None:
+    broker = StubBroker()
+    beatless = bd.Beatless(store="memory://", live=live)
+    broker.add_middleware(beatless)
+    dramatiq.actor(lambda: None, actor_name="tick", broker=broker, periodic=bd.every("1h"))
+    try:
+        assert beatless.scheduler(broker).live.enabled is live
+    finally:
+        beatless.close()
+
+
+def test_the_live_option_of_the_middleware_is_a_flag() -> None:
+    with pytest.raises(ConfigError, match="live"):
+        bd.Beatless(store="memory://", live="yes")  # type: ignore[arg-type]
