@@ -76,6 +76,7 @@ from beatless.core.urls import mask_url, secrets_of
 from beatless.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
 from beatless.stores.base import (
+    OUTCOME_LETTERS,
     TOLERANCE_MS,
     UNKNOWN,
     ClaimRequest,
@@ -155,20 +156,6 @@ _REFUSED = (
     "permission denied",
 )
 """Words of a server's answer to a connection that retrying will not change."""
-
-_OUTCOMES = {
-    "W": Outcome.WON,
-    "T": Outcome.TAKEOVER,
-    "L": Outcome.LOST,
-    "H": Outcome.HELD,
-    "X": Outcome.LATE,
-    "E": Outcome.EARLY,
-    "F": Outcome.FORGOTTEN,
-    "R": Outcome.RESEEDING,
-    "C": Outcome.CORRUPT,
-    "A": Outcome.FOREIGN,
-    "O": Outcome.OVERLAP,
-}
 
 
 class PostgresStore(ClaimStore):
@@ -483,7 +470,7 @@ class PostgresStore(ClaimStore):
         )
         letters, token, started_ms = self._row("claim", self._statements.claim, args)
         self._adopt(Epoch(token, int(started_ms)))
-        return [_OUTCOMES[letter] for letter in letters]
+        return [OUTCOME_LETTERS[letter] for letter in letters]
 
     def _note_args(self, notes: Sequence[Note]) -> tuple[Any, ...]:
         """The arguments of ``post_v1``, in its order."""
