@@ -37,14 +37,14 @@ from beatless.node.runs import NEVER_LATE_MS
 from beatless.schedule.firing import run_lease_id
 from beatless.stores import ClaimRequest, Outcome, open_store
 from beatless.stores.base import NOTE_VALUE_LIMIT, TOLERANCE_MS, Note, NoteItem
-from beatless.stores.redis.store import (
+from beatless.stores.redis._wire import (
     CHUNK,
     EXPIRY_SLACK_MS,
     NOTE_VERSION,
     PROBE_TTL_MS,
-    RedisStore,
-    _claim_arg,
+    claim_arg,
 )
+from beatless.stores.redis.store import RedisStore
 
 HOST, PORT = "127.0.0.1", 6379
 URL = f"redis://{HOST}:{PORT}/0"
@@ -302,10 +302,10 @@ def test_a_claim_request_sends_its_tag_and_run_lease_in_the_one_argument_it_alre
     now = 1_800_000_000_000
     tagged, untagged = firing(now), ClaimRequest("u", "x|y", now, 1, 2, now)
 
-    assert _claim_arg(tagged, 0) == (
+    assert claim_arg(tagged, 0) == (
         f"{now}|{MAX_LATE_MS}|{MEMORY_MS}|{now}|{TAG}|0|{tagged.address}"
     )
-    assert _claim_arg(untagged, 3) == f"{now}|1|2|{now}||3|x|y"
+    assert claim_arg(untagged, 3) == f"{now}|1|2|{now}||3|x|y"
 
 
 def test_release_keeps_the_record_with_its_lease_ended_and_its_memory_as_expiry(

@@ -25,7 +25,8 @@ from beatless.fleet._notes import SYNC_EVERY_MS
 from beatless.node._board import FACTS_EVERY_MS
 from beatless.node.scheduler import Scheduler
 from beatless.stores.base import Verdict
-from beatless.stores.redis.store import INFO_SECTIONS, SETTINGS, RedisStore
+from beatless.stores.redis._facts import INFO_SECTIONS, SETTINGS
+from beatless.stores.redis.store import RedisStore
 
 
 @pytest.fixture

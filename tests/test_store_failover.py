@@ -28,7 +28,8 @@ from service_check import require_binary
 
 from beatless.errors import ConfigError, StoreUnavailable
 from beatless.stores.base import ClaimRequest, Outcome, Verdict
-from beatless.stores.redis.store import RedisStore, epoch_cause
+from beatless.stores.redis._wire import epoch_cause
+from beatless.stores.redis.store import RedisStore
 
 NAMESPACE = "failover"
 LEASE_MS = 10_000

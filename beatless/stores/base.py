@@ -154,342 +154,68 @@ millisecond after, so a claim committed at the occurrence with ``memory_ms`` of 
 
 from __future__ import annotations
 
-import enum
-import string
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Protocol, Self
+from typing import Self
 
-from beatless.core.durations import to_ms
 from beatless.errors import ConfigError, StoreRefused
-
-STORE_TOLERANCE = timedelta(seconds=10)
-"""The store refuses a new claim more than ``max_late`` + this behind its own clock."""
-TOLERANCE_MS = to_ms(STORE_TOLERANCE)
-NEVER_LATE_MS = 7 * 86_400_000
-"""The lateness allowed to a claim made "now" (a run's records, a missed marker): never
-late on any sane clock."""
-
-NOTE_NAME_LIMIT = 1_000
-"""The longest kind or key of a note, in characters."""
-NOTE_VALUE_LIMIT = 16_384
-"""The longest value of a note, in bytes of UTF-8."""
-NOT_IN_NAMES = "\x00"
-"""The character no name may hold (a namespace, an entry, a tenant, a note's kind or
-key): note kinds and keys refuse it, and PostgreSQL text cannot hold it."""
-
-# These limits bound a schedule's names: an address ``namespace/entry[/tenant]`` names its
-# history note, and every entry has a note of what the fleet shows of it. The rules that
-# follow from them are checked before a node starts (:func:`beatless.fleet.limits.limits`),
-# so that no note is refused once a firing has been sent.
-
-TAG_LENGTH = 16
-"""The longest task tag a store keeps: hex digits only."""
-_HEX = frozenset(string.hexdigits)
-
-
-class Outcome(enum.Enum):
-    """What a claim decided for one firing."""
-
-    WON = "won"
-    TAKEOVER = "takeover"
-    """Won, after the previous winner's pending lease ran out uncommitted."""
-    LOST = "lost"
-    """Another node won and committed (or, on an atomic store, enqueued) the firing."""
-    HELD = "held"
-    """Lost for now: another node holds the firing pending. If its lease runs out
-    uncommitted, a later claim that is not late takes the firing over."""
-    LATE = "late"
-    """Refused: the occurrence is more than ``max_late + 10 s`` behind the store's clock."""
-    EARLY = "early"
-    """Refused: the release is more than ``10 s`` ahead of the store's clock."""
-    FORGOTTEN = "forgotten"
-    """The store lost its memory since this store object last saw it, and the firing was
-    released before the loss: it may already have been enqueued. Written committed; it
-    must not be enqueued."""
-    CORRUPT = "corrupt"
-    """The store holds a record for this firing that it cannot read; nothing written."""
-    FOREIGN = "foreign"
-    """Lost: a live claim of another task holds the firing (its record's tag is not the
-    request's), pending or committed. Two apps share one store and namespace, and an
-    entry of each has the same name and occurrence; nothing written."""
-    RESEEDING = "reseeding"
-    """Not decided yet: the store lost its memory, the firing was released before the loss
-    and nobody holds it, and the nodes are writing back what they sent (see "Re-seeding"
-    in the module docstring). Nothing written; claim it again later."""
-    OVERLAP = "skipped_overlap"
-    """Not enqueued: the entry's overlap policy is ``skip`` and a run of its address is in
-    progress (its run lease is live). Written committed, so no other node enqueues it."""
-
-    @property
-    def is_won(self) -> bool:
-        return self in (Outcome.WON, Outcome.TAKEOVER)
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimRequest:
-    """One firing to claim, with the numbers the store needs to judge it (a firing's claim:
-    :func:`beatless.schedule.firing.claim_request`)."""
-
-    id: str
-    address: str
-    occurrence_ms: int
-    max_late_ms: int
-    memory_ms: int
-    """How long to remember the claim once committed (at least jitter + max_late + 10 s)."""
-    release_ms: int
-    """When nodes act on the firing: occurrence + offset."""
-    tag: str = ""
-    """A short tag of the entry's task (:attr:`~beatless.schedule.entry.Entry.task_tag`), up to
-    ``TAG_LENGTH`` hex digits: a live claim with another tag is :attr:`Outcome.FOREIGN`.
-    Empty: never foreign."""
-    run_id: str = ""
-    """The id of the address's run-lease record (:func:`beatless.schedule.firing.run_lease_id`) when
-    the entry's overlap policy is ``skip``: while that record is a live pending claim, the
-    claim is answered :attr:`Outcome.OVERLAP`. Empty: no overlap check."""
-
-    def __post_init__(self) -> None:
-        tag = self.tag
-        if tag and (len(tag) > TAG_LENGTH or not _HEX.issuperset(tag)):
-            raise ConfigError(
-                f"claim of firing {self.id} ({self.address!r}): tag {tag!r} must be at most "
-                f"{TAG_LENGTH} hex digits"
-            )
-
-    def is_late(self, store_now_ms: int) -> bool:
-        """The store-side lateness rule: more than ``max_late + 10 s`` behind."""
-        return store_now_ms - self.occurrence_ms > self.max_late_ms + TOLERANCE_MS
-
-    def is_early(self, store_now_ms: int) -> bool:
-        """The store-side early rule: a release more than ``10 s`` ahead."""
-        return self.release_ms - store_now_ms > TOLERANCE_MS
-
-
-def judging(request: ClaimRequest) -> ClaimRequest:
-    """The claim that asks who holds ``request``'s firing and never wins a firing nobody
-    holds (see "Judging claims" in the module docstring): the same firing and numbers,
-    its occurrence at the Unix epoch, no lateness allowed, no run lease to check."""
-    return replace(request, occurrence_ms=0, max_late_ms=0, run_id="")
-
-
-@dataclass(frozen=True, slots=True)
-class Note:
-    """A small record beside the claims (see "Notes" in the module docstring)."""
-
-    kind: str
-    key: str
-    value: str
-    ttl_ms: int
-    """How long the note lives from its post, on the store's clock."""
-    keep: int = 0
-    """After the post, keep only this many notes of the kind, those that expire last;
-    ``0`` bounds nothing."""
-
-    def __post_init__(self) -> None:
-        check_note(self.kind, self.key, self.value)
-        if self.ttl_ms <= 0 or self.keep < 0:
-            raise ConfigError(
-                f"note {self.kind}/{self.key}: ttl_ms must be positive and keep at least 0, "
-                f"got ttl_ms={self.ttl_ms} keep={self.keep}"
-            )
-
-
-def check_note(kind: str, key: str, value: str) -> None:
-    """Refuse a note's kind, key or value beyond the limits of notes (kept or not)."""
-    for part, text in (("kind", kind), ("key", key)):
-        if not text or len(text) > NOTE_NAME_LIMIT or NOT_IN_NAMES in text:
-            raise ConfigError(
-                f"note {part} {text[:80]!r}: must be 1 to {NOTE_NAME_LIMIT} characters, without NUL"
-            )
-    if len(value.encode()) > NOTE_VALUE_LIMIT:
-        raise ConfigError(
-            f"note {kind}/{key}: value of {len(value.encode())} bytes is over {NOTE_VALUE_LIMIT}"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class KeptNote:
-    """A note kept until it is replaced or deleted (see "Kept notes" in the module
-    docstring): no time to live, no bound on its kind."""
-
-    kind: str
-    key: str
-    value: str
-
-    def __post_init__(self) -> None:
-        check_note(self.kind, self.key, self.value)
-
-
-KEEPING_STORES = ("memory", "sqlite", "redis", "redis-cluster", "postgres", "nats")
-"""The stores that keep notes until they are deleted (:attr:`ClaimStore.keeps_notes`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class NoteItem:
-    """One firing's item in a *batch note*: a note that a claim script writes once for
-    many firings (:meth:`beatless.stores.redis.store.RedisStore.claim_and_push`).
-
-    ``batch`` is the note's template. Its key is the prefix of the key written: the
-    script adds ``.`` and the id of the first firing it notes, so two scripts never write
-    the same key. Its value holds ``{{items}}`` where the items go, comma-separated, and
-    ``{{at_ms}}`` for the script's ``TIME`` in epoch milliseconds. ``item`` is the start
-    of this firing's item, a JSON array left open (``["tenant"``): the script closes it
-    with ``,"{outcome}",{lateness_ms}]``. A store splits a batch into several notes so
-    that each stays within ``NOTE_VALUE_LIMIT``."""
-
-    batch: Note
-    item: str
-
-
-ITEM_TAIL_LIMIT = len(',"skipped_overlap",-99999999999999]')
-"""The most a claim script adds to a :class:`NoteItem`'s ``item``."""
-
-
-class Held(Protocol):
-    """What a store knows of a claim it holds: enough to judge the next claim."""
-
-    node: str
-    committed: bool
-    until_ms: int
-    tag: str
-    """The task tag the claim was written with; empty for a record without one."""
-
-
-def judge(
-    request: ClaimRequest,
-    held: Held | None,
-    node: str,
-    now_ms: int,
-    forgot_before_ms: int | None = None,
-    *,
-    running: Held | None = None,
-    hold_off: bool = False,
-) -> Outcome:
-    """The contract's outcome for one claim, for stores that decide outside the server.
-
-    ``forgot_before_ms`` is set when the store's epoch changed since the store object
-    last saw it: the new epoch's start plus the tolerance. A won outcome means the store
-    must now write the claim as pending for the lease (for ``node``'s own pending claim:
-    extend it); :attr:`Outcome.FORGOTTEN` and :attr:`Outcome.OVERLAP` mean it must write
-    the claim committed. ``running`` is the record of the request's
-    :attr:`~ClaimRequest.run_id`, if it has one and the store holds it. With ``hold_off``,
-    a firing that would be forgotten is :attr:`Outcome.RESEEDING`, and nothing is written.
-    """
-    if held is not None and held.until_ms >= now_ms:
-        return _judge_live(request, held, node)
-    if request.is_late(now_ms):
-        return Outcome.LATE
-    if request.is_early(now_ms):
-        return Outcome.EARLY
-    if held is None and forgot_before_ms is not None and request.release_ms < forgot_before_ms:
-        return Outcome.RESEEDING if hold_off else Outcome.FORGOTTEN
-    if is_running(running, now_ms):
-        return Outcome.OVERLAP
-    return Outcome.WON if held is None or held.committed else Outcome.TAKEOVER
-
-
-def is_running(record: Held | None, now_ms: int) -> bool:
-    """Whether a run-lease record is held: a live pending claim."""
-    return record is not None and not record.committed and record.until_ms >= now_ms
-
-
-def _judge_live(request: ClaimRequest, held: Held, node: str) -> Outcome:
-    """The outcome of a claim against a live claim: it decides before anything else."""
-    if request.tag and held.tag and held.tag != request.tag:
-        return Outcome.FOREIGN
-    if held.committed:
-        return Outcome.LOST
-    return Outcome.WON if held.node == node else Outcome.HELD
-
-
-UNKNOWN = "unknown"
-"""The value of a setting that nothing answered for (a managed Redis that renames
-``CONFIG``, a server that cannot be reached)."""
-
-
-class Verdict(enum.Enum):
-    """What a store's setting means for the claims: see "What the store remembers"."""
-
-    OK = "ok"
-    WARN = "warn"
-    """The store keeps the contract, but a fault (a restart, a failover) costs firings,
-    or the setting could not be read."""
-    REFUSE = "refuse"
-    """The store cannot keep the contract: nodes do not claim from it."""
-
-    @property
-    def rank(self) -> int:
-        return _RANKS[self]
-
-
-_RANKS = {Verdict.OK: 0, Verdict.WARN: 1, Verdict.REFUSE: 2}
-
-
-@dataclass(frozen=True, slots=True)
-class Fact:
-    """One setting of a store that decides whether a claim survives, as read, judged."""
-
-    name: str
-    """The setting as the server names it: ``maxmemory-policy``, ``synchronous_commit``."""
-    value: str
-    """Its value as read, or :data:`UNKNOWN`."""
-    verdict: Verdict = Verdict.OK
-    why: str = ""
-    """For a ``warn`` or ``refuse``: what the setting costs, and what to change."""
-
-
-@dataclass(frozen=True, slots=True)
-class StoreFacts:
-    """What :meth:`ClaimStore.facts` read: the store's settings, each judged."""
-
-    store: str
-    """The store as messages name it, its URL masked: ``redis store redis://host:6379/0``."""
-    facts: tuple[Fact, ...] = ()
-    usage: str | None = None
-    """How full the store is, where it has a limit: ``used_memory 7.9 MB of maxmemory
-    8.0 MB (99%)``."""
-
-    @property
-    def verdict(self) -> Verdict:
-        """The worst verdict of the facts; ``ok`` for a store with none to read."""
-        return max((f.verdict for f in self.facts), key=lambda v: v.rank, default=Verdict.OK)
-
-    def fact(self, name: str) -> Fact | None:
-        return next((f for f in self.facts if f.name == name), None)
-
-    def refusal(self) -> str | None:
-        """One line naming each refused setting, its value and the fix; ``None`` if none."""
-        refused = [f for f in self.facts if f.verdict is Verdict.REFUSE]
-        if not refused:
-            return None
-        return f"{self.store}: " + "; ".join(f"{f.name} {f.value}: {f.why}" for f in refused)
-
-    def updated(self, fresh: StoreFacts) -> StoreFacts:
-        """These facts, each one ``fresh`` read again replaced by its new value (and the
-        usage, if ``fresh`` has one)."""
-        again = {f.name: f for f in fresh.facts}
-        facts = tuple(again.pop(f.name, f) for f in self.facts) + tuple(again.values())
-        return StoreFacts(self.store, facts, usage=fresh.usage or self.usage)
-
-    def summary(self) -> str:
-        """The verdict and the settings that decide it, on one short line: ``ok``,
-        ``warn: appendonly no, save ''``, ``refuse: maxmemory-policy allkeys-lru``."""
-        verdict = self.verdict
-        if verdict is Verdict.OK:
-            return "ok"
-        named = ", ".join(f"{f.name} {f.value}" for f in self.facts if f.verdict is verdict)
-        return f"{verdict.value}: {named}"
-
-
-@dataclass(frozen=True, slots=True)
-class Epoch:
-    """The identity of a store's memory: changes when the store loses what it knew."""
-
-    token: str
-    started_ms: int
-    """When the epoch record was written, on the store's clock."""
+from beatless.stores._claims import (
+    NEVER_LATE_MS,
+    OUTCOME_LETTERS,
+    STORE_TOLERANCE,
+    TAG_LENGTH,
+    TOLERANCE_MS,
+    ClaimRequest,
+    Epoch,
+    Held,
+    Outcome,
+    is_running,
+    judge,
+    judging,
+)
+from beatless.stores._facts import UNKNOWN, Fact, StoreFacts, Verdict
+from beatless.stores._notes import (
+    ITEM_TAIL_LIMIT,
+    KEEPING_STORES,
+    NOT_IN_NAMES,
+    NOTE_NAME_LIMIT,
+    NOTE_VALUE_LIMIT,
+    KeptNote,
+    Note,
+    NoteItem,
+    check_note,
+)
+
+# The contract's value types live in modules of their own, imported from here.
+__all__ = [
+    "ITEM_TAIL_LIMIT",
+    "KEEPING_STORES",
+    "NEVER_LATE_MS",
+    "NOTE_NAME_LIMIT",
+    "NOTE_VALUE_LIMIT",
+    "NOT_IN_NAMES",
+    "OUTCOME_LETTERS",
+    "STORE_TOLERANCE",
+    "TAG_LENGTH",
+    "TOLERANCE_MS",
+    "UNKNOWN",
+    "ClaimRequest",
+    "ClaimStore",
+    "Epoch",
+    "Fact",
+    "Held",
+    "KeptNote",
+    "Note",
+    "NoteItem",
+    "Outcome",
+    "StoreFacts",
+    "Verdict",
+    "check_note",
+    "is_running",
+    "judge",
+    "judging",
+]
 
 
 class ClaimStore(ABC):

@@ -64,46 +64,51 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from importlib import resources
-from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from beatless.core._drivers import driver
 from beatless.core._logtext import ERROR_LIMIT, WarnEvery, shown
-from beatless.core.durations import DurationLike, as_timedelta
+from beatless.core.durations import DurationLike
 from beatless.core.urls import mask_url, secrets_of
 from beatless.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
 from beatless.stores.base import (
+    OUTCOME_LETTERS,
     TOLERANCE_MS,
-    UNKNOWN,
     ClaimRequest,
     ClaimStore,
     Epoch,
-    Fact,
     KeptNote,
     Note,
     Outcome,
     StoreFacts,
-    Verdict,
 )
 
 if TYPE_CHECKING:
     import psycopg
     from psycopg import sql
+from beatless.stores.postgres._connection import (
+    Watchdog,
+    check_node,
+    check_request,
+    checked_conninfo,
+    checked_schema,
+    checked_timeout,
+    conninfo_params,
+    describe_where,
+    is_refusal,
+    postgres_driver,
+    socket_of,
+    split_url,
+)
+from beatless.stores.postgres._facts import SETTINGS_QUERY, settings_facts, timeline_of
+from beatless.stores.postgres._schema import SCHEMA_VERSION, Schema, Statements
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["CHUNK", "SCHEMA_VERSION", "SWEEP_MIN", "PostgresStore", "settings_facts", "timeline_of"]
+
 T = TypeVar("T")
 
-SCHEMA_VERSION = 2
-"""The layout of the schema (tables and functions) written now; a newer one is refused.
-Version 2 replaced ``claim_v1`` with ``claim_v2``, which checks run leases
-(:attr:`~beatless.stores.base.Outcome.OVERLAP`); a version 1 schema is brought up to it in
-place (its tables are the same, and it keeps ``claim_v1``)."""
-
-SCHEMES = ("postgresql", "postgres")
 DEFAULT_SCHEMA = "beatless"
 DEFAULT_NAMESPACE = "default"
 DEFAULT_TIMEOUT = 5.0
@@ -117,22 +122,6 @@ larger, so that deletion keeps pace with insertion."""
 CHUNK = 5_000
 """Firings per function call; a larger batch is several calls, so that no transaction
 holds many thousands of row locks for long."""
-FUNCTIONS = (
-    "claim_v2(text, text, bigint, bigint, text, bigint, text, integer, text[], text[],"
-    " bigint[], bigint[], bigint[], bigint[], text[], text[], bigint)",
-    "claim_v3(text, text, bigint, bigint, text, bigint, text, integer, text[], text[],"
-    " bigint[], bigint[], bigint[], bigint[], text[], text[], boolean, bigint)",
-    "commit_v1(text, text, text[], bigint)",
-    "release_v1(text, text, text[], bigint)",
-    "post_v1(text, bytea[], bytea[], text[], text[], bytea[], bigint[], integer[], integer,"
-    " bigint)",
-    "keep_v1(text, bytea[], bytea[], text[], text[], bytea[])",
-)
-"""The functions of this schema version, with their arguments' types."""
-SQL_FILE = "sql/postgres.sql"
-OPTIONS = ("schema", "timeout")
-"""URL query options the store reads itself; the others go to libpq."""
-_MAX_IDENTIFIER = 63
 _LOST_SCHEMA = ("42883", "42P01", "3F000")
 """undefined_function, undefined_table, invalid_schema_name: the schema is gone."""
 _TRANSIENT_STATES = ("40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03", "53300")
@@ -141,34 +130,6 @@ _SESSION_ENDED = ("57P01", "57P02", "57P03")
 _FULL_STATES = ("53100",)
 """``disk_full``: a write refused because the server's disk is full (:class:`StoreFull`)."""
 FULL_WARN_EVERY_S = 60.0
-_SETTINGS = (
-    "SELECT current_setting('synchronous_commit'), current_setting('fsync'), "
-    "pg_is_in_recovery(), current_setting('synchronous_standby_names'), "
-    "(SELECT count(*) FROM pg_stat_replication), "
-    "CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_walfile_name(pg_current_wal_lsn()) END"
-)
-"""What :meth:`PostgresStore.facts` reads, in one round trip."""
-_REFUSED = (
-    "authentication failed",
-    "does not exist",
-    "no pg_hba.conf entry",
-    "permission denied",
-)
-"""Words of a server's answer to a connection that retrying will not change."""
-
-_OUTCOMES = {
-    "W": Outcome.WON,
-    "T": Outcome.TAKEOVER,
-    "L": Outcome.LOST,
-    "H": Outcome.HELD,
-    "X": Outcome.LATE,
-    "E": Outcome.EARLY,
-    "F": Outcome.FORGOTTEN,
-    "R": Outcome.RESEEDING,
-    "C": Outcome.CORRUPT,
-    "A": Outcome.FOREIGN,
-    "O": Outcome.OVERLAP,
-}
 
 
 class PostgresStore(ClaimStore):
@@ -205,7 +166,7 @@ class PostgresStore(ClaimStore):
         timeout: DurationLike | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        driver = _driver()
+        driver = postgres_driver()
         self._full_warned = WarnEvery()
         if not isinstance(namespace, str) or not namespace or "\x00" in namespace:
             raise ConfigError(
@@ -217,10 +178,10 @@ class PostgresStore(ClaimStore):
         if isinstance(conn_or_url, str):
             self._where = mask_url(conn_or_url)
             self._secrets = secrets_of(conn_or_url)
-            conninfo, found = _split_url(conn_or_url, self._where)
+            conninfo, found = split_url(conn_or_url, self._where)
             schema = schema if schema is not None else found.get("schema")
             timeout = timeout if timeout is not None else found.get("timeout")
-            self._conninfo = _checked_conninfo(driver, conninfo, self._where)
+            self._conninfo = checked_conninfo(driver, conninfo, self._where)
         elif isinstance(conn_or_url, driver.Connection):
             if not conn_or_url.autocommit:
                 raise ConfigError(
@@ -228,18 +189,18 @@ class PostgresStore(ClaimStore):
                     "(psycopg.connect(..., autocommit=True)): each call is its own transaction"
                 )
             self._conn = conn_or_url
-            self._where = _describe(conn_or_url)
+            self._where = describe_where(conn_or_url)
             self._secrets = [str(conn_or_url.info.password)] if conn_or_url.info.password else []
         else:
             raise ConfigError(
                 f"postgres store: expected a psycopg.Connection or a postgresql:// URL, got "
                 f"{type(conn_or_url).__name__}"
             )
-        self.schema = _checked_schema(DEFAULT_SCHEMA if schema is None else schema)
-        self.timeout_s = _checked_timeout(DEFAULT_TIMEOUT if timeout is None else timeout)
+        self.schema = checked_schema(DEFAULT_SCHEMA if schema is None else schema)
+        self.timeout_s = checked_timeout(DEFAULT_TIMEOUT if timeout is None else timeout)
         self._owns_conn = self._conninfo is not None
         self._driver = driver
-        self._statements = _Statements(self.schema)
+        self._statements = Statements(self.schema)
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._ready = False
@@ -247,7 +208,7 @@ class PostgresStore(ClaimStore):
         self._closed = False
         self._forgot_before_ms: int | None = None
         self._timeline: int | None = None
-        self._watchdog = _Watchdog()
+        self._watchdog = Watchdog()
         self._sock: socket.socket | None = None
         self._clock = clock
         logger.debug(
@@ -272,9 +233,9 @@ class PostgresStore(ClaimStore):
     ) -> list[Outcome]:
         if lease_ms <= 0:
             raise ConfigError(f"postgres store: lease_ms must be positive, got {lease_ms}")
-        _check_node(node)
+        check_node(node)
         for request in requests:
-            _check_request(request)
+            check_request(request)
         self.refuse_claims()
         outcomes: list[Outcome] = []
         for start in range(0, len(requests), CHUNK):
@@ -287,7 +248,7 @@ class PostgresStore(ClaimStore):
         (``pg_is_in_recovery()``) and its replicas (``pg_stat_replication``,
         ``synchronous_standby_names``), in one round trip."""
         try:
-            row = self._row("read its settings", self._driver.sql.SQL(_SETTINGS), ())
+            row = self._row("read its settings", self._driver.sql.SQL(SETTINGS_QUERY), ())
         except StoreError:
             row = None
         if row is not None:
@@ -326,7 +287,7 @@ class PostgresStore(ClaimStore):
         node commits in practice) is then one round trip and one transaction; a node that
         dies between the calls of a larger one leaves its notes committed with the first
         chunk's claims, so a history item is never missing for a committed firing."""
-        _check_node(node)
+        check_node(node)
         if not ids:
             self.post(notes)
             return []
@@ -346,7 +307,7 @@ class PostgresStore(ClaimStore):
         return [flag == "1" for flag in flags]
 
     def release(self, ids: Sequence[str], *, node: str) -> None:
-        _check_node(node)
+        check_node(node)
         for start in range(0, len(ids), CHUNK):
             args = (self.namespace, node, list(ids[start : start + CHUNK]), self._now_ms())
             self._row("release", self._statements.release, args)
@@ -510,7 +471,7 @@ class PostgresStore(ClaimStore):
         )
         letters, token, started_ms = self._row("claim", self._statements.claim, args)
         self._adopt(Epoch(token, int(started_ms)))
-        return [_OUTCOMES[letter] for letter in letters]
+        return [OUTCOME_LETTERS[letter] for letter in letters]
 
     def _note_args(self, notes: Sequence[Note]) -> tuple[Any, ...]:
         """The arguments of ``post_v1``, in its order."""
@@ -628,7 +589,7 @@ class PostgresStore(ClaimStore):
             # A connection must not cross a fork: the child opens its own and leaves the
             # parent's socket alone.
             self._pid, self._conn, self._sock, self._ready = os.getpid(), None, None, False
-            self._watchdog = _Watchdog()
+            self._watchdog = Watchdog()
         conn = self._conn
         if conn is not None and (conn.closed or conn.broken):
             if not self._owns_conn:
@@ -640,17 +601,17 @@ class PostgresStore(ClaimStore):
         if conn is None:
             conn = self._connect()
         if self._sock is None:
-            self._sock = _socket_of(conn)
+            self._sock = socket_of(conn)
         if not self._ready:
             with self._watchdog.bound(self._sock, self.timeout_s + DEADLINE_SLACK_S):
-                _Schema(self._driver, self.schema, self._where).prepare(conn, force=self._repair)
+                Schema(self._driver, self.schema, self._where).prepare(conn, force=self._repair)
             self._ready, self._repair = True, False
         return conn
 
     def _connect(self) -> psycopg.Connection[Any]:
         if self._conninfo is None:
             raise StoreUnavailable(f"postgres store {self._where}: no URL to connect with")
-        params = _conninfo_params(self._driver, self._conninfo)
+        params = conninfo_params(self._driver, self._conninfo)
         extra: dict[str, Any] = {"autocommit": True}
         if "connect_timeout" not in params:
             extra["connect_timeout"] = max(2, round(self.timeout_s))
@@ -690,7 +651,7 @@ class PostgresStore(ClaimStore):
                     f"the first node"
                 ) from None
             if isinstance(exc, driver.OperationalError | driver.InterfaceError):
-                if exc.sqlstate is None and _is_refusal(str(exc)):
+                if exc.sqlstate is None and is_refusal(str(exc)):
                     raise StoreError(
                         f"{text}; check the user name, password and database name"
                     ) from None
@@ -723,365 +684,6 @@ def _monotonic_ms() -> int:
     return int(time.monotonic() * 1_000)
 
 
-def timeline_of(walfile: object) -> int | None:
-    """The timeline of a write-ahead log file's name (its first 8 hex digits), or
-    ``None`` (a standby, or a name not read)."""
-    text = str(walfile) if walfile else ""
-    try:
-        return int(text[:8], 16) if len(text) >= 8 else None
-    except ValueError:
-        return None
-
-
-def settings_facts(store: str, row: Sequence[Any] | None) -> StoreFacts:
-    """The facts of a PostgreSQL server from the row of ``_SETTINGS`` (``None``: unread)."""
-    if row is None:
-        why = "could not be read"
-        names = ("synchronous_commit", "fsync", "standby", "replicas")
-        return StoreFacts(store, tuple(Fact(n, UNKNOWN, Verdict.WARN, why) for n in names))
-    sync_commit, fsync, standby, standby_names, replicas = row
-    facts = [Fact("synchronous_commit", str(sync_commit))]
-    if sync_commit == "off":
-        why = (
-            "a crash of the server loses the last claims it acknowledged (up to three "
-            "wal_writer_delay), and their firings may be sent again; ALTER ROLE ... SET "
-            "synchronous_commit = on for the role the nodes use"
-        )
-        facts[0] = Fact("synchronous_commit", "off", Verdict.WARN, why)
-    if fsync == "off":
-        why = "a crash of the server's host may lose or corrupt claims; set fsync = on"
-        facts.append(Fact("fsync", "off", Verdict.WARN, why))
-    else:
-        facts.append(Fact("fsync", str(fsync)))
-    if standby:
-        why = "a standby (in recovery) is read-only: point the URL at the primary"
-        facts.append(Fact("standby", "yes", Verdict.REFUSE, why))
-    else:
-        facts.append(Fact("standby", "no"))
-    count = int(replicas or 0)
-    if count and not standby_names:
-        why = (
-            "replication is asynchronous (synchronous_standby_names is empty): a standby "
-            "promoted by a failover may lack the last claims, and their firings may be sent "
-            "again"
-        )
-        facts.append(Fact("replicas", str(count), Verdict.WARN, why))
-    else:
-        sync = f" (synchronous: {standby_names})" if count and standby_names else ""
-        facts.append(Fact("replicas", f"{count}{sync}"))
-    return StoreFacts(store, tuple(facts))
-
-
-class _Statements:
-    """The statements the store sends, composed once with its schema's name."""
-
-    def __init__(self, schema: str) -> None:
-        from psycopg import sql
-
-        name = sql.Identifier(schema)
-
-        def q(text: str) -> sql.Composed:
-            return sql.SQL(text).format(s=name)
-
-        self.claim = q(
-            "SELECT outcomes, epoch_token, epoch_started_ms FROM {s}.claim_v3("
-            "%s, %s, %s, %s, %s, %s, %s, %s, %s::text[], %s::text[], %s::bigint[], "
-            "%s::bigint[], %s::bigint[], %s::bigint[], %s::text[], %s::text[], %s::boolean, "
-            "%s::bigint)"
-        )
-        commit = q("{s}.commit_v1(%s, %s, %s::text[], %s::bigint)")
-        post = q(
-            "{s}.post_v1(%s, %s::bytea[], %s::bytea[], %s::text[], %s::text[],"
-            " %s::bytea[], %s::bigint[], %s::integer[], %s, %s::bigint)"
-        )
-        self.commit = sql.SQL("SELECT flags, epoch_token, epoch_started_ms FROM {}").format(commit)
-        # One statement, so one transaction. post_v1 is in the select list: it runs on
-        # commit_v1's one row, after it, so the notes' locks come after the claims' (no
-        # call holds a note's lock while it waits for a claim's: never a cycle).
-        self.commit_notes = sql.SQL(
-            "SELECT c.flags, c.epoch_token, c.epoch_started_ms, {post} FROM {commit} AS c"
-        ).format(post=post, commit=commit)
-        self.release = q("SELECT {s}.release_v1(%s, %s, %s::text[], %s::bigint)")
-        self.post = sql.SQL("SELECT {}").format(post)
-        self.read_notes = q(
-            "SELECT kind_id, key, value FROM {s}.notes"
-            " WHERE namespace = %s AND kind_id = ANY (%s::bytea[]) AND until_ms >="
-            " coalesce(%s::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000))"
-        )
-        self.read_synced = q(
-            "SELECT false, kind_id, key, value FROM {s}.notes"
-            " WHERE namespace = %s AND kind_id = ANY (%s::bytea[]) AND until_ms >="
-            " coalesce(%s::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000))"
-            " UNION ALL SELECT true, n.kind_id, n.key, n.value FROM {s}.kept_notes AS n"
-            " JOIN unnest(%s::bytea[], %s::bytea[]) AS w(kind_id, key_id)"
-            " ON n.kind_id = w.kind_id AND n.key_id = w.key_id WHERE n.namespace = %s"
-        )
-        self.keep = q(
-            "SELECT {s}.keep_v1(%s, %s::bytea[], %s::bytea[], %s::text[], %s::text[], %s::bytea[])"
-        )
-        self.read_kept = q(
-            "SELECT key, value FROM {s}.kept_notes WHERE namespace = %s AND kind_id = %s"
-        )
-        self.read_kept_keys = q(
-            "SELECT key, value FROM {s}.kept_notes"
-            " WHERE namespace = %s AND kind_id = %s AND key_id = ANY (%s::bytea[])"
-        )
-        self.delete_kept = q(
-            "DELETE FROM {s}.kept_notes"
-            " WHERE namespace = %s AND kind_id = %s AND key_id = ANY (%s::bytea[])"
-        )
-        self.now = sql.SQL("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint")
-        self.recent = q(
-            "SELECT id, address, occurrence_ms, node, committed, until_ms, claimed_ms"
-            " FROM {s}.claims WHERE namespace = %s AND format = 1"
-            " ORDER BY claimed_ms DESC, id LIMIT %s"
-        )
-        self.count = q("SELECT count(*) FROM {s}.claims")
-        self.probe_write = q(
-            "INSERT INTO {s}.claims (until_ms, forget_ms, memory_ms, claimed_ms, occurrence_ms,"
-            " format, committed, namespace, id, tag, node, address)"
-            " VALUES (0, 0, 0, 0, 0, 1, true, %s, %s, '', %s, 'probe')"
-        )
-        self.probe_read = q("SELECT node FROM {s}.claims WHERE namespace = %s AND id = %s")
-        self.probe_delete = q("DELETE FROM {s}.claims WHERE namespace = %s AND id = %s")
-
-
-class _Schema:
-    """Brings a schema to :data:`SCHEMA_VERSION`, or refuses one that is newer."""
-
-    def __init__(self, driver: ModuleType, schema: str, where: str) -> None:
-        self.driver, self.schema, self.where = driver, schema, where
-        self.name = driver.sql.Identifier(schema)
-
-    def prepare(self, conn: psycopg.Connection[Any], *, force: bool = False) -> None:
-        """Check the schema, and create or upgrade it only when it needs it (``force``:
-        run the whole script again, as after a call found a table or function missing)."""
-        version, functions = self._state(conn)
-        self._refuse_newer(version)
-        if version == SCHEMA_VERSION and functions == len(FUNCTIONS) and not force:
-            return
-        with conn.transaction():
-            # Nodes that start together queue here; the first creates, the others check.
-            conn.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                (f"beatless schema {self.schema}",),
-            )
-            version, functions = self._state(conn)
-            self._refuse_newer(version)
-            if version == SCHEMA_VERSION and functions == len(FUNCTIONS) and not force:
-                return
-            sql = self.driver.sql
-            exists = conn.execute(
-                "SELECT to_regnamespace(%s) IS NOT NULL", (self.name.as_string(conn),)
-            )
-            if not exists.fetchone()[0]:  # type: ignore[index]
-                conn.execute(sql.SQL("CREATE SCHEMA {}").format(self.name))
-            path = self.name.as_string(conn)
-            conn.execute("SELECT set_config('search_path', %s, true)", (path,))
-            conn.execute(_schema_script())
-            conn.execute(
-                "INSERT INTO version (version) VALUES (%s) ON CONFLICT (only_row)"
-                " DO UPDATE SET version = excluded.version",
-                (SCHEMA_VERSION,),
-            )
-        logger.info(
-            "postgres store %s: schema %s created or upgraded to version %d",
-            shown(self.where, quoted=False),
-            shown(self.schema),
-            SCHEMA_VERSION,
-        )
-
-    def _state(self, conn: psycopg.Connection[Any]) -> tuple[int | None, int]:
-        """The schema's version (``None``: no version table) and how many of this
-        version's functions it has."""
-        prefix = self.name.as_string(conn) + "."
-        row = conn.execute(
-            "SELECT (SELECT count(to_regprocedure(f)) FROM unnest(%s::text[]) AS f),"
-            " to_regclass(%s) IS NOT NULL",
-            ([prefix + f for f in FUNCTIONS], prefix + "version"),
-        ).fetchone()
-        if row is None:
-            raise StoreError(f"postgres store {self.where}: the server returned no row")
-        functions, has_table = int(row[0]), bool(row[1])
-        if not has_table:
-            return None, functions
-        query = self.driver.sql.SQL("SELECT max(version) FROM {}.version").format(self.name)
-        found = conn.execute(query).fetchone()
-        version = None if found is None or found[0] is None else int(found[0])
-        return version, functions
-
-    def _refuse_newer(self, version: int | None) -> None:
-        if version is not None and version > SCHEMA_VERSION:
-            raise StoreError(
-                f"postgres store {self.where}: schema {self.schema!r} has version {version}, "
-                f"written by a newer beatless; this one reads up to version {SCHEMA_VERSION}: "
-                f"upgrade beatless on every node, or point this node at another schema"
-            )
-
-
-class _Watchdog:
-    """Cuts the connection of a call that overruns its deadline, so that the call fails
-    with an error instead of waiting for a server that stopped answering.
-
-    One daemon thread per store object, started with the first call; it sleeps until the
-    deadline of the call in flight and, if the call is still running then, shuts the
-    connection's socket down (a duplicate of its descriptor, made when the connection
-    was opened). The driver then sees the connection closed, the call raises, and the
-    store opens a new connection on the next call.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._due: float | None = None
-        self._sock: socket.socket | None = None
-        self._thread: threading.Thread | None = None
-        self._stopped = False
-
-    @contextmanager
-    def bound(self, sock: socket.socket | None, seconds: float) -> Iterator[None]:
-        if sock is None:
-            yield
-            return
-        with self._cond:
-            if self._thread is None and not self._stopped:
-                self._thread = threading.Thread(
-                    target=self._run, name="beatless-postgres-watchdog", daemon=True
-                )
-                self._thread.start()
-            self._due, self._sock = time.monotonic() + seconds, sock
-            self._cond.notify()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._due = self._sock = None
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=5)
-
-    def _run(self) -> None:
-        with self._cond:
-            while not self._stopped:
-                if self._due is None:
-                    self._cond.wait()
-                    continue
-                left = self._due - time.monotonic()
-                if left > 0:
-                    self._cond.wait(left)
-                    continue
-                sock, self._due, self._sock = self._sock, None, None
-                if sock is not None:
-                    logger.warning("postgres store: a call went unanswered; cutting its connection")
-                    with suppress(OSError):
-                        sock.shutdown(socket.SHUT_RDWR)
-
-
-def _driver() -> ModuleType:
-    return driver("psycopg.sql", "the postgres store")
-
-
-def _schema_script() -> str:
-    return (resources.files("beatless.stores.postgres") / SQL_FILE).read_text("utf-8")
-
-
-def _split_url(url: str, where: str) -> tuple[str, dict[str, str]]:
-    """The URL without the store's own query options, and those options."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme not in SCHEMES:
-        raise ConfigError(
-            f"postgres store: unknown URL scheme {scheme!r} in {where}: use "
-            f"postgresql://user:password@host:port/database"
-        )
-    pairs = parse_qsl(parts.query, keep_blank_values=True)
-    ours = {k: v for k, v in pairs if k in OPTIONS}
-    rest = urlencode([(k, v) for k, v in pairs if k not in OPTIONS])
-    return urlunsplit(("postgresql", parts.netloc, parts.path, rest, parts.fragment)), ours
-
-
-def _checked_conninfo(driver: ModuleType, conninfo: str, where: str) -> str:
-    try:
-        driver.conninfo.conninfo_to_dict(conninfo)
-    except driver.ProgrammingError as exc:
-        message = " ".join(str(exc).split())
-        raise ConfigError(
-            f"postgres store: bad URL {where}: {message}; the store's own options are "
-            f"{', '.join(OPTIONS)}, the others are libpq's"
-        ) from None
-    return conninfo
-
-
-def _conninfo_params(driver: ModuleType, conninfo: str) -> dict[str, Any]:
-    params: dict[str, Any] = driver.conninfo.conninfo_to_dict(conninfo)
-    return params
-
-
-def _checked_schema(schema: object) -> str:
-    if (
-        not isinstance(schema, str)
-        or not schema
-        or len(schema.encode()) > _MAX_IDENTIFIER
-        or not (schema[0].isalpha() or schema[0] == "_")
-        or not all(ch.isalnum() or ch in "_$" for ch in schema)
-        or not schema.isascii()
-        or schema.lower().startswith("pg_")
-    ):
-        raise ConfigError(
-            f"postgres store: schema must be an identifier of letters, digits and '_' "
-            f"(at most {_MAX_IDENTIFIER}, not starting with a digit or 'pg_'), got {schema!r}"
-        )
-    return schema
-
-
-def _checked_timeout(timeout: DurationLike) -> float:
-    seconds = as_timedelta(timeout, name="postgres store: timeout").total_seconds()
-    if seconds <= 0:
-        raise ConfigError(f"postgres store: timeout must be positive, got {timeout!r}")
-    return seconds
-
-
-def _check_node(node: str) -> None:
-    if not isinstance(node, str) or "\x00" in node:
-        raise ConfigError(f"postgres store: node must be a string without NUL, got {node!r}")
-
-
-def _check_request(request: ClaimRequest) -> None:
-    r = request
-    if r.memory_ms <= 0 or r.max_late_ms < 0:
-        raise ConfigError(
-            f"postgres store: firing {r.id} ({r.address!r}): memory_ms must be positive and "
-            f"max_late_ms not negative, got {r.memory_ms} and {r.max_late_ms}"
-        )
-    if "\x00" in r.id or "\x00" in r.address or "\x00" in r.run_id:
-        raise ConfigError(
-            f"postgres store: firing {r.id!r} ({r.address!r}): PostgreSQL text cannot hold "
-            f"a NUL character"
-        )
-
-
 def _digest(name: str) -> bytes:
     """The key of a note's kind or key in the ``notes`` table: SHA-256 of its UTF-8."""
     return hashlib.sha256(name.encode()).digest()
-
-
-def _is_refusal(text: str) -> bool:
-    lowered = text.lower()
-    return any(words in lowered for words in _REFUSED)
-
-
-def _socket_of(conn: psycopg.Connection[Any]) -> socket.socket | None:
-    """A socket object on a duplicate of the connection's descriptor, for the watchdog."""
-    try:
-        return socket.socket(fileno=os.dup(conn.pgconn.socket))
-    except OSError:
-        return None
-
-
-def _describe(conn: psycopg.Connection[Any]) -> str:
-    info = conn.info
-    return f"postgresql://{info.user}@{info.host}:{info.port}/{info.dbname}"

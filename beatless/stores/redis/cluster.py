@@ -48,22 +48,8 @@ What is atomic, and what is not:
 Keys, under ``beatless:{namespace}:`` unless ``prefix`` says otherwise (a prefix may not
 contain ``{`` or ``}``, which would change the hash tags):
 
-``{prefix}{bb}:claim:{id}``
-    The claim record of a firing, a run lease or a once-only record, in the layout of
-    the Redis store (:mod:`beatless.stores.redis.store`), expiring as it does.
-``{prefix}{bb}:epoch``
-    ``v=1|{started_ms}|{token}``: the bucket's identity, written (no expiry) for every
-    bucket at once by the first store object of the namespace, and again by a claim in
-    a bucket that lost it.
-``{prefix}{bb}:last``
-    The last firing won at each address of the bucket, as the Redis store's ``last``.
-``{prefix}{notes:<digest>}`` and ``{prefix}{notes:<digest>}:expiry``
-    A kind of notes (the SHA-256 of the kind in hex): its hash and its expiry index, as
-    the Redis store keeps them.
-``{prefix}{kept:<digest>}``
-    A kind of kept notes, with no expiry (:mod:`beatless.stores.redis._kept`).
-``{prefix}{bb}:probe:{random}``
-    Written, read back and deleted by :meth:`RedisClusterStore.probe`, one per master.
+The keys, and the buckets they are filed under, are described in
+:mod:`beatless.stores.redis._buckets`.
 
 The store's clock, for :meth:`time_ms`, is ``TIME`` on the client's default node; the
 claims of a bucket are judged on its master's clock. Keep the masters' clocks in step
@@ -74,23 +60,20 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import string
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from beatless.core._logtext import WarnEvery, shown
-from beatless.core.durations import DurationLike, as_timedelta
-from beatless.core.urls import mask_url, scrub, secrets_of
+from beatless.core.durations import DurationLike
+from beatless.core.urls import mask_url, secrets_of
 from beatless.errors import ConfigError, StoreError, StoreFull
 from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
 from beatless.stores.base import (
+    OUTCOME_LETTERS,
     TOLERANCE_MS,
     ClaimRequest,
     ClaimStore,
@@ -102,36 +85,52 @@ from beatless.stores.base import (
     StoreFacts,
 )
 from beatless.stores.redis import _kept
-from beatless.stores.redis.store import (
-    _CLAIM,
-    _COMMIT,
-    _COMMIT_WITHOUT_ROOM,
-    _OUTCOMES,
-    _POST,
-    _RELEASE,
-    CHUNK,
+from beatless.stores.redis._buckets import (
+    ANYWAY,
+    BUCKETS,
+    CLAIM_LUA,
+    COMMIT_LUA,
+    EPOCHS_LUA,
+    HELD_RUN,
+    POST_LUA,
+    READ_NOTES_LUA,
+    RELEASE_LUA,
+    RUNNING_LUA,
+    SCHEMES,
+    Call,
+    Lua,
+    Unreachable,
+    chunks,
+    cluster_options,
+    describe_client,
+    digest,
+)
+from beatless.stores.redis._client import (
     DEFAULT_SOCKET_TIMEOUT,
-    EXPIRY_SLACK_MS,
-    FORMAT_VERSION,
-    LAST_RETENTION_MS,
-    NOTE_VERSION,
-    PROBE_TTL_MS,
-    _claim_arg,
-    _driver,
-    _live_notes,
-    _parse_epoch,
-    _script,
-    _text,
-    commit_without_room,
     driver_errors,
-    judge_settings,
     key_prefix,
-    note_args,
+    redis_driver,
+)
+from beatless.stores.redis._facts import (
+    judge_settings,
     policy_fact,
     read_policy,
     read_settings,
     told_full,
     usage_of,
+)
+from beatless.stores.redis._wire import (
+    EXPIRY_SLACK_MS,
+    FORMAT_VERSION,
+    LAST_RETENTION_MS,
+    NOTE_VERSION,
+    PROBE_TTL_MS,
+    as_text,
+    claim_arg,
+    commit_without_room,
+    live_notes,
+    note_args,
+    parse_epoch,
 )
 
 if TYPE_CHECKING:
@@ -139,36 +138,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SCHEMES = ("redis+cluster", "rediss+cluster")
-BUCKET_DIGITS = 2
-BUCKETS = tuple(f"{b:02x}" for b in range(16**BUCKET_DIGITS))
-"""Every bucket: a hash tag each, so 256 slots spread over the masters."""
-_HEX = frozenset(string.hexdigits)
-HELD_RUN = -1
-"""The ``run`` of a claim argument whose run lease was read held just before the claim
-(``claim.lua`` then answers overlap for it as for a run-lease key of its own)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Lua:
-    """A script and its SHA-1, sent by ``EVALSHA`` and loaded on ``NOSCRIPT``."""
-
-    text: str
-    sha: str
-
-    @classmethod
-    def of(cls, text: str) -> _Lua:
-        return cls(text, hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest())
-
-
-_CLAIM_LUA, _COMMIT_LUA, _RELEASE_LUA, _POST_LUA = map(_Lua.of, (_CLAIM, _COMMIT, _RELEASE, _POST))
-_ANYWAY = _Lua.of(_COMMIT_WITHOUT_ROOM)
-"""The commit script flagged ``allow-oom``: for claims whose commit was refused as full."""
-_EPOCHS_LUA = _Lua.of(_script("epochs.lua"))
-_RUNNING_LUA = _Lua.of(_script("prelude.lua", "running.lua"))
-_READ_NOTES_LUA = _Lua.of(_script("read_notes.lua"))
-
-Call = tuple[list[str], list[str | int]]
+__all__ = ["BUCKETS", "SCHEMES", "RedisClusterStore"]
 
 
 class RedisClusterStore(ClaimStore):
@@ -200,7 +170,7 @@ class RedisClusterStore(ClaimStore):
         prefix: str | None = None,
         socket_timeout: DurationLike = DEFAULT_SOCKET_TIMEOUT,
     ) -> None:
-        driver = _driver("the redis cluster store")
+        driver = redis_driver("the redis cluster store")
         self.prefix = key_prefix("redis cluster store", namespace, prefix)
         if not isinstance(self.prefix, str) or not self.prefix or {"{", "}"} & set(self.prefix):
             raise ConfigError(
@@ -217,11 +187,11 @@ class RedisClusterStore(ClaimStore):
         if isinstance(client_or_url, str):
             self._where = mask_url(client_or_url)
             self._secrets = secrets_of(client_or_url)
-            self._options = _cluster_options(driver, client_or_url, socket_timeout, self._where)
+            self._options = cluster_options(driver, client_or_url, socket_timeout, self._where)
             self._client, self._owns_client = None, True
         elif isinstance(client_or_url, driver.cluster.RedisCluster):
             self._client, self._owns_client = client_or_url, False
-            self._where, self._secrets = _describe_client(client_or_url)
+            self._where, self._secrets = describe_client(client_or_url)
         else:
             raise ConfigError(
                 f"redis cluster store: expected a redis.cluster.RedisCluster client or a "
@@ -249,15 +219,15 @@ class RedisClusterStore(ClaimStore):
         if not requests:
             return []
         self.refuse_claims()
-        args = [_claim_arg(r, 0) for r in requests]  # refuses bad numbers before any call
+        args = [claim_arg(r, 0) for r in requests]  # refuses bad numbers before any call
         with self._errors("claim"):
             self._read_epochs()
             running = self._running(requests)
             for i, request in enumerate(requests):
                 if request.run_id in running:
-                    args[i] = _claim_arg(request, HELD_RUN)
+                    args[i] = claim_arg(request, HELD_RUN)
             head: list[str | int] = [FORMAT_VERSION, EXPIRY_SLACK_MS, node, lease_ms]
-            places = list(_chunks([r.id for r in requests]))
+            places = list(chunks([r.id for r in requests]))
             calls = [
                 self._claim_call(
                     head,
@@ -268,13 +238,13 @@ class RedisClusterStore(ClaimStore):
                 )
                 for bucket, chunk in places
             ]
-            replies = self._run(_CLAIM_LUA, calls)
+            replies = self._run(CLAIM_LUA, calls)
         outcomes: list[Outcome] = [Outcome.CORRUPT] * len(requests)
         changed: list[tuple[str, Epoch, Epoch]] = []
         for (bucket, chunk), reply in zip(places, replies, strict=True):
-            for i, letter in zip(chunk, _text(reply[0]), strict=True):
-                outcomes[i] = _OUTCOMES[letter]
-            self._adopt(bucket, _text(reply[1]), changed)
+            for i, letter in zip(chunk, as_text(reply[0]), strict=True):
+                outcomes[i] = OUTCOME_LETTERS[letter]
+            self._adopt(bucket, as_text(reply[1]), changed)
         if changed:
             self._warn_changed(changed)
         return outcomes
@@ -299,7 +269,7 @@ class RedisClusterStore(ClaimStore):
         <beatless.stores.redis.store.RedisStore.commit>` does (a script flagged ``allow-oom``):
         :class:`~beatless.errors.StoreFull` then carries ``kept``, also when only the notes
         were refused."""
-        places = list(_chunks(ids))
+        places = list(chunks(ids))
         head: list[str | int] = [FORMAT_VERSION, EXPIRY_SLACK_MS, node]
         calls: list[Call] = [
             (
@@ -309,10 +279,10 @@ class RedisClusterStore(ClaimStore):
             for bucket, chunk in places
         ]
 
-        def commit(lua: _Lua) -> list[bool]:
+        def commit(lua: Lua) -> list[bool]:
             kept = [False] * len(ids)
             for (_bucket, chunk), reply in zip(places, self._run(lua, calls), strict=True):
-                for i, flag in zip(chunk, _text(reply[0]), strict=True):
+                for i, flag in zip(chunk, as_text(reply[0]), strict=True):
                     kept[i] = flag == "1"
             return kept
 
@@ -320,10 +290,10 @@ class RedisClusterStore(ClaimStore):
             with self._errors("commit"):
                 if ids:
                     self._read_epochs()  # a first sighting; a changed epoch waits for a claim
-                kept = commit(_COMMIT_LUA)
+                kept = commit(COMMIT_LUA)
         except StoreFull as exc:
             where = f"redis cluster store {self._where}"
-            again = commit_without_room(where, len(ids), self._errors, partial(commit, _ANYWAY))
+            again = commit_without_room(where, len(ids), self._errors, partial(commit, ANYWAY))
             raise StoreFull(str(exc), usage=exc.usage, kept=again) from None
         if notes:
             try:
@@ -335,11 +305,11 @@ class RedisClusterStore(ClaimStore):
     def release(self, ids: Sequence[str], *, node: str) -> None:
         calls: list[Call] = [
             ([self._claim_key(bucket, ids[i]) for i in chunk], [FORMAT_VERSION, node])
-            for bucket, chunk in _chunks(ids)
+            for bucket, chunk in chunks(ids)
         ]
         if calls:
             with self._errors("release"):
-                self._run(_RELEASE_LUA, calls)
+                self._run(RELEASE_LUA, calls)
 
     def post(self, notes: Sequence[Note]) -> None:
         by_kind: dict[str, list[Note]] = {}
@@ -351,7 +321,7 @@ class RedisClusterStore(ClaimStore):
             calls.append((keys, [NOTE_VERSION, EXPIRY_SLACK_MS, *args]))
         if calls:
             with self._errors("post notes"):
-                self._run(_POST_LUA, calls)
+                self._run(POST_LUA, calls)
 
     def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
         asked = list(dict.fromkeys(kinds))
@@ -359,12 +329,12 @@ class RedisClusterStore(ClaimStore):
             return {}
         calls: list[Call] = [([self._notes_keys(kind)[0]], []) for kind in asked]
         with self._errors("read notes"):
-            replies = self._run(_READ_NOTES_LUA, calls)
+            replies = self._run(READ_NOTES_LUA, calls)
         found = {}
         for kind, (seconds, micros, flat) in zip(asked, replies, strict=True):
             now_ms = int(seconds) * 1_000 + int(micros) // 1_000
             fields = dict(zip(flat[::2], flat[1::2], strict=True))
-            found[kind] = _live_notes(fields, now_ms)
+            found[kind] = live_notes(fields, now_ms)
         return found
 
     keeps_notes = True
@@ -406,7 +376,7 @@ class RedisClusterStore(ClaimStore):
                 pipe.delete(key)
             replies = pipe.execute()
         for key, got in zip(keys, replies[1::3], strict=True):
-            if got is None or _text(got) != value:
+            if got is None or as_text(got) != value:
                 raise StoreError(
                     f"redis cluster store {self._where}: probe: wrote {key!r} but read back {got!r}"
                 )
@@ -504,35 +474,37 @@ class RedisClusterStore(ClaimStore):
         calls: list[Call] = [
             ([self._key(b, "epoch") for b in buckets], [token]) for buckets in by_slot.values()
         ]
-        replies = self._run(_EPOCHS_LUA, calls)
+        replies = self._run(EPOCHS_LUA, calls)
         epochs = {}
         for buckets, records in zip(by_slot.values(), replies, strict=True):
             for bucket, record in zip(buckets, records, strict=True):
-                epoch = _parse_epoch(_text(record))
+                epoch = parse_epoch(as_text(record))
                 if epoch is None:
                     raise StoreError(
                         f"redis cluster store {self._where}: unreadable epoch record at "
-                        f"{self._key(bucket, 'epoch')!r}: {_text(record)[:80]!r}"
+                        f"{self._key(bucket, 'epoch')!r}: {as_text(record)[:80]!r}"
                     )
                 epochs[bucket] = epoch
         if not self._epochs:
             self._epochs = epochs
-            self.epoch = _digest(epochs)
+            self.epoch = digest(epochs)
 
     def _running(self, requests: Sequence[ClaimRequest]) -> set[str]:
         """The run leases named by ``requests`` that are held now, each read in its slot."""
         run_ids = list(dict.fromkeys(r.run_id for r in requests if r.run_id))
         if not run_ids:
             return set()
-        places = list(_chunks(run_ids))
+        places = list(chunks(run_ids))
         calls: list[Call] = [
             ([self._claim_key(bucket, run_ids[i]) for i in chunk], [FORMAT_VERSION])
             for bucket, chunk in places
         ]
-        replies = self._run(_RUNNING_LUA, calls)
+        replies = self._run(RUNNING_LUA, calls)
         held = set()
         for (_bucket, chunk), flags in zip(places, replies, strict=True):
-            held |= {run_ids[i] for i, flag in zip(chunk, _text(flags), strict=True) if flag == "1"}
+            held |= {
+                run_ids[i] for i, flag in zip(chunk, as_text(flags), strict=True) if flag == "1"
+            }
         return held
 
     @property
@@ -549,7 +521,7 @@ class RedisClusterStore(ClaimStore):
 
     def _adopt(self, bucket: str, record: str, changed: list[tuple[str, Epoch, Epoch]]) -> None:
         """Adopt the epoch a bucket's claim saw, keeping the bucket's forgetting horizon."""
-        epoch = _parse_epoch(record)
+        epoch = parse_epoch(record)
         if epoch is None:
             return
         seen = self._epochs.get(bucket)
@@ -562,7 +534,7 @@ class RedisClusterStore(ClaimStore):
 
     def _warn_changed(self, changed: list[tuple[str, Epoch, Epoch]]) -> None:
         """One WARNING per claim that found buckets with a new epoch, naming their masters."""
-        self.epoch = _digest(self._epochs)
+        self.epoch = digest(self._epochs)
         masters = sorted({self._master_of(bucket) for bucket, _, _ in changed})
         _, seen, current = changed[0]
         logger.warning(
@@ -580,7 +552,7 @@ class RedisClusterStore(ClaimStore):
         except (StoreError, exc.RedisError, exc.RedisClusterException):
             return "unknown"
 
-    def _run(self, lua: _Lua, calls: list[Call]) -> list[Any]:
+    def _run(self, lua: Lua, calls: list[Call]) -> list[Any]:
         """Run ``lua`` once per call, in one pipeline: redis-py sends each call to the
         master of its keys' slot, every master at once. A script a master does not know
         (``NOSCRIPT``: a new or restarted master) is loaded on every master and the calls
@@ -599,7 +571,7 @@ class RedisClusterStore(ClaimStore):
         return replies
 
     @staticmethod
-    def _pipelined(client: Any, lua: _Lua, calls: list[Call]) -> list[Any]:
+    def _pipelined(client: Any, lua: Lua, calls: list[Call]) -> list[Any]:
         pipe = client.pipeline()
         for keys, args in calls:
             # redis-py's cluster pipeline has no evalsha method, and would ask the server
@@ -623,14 +595,14 @@ class RedisClusterStore(ClaimStore):
                 f"redis cluster store {self._where}",
                 what,
                 self._secrets,
-                unavailable=(*down, _Unreachable),
+                unavailable=(*down, Unreachable),
                 failed=(exc.RedisClusterException,),
             ):
                 try:
                     yield
                 except exc.RedisClusterException as error:
                     if isinstance(error.__cause__, exc.ConnectionError | exc.TimeoutError):
-                        raise _Unreachable(str(error)) from None
+                        raise Unreachable(str(error)) from None
                     raise
         except StoreFull as full:
             raise self._full(full) from None
@@ -647,93 +619,3 @@ class RedisClusterStore(ClaimStore):
         except (self._driver.exceptions.RedisError, OSError, StoreError):
             pass
         return told_full(exc, "; ".join(usages) or None, self._full_warned)
-
-
-class _Unreachable(Exception):
-    """No node of the cluster could be reached (redis-py says so with a generic error)."""
-
-
-def _bucket(id_: str) -> str:
-    head = id_[:BUCKET_DIGITS].lower()
-    if len(head) == BUCKET_DIGITS and _HEX.issuperset(head):
-        return head
-    return hashlib.sha256(id_.encode()).hexdigest()[:BUCKET_DIGITS]
-
-
-def _chunks(ids: Sequence[str]) -> Iterator[tuple[str, list[int]]]:
-    """The positions of ``ids`` by bucket, at most ``CHUNK`` per script."""
-    by_bucket: dict[str, list[int]] = {}
-    for i, id_ in enumerate(ids):
-        by_bucket.setdefault(_bucket(id_), []).append(i)
-    for bucket, places in by_bucket.items():
-        for start in range(0, len(places), CHUNK):
-            yield bucket, places[start : start + CHUNK]
-
-
-def _digest(epochs: dict[str, Epoch]) -> Epoch:
-    """One epoch for the store object: changes when the epoch of any bucket does."""
-    tokens = "|".join(f"{bucket}={epochs[bucket].token}" for bucket in sorted(epochs))
-    token = hashlib.sha256(tokens.encode()).hexdigest()[:32]
-    return Epoch(token, max(epoch.started_ms for epoch in epochs.values()))
-
-
-def _cluster_options(
-    driver: ModuleType, url: str, socket_timeout: DurationLike, where: str
-) -> dict[str, Any]:
-    """The keyword arguments of ``RedisCluster`` for a ``redis+cluster://`` URL, checked
-    now so that a bad URL is a :class:`~beatless.errors.ConfigError` at construction."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme not in SCHEMES:
-        raise ConfigError(
-            f"redis cluster store: unknown URL scheme {scheme!r} in {where}: use "
-            f"redis+cluster://host:port[,host:port...] or rediss+cluster://..."
-        )
-    userinfo, at, hosts = parts.netloc.rpartition("@")
-    nodes = [_host_port(node, where) for node in hosts.split(",") if node.strip()]
-    if not nodes:
-        raise ConfigError(f"redis cluster store: no node in {where}: name at least one host:port")
-    if parts.path.strip("/") not in ("", "0"):
-        raise ConfigError(f"redis cluster store: {where}: a cluster has database 0 only")
-    timeout = as_timedelta(socket_timeout, name="redis cluster store: socket_timeout")
-    seconds = timeout.total_seconds()
-    if seconds <= 0:
-        raise ConfigError(
-            f"redis cluster store: socket_timeout must be positive, got {socket_timeout!r}"
-        )
-    host, port = nodes[0]
-    first = f"{scheme.split('+')[0]}://{userinfo}{at}{_netloc(host, port)}"
-    first += f"?{parts.query}" if parts.query else ""
-    try:
-        driver.connection.parse_url(first)
-    except ValueError as exc:
-        raise ConfigError(f"redis cluster store: bad URL {where}: {scrub(str(exc), url)}") from None
-    startup = [driver.cluster.ClusterNode(h, p) for h, p in nodes[1:]]
-    return {
-        "url": first,
-        "startup_nodes": startup,
-        "socket_timeout": seconds,
-        "socket_connect_timeout": seconds,
-    }
-
-
-def _host_port(node: str, where: str) -> tuple[str, int]:
-    host, colon, port = node.strip().rpartition(":")
-    if not colon or host.endswith(":"):
-        host, port = node.strip(), "6379"
-    host = host.strip("[]")
-    if not host or not port.isdigit() or not 0 < int(port) < 65_536:
-        raise ConfigError(f"redis cluster store: bad node {node!r} in {where}: write host:port")
-    return host, int(port)
-
-
-def _netloc(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _describe_client(client: Any) -> tuple[str, list[str]]:
-    """How to name a client passed in, and its password to mask."""
-    nodes = ",".join(node.name for node in client.get_nodes())
-    kwargs = getattr(client.nodes_manager, "connection_kwargs", {}) or {}
-    password = kwargs.get("password")
-    return f"redis+cluster://{nodes}", [str(password)] if password else []

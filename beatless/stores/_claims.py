@@ -1,0 +1,192 @@
+"""The values of a claim: the request, its outcome, the store's epoch, and the rule that
+judges a claim for stores that decide outside their server. See the contract in
+:mod:`beatless.stores.base`, which re-exports these names."""
+
+from __future__ import annotations
+
+import enum
+import string
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Protocol
+
+from beatless.core.durations import to_ms
+from beatless.errors import ConfigError
+
+STORE_TOLERANCE = timedelta(seconds=10)
+"""The store refuses a new claim more than ``max_late`` + this behind its own clock."""
+TOLERANCE_MS = to_ms(STORE_TOLERANCE)
+NEVER_LATE_MS = 7 * 86_400_000
+"""The lateness allowed to a claim made "now" (a run's records, a missed marker): never
+late on any sane clock."""
+
+TAG_LENGTH = 16
+"""The longest task tag a store keeps: hex digits only."""
+_HEX = frozenset(string.hexdigits)
+
+
+class Outcome(enum.Enum):
+    """What a claim decided for one firing."""
+
+    WON = "won"
+    TAKEOVER = "takeover"
+    """Won, after the previous winner's pending lease ran out uncommitted."""
+    LOST = "lost"
+    """Another node won and committed (or, on an atomic store, enqueued) the firing."""
+    HELD = "held"
+    """Lost for now: another node holds the firing pending. If its lease runs out
+    uncommitted, a later claim that is not late takes the firing over."""
+    LATE = "late"
+    """Refused: the occurrence is more than ``max_late + 10 s`` behind the store's clock."""
+    EARLY = "early"
+    """Refused: the release is more than ``10 s`` ahead of the store's clock."""
+    FORGOTTEN = "forgotten"
+    """The store lost its memory since this store object last saw it, and the firing was
+    released before the loss: it may already have been enqueued. Written committed; it
+    must not be enqueued."""
+    CORRUPT = "corrupt"
+    """The store holds a record for this firing that it cannot read; nothing written."""
+    FOREIGN = "foreign"
+    """Lost: a live claim of another task holds the firing (its record's tag is not the
+    request's), pending or committed. Two apps share one store and namespace, and an
+    entry of each has the same name and occurrence; nothing written."""
+    RESEEDING = "reseeding"
+    """Not decided yet: the store lost its memory, the firing was released before the loss
+    and nobody holds it, and the nodes are writing back what they sent (see "Re-seeding"
+    in :mod:`beatless.stores.base`). Nothing written; claim it again later."""
+    OVERLAP = "skipped_overlap"
+    """Not enqueued: the entry's overlap policy is ``skip`` and a run of its address is in
+    progress (its run lease is live). Written committed, so no other node enqueues it."""
+
+    @property
+    def is_won(self) -> bool:
+        return self in (Outcome.WON, Outcome.TAKEOVER)
+
+
+OUTCOME_LETTERS = {
+    "W": Outcome.WON,
+    "T": Outcome.TAKEOVER,
+    "L": Outcome.LOST,
+    "H": Outcome.HELD,
+    "R": Outcome.RESEEDING,
+    "X": Outcome.LATE,
+    "E": Outcome.EARLY,
+    "F": Outcome.FORGOTTEN,
+    "C": Outcome.CORRUPT,
+    "A": Outcome.FOREIGN,
+    "O": Outcome.OVERLAP,
+}
+"""The letter for each outcome in the answer of a claim decided on the server (the Redis
+scripts, the PostgreSQL function): one letter per firing, in the order asked."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """One firing to claim, with the numbers the store needs to judge it (a firing's claim:
+    :func:`beatless.schedule.firing.claim_request`)."""
+
+    id: str
+    address: str
+    occurrence_ms: int
+    max_late_ms: int
+    memory_ms: int
+    """How long to remember the claim once committed (at least jitter + max_late + 10 s)."""
+    release_ms: int
+    """When nodes act on the firing: occurrence + offset."""
+    tag: str = ""
+    """A short tag of the entry's task (:attr:`~beatless.schedule.entry.Entry.task_tag`), up to
+    ``TAG_LENGTH`` hex digits: a live claim with another tag is :attr:`Outcome.FOREIGN`.
+    Empty: never foreign."""
+    run_id: str = ""
+    """The id of the address's run-lease record (:func:`beatless.schedule.firing.run_lease_id`) when
+    the entry's overlap policy is ``skip``: while that record is a live pending claim, the
+    claim is answered :attr:`Outcome.OVERLAP`. Empty: no overlap check."""
+
+    def __post_init__(self) -> None:
+        tag = self.tag
+        if tag and (len(tag) > TAG_LENGTH or not _HEX.issuperset(tag)):
+            raise ConfigError(
+                f"claim of firing {self.id} ({self.address!r}): tag {tag!r} must be at most "
+                f"{TAG_LENGTH} hex digits"
+            )
+
+    def is_late(self, store_now_ms: int) -> bool:
+        """The store-side lateness rule: more than ``max_late + 10 s`` behind."""
+        return store_now_ms - self.occurrence_ms > self.max_late_ms + TOLERANCE_MS
+
+    def is_early(self, store_now_ms: int) -> bool:
+        """The store-side early rule: a release more than ``10 s`` ahead."""
+        return self.release_ms - store_now_ms > TOLERANCE_MS
+
+
+class Held(Protocol):
+    """What a store knows of a claim it holds: enough to judge the next claim."""
+
+    node: str
+    committed: bool
+    until_ms: int
+    tag: str
+    """The task tag the claim was written with; empty for a record without one."""
+
+
+def judge(
+    request: ClaimRequest,
+    held: Held | None,
+    node: str,
+    now_ms: int,
+    forgot_before_ms: int | None = None,
+    *,
+    running: Held | None = None,
+    hold_off: bool = False,
+) -> Outcome:
+    """The contract's outcome for one claim, for stores that decide outside the server.
+
+    ``forgot_before_ms`` is set when the store's epoch changed since the store object
+    last saw it: the new epoch's start plus the tolerance. A won outcome means the store
+    must now write the claim as pending for the lease (for ``node``'s own pending claim:
+    extend it); :attr:`Outcome.FORGOTTEN` and :attr:`Outcome.OVERLAP` mean it must write
+    the claim committed. ``running`` is the record of the request's
+    :attr:`~ClaimRequest.run_id`, if it has one and the store holds it. With ``hold_off``,
+    a firing that would be forgotten is :attr:`Outcome.RESEEDING`, and nothing is written.
+    """
+    if held is not None and held.until_ms >= now_ms:
+        return _judge_live(request, held, node)
+    if request.is_late(now_ms):
+        return Outcome.LATE
+    if request.is_early(now_ms):
+        return Outcome.EARLY
+    if held is None and forgot_before_ms is not None and request.release_ms < forgot_before_ms:
+        return Outcome.RESEEDING if hold_off else Outcome.FORGOTTEN
+    if is_running(running, now_ms):
+        return Outcome.OVERLAP
+    return Outcome.WON if held is None or held.committed else Outcome.TAKEOVER
+
+
+def is_running(record: Held | None, now_ms: int) -> bool:
+    """Whether a run-lease record is held: a live pending claim."""
+    return record is not None and not record.committed and record.until_ms >= now_ms
+
+
+def _judge_live(request: ClaimRequest, held: Held, node: str) -> Outcome:
+    """The outcome of a claim against a live claim: it decides before anything else."""
+    if request.tag and held.tag and held.tag != request.tag:
+        return Outcome.FOREIGN
+    if held.committed:
+        return Outcome.LOST
+    return Outcome.WON if held.node == node else Outcome.HELD
+
+
+@dataclass(frozen=True, slots=True)
+class Epoch:
+    """The identity of a store's memory: changes when the store loses what it knew."""
+
+    token: str
+    started_ms: int
+    """When the epoch record was written, on the store's clock."""
+
+
+def judging(request: ClaimRequest) -> ClaimRequest:
+    """The claim that asks who holds ``request``'s firing and never wins a firing nobody
+    holds (see "Judging claims" in :mod:`beatless.stores.base`): the same firing and
+    numbers, its occurrence at the Unix epoch, no lateness allowed, no run lease to check."""
+    return replace(request, occurrence_ms=0, max_late_ms=0, run_id="")

@@ -1,0 +1,154 @@
+"""The redis-py client of a Redis store: the driver, a client made from a URL (with the
+store's own ``wait`` options taken out), its description and secrets, and redis-py's
+errors said as beatless's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from beatless.core._drivers import driver
+from beatless.core.durations import DurationLike, as_timedelta
+from beatless.core.urls import mask_url, scrub
+from beatless.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
+from beatless.stores.redis._facts import is_oom
+
+if TYPE_CHECKING:
+    import redis as redis_module
+
+
+DEFAULT_SOCKET_TIMEOUT = 5.0
+"""Seconds a client created from a URL waits to connect, and for each reply."""
+
+DEFAULT_WAIT_TIMEOUT = 1.0
+"""Seconds a claim or commit of a store with ``wait`` waits for its replicas (``WAIT``);
+a two-phase claim waits at most a quarter of its lease, so that it can still be sent."""
+
+WAIT_OPTIONS = ("wait", "wait_timeout")
+"""The query options of a store URL that the store reads itself (the driver does not)."""
+
+
+SCHEMES = ("redis", "rediss", "unix")
+
+
+def key_prefix(store: str, namespace: object, prefix: str | None) -> str:
+    """The prefix of a store's keys: ``prefix``, or ``beatless:{namespace}:``; a namespace
+    that is not a non-empty string is refused, naming ``store``."""
+    if not isinstance(namespace, str) or not namespace:
+        raise ConfigError(f"{store}: namespace must be a non-empty string, got {namespace!r}")
+    return prefix if prefix is not None else f"beatless:{namespace}:"
+
+
+def redis_driver(store: str = "the redis store") -> ModuleType:
+    return driver("redis", store)
+
+
+@contextmanager
+def driver_errors(
+    driver: ModuleType,
+    store: str,
+    what: str,
+    secrets: Sequence[str],
+    *,
+    unavailable: tuple[type[BaseException], ...] = (),
+    failed: tuple[type[BaseException], ...] = (),
+) -> Iterator[None]:
+    """redis-py's errors as beatless's, for the store that ``store`` names (its kind and
+    masked URL), with ``secrets`` masked in every message: a refused login is a
+    :class:`~beatless.errors.StoreError` that says to check it; a connection lost, timed
+    out or read-only (and ``unavailable``) is :class:`~beatless.errors.StoreUnavailable`,
+    which the loop retries; any other Redis error (and ``failed``) is a
+    :class:`~beatless.errors.StoreError`."""
+    exc = driver.exceptions
+    try:
+        yield
+    except (exc.AuthenticationError, exc.AuthorizationError) as error:
+        raise StoreError(
+            f"{store}: cannot {what}: {masked(error, secrets)}; check the user name and password"
+        ) from None
+    except (exc.ConnectionError, exc.TimeoutError, exc.ReadOnlyError, *unavailable) as error:
+        raise StoreUnavailable(f"{store}: cannot {what}: {masked(error, secrets)}") from None
+    except (exc.RedisError, *failed) as error:
+        if is_oom(error):
+            raise StoreFull(f"{store}: cannot {what}: {masked(error, secrets)}") from None
+        raise StoreError(f"{store}: cannot {what}: {masked(error, secrets)}") from None
+
+
+def masked(exc: BaseException, secrets: Sequence[str]) -> str:
+    text = str(exc) or type(exc).__name__
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
+
+
+def client_from_url(
+    driver: ModuleType, url: str, socket_timeout: DurationLike, where: str
+) -> redis_module.Redis:
+    scheme = urlsplit(url).scheme.lower()
+    if scheme not in SCHEMES:
+        raise ConfigError(
+            f"redis store: unknown URL scheme {scheme!r} in {where}: use redis://host:port/db, "
+            f"rediss://host:port/db or unix:///path/to/redis.sock"
+        )
+    timeout = as_timedelta(socket_timeout, name="redis store: socket_timeout").total_seconds()
+    if timeout <= 0:
+        raise ConfigError(f"redis store: socket_timeout must be positive, got {socket_timeout!r}")
+    retry = driver.retry.Retry(driver.backoff.NoBackoff(), 1)
+    try:
+        client: redis_module.Redis = driver.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=retry
+        )
+    except ValueError as exc:
+        raise ConfigError(f"redis store: bad URL {where}: {scrub(str(exc), url)}") from None
+    return client
+
+
+def secrets_of_client(client: redis_module.Redis) -> list[str]:
+    password = client.connection_pool.connection_kwargs.get("password")
+    return [str(password)] if password else []
+
+
+def describe_client(client: redis_module.Redis) -> str:
+    kwargs = client.connection_pool.connection_kwargs
+    db = kwargs.get("db", 0)
+    if kwargs.get("path"):
+        return f"unix://{kwargs['path']}?db={db}"
+    host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
+    return f"redis://{host}:{port}/{db}"
+
+
+def wait_in_url(url: str, wait: int, timeout: DurationLike) -> tuple[str, int, DurationLike]:
+    """``url`` without its ``wait`` and ``wait_timeout`` options, and their values (those
+    given when the URL has none): the driver would refuse them."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    ours = {k: v for k, v in query if k in WAIT_OPTIONS}
+    if not ours:
+        return url, wait, timeout
+    rest = urlencode([(k, v) for k, v in query if k not in WAIT_OPTIONS])
+    given = ours.get("wait", str(wait))
+    if not given.isdigit():
+        raise ConfigError(
+            f"redis store {mask_url(url)}: wait={given!r} must be a number of replicas (0, 1, ...)"
+        )
+    return urlunsplit(parts._replace(query=rest)), int(given), ours.get("wait_timeout", timeout)
+
+
+def checked_wait(client: Any, wait: int, timeout: DurationLike) -> tuple[int, int]:
+    """``wait`` and ``timeout`` in ms, checked: a timeout under the client's socket
+    timeout, so that ``WAIT`` answers before the connection gives up."""
+    if isinstance(wait, bool) or not isinstance(wait, int) or wait < 0:
+        raise ConfigError(f"redis store: wait must be 0 or more replicas, got {wait!r}")
+    ms = int(as_timedelta(timeout, name="redis store: wait_timeout").total_seconds() * 1_000)
+    if ms <= 0:
+        raise ConfigError(f"redis store: wait_timeout must be positive, got {timeout!r}")
+    socket_s = client.connection_pool.connection_kwargs.get("socket_timeout")
+    if wait and socket_s and ms >= socket_s * 1_000:
+        raise ConfigError(
+            f"redis store: wait_timeout {ms} ms must be under the socket timeout "
+            f"({socket_s * 1_000:.0f} ms), or every unacknowledged claim is a lost connection"
+        )
+    return wait, ms

@@ -1,0 +1,288 @@
+"""What the Redis stores write and send: the records, the Lua scripts and their arguments,
+and the reading of their answers, shared by :class:`~beatless.stores.redis.store.RedisStore`
+and :class:`~beatless.stores.redis.cluster.RedisClusterStore` (which puts each key in a
+hash-tag bucket of its own; see its module).
+
+Keys live under one prefix, ``beatless:{namespace}:`` unless ``prefix`` says otherwise,
+so two apps on one Redis never collide:
+
+``{prefix}claim:{firing id}``
+    A string ``v=2|{state}|{acquired_until}|{memory_ms}|{tag}|{node}``: the format
+    version, ``pending`` or ``committed``, the end of the lease or of the memory in epoch
+    milliseconds on the server's clock, the memory the claim asked for, the task tag of
+    the request (hex digits; see :attr:`~beatless.stores.base.ClaimRequest.tag`), and
+    the node that holds it (last, so that a node name may contain ``|``). A version 1
+    record, ``v=1|{state}|{acquired_until}|{memory_ms}|{node}`` (an earlier beatless),
+    is read as one without a tag, so it is never foreign. A pending claim expires
+    ``lease_ms + memory_ms`` after it was written, so a takeover can still be reported
+    after its lease ran out; a committed claim is alive ``memory_ms`` after the commit
+    (rule 5 holds by construction) and expires ``EXPIRY_SLACK_MS`` later. Redis forgets
+    both on its own. ``release`` ends a pending claim's lease (``acquired_until`` =
+    now - 1) and keeps the record, so the next claim is a takeover. A value in any other
+    form (another version, another program's value or type) fails its own firing as
+    ``corrupt`` and is never overwritten; so does a version 2 record for a beatless that
+    reads version 1 only: upgrade every node of a namespace together.
+``{prefix}claim:{run id}``
+    The run lease of an address (:func:`~beatless.schedule.firing.run_lease_id`): a claim record
+    like any other, held pending by a worker while a run of the address is in progress
+    (:mod:`beatless.node.runs`). A claim of a firing whose request names it
+    (:attr:`~beatless.stores.base.ClaimRequest.run_id`) reads it in the same script and
+    answers :attr:`~beatless.stores.base.Outcome.OVERLAP` while it is live and pending,
+    writing the firing committed (its enqueue commands, on the atomic path, not run).
+``{prefix}epoch``
+    A string ``v=1|{started_ms}|{token}`` written (``SET NX``, no expiry) by the first
+    claim that finds it absent: the store's identity. A Redis that lost its data (a
+    restart without persistence, a flush) has none, so the next claim writes a new one
+    and every store object that saw the old one notices.
+``{prefix}probe:{random}``
+    Written, read back and deleted by :meth:`RedisStore.probe`; expires in 10 s if a
+    probe dies half-way.
+``{prefix}last``
+    A hash, one field per address: ``v=1|{firing id}|{occurrence_ms}|{claimed_ms}|{node}``,
+    the last firing of that address a node won (or took over), for ``beatless status``.
+    It holds one field per address claimed, and is forgotten ``LAST_RETENTION_MS``
+    (30 days) after the namespace last won a firing.
+``{prefix}notes:{digest}``
+    A hash per kind of notes (:class:`~beatless.stores.base.Note`), named by the SHA-256
+    of the kind in hex, since a kind is any text up to 1000 characters: one field per
+    note, the note's key, whose value is ``v=1|{expires_ms}|{value}``. A note posted at
+    ``t`` on the server's clock with ``ttl_ms`` expires at ``t + ttl_ms`` and is read
+    through that millisecond; a read is ``TIME`` and one ``HGETALL`` per kind in one
+    ``MULTI``, and drops the notes that expired (and any field in another form).
+``{prefix}kept:{digest}``
+    A hash per kind of kept notes (:class:`~beatless.stores.base.KeptNote`), with no
+    expiry: see :mod:`beatless.stores.redis._kept`.
+``{prefix}notes-expiry:{digest}``
+    A sorted set beside each notes hash, the note's key scored by its ``expires_ms``: the
+    index with which a script that writes notes (``notes.lua``: a post, a commit, a
+    ``claim_and_push``) removes the kind's expired notes and, for a note with ``keep``,
+    all but the ``keep`` that expire last, without reading the kind's values. Each
+    write sets both keys to expire ``EXPIRY_SLACK_MS`` after the kind's last note, so a
+    kind nobody posts to disappears on its own. A note costs its key twice (field and
+    member), its value, about 25 bytes of record and score, and Redis's bookkeeping:
+    about 20 bytes while its kind has at most 128 notes whose keys and field values fit
+    in 64 bytes (Redis's compact encodings), about 150 beyond.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from importlib import resources
+from typing import Any
+
+from beatless.core._logtext import shown
+from beatless.errors import ConfigError, StoreError
+from beatless.stores._epoch import NEW
+from beatless.stores.base import (
+    ITEM_TAIL_LIMIT,
+    NOTE_VALUE_LIMIT,
+    ClaimRequest,
+    Epoch,
+    Note,
+    NoteItem,
+)
+
+logger = logging.getLogger("beatless.stores.redis.store")
+"""The store's logger, as before this module was split from it."""
+
+
+FORMAT_VERSION = 2
+"""The layout of a claim record written now. Version 1 records (no task tag) are read
+too; a claim whose record has any other version is refused as
+:attr:`~beatless.stores.base.Outcome.CORRUPT`. The epoch record and the last-winner hash
+are ``v=1`` on their own."""
+READ_VERSIONS = ("v=1", f"v={FORMAT_VERSION}")
+LAST_VERSION = "v=1"
+NOTE_VERSION = 1
+"""The layout of a note's field value, ``v=1|{expires_ms}|{value}``; a field in any other
+form is never read."""
+
+PROBE_TTL_MS = 10_000
+"""How long a probe key may outlive a probe that died between writing and deleting it."""
+
+
+LAST_RETENTION_MS = 30 * 86_400_000
+"""How long the last-winner hash outlives the last firing won in its namespace."""
+
+EXPIRY_SLACK_MS = 1_000
+"""How long Redis keeps a committed record past its ``acquired_until``, and a kind of notes
+past its last note's expiry. Whether a claim or a note is alive is decided by comparing
+its end with ``TIME``; the slack keeps Redis's own expiry, on a clock read at a slightly
+different instant, from dropping the record before its last millisecond."""
+
+CHUNK = 1_000
+"""Firings per script. A larger batch is sent as several scripts pipelined in one round
+trip, so that no single script holds Redis (often the broker as well) for long."""
+
+
+SCRIPTS = "lua"
+"""The package folder of the scripts: ``prelude.lua`` is loaded in front of each of
+``claim.lua``, ``commit.lua`` and ``release.lua``, which read claim records, and
+``notes.lua`` in front of ``claim.lua``, ``commit.lua`` and ``post.lua``, which write
+notes. Each script's header gives its keys and ARGV."""
+
+
+def script(*names: str) -> str:
+    folder = resources.files("beatless.stores.redis") / SCRIPTS
+    return "".join((folder / name).read_text("utf-8") for name in names)
+
+
+CLAIM, COMMIT = (script("prelude.lua", "notes.lua", n) for n in ("claim.lua", "commit.lua"))
+COMMIT_WITHOUT_ROOM = "#!lua flags=allow-oom\n" + COMMIT
+"""The commit script, allowed to write when Redis is out of memory (Redis 7 and later):
+run without notes when a commit is refused as full, it turns pending claims into
+committed ones in place, growing no key by more than a few bytes."""
+RELEASE = script("prelude.lua", "release.lua")
+POST = script("notes.lua", "post.lua")
+
+
+def commit_without_room(
+    store: str,
+    count: int,
+    errors: Callable[[str], AbstractContextManager[None]],
+    commit: Callable[[], list[bool]],
+) -> list[bool] | None:
+    """What ``commit`` returns: it runs the commit script flagged ``allow-oom``
+    (``COMMIT_WITHOUT_ROOM``) on the ``count`` claims of a commit refused as full, within
+    the store's ``errors``. ``None`` when that fails too (Redis before 7 has no such
+    flag): said at WARNING; the claims stay pending, and while Redis refuses writes no
+    other node can take them over."""
+    try:
+        with errors("commit without room"):
+            return commit()
+    except StoreError as exc:
+        logger.warning(
+            "%s: %d sent firing(s) left pending (%s); while Redis refuses writes no other "
+            "node can take them over",
+            shown(store, quoted=False),
+            count,
+            exc,
+        )
+        return None
+
+
+def note_args(
+    notes: Sequence[Note], notes_keys: Callable[[str], tuple[str, str]]
+) -> tuple[list[str], list[str | int]]:
+    """The keys of the kinds of ``notes`` (``notes_keys`` names a kind's hash and its
+    expiry index), and the notes as ``post.lua`` and ``commit.lua`` take them: per kind,
+    its keep, its count and its notes."""
+    by_kind: dict[str, list[Note]] = {}
+    for note in notes:
+        by_kind.setdefault(note.kind, []).append(note)
+    keys: list[str] = []
+    args: list[str | int] = []
+    for kind, posted in by_kind.items():
+        keys += notes_keys(kind)
+        # The kind's bound is the last one its notes ask for.
+        keep = next((note.keep for note in reversed(posted) if note.keep), 0)
+        args += [keep, len(posted)]
+        for note in posted:
+            args += [note.key, note.ttl_ms, note.value]
+    return keys, args
+
+
+def claim_arg(request: ClaimRequest, run: int) -> str:
+    """Request ``request`` as the claim script reads it; ``run`` numbers its run-lease
+    key among the script's keys (``0``: none)."""
+    r = request
+    if r.memory_ms <= 0 or r.max_late_ms < 0:
+        raise ConfigError(
+            f"redis store: firing {r.id} ({r.address!r}): memory_ms must be positive and "
+            f"max_late_ms not negative, got {r.memory_ms} and {r.max_late_ms}"
+        )
+    numbers = f"{r.occurrence_ms}|{r.max_late_ms}|{r.memory_ms}|{r.release_ms}"
+    return f"{numbers}|{r.tag}|{run}|{r.address}"
+
+
+def parse_epoch(record: str) -> Epoch | None:
+    """``v=2|{started_ms}|{token}|{replid}|{cause}`` (or an earlier ``v=1|{started_ms}|
+    {token}``) as an :class:`Epoch` (``None`` when there is none)."""
+    parts = record.split("|", 2)
+    if len(parts) != 3 or not parts[0].startswith("v=") or not parts[1].isdigit():
+        return None
+    token = parts[2] if parts[0] == "v=1" else parts[2].split("|", 1)[0]
+    return Epoch(token, int(parts[1]))
+
+
+def epoch_cause(record: str) -> str:
+    """What began the epoch of a record: ``failover`` (a promoted replica) or ``new``."""
+    parts = record.split("|")
+    return parts[4] if len(parts) == 5 and parts[0] != "v=1" else NEW
+
+
+def as_text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def last_row(address: str, value: str) -> dict[str, Any] | None:
+    parts = value.split("|", 4)
+    if len(parts) != 5 or parts[0] != LAST_VERSION:
+        return None
+    _version, id_, occurrence_ms, claimed_ms, node = parts
+    return {
+        "id": id_,
+        "address": address,
+        "occurrence_ms": int(occurrence_ms),
+        "node": node,
+        "claimed_ms": int(claimed_ms),
+    }
+
+
+def live_notes(fields: dict[Any, Any], now_ms: int) -> dict[str, str]:
+    """The notes of one kind's hash that are live at ``now_ms``, ``{key: value}``."""
+    live = {}
+    for key, record in fields.items():
+        version, _, rest = as_text(record).partition("|")
+        expires_ms, bar, value = rest.partition("|")
+        readable = version == f"v={NOTE_VERSION}" and bar and expires_ms.isdigit()
+        if readable and int(expires_ms) >= now_ms:
+            live[as_text(key)] = value
+    return live
+
+
+def state_of(record: Any) -> tuple[str | None, int | None]:
+    if record is None:
+        return None, None
+    parts = as_text(record).split("|", 3)
+    if len(parts) != 4 or parts[0] not in READ_VERSIONS:
+        return None, None
+    return parts[1], int(parts[2])
+
+
+def claim_note_args(
+    notes: Sequence[Note | NoteItem | None], notes_keys: Callable[[str], tuple[str, str]]
+) -> tuple[list[str], list[str | int]]:
+    """The keys and the ARGV that ``claim.lua`` takes for one note (or none) per
+    request: the distinct kinds' keys (``notes_keys`` names a kind's hash and its expiry
+    index), numbered from 1; per request its note, or its
+    item's batch number (``@g``) and item; then the batch notes. A batch takes items
+    while the note they would make, every item closed at its longest, stays within
+    ``NOTE_VALUE_LIMIT``; the next item opens another batch of the same template."""
+    templates = [n.batch if isinstance(n, NoteItem) else n for n in notes if n is not None]
+    kinds = dict.fromkeys(note.kind for note in templates)
+    numbers = {kind: k for k, kind in enumerate(kinds, 1)}
+    keys = [key for kind in kinds for key in notes_keys(kind)]
+    args: list[str | int] = [NOTE_VERSION, len(kinds)]
+    batches: list[Note] = []
+    open_: dict[Note, tuple[int, int]] = {}
+    """The batch each template fills now, by number, and its longest size so far."""
+    for note in notes:
+        if note is None:
+            args += ["", "", ""]
+        elif isinstance(note, NoteItem):
+            size = len(note.item.encode()) + ITEM_TAIL_LIMIT + 1
+            number, used = open_.get(note.batch, (0, 0))
+            if not number or used + size > NOTE_VALUE_LIMIT:
+                batches.append(note.batch)
+                number, used = len(batches), len(note.batch.value.encode()) + 20
+            open_[note.batch] = (number, used + size)
+            args += [f"@{number}", "", note.item]
+        else:
+            args += [f"{numbers[note.kind]}|{note.ttl_ms}|{note.keep}", note.key, note.value]
+    args.append(len(batches))
+    for batch in batches:
+        args += [f"{numbers[batch.kind]}|{batch.ttl_ms}|{batch.keep}", batch.key, batch.value]
+    return keys, args
