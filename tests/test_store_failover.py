@@ -9,6 +9,7 @@ held, as with a replica lagging behind a primary that dies. The replica is then 
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 import uuid
@@ -311,3 +312,64 @@ def test_postgres_store_that_finds_a_new_timeline_forgets_the_firings_nobody_hol
     finally:
         store.close()
         drop_postgres_schema(schema)
+
+
+def test_postgres_store_started_on_a_promoted_standby_finds_the_fleets_older_timeline(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A node that starts on a promoted standby never read the old primary's timeline
+    itself, but the store holds the latest timeline any node of the namespace saw (the
+    standby replicated it): a store object whose first read finds the server on a later
+    timeline forgets the firings nobody holds, as a running one does. (The promotion is
+    played by recording an older timeline than the server's.)"""
+    pytest.importorskip("psycopg", reason="the postgres store needs psycopg")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from service_check import require_service
+    from stores import POSTGRES, POSTGRES_URL, drop_postgres_schema
+
+    from beatless.stores.postgres.store import PostgresStore
+
+    require_service(*POSTGRES)
+    schema = f"beatless_test_{uuid.uuid4().hex[:12]}"
+    url = f"{POSTGRES_URL}?schema={schema}"
+    first = PostgresStore(url, namespace=NAMESPACE)
+    try:
+        first.facts()  # the fleet's first node records the server's timeline
+        current = first._timeline
+        assert current is not None
+        now = first.time_ms()
+        assert first.claim([request("a", now)], node="n0", lease_ms=LEASE_MS) == [Outcome.WON]
+        fresh = PostgresStore(url, namespace=NAMESPACE)
+        fresh.facts()  # same timeline as recorded: nothing forgotten
+        assert fresh.claim([request("b", now)], node="n1", lease_ms=LEASE_MS) == [Outcome.WON]
+        fresh.close()
+        # As if the fleet had last seen the old primary's timeline, one before the server's.
+        _rewind(schema, current - 1)
+        promoted = PostgresStore(url, namespace=NAMESPACE)
+        with caplog.at_level(logging.WARNING):
+            promoted.facts()
+        assert f"timeline changed from {current - 1} to {current}" in caplog.text
+        assert promoted.claim(
+            [request("c", now), request("a", now)], node="n2", lease_ms=LEASE_MS
+        ) == [Outcome.FORGOTTEN, Outcome.HELD]
+        promoted.close()
+        again = PostgresStore(url, namespace=NAMESPACE)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            again.facts()  # the record now holds the server's timeline
+        assert "timeline changed" not in caplog.text
+        again.close()
+    finally:
+        first.close()
+        drop_postgres_schema(schema)
+
+
+def _rewind(schema: str, timeline: int) -> None:
+    """Set the timeline the fleet of ``schema`` last saw."""
+    import psycopg
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from stores import POSTGRES_URL
+
+    with psycopg.connect(POSTGRES_URL.split("?")[0], autocommit=True) as conn:
+        conn.execute(f"UPDATE {schema}.timelines SET timeline = %s", (timeline,))  # noqa: S608

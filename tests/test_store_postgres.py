@@ -314,11 +314,19 @@ def test_the_first_call_creates_the_schema_with_its_version_and_functions(
         "keep_v1",
         "post_v1",
         "release_v1",
+        "timeline_v1",
     ]
     tables = conn.execute(
         "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", (schema,)
     ).fetchall()
-    assert [t for (t,) in tables] == ["claims", "epochs", "kept_notes", "notes", "version"]
+    assert [t for (t,) in tables] == [
+        "claims",
+        "epochs",
+        "kept_notes",
+        "notes",
+        "timelines",
+        "version",
+    ]
     store.close()
 
 
@@ -376,6 +384,7 @@ def test_a_version_1_schema_is_brought_up_in_place_keeping_its_claims_epoch_and_
         "keep_v1",
         "post_v1",
         "release_v1",
+        "timeline_v1",
     ]
     new.close()
 

@@ -35,6 +35,7 @@ FUNCTIONS = (
     "post_v1(text, bytea[], bytea[], text[], text[], bytea[], bigint[], integer[], integer,"
     " bigint)",
     "keep_v1(text, bytea[], bytea[], text[], text[], bytea[])",
+    "timeline_v1(text, bigint)",
 )
 """The functions of this schema version, with their arguments' types."""
 SQL_FILE = "sql/postgres.sql"
@@ -84,6 +85,7 @@ class Statements:
             " JOIN unnest(%s::bytea[], %s::bytea[]) AS w(kind_id, key_id)"
             " ON n.kind_id = w.kind_id AND n.key_id = w.key_id WHERE n.namespace = %s"
         )
+        self.timeline = q("SELECT {s}.timeline_v1(%s, %s)")
         self.keep = q(
             "SELECT {s}.keep_v1(%s, %s::bytea[], %s::bytea[], %s::text[], %s::text[], %s::bytea[])"
         )

@@ -259,9 +259,18 @@ class PostgresStore(ClaimStore):
         """Note the server's timeline (read with its facts, at start and every sync); a
         new one is a promoted standby (or a restore to a point in time), which may lack
         the last claims: from now plus the tolerance back, the firings nobody holds are
-        answered forgotten, as after a lost epoch (see docs/stores.md, "Failover")."""
-        seen, self._timeline = self._timeline, timeline if timeline is not None else self._timeline
-        if seen is None or timeline is None or timeline == seen:
+        answered forgotten, as after a lost epoch (see docs/stores.md, "Failover").
+
+        The latest timeline any node of the namespace saw is kept in the store
+        (``timeline_v1``), so a node that starts on a promoted standby compares the
+        server's timeline with the one the fleet saw before, not only with its own."""
+        if timeline is None:
+            return
+        seen, self._timeline = self._timeline, timeline
+        if seen is None or timeline != seen:
+            recorded = self._record_timeline(timeline)
+            seen = recorded if seen is None else seen
+        if seen is None or timeline == seen:
             return
         try:
             horizon = self.time_ms() + TOLERANCE_MS
@@ -280,6 +289,17 @@ class PostgresStore(ClaimStore):
             timeline,
             horizon,
         )
+
+    def _record_timeline(self, timeline: int) -> int | None:
+        """Record ``timeline`` as the namespace's latest; the one recorded before (``None``:
+        none, or the store could not be asked)."""
+        try:
+            row = self._row(
+                "record its timeline", self._statements.timeline, (self.namespace, timeline)
+            )
+        except StoreError:
+            return None
+        return None if row[0] is None else int(row[0])
 
     def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
         """One call of ``commit_v1`` per :data:`CHUNK` ids; the notes ride in the first, one

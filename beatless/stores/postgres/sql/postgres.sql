@@ -411,3 +411,27 @@ LANGUAGE sql SET search_path FROM CURRENT AS $$
         ORDER BY q.kind_id, q.key_id, q.ord DESC
         ON CONFLICT (namespace, kind_id, key_id) DO UPDATE SET value = excluded.value;
 $$;
+
+-- The latest timeline of the server any node of a namespace saw: a standby promoted by a
+-- failover starts a new timeline, and keeps the rows of this table it replicated, so a
+-- node that starts on it (and never saw the old timeline itself) still finds the change.
+-- Added within version 2 with timeline_v1 (see kept_notes).
+CREATE TABLE IF NOT EXISTS timelines (
+    namespace text COLLATE "C" PRIMARY KEY,
+    timeline bigint NOT NULL
+);
+
+-- timeline_v1: record p_timeline as the namespace's latest (never lowering it) and
+-- return the timeline recorded before, NULL if none.
+CREATE OR REPLACE FUNCTION timeline_v1(p_namespace text, p_timeline bigint)
+RETURNS bigint
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    before bigint;
+BEGIN
+    SELECT t.timeline INTO before FROM timelines t WHERE t.namespace = p_namespace FOR UPDATE;
+    INSERT INTO timelines AS t (namespace, timeline) VALUES (p_namespace, p_timeline)
+        ON CONFLICT (namespace) DO UPDATE SET timeline = greatest(t.timeline, excluded.timeline);
+    RETURN before;
+END;
+$$;
