@@ -139,7 +139,7 @@ def test_each_option_is_read_and_refused_alike_by_the_entry_the_toml_file_and_ce
     refused with the same words wherever it is given, each naming where it came from."""
     from celery import Celery
 
-    from beatless.celery.settings import CelerySettings
+    from beatless.celery._settings import CelerySettings
     from beatless.cli.loader import schedule_from_mapping
     from beatless.schedule.options import NAMES
 

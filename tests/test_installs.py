@@ -248,8 +248,8 @@ def test_celery_on_rabbitmq_without_pika_is_a_problem_at_check_and_at_start(
 
     from celery import Celery
 
-    from beatless.celery.schedule import check_app
-    from beatless.celery.worker import BeatlessStep, StartRefused
+    from beatless.celery._schedule import check_app
+    from beatless.celery._worker import BeatlessStep, StartRefused
 
     hide(monkeypatch, "pika")
     app = Celery("proj", broker=AMQP_URL, set_as_current=False)

@@ -10,7 +10,7 @@
   ``beatless.celery.task_firing_id(self.request)`` the firing id, which is the task id.
 * Before a deploy: ``beatless check --celery proj.celery:app`` (:func:`check_app`).
 * At run time: ``beatless.celery.live(app).put(name, beat_schedule_item)`` writes a live
-  entry (:mod:`beatless.celery.live`; RedBeat's ``entry.save()``, ported).
+  entry (:mod:`beatless.celery._live`; RedBeat's ``entry.save()``, ported).
 * In production: ``celery -A proj beatless status`` (the fleet, from the claim store) and
   ``celery -A proj inspect beatless`` (each worker's scheduler, over remote control).
 
@@ -22,18 +22,18 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from beatless.celery import control  # noqa: F401 - registers `celery inspect beatless`
-from beatless.celery.beat import BeatScheduler, Scheduler
-from beatless.celery.live import CeleryLive, live
-from beatless.celery.messages import occurrence, task_firing_id, tenant
-from beatless.celery.schedule import (
+from beatless.celery import _control as control  # noqa: F401 - registers `celery inspect beatless`
+from beatless.celery._beat import BeatScheduler, Scheduler
+from beatless.celery._live import CeleryLive, live
+from beatless.celery._messages import occurrence, task_firing_id, tenant
+from beatless.celery._schedule import (
     CeleryScheduler,
     build_scheduler,
     check_app,
     read_schedule,
 )
-from beatless.celery.settings import CelerySettings
-from beatless.celery.worker import BeatlessStep, install
+from beatless.celery._settings import CelerySettings
+from beatless.celery._worker import BeatlessStep, install
 
 __all__ = [
     "BeatScheduler",

@@ -18,7 +18,7 @@ from beatless.schedule.problems import Checked
 if TYPE_CHECKING:
     from dramatiq import Broker
 
-    from beatless.dramatiq.middleware import Beatless
+    from beatless.dramatiq._middleware import Beatless
 
 
 def check_celery(name: str) -> Checked:
@@ -27,7 +27,7 @@ def check_celery(name: str) -> Checked:
     a ``proj.celery`` submodule). Tasks are imported as a worker imports them
     (``imports``, ``include``, autodiscovery), so unregistered tasks are warned about."""
     app = load_celery(name)
-    from beatless.celery.schedule import check_app, unregistered_tasks
+    from beatless.celery._schedule import check_app, unregistered_tasks
 
     found = check_app(app)
     if found.schedule is None:
@@ -73,7 +73,7 @@ def load_dramatiq(broker: str, modules: Sequence[str] = ()) -> tuple[Broker, Bea
     try:
         from dramatiq import cli
 
-        from beatless.dramatiq.middleware import find
+        from beatless.dramatiq._middleware import find
     except ImportError as exc:
         raise ConfigError(
             f"--dramatiq needs Dramatiq: pip install 'beatless[dramatiq]' ({exc})"

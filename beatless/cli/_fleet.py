@@ -105,8 +105,8 @@ def _load_celery(name: str) -> Any:
 def celery_fleet(app: Any, url: str | None = None) -> Fleet:
     """A Celery app's fleet: its namespace, its schedule (``None`` with problems) and its
     claim store (``beatless_store_url``, or ``url``)."""
-    from beatless.celery.schedule import check_app, open_claim_store
-    from beatless.celery.settings import CelerySettings
+    from beatless.celery._schedule import check_app, open_claim_store
+    from beatless.celery._settings import CelerySettings
 
     settings = CelerySettings.from_app(app)
     schedule = check_app(app, settings).schedule

@@ -21,8 +21,8 @@ Before a deploy: ``beatless check --dramatiq myapp.broker myapp.tasks``.
 
 from __future__ import annotations
 
-from beatless.dramatiq.live import live as live
-from beatless.dramatiq.messages import (
+from beatless.dramatiq._live import live as live
+from beatless.dramatiq._messages import (
     ADDRESS_OPTION,
     ENTRY_OPTION,
     OCCURRENCE_OPTION,
@@ -31,8 +31,8 @@ from beatless.dramatiq.messages import (
     occurrence,
     tenant,
 )
-from beatless.dramatiq.middleware import Beatless, ScheduleRefused
-from beatless.dramatiq.periodic import Periodic, cron, every
+from beatless.dramatiq._middleware import Beatless, ScheduleRefused
+from beatless.dramatiq._periodic import Periodic, cron, every
 
 __all__ = [
     "ADDRESS_OPTION",

@@ -34,8 +34,8 @@ from celery import Celery, signals  # noqa: E402
 from celery.app.amqp import Broadcast  # noqa: E402
 from kombu import entity  # noqa: E402
 
-from beatless.celery.atomic import ATOMIC, TWO_PHASE, CeleryRedisAtomic  # noqa: E402
-from beatless.celery.messages import OCCURRENCE_HEADER, send_task_options  # noqa: E402
+from beatless.celery._atomic import ATOMIC, TWO_PHASE, CeleryRedisAtomic  # noqa: E402
+from beatless.celery._messages import OCCURRENCE_HEADER, send_task_options  # noqa: E402
 from beatless.core.triggers import Every  # noqa: E402
 from beatless.errors import StoreUnavailable  # noqa: E402
 from beatless.fleet._notes import history_kind  # noqa: E402
@@ -648,7 +648,7 @@ def test_a_store_url_spelt_another_way_takes_the_atomic_path_and_one_elsewhere_w
     """Settings leave the decision to the servers: ``localhost`` for the store and
     ``127.0.0.1`` for the broker is atomic; a store on another database is two-phase,
     with a WARNING that one script could have claimed and enqueued."""
-    from beatless.celery.schedule import build_scheduler
+    from beatless.celery._schedule import build_scheduler
 
     schedule = {"tick": {"task": TASK, "schedule": 60.0}}
     paths = {}

@@ -15,13 +15,13 @@ from kombu import Queue
 
 import beatless.celery
 from beatless.celery import BeatScheduler, build_scheduler
-from beatless.celery.messages import ADDRESS_HEADER, OCCURRENCE_HEADER
+from beatless.celery._messages import ADDRESS_HEADER, OCCURRENCE_HEADER
 from beatless.errors import ScheduleError
 from beatless.node.scheduler import Decision
 from beatless.schedule.firing import firing_id, from_datetime, iso
 
 REDIS_URL = "redis://127.0.0.1:6379/13"
-HAS_ATOMIC = importlib.util.find_spec("beatless.celery.atomic") is not None
+HAS_ATOMIC = importlib.util.find_spec("beatless.celery._atomic") is not None
 
 
 def every_second(queue: str, **beatless: Any) -> dict[str, Any]:
@@ -159,7 +159,7 @@ def test_rabbitmq_broker_with_a_redis_store_claims_in_redis_and_sends_with_send_
     assert ids <= set(received)
 
 
-@pytest.mark.skipif(not HAS_ATOMIC, reason="beatless.celery.atomic is not in this tree")
+@pytest.mark.skipif(not HAS_ATOMIC, reason="beatless.celery._atomic is not in this tree")
 def test_the_broker_own_redis_takes_the_atomic_path_unless_forced_off(
     prefix: str, redis_client: Any
 ) -> None:

@@ -19,8 +19,8 @@ from service_check import require_service
 from stores import delete_redis_prefix
 
 import beatless.celery
-from beatless.celery.schedule import read_entry
-from beatless.celery.settings import CelerySettings
+from beatless.celery._schedule import read_entry
+from beatless.celery._settings import CelerySettings
 from beatless.core.triggers import Cron, Every
 from beatless.errors import ConfigError, ScheduleError
 from beatless.live import Live, entry_to_json

@@ -18,10 +18,10 @@ from celery.exceptions import Retry
 
 import beatless.celery
 from beatless.celery import BeatlessStep, check_app, read_schedule
-from beatless.celery.gate import RunGate, find_gate
-from beatless.celery.messages import ADDRESS_HEADER, send_task_options
-from beatless.celery.settings import CelerySettings
-from beatless.celery.worker import StartRefused
+from beatless.celery._gate import RunGate, find_gate
+from beatless.celery._messages import ADDRESS_HEADER, send_task_options
+from beatless.celery._settings import CelerySettings
+from beatless.celery._worker import StartRefused
 from beatless.core.triggers import Every
 from beatless.errors import ScheduleError, StoreUnavailable
 from beatless.node.runs import RUN_HEADER, RunPolicy
@@ -135,7 +135,7 @@ def test_what_the_opened_store_refuses_is_a_start_up_problem_too(
 ) -> None:
     """A problem known only once the store is open (what it remembers) is refused, or
     consumed, like the others."""
-    import beatless.celery.worker as worker_module
+    import beatless.celery._worker as worker_module
 
     said = "entry 'd': jitter 0s + max_late 1m + tolerance 10s = 1m10s must be under ..."
 

@@ -22,7 +22,7 @@ from beatless.celery import (
     task_firing_id,
     tenant,
 )
-from beatless.celery.messages import OCCURRENCE_HEADER
+from beatless.celery._messages import OCCURRENCE_HEADER
 from beatless.core.triggers import Cron, Every
 from beatless.errors import ConfigError, ScheduleError
 from beatless.schedule.firing import EPOCH, from_datetime, iso
@@ -312,7 +312,7 @@ def test_on_schedule_error_is_refuse_by_default_or_consume() -> None:
 
 
 def test_unregistered_tasks_are_warnings_since_another_worker_may_run_them() -> None:
-    from beatless.celery.schedule import unregistered_tasks
+    from beatless.celery._schedule import unregistered_tasks
 
     app = make_app({**entry("known", 60), **entry("elsewhere", 60, task="other.work")})
 

@@ -26,8 +26,8 @@ from service_check import require_service
 
 import beatless.celery
 from beatless import Entry, Every
-from beatless.celery.schedule import build_scheduler
-from beatless.celery.sending import Sender
+from beatless.celery._schedule import build_scheduler
+from beatless.celery._sending import Sender
 from beatless.errors import BrokerUnavailable
 from beatless.schedule.firing import Firing
 
@@ -187,7 +187,7 @@ def test_a_send_cut_off_after_connecting_warns_that_a_second_copy_may_exist(
         sender(a_firing(queue, 1_800_000_000_000))  # connected, declared, sent
         proxy.freeze()
         late = a_firing(queue, 1_800_000_060_000)
-        with caplog.at_level(logging.WARNING, logger="beatless.celery.sending"):
+        with caplog.at_level(logging.WARNING, logger="beatless.celery._sending"):
             assert failure_time(sender, late) < DEADLINE_S + 1
     finally:
         sender.close()

@@ -17,8 +17,8 @@ from celery.exceptions import WorkerShutdown
 
 import beatless.celery
 from beatless.celery import BeatlessStep, install
-from beatless.celery.schedule import check_app
-from beatless.celery.worker import DISABLE_OPTION, StartRefused
+from beatless.celery._schedule import check_app
+from beatless.celery._worker import DISABLE_OPTION, StartRefused
 from beatless.cli import command as cli
 from beatless.errors import ConfigError
 from beatless.schedule.firing import firing_id, from_datetime

@@ -200,7 +200,7 @@ def check_runs(runs: list[dict[str, Any]], expected: list[dict[str, Any]]) -> Re
 
 
 def _print_expected(low_ms: int, high_ms: int) -> None:
-    from beatless.dramatiq.middleware import find
+    from beatless.dramatiq._middleware import find
     from beatless.schedule.firing import Firing
     from integrations.dramatiq_redis import app
 

@@ -19,7 +19,7 @@ from stores import ManualClock
 
 import beatless.dramatiq as bd
 from beatless import Entry, Every
-from beatless.dramatiq.atomic import RedisBrokerStore
+from beatless.dramatiq._atomic import RedisBrokerStore
 from beatless.node.dispatch import Recorder, dispatch_now
 from beatless.schedule.firing import Firing
 from beatless.stores import MemoryStore
@@ -263,7 +263,7 @@ def test_rabbitmq_with_confirms_takes_the_two_phase_path_through_broker_enqueue(
 
 def test_same_redis_asks_the_servers_not_the_spelling() -> None:
     require_service("Redis", "127.0.0.1", 6379)
-    from beatless.dramatiq.atomic import same_redis
+    from beatless.dramatiq._atomic import same_redis
 
     local, loopback = redis.Redis(host="localhost", db=12), redis.Redis(host="127.0.0.1", db=12)
     other_db, nowhere = redis.Redis(host="127.0.0.1", db=11), redis.Redis(port=1, db=12)

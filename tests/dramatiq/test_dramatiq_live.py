@@ -17,7 +17,7 @@ from stores import delete_redis_prefix
 
 import beatless.dramatiq as bd
 from beatless.core.triggers import Cron, Every
-from beatless.dramatiq.live import DramatiqLive
+from beatless.dramatiq._live import DramatiqLive
 from beatless.errors import ConfigError, ScheduleError
 from beatless.live import Live
 from beatless.schedule.entry import Entry
@@ -131,7 +131,7 @@ def test_a_borrowed_store_keeps_notes_as_the_store_it_wraps() -> None:
     """The store the runs and the fleet commands borrow from the middleware passes kept
     notes through (``beatless schedule --dramatiq`` on a store object given to
     ``Beatless(store=...)``)."""
-    from beatless.dramatiq.store import Borrowed
+    from beatless.dramatiq._store import Borrowed
     from beatless.stores.base import KeptNote
     from beatless.stores.memory import MemoryStore
 

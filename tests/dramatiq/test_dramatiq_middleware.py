@@ -19,7 +19,7 @@ from stores import ManualClock
 
 import beatless.dramatiq as bd
 from beatless import ConfigError, Entry, Every, ScheduleError, StoreError
-from beatless.dramatiq import fork
+from beatless.dramatiq import _fork as fork
 from beatless.schedule.firing import Firing, firing_id
 from beatless.stores import MemoryStore
 from beatless.stores.base import ClaimRequest, Outcome
@@ -376,7 +376,7 @@ def test_the_supervisor_restarts_a_dead_scheduler_and_stops_on_a_config_error(
     monkeypatch.setattr(fork, "serve", serve)
     monkeypatch.setattr(fork, "FIRST_BACKOFF_S", 0.01)
     monkeypatch.setattr(fork, "POLL_S", 0.01)
-    with caplog.at_level(logging.INFO, logger="beatless.dramatiq.fork"):
+    with caplog.at_level(logging.INFO, logger="beatless.dramatiq._fork"):
         assert fork.Supervisor().run() == fork.EXIT_CONFIG
     assert runs.read_text() == "xxx"
     died = [r for r in caplog.records if "died (exit code 1)" in r.getMessage()]

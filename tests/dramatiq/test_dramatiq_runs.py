@@ -27,8 +27,8 @@ from stores import ManualClock
 
 import beatless.dramatiq as bd
 from beatless import ConfigError, Entry, Every, StoreError
-from beatless.dramatiq.atomic import RedisBrokerStore
-from beatless.dramatiq.messages import ADDRESS_OPTION
+from beatless.dramatiq._atomic import RedisBrokerStore
+from beatless.dramatiq._messages import ADDRESS_OPTION
 from beatless.node.dispatch import TwoPhase
 from beatless.node.runs import RUN_HEADER, RunPolicy
 from beatless.schedule.firing import Firing, executed_id, firing_id, run_lease_id

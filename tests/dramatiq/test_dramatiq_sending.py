@@ -28,7 +28,7 @@ from service_check import require_service
 
 import beatless.dramatiq as bd
 from beatless import Entry, Every
-from beatless.dramatiq.sending import Sender
+from beatless.dramatiq._sending import Sender
 from beatless.errors import BrokerUnavailable
 from beatless.schedule.firing import Firing
 
@@ -168,7 +168,7 @@ def test_an_enqueue_cut_off_after_connecting_warns_that_a_second_copy_may_exist(
     try:
         sender(a_firing())
         proxy.freeze()
-        with caplog.at_level(logging.WARNING, logger="beatless.dramatiq.sending"):
+        with caplog.at_level(logging.WARNING, logger="beatless.dramatiq._sending"):
             assert failure_time(sender, late) < DEADLINE_S + 1
     finally:
         sender.close()

@@ -175,7 +175,7 @@ def test_a_store_that_refuses_its_password_stops_the_dramatiq_command_with_one_l
         code = stop(process)
     text = log.read_text(errors="replace")
     assert code == EXIT_REFUSED, text
-    said = [line for line in text.splitlines() if "[beatless.dramatiq.middleware]" in line]
+    said = [line for line in text.splitlines() if "[beatless.dramatiq._middleware]" in line]
     assert said, text
     for line in said:
         assert "[CRITICAL] beatless: this node refuses to start: its claim store cannot be " in line

@@ -3,7 +3,7 @@
 A ``celery worker --without-beatless`` of this app schedules nothing: it consumes the
 queue :data:`QUEUE` of a private Redis broker and checks each beatless firing's task in
 the claim store before its body runs (``install(app)``: the once-only check of
-``beatless.celery.gate``). Each run that passes the check appends one JSON line to the
+``beatless.celery._gate``). Each run that passes the check appends one JSON line to the
 Redis list :data:`RUNS` of that broker: the task id (the firing id), the worker and when.
 
 The environment says where: ``COPIES_BROKER`` (the private Redis), ``COPIES_STORE`` (the

@@ -4,7 +4,7 @@ Usage: python tests/faults/copies_node.py CONFIG.json
 
 The same node as ``fault_node`` (its configuration, record and summary), but each won
 firing is sent with beatless's own two-phase Celery sender
-(``beatless.celery.sending.Sender``: ``app.send_task``, the firing id as the task id,
+(``beatless.celery._sending.Sender``: ``app.send_task``, the firing id as the task id,
 the beatless headers with the entry's run policy) to the queue of ``copies_app`` on the
 Redis at ``celery_broker``, where real workers run it. Each send is recorded as
 ``fault_node`` records it, ``called`` and ``sent`` on the real clock.
@@ -23,7 +23,7 @@ import fault_node
 from copies_app import sending_app
 
 from beatless import Firing
-from beatless.celery.sending import Sender
+from beatless.celery._sending import Sender
 from beatless.node.dispatch import send_deadline_s
 
 

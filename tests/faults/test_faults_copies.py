@@ -5,7 +5,7 @@ second send: a node that sent a firing and could not commit it before its lease 
 leaves it to another node, which sends it again under the same task id (the two-phase
 window, docs/reliability.md). Each such firing must be told by the node that sent it
 first (``two_phase_window``, or its WARNING naming the firing), and the workers' once-only
-check (``beatless.celery.gate``) must refuse the second copy.
+check (``beatless.celery._gate``) must refuse the second copy.
 
 Three ``copies_node`` processes (``fault_node`` sending real Celery messages) schedule on
 the two-phase path against a private PostgreSQL or a private ``nats-server -js``, each

@@ -4,7 +4,7 @@ When the claim store is the broker's own Redis, a won firing's task message is p
 the claim script itself: the firing is in the queue if and only if it was won, whatever
 instant a node dies at. The message is the one ``app.send_task`` sends, made by
 ``app.send_task`` itself on a broker connection whose pushes are recorded instead of
-sent, once per entry, and filled in per firing (:mod:`beatless.celery.templates`). The
+sent, once per entry, and filled in per firing (:mod:`beatless.celery._templates`). The
 claim, the fall-back to ``app.send_task`` and the push are the shared skeleton,
 :class:`~beatless.node.atomic.RedisAtomic`; this module supplies the message and its
 commands.
@@ -26,8 +26,8 @@ from beatless.schedule.entry import Entry
 from beatless.schedule.firing import Firing
 from beatless.stores.redis.store import RedisStore
 
-from .messages import send_task_options
-from .templates import Builder, Message, publish_sent_events
+from ._messages import send_task_options
+from ._templates import Builder, Message, publish_sent_events
 
 ATOMIC = "atomic"
 TWO_PHASE = "two-phase"
@@ -49,7 +49,7 @@ class CeleryRedisAtomic(RedisAtomic[Message]):
     **two-phase** path on the same store, the core's
     :class:`~beatless.node.dispatch.TwoPhase` with ``fallback_enqueue(firing)`` as its send
     (by default ``app.send_task`` with
-    :func:`~beatless.celery.messages.send_task_options`): claimed pending for ``lease``
+    :func:`~beatless.celery._messages.send_task_options`): claimed pending for ``lease``
     in sub-batches, each send checked against its claim's age and the firing's lateness,
     committed per sub-batch; a failed send releases the claim and the firing is retried
     while it is not late. That path serves topic, fanout and

@@ -30,7 +30,7 @@ from dramatiq import Message, Middleware
 
 from beatless.core._logtext import ERROR_LIMIT, shown
 from beatless.core.durations import DurationLike
-from beatless.dramatiq.messages import message_for
+from beatless.dramatiq._messages import message_for
 from beatless.errors import ConfigError
 from beatless.node.atomic import RedisAtomic
 from beatless.node.dispatch import DEFAULT_LEASE
@@ -83,7 +83,7 @@ class RedisBrokerStore(RedisAtomic[Message[Any]]):
     broker's server and database; ``actor_of`` finds the actor of an entry's task. A
     firing whose message cannot be built for the claim script is told at WARNING and goes
     two-phase on the same store, through ``enqueue`` (the middleware passes its bounded
-    :class:`~beatless.dramatiq.sending.Sender`; ``broker.enqueue`` by default), where it
+    :class:`~beatless.dramatiq._sending.Sender`; ``broker.enqueue`` by default), where it
     fails (or not) in Dramatiq's own words; it never stops the other firings of the wake.
     """
 

@@ -149,7 +149,7 @@ class DramatiqSettings:
 
     def entry_defaults(self) -> dict[str, Any]:
         """The defaults of the actors' ``periodic`` declarations, as keywords of
-        :meth:`Periodic.entry <beatless.dramatiq.periodic.Periodic.entry>`."""
+        :meth:`Periodic.entry <beatless.dramatiq._periodic.Periodic.entry>`."""
         return {
             "jitter": self.jitter,
             "max_late": self.max_late,

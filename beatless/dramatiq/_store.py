@@ -4,8 +4,8 @@
 client; left out, it follows the broker: a ``RedisBroker``'s own Redis, a
 ``RabbitmqBroker``'s own RabbitMQ. When it is the Redis of a ``RedisBroker`` (the same
 server and database, asked of the servers), the scheduler claims and enqueues in one
-script (:class:`~beatless.dramatiq.atomic.RedisBrokerStore`); otherwise two-phase. The
-runs of the workers (:mod:`beatless.dramatiq.gate`) and ``beatless status`` use the same
+script (:class:`~beatless.dramatiq._atomic.RedisBrokerStore`); otherwise two-phase. The
+runs of the workers (:mod:`beatless.dramatiq._gate`) and ``beatless status`` use the same
 store, opened on their own.
 """
 
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote
 
 from beatless.core._logtext import ERROR_LIMIT, shown
-from beatless.dramatiq.sending import Sender, is_broker
-from beatless.dramatiq.settings import DramatiqSettings
+from beatless.dramatiq._sending import Sender, is_broker
+from beatless.dramatiq._settings import DramatiqSettings
 from beatless.errors import ConfigError
 from beatless.node.dispatch import Dispatcher
 from beatless.schedule.entry import Schedule
@@ -120,7 +120,7 @@ def _atomic_store(
     """The one-script store when ``store`` is the Redis of a ``RedisBroker``."""
     if not is_broker(any_broker, "dramatiq.brokers.redis", "RedisBroker"):
         return None  # and neither redis nor the atomic path is imported
-    from beatless.dramatiq.atomic import RedisBrokerStore
+    from beatless.dramatiq._atomic import RedisBrokerStore
     from beatless.stores.redis.store import RedisStore
 
     broker = cast("RedisBroker", any_broker)
@@ -146,7 +146,7 @@ def _atomic_store(
 
 
 def _is_broker_redis(store: Any, broker: RedisBroker) -> bool:
-    from beatless.dramatiq.atomic import same_redis, url_is_broker_redis
+    from beatless.dramatiq._atomic import same_redis, url_is_broker_redis
     from beatless.stores.redis.store import SCHEMES, RedisStore
 
     if store is None:

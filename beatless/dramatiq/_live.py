@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from beatless.core.durations import DurationLike
 from beatless.core.triggers import Trigger
-from beatless.dramatiq.middleware import Beatless
-from beatless.dramatiq.periodic import OPTION, Periodic, declarations
+from beatless.dramatiq._middleware import Beatless
+from beatless.dramatiq._periodic import OPTION, Periodic, declarations
 from beatless.errors import ConfigError
 from beatless.live import Live, Plan, Revision
 from beatless.live.api import DEFAULT_WINDOW

@@ -1,7 +1,7 @@
 """The two-phase send of a Celery firing, with a deadline.
 
 A won firing is sent with ``app.send_task`` (options from
-:func:`~beatless.celery.messages.send_task_options`), through a producer on a broker
+:func:`~beatless.celery._messages.send_task_options`), through a producer on a broker
 connection of beatless's own: the app's configuration, and the connections its workers
 and callers use, are left as they are. That connection carries the deadline in the
 transport's own options, so that every blocking step of a send gives up in time:
@@ -34,7 +34,7 @@ from typing import Any
 
 from kombu.exceptions import OperationalError
 
-from beatless.celery.messages import send_task_options
+from beatless.celery._messages import send_task_options
 from beatless.core._logtext import ERROR_LIMIT, shown
 from beatless.errors import BeatlessError, ConfigError
 from beatless.node._sending import COOLDOWN_S, Cooldown, timed_out, warn_outcome_unknown

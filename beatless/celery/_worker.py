@@ -10,7 +10,7 @@ Add it with one call, next to the app::
 or by hand with ``app.steps["worker"].add(beatless.celery.BeatlessStep)``. ``install``
 also adds the ``--without-beatless`` worker option, which leaves the scheduler off on
 that node (the node still consumes the tasks other nodes enqueue), and arms the run
-checks (:mod:`beatless.celery.gate`): on every worker of the app, scheduling or not, a
+checks (:mod:`beatless.celery._gate`): on every worker of the app, scheduling or not, a
 beatless firing's task is checked in the claim store before its body runs (overlap
 ``skip``, once-only). A step added by hand schedules but does not check runs.
 
@@ -42,14 +42,14 @@ import click
 from celery import bootsteps
 from celery.exceptions import WorkerShutdown
 
-from beatless.celery.gate import RunGate, find_gate, gate_of
-from beatless.celery.schedule import (
+from beatless.celery._gate import RunGate, find_gate, gate_of
+from beatless.celery._schedule import (
     CeleryScheduler,
     build_scheduler,
     check_app,
     unregistered_tasks,
 )
-from beatless.celery.settings import CONSUME_WITH, CelerySettings, on_schedule_error_of
+from beatless.celery._settings import CONSUME_WITH, CelerySettings, on_schedule_error_of
 from beatless.core._logtext import ERROR_LIMIT, shown
 from beatless.errors import ConfigError, ScheduleError, StoreError
 from beatless.ops import metrics
@@ -102,7 +102,7 @@ class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
         """What keeps this node from scheduling (``"consume"`` only); empty otherwise."""
         self.runs: RunGate | None = find_gate(getattr(worker, "app", None))
         """The run checks of this worker (``None`` without :func:`install`): its
-        :meth:`~beatless.celery.gate.RunGate.counts` are those of the main process, where
+        :meth:`~beatless.celery._gate.RunGate.counts` are those of the main process, where
         the threads and solo pools run tasks; each prefork child logs its own as it ends."""
         super().__init__(worker, **kwargs)
 
@@ -185,7 +185,7 @@ def publish_metrics(scheduler: CeleryScheduler, settings: CelerySettings) -> Non
 def install(app: Any) -> None:
     """Run a beatless scheduler in every worker of ``app``; ``--without-beatless`` opts a
     node out. Every worker of ``app`` also checks each beatless firing's task as it starts
-    (:mod:`beatless.celery.gate`), whether it schedules or not. Call it where the app is
+    (:mod:`beatless.celery._gate`), whether it schedules or not. Call it where the app is
     defined, before the worker command line is read."""
     gate_of(app)
     steps = app.steps["worker"]

@@ -44,9 +44,9 @@ from celery.schedules import crontab, solar
 from celery.schedules import schedule as interval_schedule
 from celery.utils.imports import symbol_by_name
 
-from beatless.celery.messages import SETTINGS_OPTION
-from beatless.celery.sending import Sender
-from beatless.celery.settings import CelerySettings, normalise_redis_url, zone_name
+from beatless.celery._messages import SETTINGS_OPTION
+from beatless.celery._sending import Sender
+from beatless.celery._settings import CelerySettings, normalise_redis_url, zone_name
 from beatless.core._logtext import shown
 from beatless.core.durations import to_ms
 from beatless.core.triggers import Cron, Every, Trigger
@@ -426,7 +426,7 @@ def build_scheduler(
 
     The atomic path is used when the claim store URL is the broker's own Redis (same
     host, port and db) and ``beatless_force_two_phase`` is off; every other case is
-    two-phase, through ``app.send_task`` by a :class:`~beatless.celery.sending.Sender`
+    two-phase, through ``app.send_task`` by a :class:`~beatless.celery._sending.Sender`
     whose every publish ends within :func:`~beatless.node.scheduler.send_deadline_s` of the
     lease. ``schedule`` is the one :func:`check_app` found, read again if not given.
     Call :meth:`CeleryScheduler.close` when done.
@@ -503,7 +503,7 @@ def _atomic_store(
 
     if settings.two_phase_reason is not None or not isinstance(store, RedisStore):
         return None
-    from beatless.celery.atomic import CeleryRedisAtomic
+    from beatless.celery._atomic import CeleryRedisAtomic
 
     return CeleryRedisAtomic(
         app,

@@ -21,9 +21,9 @@ from typing import Any
 
 from celery import beat
 
-from beatless.celery.schedule import CeleryScheduler, build_scheduler, check_app
-from beatless.celery.settings import CelerySettings
-from beatless.celery.worker import publish_metrics
+from beatless.celery._schedule import CeleryScheduler, build_scheduler, check_app
+from beatless.celery._settings import CelerySettings
+from beatless.celery._worker import publish_metrics
 from beatless.core.urls import mask_url
 from beatless.errors import ConfigError
 from beatless.ops import metrics

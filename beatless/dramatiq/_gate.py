@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 from dramatiq.middleware import SkipMessage
 
 from beatless.core._logtext import ERROR_LIMIT, shown
-from beatless.dramatiq.messages import ADDRESS_OPTION, ENTRY_OPTION, TENANT_OPTION
-from beatless.dramatiq.settings import DramatiqSettings
+from beatless.dramatiq._messages import ADDRESS_OPTION, ENTRY_OPTION, TENANT_OPTION
+from beatless.dramatiq._settings import DramatiqSettings
 from beatless.node.runs import RUN_HEADER, Run, RunPolicy, Runs
 from beatless.schedule.entry import address_segment, tenant_address
 from beatless.stores.base import ClaimStore

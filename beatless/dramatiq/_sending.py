@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from dramatiq import errors as dramatiq_errors
 
 from beatless.core._logtext import ERROR_LIMIT, shown
-from beatless.dramatiq.messages import message_for
+from beatless.dramatiq._messages import message_for
 from beatless.errors import ConfigError
 from beatless.node._sending import COOLDOWN_S, Cooldown, timed_out, warn_outcome_unknown
 from beatless.schedule.firing import Firing
@@ -76,7 +76,7 @@ class Sender:
 
     ``deadline_s`` is :func:`beatless.node.scheduler.send_deadline_s` of the lease;
     ``actor_of`` finds the actor of an entry's task; ``tenant_kwarg`` is as for
-    :func:`~beatless.dramatiq.messages.message_for`. Connections are opened at the first
+    :func:`~beatless.dramatiq._messages.message_for`. Connections are opened at the first
     send and closed by :meth:`close`. One send at a time. Raises what the send raised, or
     :class:`~beatless.errors.BrokerUnavailable` for :data:`COOLDOWN_S` after a failure.
     """

@@ -1,14 +1,14 @@
 """Live entries of a Celery app, written in the shape of a ``beat_schedule`` item.
 
 :func:`live` returns a :class:`~beatless.live.Live` for the app's fleet: the claim store
-and namespace :meth:`CelerySettings.from_app <beatless.celery.settings.CelerySettings.from_app>`
+and namespace :meth:`CelerySettings.from_app <beatless.celery._settings.CelerySettings.from_app>`
 decides (``beatless_store_url``, else the broker's own server; ``beatless_namespace``,
 else ``app.main``), the app's time zone, and the app's own ``beat_schedule`` names as the
 code entries (writing one is refused unless ``override=True``).
 
 Its ``put``, ``put_many`` and ``plan`` take, beside :class:`~beatless.Entry` values, a
 name and a ``beat_schedule`` item, converted exactly as a node reads ``beat_schedule``
-(:func:`beatless.celery.schedule.read_entry`): ``crontab`` in the app's zone (or its
+(:func:`beatless.celery._schedule.read_entry`): ``crontab`` in the app's zone (or its
 ``nowfun``'s), ``schedule``/``timedelta``/numbers anchored to the epoch, beatless
 settings in ``options["beatless"]`` with the app's ``beatless_*`` defaults. So RedBeat
 code ports line by line::
@@ -23,8 +23,8 @@ import builtins
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from beatless.celery.schedule import open_claim_store, read_entry
-from beatless.celery.settings import CelerySettings
+from beatless.celery._schedule import open_claim_store, read_entry
+from beatless.celery._settings import CelerySettings
 from beatless.core.durations import DurationLike
 from beatless.errors import ConfigError
 from beatless.live import Live, Plan, Revision

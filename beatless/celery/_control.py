@@ -1,7 +1,7 @@
 """``celery -A proj inspect beatless``: ask each worker how its beatless scheduler is.
 
 Registered with Celery's remote-control panel when :mod:`beatless.celery` is imported.
-Each worker that runs the :class:`~beatless.celery.worker.BeatlessStep` answers with its
+Each worker that runs the :class:`~beatless.celery._worker.BeatlessStep` answers with its
 registry record (node, schedule fingerprint, tzdata, clock offset, last wake, counters)
 and a ``health`` line: ``ok``, or what is wrong with its loop (not running, not woken for
 more than 5 s). A worker started with ``--without-beatless`` or whose schedule has
@@ -15,7 +15,7 @@ from typing import Any
 
 from celery.worker.control import inspect_command
 
-from beatless.celery.worker import BeatlessStep
+from beatless.celery._worker import BeatlessStep
 from beatless.node._view import NodeView
 
 

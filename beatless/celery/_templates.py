@@ -2,7 +2,7 @@
 
 A template is made by calling ``app.send_task`` itself, with a producer on a broker
 connection whose Redis pushes are recorded instead of sent
-(:mod:`beatless.celery.recording`): Celery's router, ``create_task_message`` and
+(:mod:`beatless.celery._recording`): Celery's router, ``create_task_message`` and
 ``send_task_message``, then kombu's producer, serializer, compression and Redis channel
 (bindings, priority keys, ``global_keyprefix``, ``x-expires``) produce the exact
 commands ``send_task`` would run. The per-firing fields are passed as marker values,
@@ -45,8 +45,8 @@ from beatless.schedule.entry import Entry
 from beatless.schedule.firing import Firing, iso, to_datetime
 from beatless.stores.redis.store import RedisStore, server_identity
 
-from .messages import ADDRESS_HEADER, OCCURRENCE_HEADER, OFFSET_HEADER, send_task_options
-from .recording import Command, NotRecordable, Recorder
+from ._messages import ADDRESS_HEADER, OCCURRENCE_HEADER, OFFSET_HEADER, send_task_options
+from ._recording import Command, NotRecordable, Recorder
 
 logger = logging.getLogger(__name__)
 

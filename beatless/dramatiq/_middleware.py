@@ -1,7 +1,7 @@
 """The ``Beatless`` middleware: one scheduler per node, no scheduler process to run.
 
 Under the ``dramatiq`` CLI the scheduler runs in the middleware's fork (see
-:mod:`beatless.dramatiq.fork`); with a :class:`dramatiq.Worker` started in your own
+:mod:`beatless.dramatiq._fork`); with a :class:`dramatiq.Worker` started in your own
 process it runs in a thread started and stopped with the worker. Never both: the CLI's
 worker processes emit ``after_process_boot``, and from then on the thread is not started.
 
@@ -17,12 +17,12 @@ so once at ERROR, and the problems are in :attr:`Beatless.schedule_problems`.
 
 Every worker thread checks a beatless message before its actor's body
 (``before_process_message``) against the run policy it carries, and ends the run when the
-message is processed or skipped: :mod:`beatless.dramatiq.gate`.
+message is processed or skipped: :mod:`beatless.dramatiq._gate`.
 
 The middleware composes the parts, as the Celery side does: its options
-(:mod:`beatless.dramatiq.settings`), the run checks (:mod:`beatless.dramatiq.gate`), the
-schedule and the scheduler built over it (:mod:`beatless.dramatiq.schedule`), and the claim
-store, given or following the broker (:mod:`beatless.dramatiq.store`); it keeps the hooks
+(:mod:`beatless.dramatiq._settings`), the run checks (:mod:`beatless.dramatiq._gate`), the
+schedule and the scheduler built over it (:mod:`beatless.dramatiq._schedule`), and the claim
+store, given or following the broker (:mod:`beatless.dramatiq._store`); it keeps the hooks
 and the start-up refusal.
 """
 
@@ -39,13 +39,13 @@ from dramatiq.middleware import MiddlewareError
 
 from beatless.core.durations import DurationLike
 from beatless.core.urls import mask_url
-from beatless.dramatiq import schedule as schedules
-from beatless.dramatiq.fork import run_scheduler
-from beatless.dramatiq.gate import RunGate
-from beatless.dramatiq.periodic import OPTION
-from beatless.dramatiq.schedule import SchedulerBuilder
-from beatless.dramatiq.settings import CONSUME_WITH, DramatiqSettings
-from beatless.dramatiq.store import runs_store, store_problems
+from beatless.dramatiq import _schedule as schedules
+from beatless.dramatiq._fork import run_scheduler
+from beatless.dramatiq._gate import RunGate
+from beatless.dramatiq._periodic import OPTION
+from beatless.dramatiq._schedule import SchedulerBuilder
+from beatless.dramatiq._settings import CONSUME_WITH, DramatiqSettings
+from beatless.dramatiq._store import runs_store, store_problems
 from beatless.errors import ScheduleError, StoreError
 from beatless.node.dispatch import DEFAULT_LEASE
 from beatless.node.scheduler import Scheduler
@@ -184,10 +184,10 @@ class Beatless(Middleware):
             preferred_claimer=preferred_claimer,
             live=live,
         )
-        """The options, converted and checked (:mod:`beatless.dramatiq.settings`); each
+        """The options, converted and checked (:mod:`beatless.dramatiq._settings`); each
         is also an attribute of the middleware (``beat.jitter``)."""
         self.gate = RunGate(self.settings, self.status_store)
-        """The run checks of the worker process (:mod:`beatless.dramatiq.gate`)."""
+        """The run checks of the worker process (:mod:`beatless.dramatiq._gate`)."""
         self.builder = SchedulerBuilder(self.settings)
         """What makes the node's scheduler and closes what it opened."""
         self.schedule_problems: tuple[str, ...] = ()
@@ -243,7 +243,7 @@ class Beatless(Middleware):
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         """Check the run of a beatless firing before its actor's body
-        (:meth:`RunGate.check <beatless.dramatiq.gate.RunGate.check>`): a refused run
+        (:meth:`RunGate.check <beatless.dramatiq._gate.RunGate.check>`): a refused run
         raises :class:`~dramatiq.middleware.SkipMessage`."""
         self.gate.check(broker, message)
 

@@ -6,7 +6,7 @@ entry: a bad declaration, a broken timing rule, a task that is no actor of the b
 message the encoder refuses, a missing namespace, a store whose driver is not installed.
 It connects to nothing; what the worker refuses to start with and what ``beatless check
 --dramatiq`` reports. :class:`SchedulerBuilder` makes the scheduler over a sound schedule, with its
-claim store (:mod:`beatless.dramatiq.store`) and its bounded two-phase sender, and closes
+claim store (:mod:`beatless.dramatiq._store`) and its bounded two-phase sender, and closes
 what it opened.
 """
 
@@ -19,11 +19,11 @@ from dramatiq import get_encoder
 
 from beatless.core.durations import to_ms
 from beatless.core.urls import mask_url
-from beatless.dramatiq.messages import message_for
-from beatless.dramatiq.periodic import OPTION, declarations
-from beatless.dramatiq.sending import Sender
-from beatless.dramatiq.settings import MEMORY_NAMESPACE, DramatiqSettings
-from beatless.dramatiq.store import actor, actor_getter, claim_store
+from beatless.dramatiq._messages import message_for
+from beatless.dramatiq._periodic import OPTION, declarations
+from beatless.dramatiq._sending import Sender
+from beatless.dramatiq._settings import MEMORY_NAMESPACE, DramatiqSettings
+from beatless.dramatiq._store import actor, actor_getter, claim_store
 from beatless.fleet.limits import checked
 from beatless.node.scheduler import Scheduler, send_deadline_s
 from beatless.schedule.entry import Entry, Schedule, address_segment

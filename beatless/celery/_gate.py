@@ -54,7 +54,7 @@ from typing import Any
 from celery import signals
 from celery.exceptions import Ignore
 
-from beatless.celery.messages import ADDRESS_HEADER, _header
+from beatless.celery._messages import ADDRESS_HEADER, _header
 from beatless.core._logtext import ERROR_LIMIT, shown
 from beatless.errors import ConfigError, StoreUnavailable
 from beatless.node.runs import RUN_HEADER, Run, RunPolicy, Runs
@@ -165,8 +165,8 @@ class RunGate:
         return dict(runs.counts) if runs is not None and self._pid == os.getpid() else {}
 
     def _open_store(self) -> ClaimStore:
-        from beatless.celery.schedule import open_claim_store
-        from beatless.celery.settings import CelerySettings
+        from beatless.celery._schedule import open_claim_store
+        from beatless.celery._settings import CelerySettings
 
         try:
             return open_claim_store(CelerySettings.from_app(self.app))

@@ -16,7 +16,7 @@ worker process does, finds the :class:`~beatless.dramatiq.Beatless` middleware a
 its loop. If the supervisor dies, the scheduler process notices its new parent and stops
 within a second; if the CLI's main process dies, the supervisor does the same.
 
-This module does not import :mod:`beatless.dramatiq.middleware` (which imports it for
+This module does not import :mod:`beatless.dramatiq._middleware` (which imports it for
 ``forks``): the middleware is found on the broker as the one whose fork is
 :func:`run_scheduler`, and read through :class:`SchedulerMiddleware`.
 """
