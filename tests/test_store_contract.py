@@ -711,16 +711,16 @@ def test_a_live_claim_of_the_firing_decides_before_overlap(store_factory: StoreF
     now = store_factory.now_ms()
     request = skipping(firing(now))
     theirs = skipping(firing(now, tag=THEIRS, address=request.address))
-    assert claim_one(a, request, "a") is WON
-    assert claim_one(b, theirs, "b") is WON
+    assert claim_one(a, request, "a", LONG_LEASE_MS) is WON
+    assert claim_one(b, theirs, "b", LONG_LEASE_MS) is WON
     start_run(worker, request.address, now)
 
     # The holder's own pending claim is won again (renewed), not overlap.
-    assert claim_one(a, request, "a") is WON
-    assert claim_one(b, request, "b") is HELD
-    assert claim_one(a, of_task(theirs, OURS), "a") is store_factory.foreign(HELD)
+    assert claim_one(a, request, "a", LONG_LEASE_MS) is WON
+    assert claim_one(b, request, "b", LONG_LEASE_MS) is HELD
+    assert claim_one(a, of_task(theirs, OURS), "a", LONG_LEASE_MS) is store_factory.foreign(HELD)
     assert a.commit([request.id], node="a") == [True]
-    assert claim_one(b, request, "b") is LOST
+    assert claim_one(b, request, "b", LONG_LEASE_MS) is LOST
 
 
 def test_a_late_or_early_firing_is_refused_even_while_its_address_runs(
