@@ -230,7 +230,7 @@ def test_with_wait_a_failover_forgets_nothing_a_replica_acknowledged(pair: Pair)
     so a firing absent from it was never sent, and is won (once) on the new primary."""
     # A replica acknowledges in time, however loaded the machine; once its link is
     # paused, a store object that waits 300 ms gives up on a claim.
-    node = RedisStore(f"{pair.primary.url}?wait=1&wait_timeout=5s", namespace=NAMESPACE)
+    node = RedisStore(f"{pair.primary.url}?wait=1&wait_timeout=2s", namespace=NAMESPACE)
     now = node.time_ms()
     assert node.claim([request("sent", now)], node="n0", lease_ms=LEASE_MS) == [Outcome.WON]
     assert node.commit(["sent"], node="n0") == [True]
