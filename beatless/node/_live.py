@@ -101,8 +101,13 @@ class LiveView:
         enabled: bool,
         now_ms: Callable[[], int],
         offset_ms: Callable[[], int | None],
+        arrived: Callable[[], None] = lambda: None,
     ) -> None:
         self.enabled = enabled
+        self._arrived = arrived
+        """Called when a read finds a revision the loop has not applied: it wakes the
+        loop, so a revision is applied within a read of its commit, not a read and a
+        sleep."""
         self._schedule = schedule
         self._ledger = Ledger(store, schedule.namespace)
         self._store = store
@@ -155,6 +160,8 @@ class LiveView:
         with self._lock:
             self._pending.update(found)
             self._read_ms = began_node_ms + (self._offset_ms() or 0)
+        if found:
+            self._arrived()
 
     def read(self) -> None:
         """Read the head now (one call): the loop's own read, when the board's is older
