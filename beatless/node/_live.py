@@ -41,8 +41,8 @@ from beatless.core._logtext import shown
 from beatless.errors import BeatlessError
 from beatless.live._ledger import PROPAGATION_MS, READ_SLACK_MS, Ledger
 from beatless.live.codec import entry_from_json
-from beatless.live.revisions import Revision, fold
-from beatless.schedule.entry import Entry, Schedule, canonical
+from beatless.live.revisions import Revision, canonical_json, fold
+from beatless.schedule.entry import Entry, Schedule
 from beatless.stores.base import ClaimStore
 
 logger = logging.getLogger("beatless.node.scheduler")
@@ -78,7 +78,7 @@ class StateDigest:
     def change(self, name: str, entry: Mapping[str, Any] | None) -> None:
         self._sum -= self._each.pop(name, 0)
         if entry is not None:
-            text = canonical([name, dict(entry)]).encode()
+            text = canonical_json([name, dict(entry)]).encode()
             self._each[name] = int.from_bytes(hashlib.sha256(text).digest(), "big")
             self._sum += self._each[name]
 
