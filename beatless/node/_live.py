@@ -242,6 +242,18 @@ class LiveView:
         index = bisect.bisect_right(self._starts[name], occurrence_ms) - 1
         return spans[index].entry if index >= 0 else None
 
+    def revision_at(self, entry: Entry, occurrence_ms: int) -> int | None:
+        """The live revision that made ``entry`` the definition in force at
+        ``occurrence_ms`` (``None``: a code entry no revision touched, or ``entry`` is not
+        the one in force then)."""
+        spans = self._spans.get(entry.name)
+        if spans is None:
+            return None
+        index = bisect.bisect_right(self._starts[entry.name], occurrence_ms) - 1
+        if index < 0 or spans[index].entry is not entry or spans[index].revision == 0:
+            return None
+        return spans[index].revision
+
     def current(self, entry: Entry, occurrence_ms: int) -> bool:
         """Whether ``entry`` is the definition in force at ``occurrence_ms``."""
         if entry.name not in self._spans:
