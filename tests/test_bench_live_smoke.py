@@ -17,6 +17,7 @@ ROOT = BENCH.parent.parent
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # asserts commit → applied under the 2 s fence
 def test_the_quick_live_bench_applies_every_edit_on_every_node_and_one_change_alone() -> None:
     require_service("Redis", "127.0.0.1", 6379)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

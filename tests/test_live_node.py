@@ -263,6 +263,7 @@ def test_a_read_that_finds_a_new_revision_says_so_once() -> None:
     assert arrivals == [1]
 
 
+@pytest.mark.serial  # asserts how soon the loop woke
 def test_the_loop_applies_a_revision_as_soon_as_the_board_reads_it() -> None:
     store = MemoryStore()
     live = Live(store, namespace=NS)

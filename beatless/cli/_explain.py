@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from beatless.cli._common import EXIT_PROBLEMS, instant_ms, tenant_of
 from beatless.cli._fleet import fleet_from_args
 from beatless.core.durations import describe
+from beatless.errors import StoreError
 from beatless.live import Live, codec
 from beatless.live.revisions import Revision, in_force, state
 from beatless.schedule.entry import Entry, Schedule
@@ -58,10 +59,13 @@ def live_definition(
     fleet's store keeps live entries and one defines it then; else ``(None, None)``."""
     if not fleet.has_store:
         return None, None
-    with fleet.open() as store:
-        if not store.keeps_notes:
-            return None, None
-        revisions = Live(store, namespace=schedule.namespace).revisions()
+    try:
+        with fleet.open() as store:
+            if not store.keeps_notes:
+                return None, None
+            revisions = Live(store, namespace=schedule.namespace).revisions()
+    except StoreError:
+        return None, None  # the store's trouble is told where the history is read
     revision = in_force(revisions, at_ms)
     data = None if revision is None else state(revisions, revision.number).get(name)
     if revision is None or data is None:
