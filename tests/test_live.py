@@ -5,6 +5,7 @@ refuses live entries with its reason."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import threading
 import uuid
@@ -12,12 +13,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from stores import StoreFactory
 
 from beatless.core.triggers import Cron, Every
 from beatless.errors import ConfigError, ScheduleError, StaleRevision
 from beatless.live import Live, entry_to_json
-from beatless.schedule.entry import Entry
+from beatless.live.revisions import canonical_json
+from beatless.schedule.entry import Entry, canonical
 from beatless.stores.base import NOTE_VALUE_LIMIT, ClaimStore
 from beatless.stores.sqlite import SQLiteStore
 
@@ -232,3 +236,22 @@ def test_a_store_that_cannot_keep_notes_refuses_live_entries(store_factory: Stor
         return
     with pytest.raises(ConfigError, match="cannot hold live entries; use one of"):
         Live(store, namespace="x")
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_json_values)
+def test_the_fast_canonical_text_of_json_is_the_schedules_canonical_text(value: object) -> None:
+    assert canonical_json(value) == canonical(value)
+
+
+def test_keys_that_sort_apart_bare_and_quoted_keep_the_canonical_order() -> None:
+    value = {"a": 1, "a b": 2, "a!": 3, "é": 4, "z": [{"x\\": 5, "x": 6}]}
+
+    assert canonical_json(value) == canonical(value)
+    assert canonical_json(value) != json.dumps(value, sort_keys=True, separators=(",", ":"))

@@ -4,6 +4,7 @@ driven by a fake clock on the memory store: no sleeping, every send checked."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -14,7 +15,7 @@ from test_scheduler import Clock
 from beatless import Entry, Every, Firing, Schedule, StoreUnavailable
 from beatless.live import Live
 from beatless.live._ledger import PROPAGATION_MS
-from beatless.node._live import CONFIRM_MS
+from beatless.node._live import CONFIRM_MS, LiveView
 from beatless.node.scheduler import Scheduler
 from beatless.stores.memory import MemoryStore
 
@@ -240,3 +241,43 @@ def test_the_fence_is_never_sooner_than_the_propagation_bound(clock: Clock) -> N
     store = MemoryStore(clock=clock)
     revision = Live(store, namespace=NS).put(every("x"))
     assert revision.fence_ms - revision.committed_ms >= PROPAGATION_MS
+
+
+def test_a_read_that_finds_a_new_revision_says_so_once() -> None:
+    store = MemoryStore()
+    live = Live(store, namespace=NS)
+    arrivals: list[int] = []
+    view = LiveView(
+        store,
+        Schedule([], namespace=NS),
+        enabled=True,
+        now_ms=store.time_ms,
+        offset_ms=lambda: 0,
+        arrived=lambda: arrivals.append(1),
+    )
+    view.read()
+    assert arrivals == []
+    live.put(every("live", 3600))
+    view.read()
+    view.read()  # nothing new: the loop is not woken again
+    assert arrivals == [1]
+
+
+@pytest.mark.serial  # asserts how soon the loop woke
+def test_the_loop_applies_a_revision_as_soon_as_the_board_reads_it() -> None:
+    store = MemoryStore()
+    live = Live(store, namespace=NS)
+    scheduler = Scheduler(Schedule([every("code", 3600)], namespace=NS), store=store, node="n")
+    scheduler.start()
+    try:
+        time.sleep(0.3)  # the loop sleeps a second at a time: nothing is due for an hour
+        revision = live.put(every("live", 3600))
+        scheduler.board.sync()  # a read of the head, as the board's thread makes
+        read_s = time.monotonic()
+        while scheduler.live.revision < revision.number and time.monotonic() < read_s + 5:
+            time.sleep(0.005)
+        applied_after_s = time.monotonic() - read_s
+    finally:
+        scheduler.stop(timeout=5)
+    assert scheduler.live.revision == revision.number
+    assert applied_after_s < 0.5, "the loop slept on after the board read the revision"

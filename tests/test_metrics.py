@@ -426,3 +426,25 @@ def test_beatless_run_serves_its_metrics_on_the_port_given(tmp_path: Path) -> No
     finally:
         node.kill()
         node.wait(10)
+
+
+def test_the_live_revision_its_time_to_apply_and_its_outcomes_are_exported(
+    registry: CollectorRegistry, scrape: Callable[[], Scrape]
+) -> None:
+    from beatless.live import Live
+
+    store = MemoryStore()
+    Live(store, namespace=NS).put(Entry(name="live", task="tests.live", trigger=Every(60)))
+    node = Scheduler(schedule(), store=store, node="n0")
+    node.tick()  # applies the revision its start read
+    metrics.register(node, registry)
+
+    seen = scrape()
+    assert seen.get("beatless_live_revision", namespace=NS, node="n0") == 1
+    applied = seen.get("beatless_live_applied_seconds", namespace=NS, node="n0")
+    assert applied is not None
+    assert 0 <= applied < 5
+    for outcome in ("stale_schedule", "unscheduled"):  # per entry, from its first decision
+        assert outcome in metrics.OUTCOMES
+        labels = {"namespace": NS, "node": "n0", "entry": "tick", "outcome": outcome}
+        assert seen.get("beatless_firings_total", **labels) == 0

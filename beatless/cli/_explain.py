@@ -1,5 +1,9 @@
 """``beatless explain``: how a firing's id, offset and release derive from its entry,
-and, with a store, what the fleet did with it."""
+and, with a store, what the fleet did with it and the live revision it ran under.
+
+A live entry (:mod:`beatless.live`) is explained as the revision in force at the
+occurrence defines it (rule 1: the latest whose fence is at or before it), read from the
+store; the history item of a firing sent under a live definition names its revision."""
 
 from __future__ import annotations
 
@@ -9,11 +13,15 @@ from typing import TYPE_CHECKING
 from beatless.cli._common import EXIT_PROBLEMS, instant_ms, tenant_of
 from beatless.cli._fleet import fleet_from_args
 from beatless.core.durations import describe
+from beatless.errors import StoreError
+from beatless.live import Live, codec
+from beatless.live.revisions import Revision, in_force, state
 from beatless.schedule.entry import Entry, Schedule
 from beatless.schedule.firing import Firing, digest, iso
 from beatless.schedule.outcomes import DecisionOutcome
 
 if TYPE_CHECKING:
+    from beatless.cli._fleet import Fleet
     from beatless.core.triggers import Trigger
     from beatless.stores import ClaimStore
 
@@ -21,8 +29,9 @@ if TYPE_CHECKING:
 def cmd_explain(args: argparse.Namespace) -> int:
     fleet = fleet_from_args(args)
     schedule = fleet.known_schedule()
-    entry = schedule.entry(args.entry)
     at_ms = instant_ms(args.at, "--at")
+    revision, live_entry = live_definition(fleet, schedule, args.entry, at_ms)
+    entry = live_entry or schedule.entry(args.entry)
     tenant = tenant_of(entry, args.tenant)
     if next(entry.trigger.after(at_ms - 1)) != at_ms:
         before, after = previous_occurrence(entry.trigger, at_ms), next(entry.trigger.after(at_ms))
@@ -35,10 +44,45 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return EXIT_PROBLEMS
     for line in explanation(schedule, entry, tenant, at_ms):
         print(line)
+    if revision is not None:
+        print(f"{'  revision':<13} {revision_line(revision)}")
     if fleet.has_store:
         with fleet.open() as store:
             print(f"{'  happened':<13} {what_happened(store, schedule, entry, tenant, at_ms)}")
     return 0
+
+
+def live_definition(
+    fleet: Fleet, schedule: Schedule, name: str, at_ms: int
+) -> tuple[Revision | None, Entry | None]:
+    """The live revision in force at ``at_ms`` and the entry ``name`` it defines, when the
+    fleet's store keeps live entries and one defines it then; else ``(None, None)``."""
+    if not fleet.has_store:
+        return None, None
+    try:
+        with fleet.open() as store:
+            if not store.keeps_notes:
+                return None, None
+            revisions = Live(store, namespace=schedule.namespace).revisions()
+    except StoreError:
+        return None, None  # the store's trouble is told where the history is read
+    revision = in_force(revisions, at_ms)
+    data = None if revision is None else state(revisions, revision.number).get(name)
+    if revision is None or data is None:
+        return None, None
+    entry = codec.entry_from_json(dict(data))
+    bound = Schedule([entry], namespace=schedule.namespace, timezone=schedule.timezone)
+    return revision, bound.entries[0]
+
+
+def revision_line(revision: Revision) -> str:
+    """The live revision a firing runs under, as ``explain`` names it."""
+    by = f" by {revision.writer}" if revision.writer else ""
+    return (
+        f"live revision {revision.number}{by} (committed {iso(revision.committed_ms)}, in "
+        f"force from {iso(revision.fence_ms)}): the latest whose fence is at or before the "
+        f"occurrence"
+    )
 
 
 def what_happened(
@@ -87,7 +131,9 @@ def what_happened(
             f"address keeps its last {HISTORY_KEEP} firings, none older than "
             f"{HISTORY_TTL_MS // 3_600_000} h){coalesced}"
         )
-    where = f"by node {item.node}"
+    where = f"by node {item.node}" + (
+        f" under live revision {item.revision}" if item.revision is not None else ""
+    )
     late = f"{item.lateness_ms} ms after its release"
     said: dict[str, str] = {
         DecisionOutcome.WON: f"fired: sent {where}, {late}",

@@ -236,11 +236,18 @@ class HistoryItem:
     coalesced: tuple[int, int] | None = None
     """For a firing sent by the catch-up policy ``latest``: the first and last occurrence of
     the address it coalesced (left unclaimed), which are therefore not missed."""
+    revision: int | None = None
+    """The live revision whose definition the firing ran under (a live entry's, or a code
+    entry's after a live one handed its name back); ``None``: a code entry, or not known
+    (an item written before this field, a fan-out batch item). Written only when known."""
 
     def to_json(self) -> str:
         # Field by field rather than asdict (which deep-copies): one item per firing sent,
         # so this is on the path of a burst.
-        return json_text({name: getattr(self, name) for name in self.__dataclass_fields__})
+        fields = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        if self.revision is None:
+            del fields["revision"]
+        return json_text(fields)
 
     def covers(self, occurrence_ms: int) -> bool:
         """Whether ``occurrence_ms`` was coalesced into this firing."""
@@ -263,7 +270,12 @@ class HistoryItem:
             return None
 
     @classmethod
-    def of(cls, decision: Decision, coalesced: tuple[int, int] | None = None) -> HistoryItem:
+    def of(
+        cls,
+        decision: Decision,
+        coalesced: tuple[int, int] | None = None,
+        revision: int | None = None,
+    ) -> HistoryItem:
         firing = decision.firing
         return cls(
             id=firing.id,
@@ -277,6 +289,7 @@ class HistoryItem:
             at_ms=firing.release_ms + decision.lateness_ms,
             manual=firing.manual,
             coalesced=coalesced,
+            revision=revision,
         )
 
 

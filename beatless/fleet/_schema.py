@@ -293,6 +293,7 @@ HISTORY_ITEM = schema(
     at_ms=INSTANT,
     manual=optional(flag),
     coalesced=optional(nullable(OCCURRENCES)),
+    revision=optional(nullable(COUNT)),
 )
 """One firing in an address's history (:class:`beatless.fleet._notes.HistoryItem`)."""
 

@@ -180,8 +180,17 @@ class Board:
         """Keep a decision for the history, if it is one this node writes."""
         if decision.outcome in DecisionOutcome.HISTORY:
             sent = decision.outcome in DecisionOutcome.SENT
-            item = HistoryItem.of(decision, coalesced if sent else None)
+            item = self.history_item(decision, coalesced if sent else None)
             self.record_item(decision.firing.address, item)
+
+    def history_item(
+        self, decision: Decision, coalesced: tuple[int, int] | None = None
+    ) -> HistoryItem:
+        """The history item of ``decision``, with the live revision its firing ran under
+        (the loop's thread only: it reads the loop's live spans)."""
+        firing = decision.firing
+        revision = self.loop.live.revision_at(firing.entry, firing.occurrence_ms)
+        return HistoryItem.of(decision, coalesced, revision)
 
     def record_item(self, address: str, item: HistoryItem) -> None:
         """Post ``item`` at the next sync."""
@@ -288,6 +297,7 @@ class Board:
             at_ms=TEMPLATE_AT,
             manual=firing.manual,
             coalesced=coalesced,
+            revision=self.loop.live.revision_at(firing.entry, firing.occurrence_ms),
         )
         text = (
             item.to_json()

@@ -41,8 +41,8 @@ from beatless.core._logtext import shown
 from beatless.errors import BeatlessError
 from beatless.live._ledger import PROPAGATION_MS, READ_SLACK_MS, Ledger
 from beatless.live.codec import entry_from_json
-from beatless.live.revisions import Revision, fold
-from beatless.schedule.entry import Entry, Schedule, canonical
+from beatless.live.revisions import Revision, canonical_json, fold
+from beatless.schedule.entry import Entry, Schedule
 from beatless.stores.base import ClaimStore
 
 logger = logging.getLogger("beatless.node.scheduler")
@@ -78,7 +78,7 @@ class StateDigest:
     def change(self, name: str, entry: Mapping[str, Any] | None) -> None:
         self._sum -= self._each.pop(name, 0)
         if entry is not None:
-            text = canonical([name, dict(entry)]).encode()
+            text = canonical_json([name, dict(entry)]).encode()
             self._each[name] = int.from_bytes(hashlib.sha256(text).digest(), "big")
             self._sum += self._each[name]
 
@@ -101,8 +101,13 @@ class LiveView:
         enabled: bool,
         now_ms: Callable[[], int],
         offset_ms: Callable[[], int | None],
+        arrived: Callable[[], None] = lambda: None,
     ) -> None:
         self.enabled = enabled
+        self._arrived = arrived
+        """Called when a read finds a revision the loop has not applied: it wakes the
+        loop, so a revision is applied within a read of its commit, not a read and a
+        sleep."""
         self._schedule = schedule
         self._ledger = Ledger(store, schedule.namespace)
         self._store = store
@@ -155,6 +160,8 @@ class LiveView:
         with self._lock:
             self._pending.update(found)
             self._read_ms = began_node_ms + (self._offset_ms() or 0)
+        if found:
+            self._arrived()
 
     def read(self) -> None:
         """Read the head now (one call): the loop's own read, when the board's is older
@@ -234,6 +241,18 @@ class LiveView:
             return self._code.get(name)
         index = bisect.bisect_right(self._starts[name], occurrence_ms) - 1
         return spans[index].entry if index >= 0 else None
+
+    def revision_at(self, entry: Entry, occurrence_ms: int) -> int | None:
+        """The live revision that made ``entry`` the definition in force at
+        ``occurrence_ms`` (``None``: a code entry no revision touched, or ``entry`` is not
+        the one in force then)."""
+        spans = self._spans.get(entry.name)
+        if spans is None:
+            return None
+        index = bisect.bisect_right(self._starts[entry.name], occurrence_ms) - 1
+        if index < 0 or spans[index].entry is not entry or spans[index].revision == 0:
+            return None
+        return spans[index].revision
 
     def current(self, entry: Entry, occurrence_ms: int) -> bool:
         """Whether ``entry`` is the definition in force at ``occurrence_ms``."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from beatless.fleet._notes import HistoryItem
 from beatless.node._ahead import BuildAhead
 from beatless.node._board import Board
 from beatless.node._inflight import Flight, InFlight
@@ -169,7 +168,7 @@ class LoopWake:
                 continue
             decision = Decision(firing, outcome, self.node, now - firing.release_ms)
             coalesced = self.flights.coalesced(firing) if outcome in DecisionOutcome.SENT else None
-            items.append((firing.address, HistoryItem.of(decision, coalesced)))
+            items.append((firing.address, self._board.history_item(decision, coalesced)))
         return self._board.history_notes(items)
 
     def history_template(self, firing: Firing) -> Note | NoteItem | None:

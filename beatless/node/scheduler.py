@@ -219,12 +219,17 @@ class Scheduler:
         """What this node decided, counted, and the trouble it tells (:mod:`._tally`)."""
         self.stats = self.tally.stats
         self.clockwatch = ClockWatch(self.store, clock, self.node)
+        self._stop = threading.Event()
+        self._alarm = threading.Event()
+        """Cuts the loop's sleep short: set by :meth:`stop` and when the board reads a live
+        revision the loop has not applied."""
         self.live = LiveView(
             self.store,
             schedule,
             enabled=_live_enabled(live, self.store),
             now_ms=self.now_ms,
             offset_ms=lambda: self.clockwatch.offset_ms,
+            arrived=self._alarm.set,
         )
         """The live entries this node knows, and which definition is in force when
         (:mod:`beatless.node._live`); ``live=False``: code entries only."""
@@ -234,7 +239,6 @@ class Scheduler:
             except StoreError as exc:
                 logger.warning("live schedule's head not read at start (%s); retried", exc)
         self._decisions: list[Decision] = []
-        self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         start_ms = self.now_ms()
         self.preference = Preference(
@@ -489,7 +493,8 @@ class Scheduler:
         return self.ahead.build(self.wake)
 
     def run(self) -> None:
-        """Wake, decide, sleep until the next release (at most a second); until stopped."""
+        """Wake, decide, sleep until the next release (at most a second, and no longer
+        than until the board reads a new live revision); until stopped."""
         logger.info(
             "node %s scheduling %d entries of namespace %s through %s",
             shown(self.node, quoted=False),
@@ -512,7 +517,8 @@ class Scheduler:
                     if self.tally.may_warn("prepare", 300_000):
                         logger.exception("building firings ahead failed; they are built when due")
                 if not prepared:
-                    self._stop.wait(self.sleep_s())
+                    self._alarm.wait(self.sleep_s())
+                    self._alarm.clear()
         finally:
             if len(self.judging):  # asked once more; what is left is told as not judged
                 self.judging.judge(self.now_ms(), self.wake.decide, last=True)
@@ -552,6 +558,7 @@ class Scheduler:
     def stop(self, timeout: float | None = None) -> None:
         """Ask the loop to stop after the wake in progress, and wait for its thread."""
         self._stop.set()
+        self._alarm.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         self.board.stop(timeout)

@@ -357,6 +357,7 @@ def _status_html(status: Mapping[str, Any]) -> str:
             f"refreshed every {REFRESH_MS / 1_000:g} s</div>",
             _problems(status["problems"]),
             _nodes(status["nodes"], now_ms),
+            _live(status.get("live"), status["nodes"]),
             _entries(status["entries"], now_ms),
             _controls(status.get("audit") or []),
         ]
@@ -410,6 +411,28 @@ def _node(node: Mapping[str, Any], now_ms: int, drifts: bool, tz_drifts: bool) -
     return (
         f'<tr class="node" data-node="{_e(node["node"])}" data-healthy="{str(healthy).lower()}">'
         f"{''.join(cells)}</tr>"
+    )
+
+
+def _live(live: Mapping[str, Any] | None, nodes: Sequence[Mapping[str, Any]]) -> str:
+    """The fleet's live revision, its fence, and the nodes still on an older one."""
+    if not live:
+        return ""
+    by = f" by {_e(live['writer'])}" if live["writer"] else ""
+    note = f": {_e(live['note'])}" if live["note"] else ""
+    behind = "".join(
+        f'<li class="behind" data-node="{_e(b["node"])}">{_e(b["node"])} on revision '
+        f"{_e(b['revision'])}</li>"
+        for b in live["behind"]
+    )
+    on = sum(1 for n in nodes if (n.get("live_revision") or 0) >= live["revision"])
+    return (
+        f'<h2>Live schedule</h2><section id="live" data-revision="{_e(live["revision"])}" '
+        f'data-behind="{len(live["behind"])}"><p>revision <b>{_e(live["revision"])}</b>{by}'
+        f'{note}; committed <span class="mono">{_e(live["committed"])}</span>, in force from '
+        f'<span class="mono">{_e(live["fence"])}</span>; {on} node(s) on it</p>'
+        + (f"<p>On an older revision:</p><ul>{behind}</ul>" if behind else "")
+        + "</section>"
     )
 
 

@@ -116,6 +116,8 @@ class _Families:
     loop_alive: GaugeMetricFamily
     last_wake: GaugeMetricFamily
     skipped_notes: CounterMetricFamily
+    live_revision: GaugeMetricFamily
+    live_applied: GaugeMetricFamily
 
     @classmethod
     def empty(cls) -> _Families:
@@ -182,6 +184,16 @@ class _Families:
                 "their kind and were skipped, each counted once, by kind",
                 labels=(*NODE_LABELS, "kind"),
             ),
+            live_revision=gauge(
+                "beatless_live_revision",
+                "The live revision this node applied (0: none yet); nodes that differ for "
+                "more than a few seconds are behind",
+            ),
+            live_applied=gauge(
+                "beatless_live_applied_seconds",
+                "Seconds from the commit of the last live revision to this node applying it, "
+                "on the store's clock",
+            ),
         )
 
     def __iter__(self) -> Iterator[Metric]:
@@ -215,6 +227,11 @@ class _Families:
             self.last_wake.add_metric(node, scheduler.board.last_wake_ms / 1_000)
         for kind, count in dict(scheduler.board.skipped.counts).items():
             self.skipped_notes.add_metric([*node, kind], count)
+        live = scheduler.live
+        if live.enabled:
+            self.live_revision.add_metric(node, live.revision)
+            if live.applied_lag_ms is not None:
+                self.live_applied.add_metric(node, live.applied_lag_ms / 1_000)
 
 
 def _buckets(histogram: Histogram) -> list[tuple[str, float]]:

@@ -15,6 +15,10 @@ it does not hold (so a fresh fleet, whose history is empty, has missed nothing).
 
 Each firing is shown once, with its strongest outcome
 (:func:`~beatless.fleet._notes.strongest`).
+
+On a store that keeps live entries (:mod:`beatless.live`), ``live`` is the fleet's last
+revision (its number, fence, commit, writer and note) and the nodes still on an older
+one; a node that stays behind a revision committed over ``BEHIND_MS`` ago is a problem.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from beatless.fleet._missed import (
     missed_occurrences,
 )
 from beatless.fleet._notes import (
+    REGISTRY_EVERY_MS,
     HistoryItem,
     NodeRecord,
     drift,
@@ -53,11 +58,16 @@ from beatless.fleet._notes import (
     read_registry,
 )
 from beatless.fleet._schema import ENTRY_NOTE, PROGRESS, Collected, Skipped, parse_each
+from beatless.live._ledger import Ledger
 from beatless.schedule.entry import Schedule
 from beatless.schedule.firing import iso, offset_ms
 from beatless.stores.base import ClaimStore
 
 NEXT_COUNT = 3
+BEHIND_MS = 3 * REGISTRY_EVERY_MS
+"""A node whose record still shows an older live revision this long after the last one's
+commit is a problem (a record is posted every ``REGISTRY_EVERY_MS``; a node applies a
+revision within a sync of its commit)."""
 
 
 def published_entries(
@@ -136,6 +146,8 @@ def report(
                 "since the node started"
             )
     problems.extend(drift(records))
+    live = live_report(store, namespace, records)
+    problems.extend(live_problems(live, now_ms))
     if schedule is not None:
         others = sorted({r.fingerprint for r in records} - {schedule.fingerprint})
         if others:
@@ -163,7 +175,52 @@ def report(
         "entries": entries,
         "problems": problems,
         "audit": [_control(c) for c in audit],
+        "live": live,
     }
+
+
+def live_report(
+    store: ClaimStore, namespace: str, records: Sequence[NodeRecord]
+) -> dict[str, Any] | None:
+    """The fleet's last live revision and the nodes on an older one; ``None`` when the
+    store keeps no live entries or none was ever written."""
+    if not store.keeps_notes:
+        return None
+    ledger = Ledger(store, namespace)
+    head = ledger.latest()
+    if head == 0:
+        return None
+    revision = ledger.read([head])[0]
+    behind = [
+        {"node": r.node, "revision": r.live_revision}
+        for r in records
+        if r.live_revision is not None and r.live_revision < head
+    ]
+    return {
+        "revision": head,
+        "hash": revision.hash[:12],
+        "committed": iso(revision.committed_ms),
+        "committed_ms": revision.committed_ms,
+        "fence": iso(revision.fence_ms),
+        "fence_ms": revision.fence_ms,
+        "writer": revision.writer,
+        "host": revision.host,
+        "note": revision.note,
+        "changes": len(revision.changes),
+        "behind": behind,
+    }
+
+
+def live_problems(live: Mapping[str, Any] | None, now_ms: int) -> list[str]:
+    """The nodes still on an older live revision ``BEHIND_MS`` after the last commit."""
+    if live is None or now_ms - live["committed_ms"] < BEHIND_MS:
+        return []
+    return [
+        f"node {b['node']}: runs live revision {b['revision']}, the fleet's is "
+        f"{live['revision']} (committed {live['committed']}, in force from {live['fence']}): "
+        "it has not read it (cut off from the store's notes, or frozen?)"
+        for b in live["behind"]
+    ]
 
 
 SKIPPED_LISTED = 20
@@ -208,6 +265,10 @@ def _node(record: NodeRecord, now_ms: int) -> dict[str, Any]:
         "last_failure": record.last_failure,
         "last_failure_at": None if record.last_failure_ms is None else iso(record.last_failure_ms),
         "store_verdict": record.store_verdict,
+        "live_revision": record.live_revision,
+        "live_hash": record.live_hash,
+        "live_lag_ms": record.live_lag_ms,
+        "live_overrides": record.live_overrides,
     }
 
 
@@ -326,6 +387,8 @@ def render(status: Mapping[str, Any]) -> str:
         )
     if not status["nodes"]:
         lines.append("  (none live)")
+    if status.get("live"):
+        lines += ["", *_live_lines(status["live"], status["nodes"])]
     lines += ["", "entries:"]
     for entry in status["entries"]:
         last = entry["last"]
@@ -355,6 +418,28 @@ def render(status: Mapping[str, Any]) -> str:
     lines += ["", "problems:" if status["problems"] else "no problems"]
     lines += [f"  - {e(p, LONG)}" for p in status["problems"]]
     return "\n".join(lines)
+
+
+def _live_lines(live: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The live schedule as ``status`` prints it: its revision, and where each node is."""
+    e = _text
+    by = f" by {e(live['writer'])}" if live["writer"] else ""
+    note = f" ({e(live['note'], LONG)})" if live["note"] else ""
+    lines = [
+        f"live schedule: revision {e(live['revision'])}{by}{note}, committed "
+        f"{e(live['committed'])}, in force from {e(live['fence'])}"
+    ]
+    for node in nodes:
+        if node.get("live_revision") is None:
+            continue
+        lag = node.get("live_lag_ms")
+        applied = "" if lag is None else f", applied {lag / 1_000:.1f} s after its commit"
+        where = "current" if node["live_revision"] >= live["revision"] else "BEHIND"
+        lines.append(
+            f"  {e(node['node'])}  revision {e(node['live_revision'])} ({where}){applied}"
+            + (f"  overrides {e(node['live_overrides'])}" if node.get("live_overrides") else "")
+        )
+    return lines
 
 
 def _window(node: Mapping[str, Any]) -> int:

@@ -17,14 +17,14 @@ CONFIG keys:
 ``summary``          file that receives the node's stats and decisions when it stops
 
 Each send appends one line to ``record`` with the firing id, address, occurrence,
-release, ``max_late_ms``, the node, and two REAL instants (``time.time()``, never the
-offset clock): ``called`` when the scheduler handed the firing over, ``sent`` when the
-send finished; a send the broker refused has ``error`` instead of ``sent``. The line is
-one ``write`` to a file opened ``O_APPEND``, so nodes that share a file never
-interleave, and a node that is killed loses no line it wrote. Each commit that returns
-appends ``{"node", "commit": [ids], "at"}`` (accepted or refused alike): until then a sent
-firing's outcome is unknown to the store, the window in which a fault may make another
-node send it too.
+release, ``max_late_ms``, the task and args sent, the node, and two REAL instants
+(``time.time()``, never the offset clock): ``called`` when the scheduler handed the
+firing over, ``sent`` when the send finished; a send the broker refused has ``error``
+instead of ``sent``. The line is one ``write`` to a file opened ``O_APPEND``, so nodes
+that share a file never interleave, and a node that is killed loses no line it wrote.
+Each commit that returns appends ``{"node", "commit": [ids], "at"}`` (accepted or
+refused alike): until then a sent firing's outcome is unknown to the store, the window
+in which a fault may make another node send it too.
 """
 
 from __future__ import annotations
@@ -170,6 +170,8 @@ def make_enqueue(config: dict[str, Any], record_fd: int) -> Callable[[Firing], N
             "occurrence_ms": firing.occurrence_ms,
             "release_ms": firing.release_ms,
             "max_late_ms": firing.entry.max_late_ms,
+            "task": firing.entry.task,
+            "args": list(firing.entry.args),
             "node": node,
             "called": called,
         }
