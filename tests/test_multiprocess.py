@@ -69,8 +69,12 @@ def test_a_fresh_fleet_catches_up_as_its_policy_says(tmp_path: Path, policy: str
     if policy == "latest":
         assert set(per_address.values()) <= {1}, per_address
     elif policy == "all":
-        assert per_address["every-1s"] >= 58, per_address
-        assert per_address["every-2s"] >= 29, per_address
+        # Every occurrence within max_late (60 s) of a node's start: those of the 50 s
+        # before started_ms whatever a loaded machine adds to the processes' start.
+        old = {int(f["occurrence_ms"]) // 1_000 for f in before if f["entry"] == "every-1s"}
+        first = int(started_ms / 1_000) - 50
+        assert set(range(first, int(started_ms / 1_000) - 1)) <= old, sorted(old)
+        assert per_address["every-2s"] >= 25, per_address
     else:
         assert per_address == Counter(), per_address
     after = {int(f["occurrence_ms"]) // 1_000 for f in firings if f["entry"] == "every-1s"}
