@@ -125,7 +125,7 @@ class MemoryStore(ClaimStore):
                 self._claim_one(r, node, lease_ms, now, horizon=horizon, hold_off=hold_off)
                 for r in requests
             ]
-            adopt(self, current, logger=logger, where="memory store", horizon=horizon)
+            adopt(self, current, logger=logger, label="memory store", horizon=horizon)
             return outcomes
 
     def _claim_one(

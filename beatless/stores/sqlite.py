@@ -231,8 +231,8 @@ class SQLiteStore(ClaimStore):
                     writes[request.id] = row
                     held[request.id] = _Held(node, bool(row[4]), row[5], row[7], row[8])
             conn.executemany(_WRITE, writes.values())
-        where = f"sqlite store {shown(self.path)}"
-        adopt(self, epoch, logger=logger, where=where, horizon=forgot_before)
+        label = f"sqlite store {shown(self.path)}"
+        adopt(self, epoch, logger=logger, label=label, horizon=forgot_before)
         return outcomes
 
     def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:

@@ -297,7 +297,7 @@ class NATSStore(BucketChecks, NotesOnStreams, ClaimStore):
         state, forgot_before, outcomes = self._call(
             "claim", lambda kv: self._claim_all(kv, requests, node, lease_ms, hold_off)
         )
-        adopt(self, state.epoch, logger=logger, where=self._said, horizon=forgot_before)
+        adopt(self, state.epoch, logger=logger, label=self._said, horizon=forgot_before)
         return outcomes
 
     def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:

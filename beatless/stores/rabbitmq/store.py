@@ -452,8 +452,8 @@ class RabbitMQStore(SlotScripts, NotesStream, ClaimStore):
             elif confirm is not self._amqp.Confirm.RETURNED:
                 return
         current = self._read_epoch()
-        where = f"rabbitmq store {shown(self._where, quoted=False)}"
-        if adopt(self, current, logger=logger, where=where):
+        label = f"rabbitmq store {shown(self._where, quoted=False)}"
+        if adopt(self, current, logger=logger, label=label):
             self._ledger.clear()  # the broker lost the claims this process held
 
     def _read_epoch(self) -> Epoch:
