@@ -16,9 +16,11 @@ judges the same horizon.
 
 from __future__ import annotations
 
+import enum
+import logging
 import secrets
 
-from beatless.stores.base import TOLERANCE_MS, Epoch
+from beatless.stores.base import TOLERANCE_MS, ClaimStore, Epoch
 
 
 def new_token() -> str:
@@ -51,6 +53,34 @@ def describe_change(seen: Epoch, current: Epoch) -> str:
         f"{current.started_ms + TOLERANCE_MS} ms that nobody holds are written committed "
         f"and reported forgotten, not enqueued"
     )
+
+
+class _Now(enum.Enum):
+    NOW = "now"
+
+
+def adopt(
+    store: ClaimStore,
+    current: Epoch,
+    *,
+    logger: logging.Logger,
+    label: str,
+    horizon: int | _Now | None = _Now.NOW,
+) -> bool:
+    """Make ``current`` the epoch ``store`` last saw, with the horizon of its change (from
+    :func:`horizon_ms`), and warn on ``logger`` (``"{label}: ..."``) when it is not the
+    epoch ``store`` saw before. ``label`` names the store as its warnings do, every name
+    in it written through :func:`~beatless.core._logtext.shown` by the caller (where
+    it is: ``"sqlite store '/var/beatless.db'"``). ``horizon``: the one the claims were
+    judged with, when the store worked it out before it judged them. Whether the epoch
+    changed."""
+    seen = store.epoch
+    if horizon is _Now.NOW:
+        horizon = horizon_ms(seen, current, store._forgot_before_ms)
+    if seen is not None and has_changed(seen, current):
+        logger.warning("%s: %s", label, describe_change(seen, current))
+    store.epoch, store._forgot_before_ms = current, horizon
+    return has_changed(seen, current)
 
 
 def describe_failover(seen: Epoch | None, current: Epoch, *, waits: bool) -> str:

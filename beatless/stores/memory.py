@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
+from beatless.stores._epoch import adopt, horizon_ms, new_token
 from beatless.stores.base import (
     ClaimRequest,
     ClaimStore,
@@ -125,9 +125,7 @@ class MemoryStore(ClaimStore):
                 self._claim_one(r, node, lease_ms, now, horizon=horizon, hold_off=hold_off)
                 for r in requests
             ]
-            if self.epoch is not None and has_changed(self.epoch, current):
-                logger.warning("memory store: %s", describe_change(self.epoch, current))
-            self.epoch, self._forgot_before_ms = current, horizon
+            adopt(self, current, logger=logger, label="memory store", horizon=horizon)
             return outcomes
 
     def _claim_one(

@@ -14,25 +14,27 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import concurrent.futures
 import contextlib
 import json
 import logging
-import os
 import re
-import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from beatless.core._logtext import ERROR_LIMIT, shown
+from beatless.core._logtext import shown
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
 
 logger = logging.getLogger("beatless.stores.nats.store")
 T = TypeVar("T")
+
+CONCURRENCY = 256
+"""Requests of one batch in flight at once."""
+ATTEMPTS = 5
+"""Reads and writes of one key in one call before it gives up as contended."""
 
 WRONG_LAST_SEQUENCE = 10071
 """A publish whose expected last revision of its key was not the key's revision."""
@@ -104,11 +106,6 @@ class ConnectFailed(Exception):
 
 class LoopStuck(Exception):
     """The link's event loop did not finish a call in time."""
-
-
-RECONNECTS = 2
-"""Reconnections nats-py tries after a connection drops; then the next call connects anew."""
-_REFUSED = re.compile(r"authori[sz]ation|authentication|permissions violation", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -508,126 +505,12 @@ def _operation(raw_headers: bytes) -> bytes:
     return b""
 
 
-class Link:
-    """A nats-py client on an event loop of its own, run in a thread this object starts.
+async def _together(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """Await ``calls`` at once, at most ``CONCURRENCY`` of them in flight."""
+    gate = asyncio.Semaphore(CONCURRENCY)
 
-    :meth:`run` runs a coroutine on that loop from any thread, one call at a time, and
-    returns its result or raises what it raised. The client connects at the first call,
-    and again at the first call after nats-py gave up reconnecting. A child process that
-    inherited the object starts a loop and a connection of its own, and leaves the
-    parent's alone. ``refusal`` holds an error the server answered during the last call
-    that retrying cannot mend (credentials, permissions); ``scrub`` masks secrets.
-    """
+    async def bounded(call: Awaitable[T]) -> T:
+        async with gate:
+            return await call
 
-    def __init__(
-        self,
-        servers: list[str],
-        bucket: str,
-        timeout: float,
-        scrub: Callable[[BaseException], str],
-    ) -> None:
-        self.servers, self.bucket, self.timeout, self.scrub = servers, bucket, timeout, scrub
-        self.last_error = self.refusal = ""
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._client: Client | None = None
-        self._kv: Bucket | None = None
-
-    @property
-    def requests(self) -> int:
-        """How many requests this link sent, over every connection it made."""
-        return 0 if self._kv is None else self._kv.requests
-
-    def run(self, make: Callable[[Bucket], Awaitable[T]], limit: float) -> T:
-        """Run ``make(bucket)`` on the loop, within ``limit`` seconds once connected."""
-        with self._lock:
-            loop = self._running_loop()
-
-            async def bounded() -> T:
-                self.last_error = self.refusal = ""
-                kv = await self._connect()
-                return await asyncio.wait_for(make(kv), limit)
-
-            future = asyncio.run_coroutine_threadsafe(bounded(), loop)
-            concurrent.futures.wait([future], timeout=limit + self.timeout + 1)
-            if not future.done():  # the loop itself is stuck: leave the call behind
-                future.cancel()
-                raise LoopStuck
-            return future.result()
-
-    def close(self) -> None:
-        """Close the connection and stop the loop (not a parent process's)."""
-        with self._lock:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-            if loop is None or thread is None or self._pid != os.getpid():
-                return
-            try:
-                closing = asyncio.run_coroutine_threadsafe(self._disconnect(), loop)
-                closing.result(timeout=self.timeout)
-            except Exception as exc:  # closing must not fail the caller
-                logger.debug("nats store: close: %s", self.scrub(exc))
-            finally:
-                loop.call_soon_threadsafe(loop.stop)
-                thread.join(timeout=self.timeout)
-                if not thread.is_alive():
-                    loop.close()
-
-    def alive(self) -> bool:
-        """Whether the loop's thread runs."""
-        return self._thread is not None and self._thread.is_alive()
-
-    def _running_loop(self) -> asyncio.AbstractEventLoop:
-        if self._pid != os.getpid():
-            self._pid, self._loop, self._thread = os.getpid(), None, None
-            self._client = self._kv = None
-        if self._loop is None:
-            loop = asyncio.new_event_loop()
-            thread = threading.Thread(target=loop.run_forever, name="beatless-nats", daemon=True)
-            thread.start()
-            self._loop, self._thread = loop, thread
-        return self._loop
-
-    async def _connect(self) -> Bucket:
-        client = self._client
-        if client is not None and not client.is_closed and not client.is_connected:
-            # nats-py is reconnecting: wait for it to succeed or give up, rather than
-            # queue requests that it would send whenever the connection comes back.
-            deadline = asyncio.get_running_loop().time() + self.timeout
-            while not (client.is_connected or client.is_closed):
-                if asyncio.get_running_loop().time() > deadline:
-                    raise ConnectFailed(self.last_error or "the connection dropped")
-                await asyncio.sleep(0.05)
-        if client is not None and client.is_connected and self._kv is not None:
-            return self._kv
-        import nats
-
-        try:
-            client = await nats.connect(
-                servers=self.servers,
-                name="beatless",
-                connect_timeout=self.timeout,
-                allow_reconnect=True,
-                max_reconnect_attempts=RECONNECTS,
-                reconnect_time_wait=0.25,
-                error_cb=self._on_error,
-            )
-        except Exception as exc:
-            raise ConnectFailed(self.last_error or self.scrub(exc)) from None
-        sent = self.requests
-        self._client, self._kv = client, Bucket(client, self.bucket, self.timeout)
-        self._kv.requests = sent
-        return self._kv
-
-    async def _on_error(self, exc: Exception) -> None:
-        self.last_error = text = self.scrub(exc)
-        if _REFUSED.search(text):
-            self.refusal = text  # kept over later errors, such as the reset after it
-        logger.debug("nats store: %s", shown(text, quoted=False, limit=ERROR_LIMIT))
-
-    async def _disconnect(self) -> None:
-        client, self._client = self._client, None
-        if client is not None and not client.is_closed:
-            await client.close()
+    return await asyncio.gather(*(bounded(call) for call in calls))

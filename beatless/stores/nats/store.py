@@ -77,14 +77,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import re
 import secrets
 import threading
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from types import ModuleType
 from typing import Any, TypeVar
@@ -92,118 +90,75 @@ from urllib.parse import parse_qs, urlsplit
 
 from beatless.core._drivers import driver
 from beatless.core._logtext import ERROR_LIMIT, shown
-from beatless.core.durations import DurationLike, as_timedelta, describe, to_ms
-from beatless.core.urls import mask_url, secrets_of
+from beatless.core.durations import DurationLike, to_ms
 from beatless.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
-from beatless.stores._epoch import describe_change, has_changed, horizon_ms
+from beatless.stores._epoch import adopt, horizon_ms
 from beatless.stores.base import (
-    UNKNOWN,
     ClaimRequest,
     ClaimStore,
     Epoch,
-    Fact,
     KeptNote,
     Note,
     Outcome,
-    StoreFacts,
-    Verdict,
-    judge,
 )
+from beatless.stores.nats._facts import BucketChecks
 from beatless.stores.nats._jetstream import (
+    ATTEMPTS,
+    CONCURRENCY,
     WRONG_LAST_SEQUENCE,
     Bucket,
-    BucketInfo,
     BucketMissing,
     ConnectFailed,
     JetStreamError,
-    Link,
     LoopStuck,
     Message,
     NoJetStream,
-    NoteStream,
-    Stored,
-    bucket_config,
+    _together,
     is_full,
+)
+from beatless.stores.nats._judge import (
+    _Decision,
+    _decode,
+    _Record,
+    _Settle,
+    _State,
+    _Unreadable,
+)
+from beatless.stores.nats._link import Link
+from beatless.stores.nats._notes import (
+    NOTES_MAX_AGE,
+    NotesOnStreams,
+    _check_notes,
+    _kept_of,
+    _token,
+)
+from beatless.stores.nats._options import (
+    _bucket_name,
+    _mask,
+    _positive,
+    _replicas,
+    _secrets,
+    _split_servers,
 )
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-FORMAT_VERSION = 1
-"""The layout of a claim value; a value of any other version is ``CORRUPT``."""
 DEFAULT_TTL = timedelta(minutes=5)
 DEFAULT_TIMEOUT = 5.0
 """Seconds to connect, and for each request; a whole call gets ``CALL_TIMEOUTS`` times it."""
 CALL_TIMEOUTS = 3
-CONCURRENCY = 256
-"""Requests of one batch in flight at once."""
-ATTEMPTS = 5
-"""Reads and writes of one key in one call before it gives up as contended."""
 OPTIONS = ("bucket", "ttl", "timeout", "replicas")
-NOTE_FORMAT = 1
-"""The layout of a note's body; a message of any other layout is not read as a note."""
-NOTES_MAX_AGE = timedelta(hours=24)
-"""How long the notes stream keeps a message, and so the longest life of a note."""
-STREAM_SETTLE_S = 0.05
-"""The wait before a post tries again on a stream made at that moment, times the try."""
-NOTE_TOKEN_DIGITS = 32
-"""Hex digits of the hash of a kind or a key in a note's subject."""
 WRITTEN_KEPT = 100_000
 """Claims a store object remembers having written, for a commit without a read."""
-_BUCKET = re.compile(r"[A-Za-z0-9_-]+")
 _KEY = re.compile(r"[-/_=.a-zA-Z0-9]+")
-_HEX = re.compile(r"[0-9a-fA-F]{0,16}")
-_DIGITS = re.compile(r"[0-9]+")
-
-
-@dataclass(slots=True)
-class _Record:
-    node: str
-    committed: bool
-    until_ms: int
-    memory_ms: int
-    tag: str
-
-    def encode(self) -> bytes:
-        state = "committed" if self.committed else "pending"
-        fields = (f"v={FORMAT_VERSION}", state, self.until_ms, self.memory_ms, self.tag, self.node)
-        return "|".join(map(str, fields)).encode()
-
-
-class _Unreadable:
-    """A value this version cannot read: its firing is refused as ``CORRUPT``."""
-
-
-_UNREADABLE = _Unreadable()
-
-
-def _decode(value: bytes | None) -> _Record | _Unreadable | None:
-    if value is None:
-        return None
-    try:
-        version, state, until, memory, tag, node = value.decode().split("|", 5)
-    except ValueError:  # not UTF-8, or too few fields
-        return _UNREADABLE
-    valid = version == f"v={FORMAT_VERSION}" and state in ("pending", "committed")
-    numbers = _DIGITS.fullmatch(until) and _DIGITS.fullmatch(memory)
-    if not (valid and numbers and _HEX.fullmatch(tag)):
-        return _UNREADABLE
-    return _Record(node, state == "committed", int(until), int(memory), tag)
-
-
-@dataclass(frozen=True, slots=True)
-class _State:
-    """What one call knows of the bucket: the server's clock and the epoch."""
-
-    now_ms: int
-    epoch: Epoch
 
 
 class _Contended(Exception):
     """A key was written by others between every read and write of one call."""
 
 
-class NATSStore(ClaimStore):
+class NATSStore(BucketChecks, NotesOnStreams, ClaimStore):
     """Claims in a NATS JetStream key-value bucket, shared by every node that uses it.
 
     ``servers`` is a ``nats://`` URL (or a list of them: several servers of one cluster).
@@ -342,7 +297,7 @@ class NATSStore(ClaimStore):
         state, forgot_before, outcomes = self._call(
             "claim", lambda kv: self._claim_all(kv, requests, node, lease_ms, hold_off)
         )
-        self._adopt(state.epoch, forgot_before)
+        adopt(self, state.epoch, logger=logger, label=self._said, horizon=forgot_before)
         return outcomes
 
     def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
@@ -537,64 +492,6 @@ class NATSStore(ClaimStore):
                 return True
         raise _Contended(id_)
 
-    # -- notes, on the store's event loop ----------------------------------------------------
-
-    async def _post(self, stream: NoteStream, notes: Sequence[Note]) -> None:
-        latest = {(note.kind, note.key): note for note in notes}  # a later one replaces
-        bounds = {note.kind: note.keep for note in notes if note.keep}
-
-        async def publish() -> None:
-            await _together(
-                stream.publish(_note_subject(n), _note_body(n)) for n in latest.values()
-            )
-
-        for attempt in range(ATTEMPTS):
-            try:
-                await publish()
-                break
-            except BucketMissing:  # no stream takes the notes yet: the first post makes it
-                if attempt == ATTEMPTS - 1:
-                    raise
-                await stream.create(max_age_ms=to_ms(NOTES_MAX_AGE), replicas=self.replicas)
-                # On 2.9, a stream that another node is creating takes no message for a moment.
-                await asyncio.sleep(attempt * STREAM_SETTLE_S)
-        await _together(self._trim(stream, kind, keep) for kind, keep in bounds.items())
-
-    async def _keep(self, stream: NoteStream, notes: Sequence[KeptNote]) -> None:
-        """Publish each kept note as the one message of its subject, making the stream
-        (no ``max_age``) at the first write."""
-        latest = {(note.kind, note.key): note for note in notes}  # a later one replaces
-        for attempt in range(ATTEMPTS):
-            try:
-                await _together(
-                    stream.publish(f"{_token(n.kind)}.{_token(n.key)}", _kept_body(n))
-                    for n in latest.values()
-                )
-            except BucketMissing:
-                if attempt == ATTEMPTS - 1:
-                    raise
-                await stream.create(max_age_ms=0, replicas=self.replicas)
-                await asyncio.sleep(attempt * STREAM_SETTLE_S)
-            else:
-                return
-
-    async def _trim(self, stream: NoteStream, kind: str, keep: int) -> None:
-        """Delete the notes of ``kind`` that expired and, beyond ``keep``, those that
-        expire first."""
-        live, expired = await _notes_of(stream, kind)
-        live.sort(key=lambda note: note.until_ms)
-        doomed = expired + live[: max(0, len(live) - keep)]
-        await _together(stream.delete(note.seq) for note in doomed)
-
-    async def _read(self, stream: NoteStream, kinds: list[str]) -> dict[str, dict[str, str]]:
-        found = await _together(self._read_kind(stream, kind) for kind in kinds)
-        return dict(zip(kinds, found, strict=True))
-
-    async def _read_kind(self, stream: NoteStream, kind: str) -> dict[str, str]:
-        live, expired = await _notes_of(stream, kind)
-        await _together(stream.delete(note.seq) for note in expired)
-        return {note.key: note.value for note in live}
-
     # -- the bucket: clock, epoch, creation --------------------------------------------------
 
     async def _state(self, kv: Bucket) -> _State:
@@ -611,100 +508,6 @@ class NATSStore(ClaimStore):
         # random token in its description as well.
         token = hashlib.sha256(f"{info.created}|{info.description}".encode()).hexdigest()
         return _State(now, Epoch(token[:32], info.created_ms))
-
-    def _new_bucket(self) -> dict[str, object]:
-        return bucket_config(
-            self.bucket,
-            description=f"beatless claims (format {FORMAT_VERSION}), epoch {secrets.token_hex(16)}",
-            max_age_ms=to_ms(self.ttl),
-            replicas=self.replicas,
-        )
-
-    async def _lengthen(self, kv: Bucket, info: BucketInfo) -> BucketInfo:
-        """A bucket that keeps claims for less than this store's ``ttl`` (made with a
-        shorter one): made to keep them for the ``ttl``. Lengthening is safe while other
-        nodes run with the shorter ``ttl``: each needs at least its own."""
-        was = describe(timedelta(milliseconds=info.max_age_ms))
-        try:
-            longer = await kv.keep_for(to_ms(self.ttl))
-        except (JetStreamError, BucketMissing, TimeoutError) as exc:  # refused, or denied
-            logger.warning(
-                "nats store %s: bucket %s keeps claims for %s; lengthening it to the ttl %s "
-                "failed (%s)",
-                shown(self._where, quoted=False),
-                shown(self.bucket),
-                was,
-                describe(self.ttl),
-                exc,
-            )
-            return info
-        logger.warning(
-            "nats store %s: bucket %s kept claims for %s, less than the ttl %s: it keeps "
-            "them for %s from now on",
-            shown(self._where, quoted=False),
-            shown(self.bucket),
-            was,
-            describe(self.ttl),
-            describe(self.ttl),
-        )
-        return longer
-
-    def lengthen_memory(self, needed: timedelta) -> str:
-        """Open the store with a ``ttl`` over ``needed``, in whole minutes."""
-        minutes = to_ms(needed) // 60_000 + 1
-        return (
-            f"open the store with ?ttl={minutes}m (or &ttl={minutes}m after other options; "
-            f"the bucket is lengthened to it at start)"
-        )
-
-    def _check(self, info: BucketInfo) -> None:
-        """Refuse a bucket that would forget claims sooner than this store says it keeps them."""
-        where, name, need = self._where, self.bucket, to_ms(self.ttl)
-        if 0 < info.max_age_ms < need:
-            raise StoreError(
-                f"nats store {where}: bucket {name!r} keeps claims for "
-                f"{describe(timedelta(milliseconds=info.max_age_ms))}, less than the ttl "
-                f"{describe(self.ttl)} this store promises, and it could not be lengthened; "
-                f"give the NATS user the right to update the stream (STREAM.UPDATE), "
-                f"lengthen its max age with `nats stream edit KV_{name} --max-age "
-                f"{describe(self.ttl)}`, or open the store with ?ttl= no longer than the "
-                f"bucket's max age"
-            )
-        if info.drops_old:
-            raise StoreError(
-                f"nats store {where}: bucket {name!r} has a message count or size limit that "
-                f"discards old messages, so claims could be forgotten early; remove the limit"
-            )
-        self._direct = info.direct and info.replicas == 1
-        if info.purgeable and not self._warned_purgeable:
-            self._warned_purgeable = True
-            logger.warning(
-                "nats store %s: bucket %s allows purges or roll-ups (it was not created by "
-                "beatless): a purge would empty it unnoticed, and a firing could be sent twice",
-                shown(where, quoted=False, limit=ERROR_LIMIT),
-                shown(name),
-            )
-
-    def facts(self) -> StoreFacts:
-        """The bucket's storage (``file`` or ``memory``), its replicas and its size limit
-        (``STREAM.INFO``)."""
-        store = f"nats store {self._where}"
-        try:
-            info = self._call("read its settings", lambda kv: kv.info(), notes=True)
-        except StoreError:
-            why = "could not be read"
-            unread = (Fact(n, UNKNOWN, Verdict.WARN, why) for n in ("storage", "replicas"))
-            return StoreFacts(store, tuple(unread))
-        facts = [Fact("storage", info.storage)]
-        if info.storage != "file":
-            why = "a restart of the server forgets every claim; use a bucket with file storage"
-            facts[0] = Fact("storage", info.storage, Verdict.WARN, why)
-        facts.append(Fact("replicas", str(info.replicas)))
-        usage = None
-        if info.max_bytes > 0:
-            share = info.bytes / info.max_bytes
-            usage = f"{info.bytes} bytes of max_bytes {info.max_bytes} ({share:.0%})"
-        return StoreFacts(store, tuple(facts), usage=usage)
 
     # -- calls and their errors ------------------------------------------------------------
 
@@ -763,179 +566,11 @@ class NATSStore(ClaimStore):
             text = text.replace(secret, "***")
         return text
 
-    def _adopt(self, epoch: Epoch, forgot_before_ms: int | None) -> None:
-        if self.epoch is not None and has_changed(self.epoch, epoch):
-            logger.warning(
-                "nats store %s, bucket %s: %s",
-                shown(self._where, quoted=False, limit=ERROR_LIMIT),
-                shown(self.bucket),
-                describe_change(self.epoch, epoch),
-            )
-        self.epoch, self._forgot_before_ms = epoch, forgot_before_ms
-
-
-@dataclass(frozen=True, slots=True)
-class _Decision:
-    """Decides one claim: its outcome, and the record to write (``None``: none)."""
-
-    node: str
-    lease_ms: int
-    now: int
-    forgot_before_ms: int | None
-    epoch: str
-    """The token of the epoch the decision was made in."""
-    hold_off: bool = False
-
-    def __call__(
-        self,
-        request: ClaimRequest,
-        held: _Record | _Unreadable | None,
-        running: _Record | None = None,
-    ) -> tuple[Outcome, _Record | None]:
-        """``running``: the record of the request's run lease, if it has one."""
-        if isinstance(held, _Unreadable):
-            return Outcome.CORRUPT, None
-        outcome = judge(
-            request,
-            held,
-            self.node,
-            self.now,
-            self.forgot_before_ms,
-            running=running,
-            hold_off=self.hold_off,
-        )
-        if outcome in (Outcome.FORGOTTEN, Outcome.OVERLAP):
-            until = self.now + request.memory_ms
-            return outcome, _Record(self.node, True, until, request.memory_ms, request.tag)
-        if not outcome.is_won:
-            return outcome, None
-        until = self.now + self.lease_ms
-        return outcome, _Record(self.node, False, until, request.memory_ms, request.tag)
-
-
-@dataclass(frozen=True, slots=True)
-class _Settle:
-    """Decides a commit (or a release): the record to write, ``None`` when it is not the
-    node's to settle."""
-
-    node: str
-    now: int
-    commit: bool
-    epoch: str
-
-    def __call__(self, record: _Record | _Unreadable | None) -> _Record | None:
-        node, now = self.node, self.now
-        if not isinstance(record, _Record) or record.node != node:
-            return None
-        if self.commit:
-            if record.until_ms < now:
-                return None
-            return _Record(node, True, now + record.memory_ms, record.memory_ms, record.tag)
-        if record.committed or record.until_ms < now:
-            return None
-        return _Record(node, False, now - 1, record.memory_ms, record.tag)
-
-
-@dataclass(frozen=True, slots=True)
-class _Posted:
-    """A note as a read found it: ``until_ms`` is its last millisecond on the server's clock,
-    ``seq`` its message."""
-
-    key: str
-    value: str
-    until_ms: int
-    seq: int
-
-
-async def _notes_of(stream: NoteStream, kind: str) -> tuple[list[_Posted], list[_Posted]]:
-    """The notes of ``kind`` that live now on the server's clock, and those that expired."""
-    try:
-        snapshot = await stream.snapshot(f"{_token(kind)}.*")
-    except BucketMissing:  # nothing was ever posted
-        return [], []
-    notes = [note for m in snapshot.messages if (note := _read_note(m, kind)) is not None]
-    live = [note for note in notes if note.until_ms >= snapshot.now_ms]
-    return live, [note for note in notes if note.until_ms < snapshot.now_ms]
-
-
-def _check_notes(notes: Sequence[Note]) -> None:
-    longest = to_ms(NOTES_MAX_AGE)
-    for note in notes:
-        if note.ttl_ms > longest:
-            raise ConfigError(
-                f"nats store: note {note.kind[:80]!r}/{note.key[:80]!r}: ttl_ms "
-                f"{note.ttl_ms} is over {longest}, the {describe(NOTES_MAX_AGE)} the notes "
-                f"stream keeps a message"
-            )
-
-
-def _note_subject(note: Note) -> str:
-    return f"{_token(note.kind)}.{_token(note.key)}"
-
-
-def _token(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:NOTE_TOKEN_DIGITS]
-
-
-def _note_body(note: Note) -> bytes:
-    fields = {
-        "v": NOTE_FORMAT,
-        "kind": note.kind,
-        "key": note.key,
-        "value": note.value,
-        "ttl_ms": note.ttl_ms,
-    }
-    return json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-def _read_note(stored: Stored, kind: str) -> _Posted | None:
-    """The note in a message of ``kind``'s subjects; ``None`` for a message that is not
-    one (another program's, a newer layout), left for the stream's ``max_age``."""
-    try:
-        body = json.loads(stored.data)
-    except ValueError:  # not UTF-8, or not JSON
-        return None
-    if not isinstance(body, dict) or body.get("v") != NOTE_FORMAT or body.get("kind") != kind:
-        return None
-    key, value, ttl = body.get("key"), body.get("value"), body.get("ttl_ms")
-    if not (isinstance(key, str) and isinstance(value, str) and isinstance(ttl, int)):
-        return None
-    return _Posted(key, value, stored.stamp_ms + ttl, stored.seq)
-
-
-def _kept_body(note: KeptNote) -> bytes:
-    fields = {"v": NOTE_FORMAT, "kind": note.kind, "key": note.key, "value": note.value}
-    return json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-async def _kept_of(stream: NoteStream, kind: str) -> dict[str, str]:
-    """The kept notes of ``kind``; a message in another form is not read."""
-    try:
-        snapshot = await stream.snapshot(f"{_token(kind)}.*")
-    except BucketMissing:  # nothing was ever kept
-        return {}
-    found: dict[str, str] = {}
-    for stored in snapshot.messages:
-        try:
-            body = json.loads(stored.data)
-        except ValueError:
-            continue
-        if isinstance(body, dict) and body.get("v") == NOTE_FORMAT and body.get("kind") == kind:
-            key, value = body.get("key"), body.get("value")
-            if isinstance(key, str) and isinstance(value, str):
-                found[key] = value
-    return found
-
-
-async def _together(calls: Iterable[Awaitable[T]]) -> list[T]:
-    """Await ``calls`` at once, at most ``CONCURRENCY`` of them in flight."""
-    gate = asyncio.Semaphore(CONCURRENCY)
-
-    async def bounded(call: Awaitable[T]) -> T:
-        async with gate:
-            return await call
-
-    return await asyncio.gather(*(bounded(call) for call in calls))
+    @property
+    def _said(self) -> str:
+        """The store, as its warnings name it."""
+        where = shown(self._where, quoted=False, limit=ERROR_LIMIT)
+        return f"nats store {where}, bucket {shown(self.bucket)}"
 
 
 def _raise_unless_wrong_last(exc: JetStreamError) -> None:
@@ -949,59 +584,6 @@ def _claim_key(id_: str) -> str:
             f"nats store: firing id {id_!r} cannot be a key: use letters, digits and -/_=."
         )
     return f"claim.{id_}"
-
-
-def _bucket_name(bucket: str | None, namespace: str) -> str:
-    if bucket is None:
-        if not isinstance(namespace, str) or not _BUCKET.fullmatch(namespace):
-            raise ConfigError(
-                f"nats store: namespace {namespace!r} cannot name a bucket (letters, digits, "
-                f"- and _ only); name one with ?bucket="
-            )
-        return f"beatless_{namespace}"
-    if not isinstance(bucket, str) or not _BUCKET.fullmatch(bucket):
-        raise ConfigError(f"nats store: bucket {bucket!r}: use letters, digits, - and _ only")
-    return bucket
-
-
-def _positive(value: DurationLike, what: str) -> timedelta:
-    delta = as_timedelta(value, name=f"nats store: {what}")
-    if delta <= timedelta(0):
-        raise ConfigError(f"nats store: {what} must be positive, got {value!r}")
-    return delta
-
-
-def _replicas(value: int | str) -> int:
-    try:
-        count = int(value)
-    except (TypeError, ValueError):
-        count = 0
-    if not 1 <= count <= 5:
-        raise ConfigError(f"nats store: replicas must be 1 to 5, got {value!r}")
-    return count
-
-
-def _split_servers(netloc: str) -> list[str]:
-    """``user:pw@h1:4222,h2:4222`` as one URL per server, each with the credentials."""
-    userinfo, _, hosts = netloc.rpartition("@")
-    auth = f"{userinfo}@" if userinfo else ""
-    return [f"nats://{auth}{host}" for host in hosts.split(",") if host]
-
-
-def _mask(url: str) -> str:
-    """``url`` with its password, or its token (a user with no password), masked."""
-    masked = mask_url(url)
-    parts = urlsplit(masked)
-    userinfo, at, _host = parts.netloc.rpartition("@")
-    if at and ":" not in userinfo:
-        masked = masked.replace(f"{userinfo}@", "***@", 1)
-    return masked
-
-
-def _secrets(url: str) -> list[str]:
-    parts = urlsplit(url)
-    token = [parts.username] if parts.username and parts.password is None else []
-    return secrets_of(url) + token
 
 
 def _driver() -> ModuleType:

@@ -72,16 +72,14 @@ confirmed it before the node's own monotonic clock reached the end of the lease.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import replace
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from beatless.core._drivers import driver
@@ -89,7 +87,7 @@ from beatless.core._logtext import shown
 from beatless.core.durations import DurationLike, as_timedelta
 from beatless.core.urls import mask_url, secrets_of
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
-from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
+from beatless.stores._epoch import adopt, new_token
 from beatless.stores.base import (
     ClaimRequest,
     ClaimStore,
@@ -100,130 +98,41 @@ from beatless.stores.base import (
     StoreFacts,
     Verdict,
 )
-
-if TYPE_CHECKING:
-    from beatless.stores.rabbitmq._amqp import Message
+from beatless.stores.rabbitmq._notes import (
+    NOTE_TTL_LIMIT_MS,
+    NOTES_PREFETCH,
+    NotesStream,
+    _Board,
+    _check_notes,
+    _notes_body,
+)
+from beatless.stores.rabbitmq._slots import (
+    _RETRY,
+    _SLOT,
+    FORMAT_VERSION,
+    GET_GUARD,
+    SlotScripts,
+    _Hold,
+    _Ledger,
+    _parse_epoch,
+    _single,
+)
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = "v=1"
 DEFAULT_TIMEOUT = 5.0
 DEFAULT_CHANNELS = 16
-EXPIRY_SLACK_MS = 1_000
-RATE_ALLOWANCE = 0.001
-"""How much faster the node's monotonic clock may run than the broker's (ppm drift)."""
-GET_GUARD = 0.25
-"""A node gets its own pending message back (release, renewal) only while its claim is
-younger than ``1 - GET_GUARD`` of its lease, so the message is surely still there."""
-RENEW_RETRY_S = 0.005
-"""How long a renewal waits before it publishes again to a slot that a claimant, who will
-take its claim back, filled while the old claim was out."""
-RENEW_PATIENCE_S = 2.0
-"""How long a renewal keeps publishing to a slot that stays full (a claimant that died
-before it took its claim back) before it lets its own claim go: ``HELD``."""
-CONSUME_WAIT_S = 1.0
-"""How long a renewal waits for its claim's message to be delivered to its consumer
-(milliseconds, when the message is there)."""
 EPOCH_READS = 20
-HELD_MEMORY_S = 3_600
-"""How long this process remembers that it saw a firing held (for ``TAKEOVER``)."""
 PROBE_TTL_MS = 10_000
 _MAX_PREFIX = 180
 _OPTIONS = {"durable", "timeout", "channels", "prefix"}
-_SLOT = {"x-max-length": 1, "x-overflow": "reject-publish", "x-queue-type": "classic"}
-NOTES_FORMAT = 1
-NOTE_TTL_LIMIT_MS = 24 * 3_600_000
-"""The longest time to live of a note: the stream keeps its messages an hour longer."""
-_NOTES_STREAM = {
-    "x-queue-type": "stream",
-    "x-max-age": "25h",
-    "x-stream-max-segment-size-bytes": 8_000_000,
-    "x-max-length-bytes": 500_000_000,
-}
-NOTES_PREFETCH = 500
-"""How many messages a read of the notes is sent ahead of its acknowledgements."""
-NOTES_QUIET_S = 1.0
-"""How long a read waits for the first message of a stream that always has one, before
-it takes the stream for new (empty, or made anew since this store object last read)."""
-NOTES_READS = 3
-"""How many times a read starts over (on a stream found empty, or made anew)."""
-NOTES_START_S = 0.25
-"""How long a new stream is given to start (RabbitMQ takes a few milliseconds)."""
 
 
 def _driver() -> Any:
     return driver("pika", "the rabbitmq store")
 
 
-@dataclass(frozen=True, slots=True)
-class _Hold:
-    """A claim this process published and the broker took."""
-
-    token: str
-    sent: float
-    """The monotonic clock just before the claim was published: its TTL began later."""
-    lease_ms: int
-    tag: str
-    state: str = "pending"
-
-    def runs(self, now: float, share: float = 0.0) -> bool:
-        """Whether the lease surely still runs, with ``share`` of it kept in hand."""
-        left = self.lease_ms * (1 - RATE_ALLOWANCE - share) - 1
-        return self.state == "pending" and (now - self.sent) * 1_000 < left
-
-
-class _Ledger:
-    """The claims the nodes of this process hold in one broker and prefix."""
-
-    _all: ClassVar[dict[tuple[str, str], _Ledger]] = {}
-    _guard: ClassVar[threading.Lock] = threading.Lock()
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.holds: dict[tuple[str, str], _Hold] = {}
-        self.held: dict[tuple[str, str], float] = {}
-
-    @classmethod
-    def of(cls, broker: str, prefix: str) -> _Ledger:
-        with cls._guard:
-            return cls._all.setdefault((broker, prefix), cls())
-
-    def get(self, node: str, id_: str) -> _Hold | None:
-        with self.lock:
-            return self.holds.get((node, id_))
-
-    def put(self, node: str, id_: str, hold: _Hold | None) -> None:
-        with self.lock:
-            if hold is None:
-                self.holds.pop((node, id_), None)
-            else:
-                self.holds[(node, id_)] = hold
-
-    def saw_held(self, node: str, id_: str, now: float) -> None:
-        with self.lock:
-            self.held[(node, id_)] = now
-
-    def was_held(self, node: str, id_: str) -> bool:
-        """Whether a claim of this firing was answered ``HELD`` here: a win after it is a
-        takeover, even in a slot that no claim reached through its binding yet."""
-        with self.lock:
-            return (node, id_) in self.held
-
-    def sweep(self, now: float) -> None:
-        with self.lock:
-            old = [k for k, h in self.holds.items() if now - h.sent > 2 * h.lease_ms / 1e3 + 60]
-            for key in old:
-                del self.holds[key]
-            for key in [k for k, seen in self.held.items() if now - seen > HELD_MEMORY_S]:
-                del self.held[key]
-
-    def clear(self) -> None:
-        with self.lock:
-            self.holds.clear()
-            self.held.clear()
-
-
-class RabbitMQStore(ClaimStore):
+class RabbitMQStore(SlotScripts, NotesStream, ClaimStore):
     """Claims in a RabbitMQ broker, shared by every node that uses the same virtual host
     and prefix. See the module docstring for what is kept and why.
 
@@ -526,229 +435,7 @@ class RabbitMQStore(ClaimStore):
             self._ledger.saw_held(node, r.id, now)
         return outcome
 
-    def _claim_script(self, r: ClaimRequest, node: str, lease_ms: int) -> Any:
-        """One claim, as a script of steps (see ``_amqp``): renew this node's own claim,
-        or ask whether the firing is committed, publish to its slot, and check again."""
-        hold = self._ledger.get(node, r.id)
-        if hold is not None and hold.runs(self._monotonic()):
-            return self._renew(r, node, lease_ms, hold)
-        return self._first_claim(r, node, lease_ms)
-
-    def _first_claim(self, r: ClaimRequest, node: str, lease_ms: int) -> Any:
-        """Ask whether the firing is committed, publish a claim to its slot (creating
-        the slot if no claim ever reached it), then ask again."""
-        a, queue = self._amqp, self._slot(r.id)
-        token = new_token()[:16]
-        attempt = _Attempt()
-        try:
-            if (yield self._is_committed(r.id)) is not a.Confirm.RETURNED:
-                return Outcome.LOST, None
-            published = yield from self._publish_claim(r, node, lease_ms, token, attempt)
-            if published and (yield self._is_committed(r.id)) is not a.Confirm.RETURNED:
-                yield from self._take_back(queue, token)  # committed meanwhile
-                return Outcome.LOST, None
-        except a.ChannelLost as lost:
-            if not attempt.sent and lost.code in (0, 404, 406):
-                return _RETRY  # refused before a claim was published: try once more
-            attempt.won = False  # our claim may be in the slot: held until its lease ends
-        if not attempt.won:
-            return Outcome.HELD, None
-        hold = _Hold(token, attempt.at, lease_ms, r.tag)
-        if self._is_forgotten(r):
-            return (yield from self._forget(r, queue, hold))
-        won = attempt.first and not self._ledger.was_held(node, r.id)
-        return (Outcome.WON if won else Outcome.TAKEOVER), hold
-
-    def _publish_claim(
-        self, r: ClaimRequest, node: str, lease_ms: int, token: str, attempt: _Attempt
-    ) -> Any:
-        """Publish the claim through the slot's binding; if nothing is bound yet, declare
-        the slot, publish to it by name, and bind it for the claims that come after. A
-        claim the slot took while its holder renews (see :meth:`_renew`) is taken back."""
-        a, queue = self._amqp, self._slot(r.id)
-        body = _claim_body(token, lease_ms, r.tag, node)
-        attempt.at, attempt.sent = self._monotonic(), True
-        confirm = yield a.Publish(self._exchange, f"claim.{r.id}", body, lease_ms, self.durable)
-        if confirm is a.Confirm.RETURNED:  # no claim reached this slot yet
-            attempt.sent, attempt.first = False, True
-            args = {**_SLOT, "x-expires": r.memory_ms + lease_ms + EXPIRY_SLACK_MS}
-            yield a.Declare(queue, durable=self.durable, arguments=args, nowait=True)
-            attempt.at, attempt.sent = self._monotonic(), True
-            confirm = yield a.Publish("", queue, body, lease_ms, self.durable)
-            if confirm is a.Confirm.ACK:
-                yield a.Bind(queue, self._exchange, f"claim.{r.id}", nowait=True)
-        if confirm is a.Confirm.ACK:
-            _ready, consumers = yield a.Declare(queue, passive=True)  # outlive the lease
-            if consumers:  # its holder has the claim out to renew it: the slot is not free
-                yield from self._take_back(queue, token)
-                confirm = a.Confirm.NACK
-        attempt.won = confirm is a.Confirm.ACK
-        return attempt.won
-
-    def _renew(self, r: ClaimRequest, node: str, lease_ms: int, hold: _Hold) -> Any:
-        """This node's own pending claim: publish a fresh one in its place (``WON``), or
-        ``HELD`` if the claim was no longer there or its lease ran out meanwhile.
-
-        The slot counts only ready messages, so while the old claim is out of it another
-        claim can be published there. The old one is taken out by a consumer, which a
-        passive declare counts: a claimant that finds one takes its claim back and is
-        ``HELD`` (:meth:`_publish_claim`), and the fresh claim is published again until
-        the slot takes it. The consumer is cancelled before the old claim is acknowledged,
-        so the slot is never free while neither claim is in it."""
-        a, now = self._amqp, self._monotonic()
-        if not hold.runs(now, GET_GUARD):
-            return Outcome.HELD, hold  # too close to its end to touch it safely
-        queue = self._slot(r.id)
-        left = hold.lease_ms * (1 - RATE_ALLOWANCE) / 1_000 - (now - hold.sent)
-        got = yield a.Consume(queue, wait=min(max(left, 0.0), CONSUME_WAIT_S))
-        if got is None or _token_of(got.body) != hold.token:
-            return Outcome.HELD, None  # whatever was delivered goes back with the channel
-        token = new_token()[:16]
-        body = _claim_body(token, lease_ms, r.tag, node)
-        give_up = self._monotonic() + RENEW_PATIENCE_S
-        while True:
-            sent = self._monotonic()
-            confirm = yield a.Publish("", queue, body, lease_ms, self.durable)
-            if confirm is a.Confirm.ACK:
-                break
-            if (
-                confirm is a.Confirm.RETURNED
-                or not hold.runs(self._monotonic())
-                or self._monotonic() > give_up
-            ):
-                yield a.Settle(got.delivery_tag, ack=True)  # let the claim go
-                return Outcome.HELD, None
-            yield a.Sleep(RENEW_RETRY_S)  # a claimant's message, which it takes back
-        yield a.Cancel()
-        yield a.Settle(got.delivery_tag, ack=True)
-        yield a.Declare(queue, passive=True)
-        return Outcome.WON, _Hold(token, sent, lease_ms, r.tag)
-
-    def _commit_one(self, id_: str, hold: _Hold) -> Any:
-        a = self._amqp
-        try:
-            yield a.Declare(self._slot(id_), passive=True, nowait=True)  # memory from now
-            yield a.Bind(self._slot(id_), self._exchange, f"done.{id_}")
-        except a.ChannelLost:
-            return False
-        # Made only if the broker answered before the lease could have run out there.
-        return hold.runs(self._monotonic())
-
-    def _take_back(self, queue: str, token: str) -> Any:
-        """Get this node's own pending message and acknowledge it, so the slot is free."""
-        a = self._amqp
-        got = yield a.Get(queue)
-        if got is None:
-            return None
-        if _token_of(got.body) == token:
-            yield a.Settle(got.delivery_tag, ack=True)
-        else:
-            logger.warning("rabbitmq store: slot %s held another claim than ours", shown(queue))
-            yield a.Settle(got.delivery_tag, ack=False)
-        return None
-
-    def _look(self, id_: str) -> Any:
-        """A late firing, answered without a write: ``LOST`` if it is committed, ``HELD``
-        if a claim is in its slot (or out of it, being renewed), else ``LATE``; ``LATE``
-        too when its slot is gone (a passive declare of it refused) or the broker refused
-        the question. The declare counts as a use of an existing slot, as a commit's does."""
-        a = self._amqp
-        try:
-            if (yield self._is_committed(id_)) is not a.Confirm.RETURNED:
-                return Outcome.LOST
-            ready, consumers = yield a.Declare(self._slot(id_), passive=True)
-        except a.ChannelLost:
-            return Outcome.LATE
-        return Outcome.HELD if ready or consumers else Outcome.LATE
-
-    def _is_committed(self, id_: str) -> Any:
-        return self._amqp.Publish(self._exchange, f"done.{id_}", b"?", ttl_ms=0)
-
-    def _forget(self, r: ClaimRequest, queue: str, hold: _Hold) -> Any:
-        """A slot won for a firing before the horizon: committed (``FORGOTTEN``), or, while
-        the claim holds off, given back at once (``RESEEDING``)."""
-        if self._holding_off:
-            yield from self._take_back(queue, hold.token)
-            return Outcome.RESEEDING, None
-        yield self._amqp.Bind(queue, self._exchange, f"done.{r.id}")
-        return Outcome.FORGOTTEN, replace(hold, state="committed")
-
-    def _is_forgotten(self, r: ClaimRequest) -> bool:
-        return self._forgot_before_ms is not None and r.release_ms < self._forgot_before_ms
-
     # -- notes --------------------------------------------------------------------------
-
-    def _use_notes(self, call: Callable[[], bool]) -> None:
-        """Run ``call`` (which says whether it found the stream); once more, a moment
-        later, if it fails before this store object saw the stream work. A stream being
-        created refuses a publish or a consume that comes before it started, by closing
-        the channel or the whole connection (RabbitMQ 3.10): a race that only nodes
-        posting their first notes at once run into."""
-        try:
-            self._notes_seen = call()
-        except StoreError:
-            if self._notes_seen:
-                raise
-            time.sleep(NOTES_START_S)
-            self._notes_seen = call()
-
-    def _write_notes(self, body: bytes, what: str) -> bool:
-        (result,) = self._run([self._post_script(body)], what, self._notes_session)
-        return self._check_post(result, what)
-
-    def _check_post(self, result: Any, what: str) -> bool:
-        """Raise what a post script ended with, if it failed; ``True``: the stream took it."""
-        if isinstance(result, BaseException):
-            raise StoreError(f"rabbitmq store {self._where}: cannot {what}: {self._mask(result)}")
-        return True
-
-    def _post_script(self, body: bytes) -> Any:
-        """Publish one post to the stream, declaring it first if no post reached it yet."""
-        a, queue = self._amqp, self._notes_queue
-        confirm = yield a.Publish("", queue, body)
-        if confirm is a.Confirm.RETURNED:
-            try:
-                yield a.Declare(queue, durable=True, arguments=_NOTES_STREAM)
-            except a.ChannelLost as lost:
-                return StoreError(
-                    f"stream queue {queue} not declared ({lost.text}): notes need RabbitMQ "
-                    f"3.9 or later, with streams enabled"
-                )
-            confirm = yield a.Publish("", queue, body)
-        if confirm is not a.Confirm.ACK:
-            return StoreError(f"stream queue {queue} refused the notes ({confirm.value})")
-        return None
-
-    def _catch_up(self) -> bool:
-        """Read the stream from where this store object stopped to its end, into the
-        board; whether there is a stream.
-
-        A stream, once written, keeps its last message (RabbitMQ trims whole segments,
-        when a write starts a new one), and the read starts at the last message the
-        board applied: so a read that gets nothing found a stream that is empty, which
-        an empty post makes readable, or made anew, which is read again from its start."""
-        board, a = self._board, self._amqp
-        for _attempt in range(NOTES_READS):
-            start = board.resume_at()
-            read = a.Read(self._notes_queue, start, NOTES_QUIET_S)
-            (got,) = self._run([_single(read)], "read notes", self._notes_session)
-            if isinstance(got, a.ChannelLost) and got.code == 404:  # nothing was ever posted
-                board.clear()
-                return False
-            if isinstance(got, BaseException):
-                raise StoreError(
-                    f"rabbitmq store {self._where}: cannot read notes: {self._mask(got)}"
-                )
-            if got is None and start == "first":
-                self._write_notes(_notes_body((), 0), "read notes")
-            elif got is None or not board.follow(got, self.time_ms()):
-                board.clear()
-            else:
-                return True
-        raise StoreUnavailable(
-            f"rabbitmq store {self._where}: cannot read notes: stream {self._notes_queue} "
-            f"sent nothing within {NOTES_QUIET_S:g}s, {NOTES_READS} times"
-        )
 
     # -- the epoch ----------------------------------------------------------------------
 
@@ -765,15 +452,9 @@ class RabbitMQStore(ClaimStore):
             elif confirm is not self._amqp.Confirm.RETURNED:
                 return
         current = self._read_epoch()
-        self._forgot_before_ms = horizon_ms(seen, current, self._forgot_before_ms)
-        if seen is not None and has_changed(seen, current):
+        label = f"rabbitmq store {shown(self._where, quoted=False)}"
+        if adopt(self, current, logger=logger, label=label):
             self._ledger.clear()  # the broker lost the claims this process held
-            logger.warning(
-                "rabbitmq store %s: %s",
-                shown(self._where, quoted=False),
-                describe_change(seen, current),
-            )
-        self.epoch = current
 
     def _read_epoch(self) -> Epoch:
         for _attempt in range(EPOCH_READS):
@@ -816,9 +497,6 @@ class RabbitMQStore(ClaimStore):
         return epoch
 
     # -- plumbing -----------------------------------------------------------------------
-
-    def _slot(self, id_: str) -> str:
-        return f"{self.prefix}c.{id_}"
 
     def _probe_script(self, queue: str, value: bytes) -> Any:
         a = self._amqp
@@ -868,155 +546,6 @@ class RabbitMQStore(ClaimStore):
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return text
-
-
-@dataclass(slots=True)
-class _Attempt:
-    """How far one claim got: published (outcome unknown until confirmed), in a slot no
-    claim had reached (a first win), won; and when it was published (monotonic)."""
-
-    sent: bool = False
-    first: bool = False
-    won: bool = False
-    at: float = 0.0
-
-
-_RETRY = object()
-"""A claim to run once more: its channel closed before it published anything."""
-
-_Row = tuple[str, str, str, int, int]
-"""A note as posted: kind, key, value, expiry (epoch milliseconds), keep."""
-
-
-class _Board:
-    """The live notes a store object has read, and the message of the stream it stopped
-    at: the next read starts there, and only checks that it finds the same message."""
-
-    def __init__(self) -> None:
-        self.notes: dict[str, dict[str, tuple[int, str]]] = {}
-        self.offset: int | None = None
-        self.digest = b""
-
-    def clear(self) -> None:
-        self.notes.clear()
-        self.offset, self.digest = None, b""
-
-    def resume_at(self) -> int | str:
-        return "first" if self.offset is None else self.offset
-
-    def follow(self, messages: list[Message], now_ms: int) -> bool:
-        """Apply the messages read from :meth:`resume_at`; ``False``, with nothing
-        applied, when the first is another than the one the board stopped at (the stream
-        was made anew). A first message further on is fine: retention removed the one
-        the board stopped at, and all before, older than any live note."""
-        first = messages[0]
-        if self.offset is not None and first.offset <= self.offset:
-            if first.offset < self.offset or _digest(first.body) != self.digest:
-                return False
-            messages = messages[1:]
-        for message in messages:
-            self._apply(_parse_notes(message.body), now_ms)
-        last = messages[-1] if messages else first
-        self.offset, self.digest = last.offset, _digest(last.body)
-        for kind in list(self.notes):
-            self._live(kind, now_ms)
-        return True
-
-    def read(self, kinds: Sequence[str], now_ms: int) -> dict[str, dict[str, str]]:
-        return {
-            kind: {key: value for key, (_, value) in self._live(kind, now_ms).items()}
-            for kind in kinds
-        }
-
-    def _apply(self, rows: list[_Row], now_ms: int) -> None:
-        """One post: write its notes, then bound the kinds it gave a ``keep``."""
-        bounds: dict[str, int] = {}
-        for kind, key, value, expires_ms, keep in rows:
-            self.notes.setdefault(kind, {})[key] = (expires_ms, value)
-            if keep:
-                bounds[kind] = keep
-        for kind, keep in bounds.items():
-            kept = self._live(kind, now_ms)
-            if len(kept) > keep:
-                by_expiry = sorted(kept.items(), key=lambda item: item[1][0])
-                for key, _ in by_expiry[: len(kept) - keep]:
-                    del kept[key]
-
-    def _live(self, kind: str, now_ms: int) -> dict[str, tuple[int, str]]:
-        """The notes of ``kind``, with those whose time ran out removed."""
-        notes = self.notes.get(kind)
-        if notes is None:
-            return {}
-        for key in [key for key, (until, _) in notes.items() if until < now_ms]:
-            del notes[key]
-        if not notes:
-            del self.notes[kind]
-        return notes
-
-
-def _check_notes(notes: Sequence[Note]) -> None:
-    for note in notes:
-        if note.ttl_ms > NOTE_TTL_LIMIT_MS:
-            raise ConfigError(
-                f"rabbitmq store: note {note.kind[:80]!r}/{note.key[:80]!r}: ttl_ms="
-                f"{note.ttl_ms} is over {NOTE_TTL_LIMIT_MS} (24 h), the longest the notes "
-                f"stream keeps a message; post the note again within 24 h instead"
-            )
-
-
-def _notes_body(notes: Sequence[Note], now_ms: int) -> bytes:
-    rows = [[n.kind, n.key, n.value, now_ms + n.ttl_ms, n.keep] for n in notes]
-    record = {"v": NOTES_FORMAT, "notes": rows}
-    return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-def _parse_notes(body: bytes) -> list[_Row]:
-    """The notes of one post; none for a message of another format (a newer beatless,
-    another program), which is skipped."""
-    try:
-        record = json.loads(body)
-    except ValueError:
-        record = None
-    rows = (
-        record.get("notes")
-        if isinstance(record, dict) and record.get("v") == NOTES_FORMAT
-        else None
-    )
-    if not isinstance(rows, list):
-        logger.debug("rabbitmq store: skipped a notes message of another format")
-        return []
-    return [
-        (row[0], row[1], row[2], row[3], row[4])
-        for row in rows
-        if isinstance(row, list)
-        and len(row) == 5
-        and all(isinstance(text, str) for text in row[:3])
-        and all(isinstance(number, int) for number in row[3:])
-    ]
-
-
-def _digest(body: bytes) -> bytes:
-    return hashlib.blake2b(body, digest_size=8).digest()
-
-
-def _single(step: Any) -> Any:
-    return (yield step)
-
-
-def _claim_body(token: str, lease_ms: int, tag: str, node: str) -> bytes:
-    return f"{FORMAT_VERSION}|{token}|{lease_ms}|{tag}|{node}".encode()
-
-
-def _token_of(body: bytes) -> str | None:
-    parts = body.decode("utf-8", "replace").split("|", 2)
-    return parts[1] if len(parts) == 3 and parts[0] == FORMAT_VERSION else None
-
-
-def _parse_epoch(body: bytes) -> Epoch | None:
-    parts = body.decode("utf-8", "replace").split("|", 2)
-    if len(parts) != 3 or parts[0] != FORMAT_VERSION or not parts[1].isdigit() or not parts[2]:
-        return None
-    return Epoch(parts[2], int(parts[1]))
 
 
 def _split_url(url: str, where: str) -> tuple[dict[str, str], str]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import string
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -164,3 +164,25 @@ def describe_client(client: Any) -> tuple[str, list[str]]:
     kwargs = getattr(client.nodes_manager, "connection_kwargs", {}) or {}
     password = kwargs.get("password")
     return f"redis+cluster://{nodes}", [str(password)] if password else []
+
+
+def pipelined(client: Any, lua: Lua, calls: list[Call]) -> list[Any]:
+    """Send each call of ``lua`` to the master of its keys' slot, in one cluster pipeline:
+    the replies, errors among them."""
+    pipe = client.pipeline()
+    for keys, args in calls:
+        # redis-py's cluster pipeline has no evalsha method, and would ask the server
+        # for the keys of each command it cannot place; the master is named here from
+        # the client's slot table (a MOVED reply sends the call on to the new one).
+        master = client.get_node_from_key(keys[0])
+        pipe.execute_command("EVALSHA", lua.sha, len(keys), *keys, *args, target_nodes=master)
+    return list(pipe.execute(raise_on_error=False))
+
+
+def first_of_each_master(client: Any, key: Callable[[str], str]) -> list[str]:
+    """One key per master, ``key(bucket)`` of the first bucket each master serves."""
+    keys: dict[str, str] = {}
+    for bucket in BUCKETS:
+        named = key(bucket)
+        keys.setdefault(client.get_node_from_key(named).name, named)
+    return list(keys.values())

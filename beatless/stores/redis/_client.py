@@ -18,6 +18,7 @@ from beatless.stores.redis._facts import is_oom
 
 if TYPE_CHECKING:
     import redis as redis_module
+    from redis.commands.core import Script
 
 
 DEFAULT_SOCKET_TIMEOUT = 5.0
@@ -29,6 +30,18 @@ a two-phase claim waits at most a quarter of its lease, so that it can still be 
 
 WAIT_OPTIONS = ("wait", "wait_timeout")
 """The query options of a store URL that the store reads itself (the driver does not)."""
+
+UNACKNOWLEDGED = {
+    "claim": (
+        "its firings are not sent now and are claimed again while not late (a two-phase "
+        "claim stays this node's; one claimed and enqueued in one script is in the queue "
+        "on the primary, and is lost with the claim if the primary is)"
+    ),
+    "commit": (
+        "the sent firings stay uncommitted, and nothing more is sent until they are committed again"
+    ),
+}
+"""What a claim or a commit that too few replicas acknowledged leaves behind, for its error."""
 
 
 SCHEMES = ("redis", "rediss", "unix")
@@ -152,3 +165,52 @@ def checked_wait(client: Any, wait: int, timeout: DurationLike) -> tuple[int, in
             f"({socket_s * 1_000:.0f} ms), or every unacknowledged claim is a lost connection"
         )
     return wait, ms
+
+
+def server_identity(client: Any) -> tuple[str, int]:
+    """``(run_id, db)`` of the server and database a redis-py client talks to.
+
+    ``run_id`` is drawn by a Redis server when it starts, so two clients with the same
+    identity reach one server, whatever host name or address each was given.
+    """
+    run_id = str(client.info("server")["run_id"])
+    return run_id, int(client.connection_pool.connection_kwargs.get("db", 0) or 0)
+
+
+def run_acknowledged(
+    client: Any,
+    script: Script,
+    calls: list[tuple[list[str], list[str | int]]],
+    *,
+    replicas: int,
+    ms: int,
+    noscript: type[BaseException],
+) -> tuple[list[Any], int]:
+    """Run ``script`` once per call, then ``WAIT`` for ``replicas`` to have what they
+    wrote, up to ``ms``, in one pipeline (one connection, one round trip): the replies,
+    and how many replicas acknowledged. A call answered ``noscript`` is run again, once
+    the script is loaded, with its own ``WAIT``."""
+    replies: list[Any] = [None] * len(calls)
+    todo = list(range(len(calls)))
+    acked: Any = 0
+    for _attempt in range(2):
+        pipe = client.pipeline(transaction=False)
+        for i in todo:
+            keys, args = calls[i]
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        pipe.wait(replicas, ms)
+        *got, acked = pipe.execute(raise_on_error=False)
+        missing = []
+        for i, reply in zip(todo, got, strict=True):
+            if isinstance(reply, noscript):
+                missing.append(i)
+            elif isinstance(reply, Exception):
+                raise reply
+            replies[i] = reply
+        if isinstance(acked, Exception):
+            raise acked
+        if not missing:
+            break
+        client.script_load(script.script)
+        todo = missing
+    return replies, int(acked)

@@ -247,3 +247,13 @@ def with_wait(facts: StoreFacts, info: dict[str, Any], wait: int, timeout_ms: in
         got = Fact("connected replicas", str(replicas))
     kept = tuple(f for f in facts.facts if f.name != "connected replicas")
     return replace(facts, facts=(*kept, got, asked))
+
+
+def primaries_usage(client: Any) -> str | None:
+    """How full each primary of a cluster is (``INFO memory``), for a full store's error;
+    ``None`` when none says."""
+    usages: list[str] = []
+    for primary in client.get_primaries():
+        usage = usage_of(client.get_redis_connection(primary).info("memory"))
+        usages += [f"{primary.host}:{primary.port} {usage}"] if usage else []
+    return "; ".join(usages) or None

@@ -69,8 +69,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from beatless.core._logtext import shown
 from beatless.errors import ConfigError, StoreError
@@ -286,3 +287,18 @@ def claim_note_args(
     for batch in batches:
         args += [f"{numbers[batch.kind]}|{batch.ttl_ms}|{batch.keep}", batch.key, batch.value]
     return keys, args
+
+
+M = TypeVar("M")
+
+
+@dataclass(frozen=True, slots=True)
+class Ready(Generic[M]):
+    """What :meth:`RedisStore.claim_and_push` needs of one firing, built ahead of its
+    release or when due: its claim, the commands that enqueue its ``message`` (as JSON),
+    and its history note."""
+
+    message: M
+    request: ClaimRequest
+    commands: str
+    note: Note | NoteItem | None

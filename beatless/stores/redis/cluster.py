@@ -104,6 +104,8 @@ from beatless.stores.redis._buckets import (
     cluster_options,
     describe_client,
     digest,
+    first_of_each_master,
+    pipelined,
 )
 from beatless.stores.redis._client import (
     DEFAULT_SOCKET_TIMEOUT,
@@ -114,10 +116,10 @@ from beatless.stores.redis._client import (
 from beatless.stores.redis._facts import (
     judge_settings,
     policy_fact,
+    primaries_usage,
     read_policy,
     read_settings,
     told_full,
-    usage_of,
 )
 from beatless.stores.redis._wire import (
     EXPIRY_SLACK_MS,
@@ -368,7 +370,7 @@ class RedisClusterStore(ClaimStore):
         value = uuid.uuid4().hex
         with self._errors("probe"):
             client = self._connected()
-            keys = self._probe_keys(client, value)
+            keys = first_of_each_master(client, lambda bucket: self._key(bucket, f"probe:{value}"))
             pipe = client.pipeline()
             for key in keys:
                 pipe.set(key, value, px=PROBE_TTL_MS)
@@ -442,14 +444,6 @@ class RedisClusterStore(ClaimStore):
         """The keys of a kind, in one slot: its notes hash and that hash's expiry index."""
         notes = f"{self.prefix}{{notes:{hashlib.sha256(kind.encode()).hexdigest()}}}"
         return notes, f"{notes}:expiry"
-
-    def _probe_keys(self, client: Any, value: str) -> list[str]:
-        """One probe key per master: the first bucket each master serves."""
-        keys: dict[str, str] = {}
-        for bucket in BUCKETS:
-            key = self._key(bucket, f"probe:{value}")
-            keys.setdefault(client.get_node_from_key(key).name, key)
-        return list(keys.values())
 
     def _connected(self) -> Any:
         """The cluster client (a ``RedisCluster``, typed loosely: redis-py types few of
@@ -558,28 +552,17 @@ class RedisClusterStore(ClaimStore):
         (``NOSCRIPT``: a new or restarted master) is loaded on every master and the calls
         it refused are sent again."""
         client = self._connected()
-        replies = self._pipelined(client, lua, calls)
+        replies = pipelined(client, lua, calls)
         unknown = [i for i, reply in enumerate(replies) if isinstance(reply, self._noscript)]
         if unknown:
             client.script_load(lua.text)
-            again = self._pipelined(client, lua, [calls[i] for i in unknown])
+            again = pipelined(client, lua, [calls[i] for i in unknown])
             for i, reply in zip(unknown, again, strict=True):
                 replies[i] = reply
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
         return replies
-
-    @staticmethod
-    def _pipelined(client: Any, lua: Lua, calls: list[Call]) -> list[Any]:
-        pipe = client.pipeline()
-        for keys, args in calls:
-            # redis-py's cluster pipeline has no evalsha method, and would ask the server
-            # for the keys of each command it cannot place; the master is named here from
-            # the client's slot table (a MOVED reply sends the call on to the new one).
-            master = client.get_node_from_key(keys[0])
-            pipe.execute_command("EVALSHA", lua.sha, len(keys), *keys, *args, target_nodes=master)
-        return list(pipe.execute(raise_on_error=False))
 
     @property
     def _noscript(self) -> type[BaseException]:
@@ -610,12 +593,8 @@ class RedisClusterStore(ClaimStore):
     def _full(self, exc: StoreFull) -> StoreFull:
         """``exc`` with how full each primary is (``INFO memory``), said at WARNING at
         most once per ``FULL_WARN_EVERY_MS``, as the Redis store says it."""
-        usages: list[str] = []
         try:
-            client = self._connected()
-            for primary in client.get_primaries():
-                usage = usage_of(client.get_redis_connection(primary).info("memory"))
-                usages += [f"{primary.host}:{primary.port} {usage}"] if usage else []
+            usage = primaries_usage(self._connected())
         except (self._driver.exceptions.RedisError, OSError, StoreError):
-            pass
-        return told_full(exc, "; ".join(usages) or None, self._full_warned)
+            usage = None
+        return told_full(exc, usage, self._full_warned)

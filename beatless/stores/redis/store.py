@@ -24,8 +24,7 @@ import logging
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from beatless.core._logtext import WarnEvery, shown
 from beatless.core.durations import DurationLike
@@ -55,13 +54,16 @@ from beatless.stores.redis._client import (
     DEFAULT_SOCKET_TIMEOUT,
     DEFAULT_WAIT_TIMEOUT,
     SCHEMES,
+    UNACKNOWLEDGED,
     checked_wait,
     client_from_url,
     describe_client,
     driver_errors,
     key_prefix,
     redis_driver,
+    run_acknowledged,
     secrets_of_client,
+    server_identity,
     wait_in_url,
 )
 from beatless.stores.redis._facts import (
@@ -85,6 +87,7 @@ from beatless.stores.redis._wire import (
     POST,
     PROBE_TTL_MS,
     RELEASE,
+    Ready,
     as_text,
     claim_arg,
     claim_note_args,
@@ -104,33 +107,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["SCHEMES", "Ready", "RedisStore", "server_identity"]
-
-
-_UNACKNOWLEDGED = {
-    "claim": (
-        "its firings are not sent now and are claimed again while not late (a two-phase "
-        "claim stays this node's; one claimed and enqueued in one script is in the queue "
-        "on the primary, and is lost with the claim if the primary is)"
-    ),
-    "commit": (
-        "the sent firings stay uncommitted, and nothing more is sent until they are committed again"
-    ),
-}
-
-
-M = TypeVar("M")
-
-
-@dataclass(frozen=True, slots=True)
-class Ready(Generic[M]):
-    """What :meth:`RedisStore.claim_and_push` needs of one firing, built ahead of its
-    release or when due: its claim, the commands that enqueue its ``message`` (as JSON),
-    and its history note."""
-
-    message: M
-    request: ClaimRequest
-    commands: str
-    note: Note | NoteItem | None
 
 
 class RedisStore(ClaimStore):
@@ -567,34 +543,14 @@ class RedisStore(ClaimStore):
         scripts wrote stands on the primary, but does not count yet (see "Waiting for a
         replica" in docs/stores.md). A call answered ``NOSCRIPT`` is run again, once the
         script is loaded, with its own ``WAIT``."""
-        replies: list[Any] = [None] * len(calls)
-        todo = list(range(len(calls)))
-        acked: Any = 0
-        for _attempt in range(2):
-            pipe = self._client.pipeline(transaction=False)
-            for i in todo:
-                keys, args = calls[i]
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
-            pipe.wait(self.wait, ms)
-            *got, acked = pipe.execute(raise_on_error=False)
-            missing = []
-            for i, reply in zip(todo, got, strict=True):
-                if isinstance(reply, self._noscript):
-                    missing.append(i)
-                elif isinstance(reply, Exception):
-                    raise reply
-                replies[i] = reply
-            if isinstance(acked, Exception):
-                raise acked
-            if not missing:
-                break
-            self._client.script_load(script.script)
-            todo = missing
-        if int(acked) < self.wait:
+        replies, acked = run_acknowledged(
+            self._client, script, calls, replicas=self.wait, ms=ms, noscript=self._noscript
+        )
+        if acked < self.wait:
             raise StoreUnavailable(
-                f"redis store {self._where}: {what}: {int(acked)} of {self.wait} replica(s) "
+                f"redis store {self._where}: {what}: {acked} of {self.wait} replica(s) "
                 f"acknowledged it within {ms} ms (wait={self.wait}), so it does not count: "
-                + _UNACKNOWLEDGED.get(what, "")
+                + UNACKNOWLEDGED.get(what, "")
                 + "; check the replicas' lag (INFO replication) or raise wait_timeout"
             )
         return replies
@@ -636,13 +592,3 @@ class RedisStore(ClaimStore):
         except self._lost:
             usage = None
         return told_full(exc, usage, self._full_warned)
-
-
-def server_identity(client: Any) -> tuple[str, int]:
-    """``(run_id, db)`` of the server and database a redis-py client talks to.
-
-    ``run_id`` is drawn by a Redis server when it starts, so two clients with the same
-    identity reach one server, whatever host name or address each was given.
-    """
-    run_id = str(client.info("server")["run_id"])
-    return run_id, int(client.connection_pool.connection_kwargs.get("db", 0) or 0)
