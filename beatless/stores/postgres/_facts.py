@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from beatless.core._logtext import shown
+from beatless.errors import StoreError
 from beatless.stores.base import (
+    TOLERANCE_MS,
     UNKNOWN,
     Fact,
     StoreFacts,
@@ -13,7 +18,12 @@ from beatless.stores.base import (
 )
 
 if TYPE_CHECKING:
-    pass
+    from types import ModuleType
+
+    from psycopg import sql
+
+logger = logging.getLogger("beatless.stores.postgres.store")
+"""The store's own logger: what moved here logs as it did."""
 
 
 SETTINGS_QUERY = (
@@ -72,3 +82,82 @@ def settings_facts(store: str, row: Sequence[Any] | None) -> StoreFacts:
         sync = f" (synchronous: {standby_names})" if count and standby_names else ""
         facts.append(Fact("replicas", f"{count}{sync}"))
     return StoreFacts(store, tuple(facts))
+
+
+class ServerWatch:
+    """The part of :class:`~beatless.stores.postgres.store.PostgresStore` that reads the
+    server's settings and follows its timeline (a promoted standby starts a new one)."""
+
+    _where: str
+    schema: str
+    namespace: str
+    _timeline: int | None
+    _forgot_before_ms: int | None
+    _statements: Any
+    _driver: ModuleType
+
+    if TYPE_CHECKING:  # the store's own, which these methods call
+
+        def _row(
+            self, what: str, query: sql.Composed | sql.SQL, args: Sequence[Any]
+        ) -> tuple[Any, ...]: ...
+
+        def time_ms(self) -> int: ...
+
+    def facts(self) -> StoreFacts:
+        """``synchronous_commit``, ``fsync``, whether the server is a standby
+        (``pg_is_in_recovery()``) and its replicas (``pg_stat_replication``,
+        ``synchronous_standby_names``), in one round trip."""
+        try:
+            row = self._row("read its settings", self._driver.sql.SQL(SETTINGS_QUERY), ())
+        except StoreError:
+            row = None
+        if row is not None:
+            self._follow_timeline(timeline_of(row[5]))
+        return settings_facts(f"postgres store {self._where}", row and row[:5])
+
+    def _follow_timeline(self, timeline: int | None) -> None:
+        """Note the server's timeline (read with its facts, at start and every sync); a
+        new one is a promoted standby (or a restore to a point in time), which may lack
+        the last claims: from now plus the tolerance back, the firings nobody holds are
+        answered forgotten, as after a lost epoch (see docs/stores.md, "Failover").
+
+        The latest timeline any node of the namespace saw is kept in the store
+        (``timeline_v1``), so a node that starts on a promoted standby compares the
+        server's timeline with the one the fleet saw before, not only with its own."""
+        if timeline is None:
+            return
+        seen, self._timeline = self._timeline, timeline
+        if seen is None or timeline != seen:
+            recorded = self._record_timeline(timeline)
+            seen = recorded if seen is None else seen
+        if seen is None or timeline == seen:
+            return
+        try:
+            horizon = self.time_ms() + TOLERANCE_MS
+        except StoreError:
+            horizon = int(time.time() * 1_000) + TOLERANCE_MS
+        self._forgot_before_ms = max(self._forgot_before_ms or 0, horizon)
+        logger.warning(
+            "postgres store %s (schema %s, namespace %s): the server's timeline changed "
+            "from %d to %d: a standby was promoted (or the database restored), and it may "
+            "lack the last claims of the old primary; firings released before %d ms that "
+            "nobody holds are written committed and reported forgotten, not enqueued",
+            shown(self._where, quoted=False),
+            shown(self.schema),
+            shown(self.namespace),
+            seen,
+            timeline,
+            horizon,
+        )
+
+    def _record_timeline(self, timeline: int) -> int | None:
+        """Record ``timeline`` as the namespace's latest; the one recorded before (``None``:
+        none, or the store could not be asked)."""
+        try:
+            row = self._row(
+                "record its timeline", self._statements.timeline, (self.namespace, timeline)
+            )
+        except StoreError:
+            return None
+        return None if row[0] is None else int(row[0])

@@ -55,14 +55,13 @@ Everything lives in one schema, ``beatless`` unless the URL says ``?schema=``:
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -70,17 +69,15 @@ from beatless.core._logtext import ERROR_LIMIT, WarnEvery, shown
 from beatless.core.durations import DurationLike
 from beatless.core.urls import mask_url, secrets_of
 from beatless.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
-from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
+from beatless.stores._epoch import adopt, new_token
 from beatless.stores.base import (
     OUTCOME_LETTERS,
     TOLERANCE_MS,
     ClaimRequest,
     ClaimStore,
     Epoch,
-    KeptNote,
     Note,
     Outcome,
-    StoreFacts,
 )
 
 if TYPE_CHECKING:
@@ -100,7 +97,8 @@ from beatless.stores.postgres._connection import (
     socket_of,
     split_url,
 )
-from beatless.stores.postgres._facts import SETTINGS_QUERY, settings_facts, timeline_of
+from beatless.stores.postgres._facts import ServerWatch, settings_facts, timeline_of
+from beatless.stores.postgres._kept import KeptNotes, digest
 from beatless.stores.postgres._schema import SCHEMA_VERSION, Schema, Statements
 
 logger = logging.getLogger(__name__)
@@ -132,7 +130,7 @@ _FULL_STATES = ("53100",)
 FULL_WARN_EVERY_S = 60.0
 
 
-class PostgresStore(ClaimStore):
+class PostgresStore(ServerWatch, KeptNotes, ClaimStore):
     """Claims in a PostgreSQL schema, shared by every node that points at the same one.
 
     ``conn_or_url`` is a ``postgresql://`` (or ``postgres://``) URL, whose connection
@@ -243,64 +241,6 @@ class PostgresStore(ClaimStore):
             outcomes += self._claim_chunk(chunk, node, lease_ms, hold_off)
         return outcomes
 
-    def facts(self) -> StoreFacts:
-        """``synchronous_commit``, ``fsync``, whether the server is a standby
-        (``pg_is_in_recovery()``) and its replicas (``pg_stat_replication``,
-        ``synchronous_standby_names``), in one round trip."""
-        try:
-            row = self._row("read its settings", self._driver.sql.SQL(SETTINGS_QUERY), ())
-        except StoreError:
-            row = None
-        if row is not None:
-            self._follow_timeline(timeline_of(row[5]))
-        return settings_facts(f"postgres store {self._where}", row and row[:5])
-
-    def _follow_timeline(self, timeline: int | None) -> None:
-        """Note the server's timeline (read with its facts, at start and every sync); a
-        new one is a promoted standby (or a restore to a point in time), which may lack
-        the last claims: from now plus the tolerance back, the firings nobody holds are
-        answered forgotten, as after a lost epoch (see docs/stores.md, "Failover").
-
-        The latest timeline any node of the namespace saw is kept in the store
-        (``timeline_v1``), so a node that starts on a promoted standby compares the
-        server's timeline with the one the fleet saw before, not only with its own."""
-        if timeline is None:
-            return
-        seen, self._timeline = self._timeline, timeline
-        if seen is None or timeline != seen:
-            recorded = self._record_timeline(timeline)
-            seen = recorded if seen is None else seen
-        if seen is None or timeline == seen:
-            return
-        try:
-            horizon = self.time_ms() + TOLERANCE_MS
-        except StoreError:
-            horizon = int(time.time() * 1_000) + TOLERANCE_MS
-        self._forgot_before_ms = max(self._forgot_before_ms or 0, horizon)
-        logger.warning(
-            "postgres store %s (schema %s, namespace %s): the server's timeline changed "
-            "from %d to %d: a standby was promoted (or the database restored), and it may "
-            "lack the last claims of the old primary; firings released before %d ms that "
-            "nobody holds are written committed and reported forgotten, not enqueued",
-            shown(self._where, quoted=False),
-            shown(self.schema),
-            shown(self.namespace),
-            seen,
-            timeline,
-            horizon,
-        )
-
-    def _record_timeline(self, timeline: int) -> int | None:
-        """Record ``timeline`` as the namespace's latest; the one recorded before (``None``:
-        none, or the store could not be asked)."""
-        try:
-            row = self._row(
-                "record its timeline", self._statements.timeline, (self.namespace, timeline)
-            )
-        except StoreError:
-            return None
-        return None if row[0] is None else int(row[0])
-
     def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
         """One call of ``commit_v1`` per :data:`CHUNK` ids; the notes ride in the first, one
         statement that calls ``post_v1`` after it. A batch of one chunk (every batch a
@@ -343,75 +283,13 @@ class PostgresStore(ClaimStore):
         found: dict[str, dict[str, str]] = {kind: {} for kind in kinds}
         if not found:
             return found
-        by_id = {_digest(kind): kind for kind in found}
+        by_id = {digest(kind): kind for kind in found}
         args = (self.namespace, list(by_id), self._now_ms())
         query = self._statements.read_notes
         rows = self._call("read notes", lambda conn: conn.execute(query, args).fetchall())
         for kind_id, key, value in rows:
             found[by_id[bytes(kind_id)]][key] = bytes(value).decode()
         return found
-
-    def read_synced(
-        self, kinds: Sequence[str], kept: Mapping[str, Sequence[str]]
-    ) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
-        """One query: the ``notes`` of ``kinds`` and the ``kept_notes`` asked, by primary
-        key, in a ``UNION ALL``."""
-        notes: dict[str, dict[str, str]] = {kind: {} for kind in kinds}
-        found: dict[str, dict[str, str]] = {kind: {} for kind in kept}
-        by_id = {_digest(kind): kind for kind in notes}
-        kept_ids = {_digest(kind): kind for kind in found}
-        pairs = [(_digest(kind), _digest(key)) for kind, keys in kept.items() for key in keys]
-        args = (
-            self.namespace,
-            list(by_id),
-            self._now_ms(),
-            [kind for kind, _ in pairs],
-            [key for _, key in pairs],
-            self.namespace,
-        )
-        query = self._statements.read_synced
-        rows = self._call("read notes", lambda conn: conn.execute(query, args).fetchall())
-        for is_kept, kind_id, key, value in rows:
-            if is_kept:
-                found[kept_ids[bytes(kind_id)]][key] = bytes(value).decode()
-            else:
-                notes[by_id[bytes(kind_id)]][key] = bytes(value).decode()
-        return notes, found
-
-    keeps_notes = True
-
-    def keep_notes(self, notes: Sequence[KeptNote]) -> None:
-        """One call of ``keep_v1``: one round trip and one transaction."""
-        if not notes:
-            return
-        args = (
-            self.namespace,
-            [_digest(n.kind) for n in notes],
-            [_digest(n.key) for n in notes],
-            [n.kind for n in notes],
-            [n.key for n in notes],
-            [n.value.encode() for n in notes],
-        )
-        self._row("keep notes", self._statements.keep, args)
-
-    def read_kept(self, kind: str, keys: Sequence[str] | None = None) -> dict[str, str]:
-        """One query of the ``kept_notes`` table, by primary key."""
-        query: sql.Composed
-        args: tuple[Any, ...] = (self.namespace, _digest(kind))
-        if keys is None:
-            query = self._statements.read_kept
-        else:
-            query = self._statements.read_kept_keys
-            args += ([_digest(key) for key in keys],)
-        rows = self._call("read kept notes", lambda conn: conn.execute(query, args).fetchall())
-        return {key: bytes(value).decode() for key, value in rows}
-
-    def delete_kept(self, kind: str, keys: Sequence[str]) -> None:
-        if not keys:
-            return
-        args = (self.namespace, _digest(kind), [_digest(key) for key in keys])
-        query = self._statements.delete_kept
-        self._call("delete kept notes", lambda conn: conn.execute(query, args))
 
     def time_ms(self) -> int:
         """``clock_timestamp()`` on the server, in epoch milliseconds: one round trip."""
@@ -497,8 +375,8 @@ class PostgresStore(ClaimStore):
         """The arguments of ``post_v1``, in its order."""
         return (
             self.namespace,
-            [_digest(n.kind) for n in notes],
-            [_digest(n.key) for n in notes],
+            [digest(n.kind) for n in notes],
+            [digest(n.key) for n in notes],
             [n.kind for n in notes],
             [n.key for n in notes],
             [n.value.encode() for n in notes],
@@ -514,16 +392,11 @@ class PostgresStore(ClaimStore):
 
     def _adopt(self, epoch: Epoch) -> None:
         """Adopt the epoch a claim saw; warn when it is not the one last seen."""
-        seen, self.epoch = self.epoch, epoch
-        self._forgot_before_ms = horizon_ms(seen, epoch, self._forgot_before_ms)
-        if seen is not None and has_changed(seen, epoch):
-            logger.warning(
-                "postgres store %s (schema %s, namespace %s): %s",
-                shown(self._where, quoted=False),
-                shown(self.schema),
-                shown(self.namespace),
-                describe_change(seen, epoch),
-            )
+        label = (
+            f"postgres store {shown(self._where, quoted=False)} "
+            f"(schema {shown(self.schema)}, namespace {shown(self.namespace)})"
+        )
+        adopt(self, epoch, logger=logger, label=label)
 
     def _row(
         self, what: str, query: sql.Composed | sql.SQL, args: Sequence[Any]
@@ -702,8 +575,3 @@ class PostgresStore(ClaimStore):
 
 def _monotonic_ms() -> int:
     return int(time.monotonic() * 1_000)
-
-
-def _digest(name: str) -> bytes:
-    """The key of a note's kind or key in the ``notes`` table: SHA-256 of its UTF-8."""
-    return hashlib.sha256(name.encode()).digest()
