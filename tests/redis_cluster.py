@@ -59,10 +59,11 @@ def binaries() -> tuple[str, str]:
 class LocalCluster:
     """Three ``redis-server`` masters on free loopback ports, joined as one cluster."""
 
-    def __init__(self, directory: Path, masters: int = MASTERS) -> None:
+    def __init__(self, directory: Path, masters: int = MASTERS, replicas: int = 0) -> None:
         self.server, self.cli = binaries()
         self.directory = directory
-        self.ports = [free_port(also=BUS_OFFSET) for _ in range(masters)]
+        self.replicas = replicas  # per master
+        self.ports = [free_port(also=BUS_OFFSET) for _ in range(masters * (1 + replicas))]
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
     @property
@@ -97,8 +98,9 @@ class LocalCluster:
 
     def _create(self) -> None:
         nodes = [f"127.0.0.1:{port}" for port in self.ports]
+        replicas = ["--cluster-replicas", str(self.replicas)]
         done = subprocess.run(
-            [self.cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
+            [self.cli, "--cluster", "create", *nodes, *replicas, "--cluster-yes"],
             capture_output=True,
             text=True,
             timeout=START_TIMEOUT_S,
@@ -149,6 +151,12 @@ class LocalCluster:
         """The keys of one master that match a glob."""
         with self.node(port) as client:
             return list(client.scan_iter(match=match, count=1_000))
+
+    def kill(self, port: int) -> None:
+        """SIGKILL one node of this cluster by its pid."""
+        proc = self.procs.pop(port)
+        proc.kill()
+        proc.wait(timeout=STOP_TIMEOUT_S)
 
     def stop(self) -> None:
         """Stop every node by its pid and remove the cluster's directory."""

@@ -54,6 +54,7 @@ class PrivateServer:
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.start_timeout_s = START_TIMEOUT_S
         workdir.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -64,7 +65,7 @@ class PrivateServer:
         raise NotImplementedError
 
     def _wait_ready(self, log: Path) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.answers():
                 return

@@ -5,9 +5,9 @@ buckets and keys, its scripts, and the options of the cluster client it makes fr
     The claim record of a firing, a run lease or a once-only record, in the layout of
     the Redis store (:mod:`beatless.stores.redis.store`), expiring as it does.
 ``{prefix}{bb}:epoch``
-    ``v=1|{started_ms}|{token}``: the bucket's identity, written (no expiry) for every
-    bucket at once by the first store object of the namespace, and again by a claim in
-    a bucket that lost it.
+    ``v=2|{started_ms}|{token}|{replid}|{cause}``: the bucket's identity, written (no
+    expiry) for every bucket at once by the first store object of the namespace, and
+    again by a claim in a bucket that lost it or whose master is a promoted replica.
 ``{prefix}{bb}:last``
     The last firing won at each address of the bucket, as the Redis store's ``last``.
 ``{prefix}{notes:<digest>}`` and ``{prefix}{notes:<digest>}:expiry``

@@ -37,8 +37,12 @@ What is atomic, and what is not:
   firings of that bucket released before the new record plus ``10 s`` that nobody holds
   come back :attr:`~beatless.stores.base.Outcome.FORGOTTEN`. The store object's
   :attr:`epoch` is a digest of every bucket's: it changes when any of them does. A
-  failover to a replica that had not yet received the last writes loses those claims
-  but not the epoch records, and is not noticed (as with one Redis and its replica).
+  failover to a replica (its master killed, ``CLUSTER FAILOVER``) is noticed bucket by
+  bucket as on one Redis: the claim script finds another ``master_replid`` in the
+  bucket's epoch record, on a server that continued its history, and writes the epoch
+  again, begun by a ``failover``; the firings of that master's buckets whose claims the
+  replica may lack are answered ``forgotten`` (tested in
+  ``tests/test_store_cluster_failover.py``).
 * **No claim and enqueue in one step.** A broker's queue is one key in one slot (kombu
   and Dramatiq do not speak Redis Cluster at all), so no script can both claim a firing
   of any bucket and push its message. The store has no ``claim_and_push``: Celery and
@@ -71,7 +75,14 @@ from beatless.core._logtext import WarnEvery, shown
 from beatless.core.durations import DurationLike
 from beatless.core.urls import mask_url, secrets_of
 from beatless.errors import ConfigError, StoreError, StoreFull
-from beatless.stores._epoch import describe_change, has_changed, horizon_ms, new_token
+from beatless.stores._epoch import (
+    FAILOVER,
+    describe_change,
+    describe_failover,
+    has_changed,
+    horizon_ms,
+    new_token,
+)
 from beatless.stores.base import (
     OUTCOME_LETTERS,
     TOLERANCE_MS,
@@ -130,6 +141,7 @@ from beatless.stores.redis._wire import (
     as_text,
     claim_arg,
     commit_without_room,
+    epoch_cause,
     live_notes,
     note_args,
     parse_epoch,
@@ -242,7 +254,7 @@ class RedisClusterStore(ClaimStore):
             ]
             replies = self._run(CLAIM_LUA, calls)
         outcomes: list[Outcome] = [Outcome.CORRUPT] * len(requests)
-        changed: list[tuple[str, Epoch, Epoch]] = []
+        changed: list[tuple[str, Epoch, Epoch, bool]] = []
         for (bucket, chunk), reply in zip(places, replies, strict=True):
             for i, letter in zip(chunk, as_text(reply[0]), strict=True):
                 outcomes[i] = OUTCOME_LETTERS[letter]
@@ -513,8 +525,11 @@ class RedisClusterStore(ClaimStore):
         self._horizons.clear()
         return True
 
-    def _adopt(self, bucket: str, record: str, changed: list[tuple[str, Epoch, Epoch]]) -> None:
-        """Adopt the epoch a bucket's claim saw, keeping the bucket's forgetting horizon."""
+    def _adopt(
+        self, bucket: str, record: str, changed: list[tuple[str, Epoch, Epoch, bool]]
+    ) -> None:
+        """Adopt the epoch a bucket's claim saw, keeping the bucket's forgetting horizon;
+        ``changed`` gets the bucket if its epoch changed (and whether a failover did it)."""
         epoch = parse_epoch(record)
         if epoch is None:
             return
@@ -524,19 +539,22 @@ class RedisClusterStore(ClaimStore):
         if horizon is not None:
             self._horizons[bucket] = horizon
         if seen is not None and has_changed(seen, epoch):
-            changed.append((bucket, seen, epoch))
+            changed.append((bucket, seen, epoch, epoch_cause(record) == FAILOVER))
 
-    def _warn_changed(self, changed: list[tuple[str, Epoch, Epoch]]) -> None:
-        """One WARNING per claim that found buckets with a new epoch, naming their masters."""
+    def _warn_changed(self, changed: list[tuple[str, Epoch, Epoch, bool]]) -> None:
+        """One WARNING per claim that found buckets with a new epoch, naming their masters
+        and whether a failover to a replica began it."""
         self.epoch = digest(self._epochs)
-        masters = sorted({self._master_of(bucket) for bucket, _, _ in changed})
-        _, seen, current = changed[0]
+        masters = sorted({self._master_of(bucket) for bucket, *_ in changed})
+        _, seen, current, failover = changed[0]
         logger.warning(
             "redis cluster store %s: %d bucket(s) on master %s: %s",
             shown(self._where, quoted=False),
             len(changed),
             ", ".join(masters),
-            describe_change(seen, current),
+            describe_failover(seen, current, waits=False)
+            if failover
+            else describe_change(seen, current),
         )
 
     def _master_of(self, bucket: str) -> str:

@@ -3,8 +3,10 @@
 -- redis_cluster.py). A store object reads every bucket's epoch at its first call, so that
 -- a bucket whose master later loses its memory is noticed by the next claim there.
 --
--- KEYS[i]  {prefix}{bucket}:epoch: v=1|{started_ms}|{token}, the bucket's identity (the
---          same record claim.lua reads and writes as its KEYS[2])
+-- KEYS[i]  {prefix}{bucket}:epoch: v=2|{started_ms}|{token}|{replid}|new, the bucket's
+--          identity (the same record claim.lua reads and writes as its KEYS[2]), naming
+--          this master's master_replid, so that a failover to its replica is noticed in
+--          a bucket whose first claim the replica lacks)
 --
 -- ARGV[1]  a fresh random token, for each record that is absent
 --
@@ -13,11 +15,12 @@
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') or ''
 local out = {}
 for i = 1, #KEYS do
   local record = redis.call('GET', KEYS[i])
   if not record then
-    record = string.format('v=1|%d|%s', now, ARGV[1])
+    record = string.format('v=2|%d|%s|%s|new', now, ARGV[1], replid)
     redis.call('SET', KEYS[i], record)
   end
   out[i] = record
