@@ -142,6 +142,15 @@ class Tally:
         if occurrence is not None:
             self._trouble.add(("late", entry, occurrence), count, self._now_ms())
 
+    def stale(self, entry: str, count: int, occurrence: int) -> None:
+        """``count`` firings of ``entry`` (a fan-out's, at ``occurrence``) dropped in one
+        step, without a decision each, because this node could not confirm the live
+        schedule in force at them until they were late: told in one WARNING with the
+        count, as a decision ``stale_schedule`` is."""
+        self.of(entry).stale_schedule += count
+        self._summary["stale_schedule"] += count
+        self._trouble.add(("stale_schedule", entry, occurrence), count, self._now_ms())
+
     def unjudged(self, firing: Firing, now: int) -> None:
         """``firing`` is decided missed without the store's word on who holds it
         (:mod:`beatless.node._judging`): told in one WARNING per entry and occurrence."""

@@ -364,18 +364,27 @@ class Timeline:
             later.append((now + WAIT_MS, item))
         return False
 
+    def _fan_out_in_force(self, fan: FanOut, now: int, later: list[tuple[int, Any]]) -> bool:
+        """Whether a fan-out may go on, as :meth:`_in_force` says of a firing; its firings
+        are dropped whole (counted, one WARNING) where a firing would be decided."""
+        if not self._live.current(fan.entry, fan.occurrence_ms):
+            self._tally.of(fan.entry.name).unscheduled += fan.drop()
+            return False
+        if self._live.confirms(fan.occurrence_ms):
+            return True
+        if now - fan.occurrence_ms > fan.entry.max_late_ms:
+            count = fan.drop()  # dropped whole: no decision per firing, one WARNING
+            if count > 0:
+                self._tally.stale(fan.entry.name, count, fan.occurrence_ms)
+        else:
+            later.append((now + WAIT_MS, fan))
+        return False
+
     def _take_fan_out(
         self, fan: FanOut, now: int, due: list[Firing], later: list[tuple[int, Any]]
     ) -> None:
         """Prepare one chunk of a fan-out, or take the firings it has released by now."""
-        if not self._live.current(fan.entry, fan.occurrence_ms):
-            self._tally.of(fan.entry.name).unscheduled += fan.drop()
-            return
-        if not self._live.confirms(fan.occurrence_ms):
-            if now - fan.occurrence_ms > fan.entry.max_late_ms:
-                self._tally.of(fan.entry.name).stale_schedule += fan.drop()
-            else:
-                later.append((now + WAIT_MS, fan))
+        if not self._fan_out_in_force(fan, now, later):
             return
         if now - fan.occurrence_ms > fan.entry.max_late_ms:
             count = fan.drop()  # dropped whole: no decision per firing, one WARNING

@@ -238,7 +238,10 @@ def test_a_killed_run_frees_its_address_a_run_lease_after_its_last_heartbeat(
     # preferred claimer of that firing; and a moment for the run to start.
     late_ms = 6_000 + 2_000 + GRACE_MS + 1_500
     assert gap_ms <= late_ms, "the next run came late after the lease ran out"
-    assert len(refused) >= 2, logs(survivor)
+    # At least the firing released within a period of the kill is refused while the lease
+    # holds; the next ones may be claimed only after it ran out (a preferred-claimer grace
+    # when the killed node was preferred for them), and then they run.
+    assert len(refused) >= 1, logs(survivor)
     assert [s["id"] for s in starts].count(first["id"]) == 1
     assert "Traceback" not in text, logs(survivor)
 

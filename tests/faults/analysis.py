@@ -289,15 +289,18 @@ def _unreported(missed: Sequence[Firing], summaries: Sequence[dict[str, Any]]) -
 
 
 def _bulk_late(summaries: Sequence[dict[str, Any]]) -> dict[str, int]:
-    """Per entry, the most firings one node counted late without a decision for each:
-    its ``late_node`` counter less its ``late`` decisions."""
+    """Per entry, the most firings one node dropped without a decision for each (one
+    WARNING with the count): its ``late_node`` counter less its ``late`` decisions, and
+    its ``stale_schedule`` counter less its ``stale_schedule`` decisions."""
     bulk: Counter[str] = Counter()
     for summary in summaries:
         decided = summary.get("outcomes_by_entry", {})
         for entry, stats in summary.get("stats", {}).items():
             if not isinstance(stats, dict):
                 continue
-            dropped = stats.get("late_node", 0) - decided.get(entry, {}).get("late", 0)
+            own = decided.get(entry, {})
+            dropped = stats.get("late_node", 0) - own.get("late", 0)
+            dropped += stats.get("stale_schedule", 0) - own.get("stale_schedule", 0)
             bulk[entry] = max(bulk[entry], dropped)
     return dict(bulk)
 

@@ -49,7 +49,17 @@ from beatless.node.scheduler import Scheduler
 from beatless.stores import open_store
 
 REPORTED_OUTCOMES = frozenset(
-    {"late", "late_node", "late_store", "early", "forgotten", "corrupt", "clock_skew", "missed"}
+    {
+        "late",
+        "late_node",
+        "late_store",
+        "early",
+        "forgotten",
+        "corrupt",
+        "clock_skew",
+        "missed",
+        "stale_schedule",
+    }
 )
 """Final decisions not to send a firing, each counted and reported by the node
 (``missed``: the store refused every claim of it, full or its settings refused). Any
