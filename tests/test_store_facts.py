@@ -17,7 +17,7 @@ pytest.importorskip("redis", reason="the redis store needs redis-py")
 import redis
 
 sys.path.insert(0, str(Path(__file__).parent / "faults"))
-from redis_server import RedisServer, redis_server_binary
+from redis_server import RedisServer, admin_client, private_redis
 from stores import StoreFactory
 
 from beatless import Entry, Every, Schedule
@@ -33,23 +33,12 @@ FIX = "CONFIG SET maxmemory-policy noeviction"
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[RedisServer]:
-    """A private redis-server (noeviction, no persistence), killed by its pid."""
-    if redis_server_binary() is None:
-        pytest.skip("redis-server is not installed")
-    started = RedisServer(tmp_path / "redis", "redis").start()
-    try:
-        yield started
-    finally:
-        started.kill()
+    yield from private_redis(tmp_path)
 
 
 @pytest.fixture
 def admin(server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis(port=server.port)
-    try:
-        yield client
-    finally:
-        client.close()
+    yield from admin_client(server)
 
 
 def schedule() -> Schedule:

@@ -18,7 +18,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).parent / "faults"))
 from pressure import Writer
-from redis_server import RedisServer, redis_server_binary
+from redis_server import RedisServer, admin_client, private_redis
 
 from beatless import Entry, Every, Schedule
 from beatless.fleet._notes import SYNC_EVERY_MS
@@ -31,22 +31,12 @@ from beatless.stores.redis.store import RedisStore
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[RedisServer]:
-    if redis_server_binary() is None:
-        pytest.skip("redis-server is not installed")
-    started = RedisServer(tmp_path / "redis", "redis").start()
-    try:
-        yield started
-    finally:
-        started.kill()
+    yield from private_redis(tmp_path)
 
 
 @pytest.fixture
 def admin(server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis(port=server.port)
-    try:
-        yield client
-    finally:
-        client.close()
+    yield from admin_client(server)
 
 
 def calls(admin: redis.Redis) -> dict[str, int]:

@@ -16,13 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from service_check import require_binary
 
 pytest.importorskip("redis", reason="the redis store needs redis-py")
 import redis
 
 sys.path.insert(0, str(Path(__file__).parent / "faults"))
-from redis_server import RedisServer, redis_server_binary
+from redis_server import RedisServer, private_redis
 
 from beatless import Entry, Every, Schedule
 from beatless.errors import StoreFull
@@ -39,13 +38,7 @@ UNDER = 64 * 1024
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[RedisServer]:
-    if redis_server_binary() is None:
-        require_binary("redis-server is not installed")
-    started = RedisServer(tmp_path / "redis", "redis").start()
-    try:
-        yield started
-    finally:
-        started.kill()
+    yield from private_redis(tmp_path)
 
 
 class Filler:

@@ -21,7 +21,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from ports import free_port
 
@@ -182,3 +184,30 @@ def info(port: int, section: str) -> bytes:
         reader = sock.makefile("rb")
         size = int(reader.readline()[1:])
         return reader.read(size)
+
+
+def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A private redis-server (noeviction, no persistence) for one test, killed by its
+    pid: the body of a test module's ``server`` fixture. Skipped when the binary is
+    missing, failed instead with ``BEATLESS_REQUIRE_SERVICES=1``."""
+    from service_check import require_binary
+
+    if redis_server_binary() is None:
+        require_binary("redis-server is not installed")
+    started = RedisServer(tmp_path / "redis", "redis").start()
+    try:
+        yield started
+    finally:
+        started.kill()
+
+
+def admin_client(server: RedisServer) -> Iterator[Any]:
+    """A redis-py client of ``server`` for the test itself, closed after: the body of an
+    ``admin`` fixture."""
+    import redis
+
+    client = redis.Redis(port=server.port)
+    try:
+        yield client
+    finally:
+        client.close()
