@@ -196,6 +196,27 @@ def test_a_node_that_cannot_read_the_head_never_sends_old_values_past_a_fence(
     assert any(a == (2,) for _, a in node.sends("report"))
 
 
+def test_a_firing_that_waited_for_the_head_until_late_is_stale_schedule_not_late(
+    clock: Clock,
+) -> None:
+    # The head is read again just after the firing's last look in time and before its
+    # next one, when it is late: it went late waiting for the head, which is what its
+    # decision says (not ``late``, which blames a frozen or overloaded node).
+    store = Link(clock=clock)
+    node = Node(store, clock)
+    Live(store, namespace=NS).put(every("report", max_late="3s"), effective_in="2s")
+    node.run(15)
+    occurrence = clock.ms + 10_000 - clock.ms % 10_000
+    node.run((occurrence - 3_000 - clock.ms) / 1_000)
+    store.cut = True
+    node.run(6.1)  # to the occurrence + 3.1 s: looked at every 250 ms, the last at + 3 s
+    store.cut = False
+    node.run(5)
+    decided = [outcome for outcome, _, o in node.outcomes if o == occurrence]
+    assert decided == ["stale_schedule"]
+    assert occurrence not in [o for o, _ in node.sends("report")]
+
+
 def test_live_off_runs_code_entries_only_and_a_store_that_cannot_keep_notes_says_so(
     clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:

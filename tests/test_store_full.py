@@ -27,7 +27,7 @@ from beatless import Entry, Every, Schedule
 from beatless.errors import StoreFull
 from beatless.node.scheduler import Decision, Scheduler
 from beatless.schedule.firing import Firing
-from beatless.stores.base import ClaimRequest, Outcome, judging
+from beatless.stores.base import ClaimRequest, KeptNote, Note, Outcome, judging
 from beatless.stores.redis.store import RedisStore
 
 ROOM = 1_000_000
@@ -112,6 +112,21 @@ def request(store: RedisStore, **kw: int) -> ClaimRequest:
         memory_ms=60_000,
         release_ms=now,
     )
+
+
+def test_a_full_store_still_reads_notes_and_kept_notes(server: RedisServer, filler: Filler) -> None:
+    # A node reads the live schedule's head while the store refuses writes: without it,
+    # every firing would wait for the head until late, even once the store has room.
+    with RedisStore(server.url, namespace="full") as store:
+        store.post([Note("registry", "n1", "up", ttl_ms=60_000)])
+        store.keep_notes([KeptNote("live", "head", "r7")])
+        filler.fill()
+        with pytest.raises(StoreFull):
+            store.post([Note("registry", "n2", "up", ttl_ms=60_000)])
+        assert store.read_notes(["registry"]) == {"registry": {"n1": "up"}}
+        notes, kept = store.read_synced(["registry"], {"live": ["head"]})
+        assert notes == {"registry": {"n1": "up"}}
+        assert kept == {"live": {"head": "r7"}}
 
 
 def test_a_claim_refused_as_full_is_store_full_and_says_how_full_once_a_minute(

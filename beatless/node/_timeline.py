@@ -109,6 +109,9 @@ class Timeline:
         self._entries = {entry.name: entry for entry in schedule.entries}
         self._caught_up: dict[str, list[int]] = {}
         """Per entry: occurrences left by the catch-up policy, first and last, not said yet."""
+        self._waited: set[str] = set()
+        """The firings (and fan-outs, :func:`_fan_key`) that waited for the live head: one gone late
+        meanwhile is decided ``stale_schedule``, which says why, not ``late``."""
         self._plan()
 
     def next_wake_ms(self) -> int | None:
@@ -328,9 +331,10 @@ class Timeline:
                     due.append(item.firing)
             elif isinstance(item, Firing):
                 if now - item.occurrence_ms > item.entry.max_late_ms:
-                    decide(item, "late")
+                    decide(item, "stale_schedule" if item.id in self._waited else "late")
                 else:
                     due.append(item)
+                self._waited.discard(item.id)
             elif isinstance(item, FanOut):
                 self._take_fan_out(item, now, due, later)
             else:
@@ -359,8 +363,10 @@ class Timeline:
         if self._live.confirms(firing.occurrence_ms):
             return True
         if now - firing.occurrence_ms > firing.entry.max_late_ms:
+            self._waited.discard(firing.id)
             decide(firing, "stale_schedule")
         else:
+            self._waited.add(firing.id)
             later.append((now + WAIT_MS, item))
         return False
 
@@ -373,10 +379,12 @@ class Timeline:
         if self._live.confirms(fan.occurrence_ms):
             return True
         if now - fan.occurrence_ms > fan.entry.max_late_ms:
+            self._waited.discard(_fan_key(fan))
             count = fan.drop()  # dropped whole: no decision per firing, one WARNING
             if count > 0:
                 self._tally.stale(fan.entry.name, count, fan.occurrence_ms)
         else:
+            self._waited.add(_fan_key(fan))
             later.append((now + WAIT_MS, fan))
         return False
 
@@ -386,10 +394,13 @@ class Timeline:
         """Prepare one chunk of a fan-out, or take the firings it has released by now."""
         if not self._fan_out_in_force(fan, now, later):
             return
+        waited = _fan_key(fan) in self._waited
+        self._waited.discard(_fan_key(fan))
         if now - fan.occurrence_ms > fan.entry.max_late_ms:
             count = fan.drop()  # dropped whole: no decision per firing, one WARNING
             if count > 0:
-                self._tally.late(fan.entry.name, count, fan.occurrence_ms)
+                tell = self._tally.stale if waited else self._tally.late
+                tell(fan.entry.name, count, fan.occurrence_ms)
             return
         ranking = self._preference.ranking(self._ladder[fan.entry.name])
         if fan.view is not None and (ranking is None or ranking.digest != fan.view):
@@ -428,3 +439,8 @@ class Timeline:
                 found += item.stage(until_ms, limit - len(found))
             below += (2 * i + 2, 2 * i + 1)
         return found
+
+
+def _fan_key(fan: FanOut) -> str:
+    """A fan-out's key among the firing ids of :attr:`Timeline._waited`."""
+    return f"fan-out:{fan.base}@{fan.occurrence_ms}"

@@ -47,8 +47,9 @@ so two apps on one Redis never collide:
     of the kind in hex, since a kind is any text up to 1000 characters: one field per
     note, the note's key, whose value is ``v=1|{expires_ms}|{value}``. A note posted at
     ``t`` on the server's clock with ``ttl_ms`` expires at ``t + ttl_ms`` and is read
-    through that millisecond; a read is ``TIME`` and one ``HGETALL`` per kind in one
-    ``MULTI``, and drops the notes that expired (and any field in another form).
+    through that millisecond; a read is ``TIME`` and then one ``HGETALL`` per kind in one
+    pipeline (not a ``MULTI``, which a full Redis refuses), and drops the notes that
+    expired by that ``TIME`` (and any field in another form).
 ``{prefix}kept:{digest}``
     A hash per kind of kept notes (:class:`~beatless.stores.base.KeptNote`), with no
     expiry: see :mod:`beatless.stores.redis._kept`.

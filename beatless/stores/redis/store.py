@@ -384,7 +384,7 @@ class RedisStore(ClaimStore):
         if not asked:
             return {}
         with self._errors("read notes"):
-            pipe = self._client.pipeline(transaction=True)
+            pipe = self._client.pipeline(transaction=False)  # no MULTI: see read_synced
             pipe.time()
             for kind in asked:
                 pipe.hgetall(self._notes_keys(kind)[0])
@@ -395,12 +395,15 @@ class RedisStore(ClaimStore):
     def read_synced(
         self, kinds: Sequence[str], kept: Mapping[str, Sequence[str]]
     ) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
-        """One ``MULTI``: ``TIME``, an ``HGETALL`` per kind of notes, an ``HMGET`` per kind
-        of kept notes."""
+        """One pipeline: ``TIME``, an ``HGETALL`` per kind of notes, an ``HMGET`` per kind
+        of kept notes. Not a ``MULTI``: a Redis over its ``maxmemory`` refuses every command
+        queued in one, reads included, and a node must still read the live schedule's head
+        while the store refuses writes. ``TIME`` goes first, so what is read is never older
+        than the time the read is dated."""
         asked = list(dict.fromkeys(kinds))
         wanted = [(kind, keys) for kind, keys in kept.items() if keys]
         with self._errors("read notes"):
-            pipe = self._client.pipeline(transaction=True)
+            pipe = self._client.pipeline(transaction=False)
             pipe.time()
             for kind in asked:
                 pipe.hgetall(self._notes_keys(kind)[0])
