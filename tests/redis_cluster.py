@@ -158,6 +158,16 @@ class LocalCluster:
         proc.kill()
         proc.wait(timeout=STOP_TIMEOUT_S)
 
+    def restart_empty(self, port: int) -> None:
+        """SIGKILL one master of this cluster and start it again on the same port, with no
+        data (no persistence; its cluster config file keeps its slots), as a master that
+        lost its memory; returns once every node says ``cluster_state:ok``."""
+        self.kill(port)
+        self._start_node(port)
+        self._wait(lambda: self._answers(port), f"node {port} to answer again")
+        for each in self.procs:
+            self._wait(lambda p=each: self._state_ok(p), f"node {each}: cluster_state:ok")
+
     def stop(self) -> None:
         """Stop every node by its pid and remove the cluster's directory."""
         procs, self.procs = self.procs, {}

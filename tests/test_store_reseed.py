@@ -8,7 +8,6 @@ everyone); once settled, the store object judges a firing still absent as new.
 
 from __future__ import annotations
 
-import pytest
 from stores import StoreFactory
 from test_store_contract import LEASE_MS, claim_one, firing
 
@@ -18,8 +17,7 @@ WON, LOST, FORGOTTEN, RESEEDING = Outcome.WON, Outcome.LOST, Outcome.FORGOTTEN, 
 
 
 def holding_off(store: ClaimStore) -> ClaimStore:
-    if not store.reseeds:
-        pytest.skip(f"the {store.name} store does not re-seed")
+    assert store.reseeds, f"the {store.name} store does not re-seed"
     store.holds_off = True
     return store
 

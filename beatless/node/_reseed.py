@@ -10,7 +10,11 @@ again) rather than forgetting it. When the node sees the store's epoch change, t
 :class:`Reseeder` writes the ring back (:meth:`~beatless.stores.base.ClaimStore.reseed`:
 each firing committed, so no node sends it again), then posts a note for the new epoch:
 who it is (name and start instant: a restarted process is another node, with an empty
-ring) and which nodes it knew before the loss.
+ring) and which nodes it knew before the loss. A node also re-seeds when another node's
+note names an epoch it has not met, and before it writes back, its store object reads
+the epoch again (:meth:`~beatless.stores.base.ClaimStore.recheck_epoch`): on a store
+whose epoch is made of parts, each met by a claim in it (Redis Cluster), every node then
+names the same epoch, the one that covers every change so far.
 
 The *gate* of an epoch opens on a node once every node it knew, and every node that any
 re-seeded node knew, has posted its note for that epoch, and ``GRACE_MS`` has passed
@@ -221,6 +225,7 @@ class Reseeder:
         requests = self.ring.requests(now_ms)
         known = frozenset(self._known_since(now_ms - self.reach_ms) | {self.node})
         try:
+            self.store.recheck_epoch()  # every change so far, one a note told of too
             held = self._write_back(requests)
             if held:
                 self._retry_at_ms = now_ms + RETRY_MS

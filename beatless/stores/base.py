@@ -45,7 +45,10 @@ committed, ``FORGOTTEN``; a won one is committed at once), and says so in a note
 every node the fleet knew has re-seeded (:mod:`beatless._reseed`), it calls
 :meth:`ClaimStore.settle`, which drops the horizon: a firing still absent was sent by
 nobody and is judged as new. A store object that does not hold off answers
-``FORGOTTEN`` as before, and one that never settles keeps the horizon.
+``FORGOTTEN`` as before, and one that never settles keeps the horizon. The nodes must
+agree on the epoch they re-seed for: a store whose epoch is made of parts, each met only
+by a claim that lands in it (Redis Cluster: one per bucket), reads them all again at
+:meth:`ClaimStore.recheck_epoch`, which a node calls before it writes back.
 
 **Task tags.** A request carries a short tag of its entry's task
 (:attr:`ClaimRequest.tag`), and the store keeps it in the claim record. A live claim
@@ -277,6 +280,13 @@ class ClaimStore(ABC):
         """:meth:`claim`, holding off or not whatever :attr:`holds_off` says: stores that
         re-seed implement it, and their :meth:`claim` calls it with :attr:`holds_off`."""
         raise NotImplementedError(f"the {self.name} store does not re-seed")
+
+    def recheck_epoch(self) -> None:  # noqa: B027 - a store with one epoch record has nothing to do
+        """Read the store's epoch again now, adopting a change with its horizon as a claim
+        would: a node calls it before it writes back, since another node's note may name a
+        change this store object has not met. Nothing here: a store with one epoch record
+        meets every change at its next claim. Raises
+        :class:`~beatless.errors.StoreError` when the store cannot be read."""
 
     def settle(self, epoch: Epoch) -> bool:
         """Drop the horizon of ``epoch`` (every node the fleet knew wrote back what it

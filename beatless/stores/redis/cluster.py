@@ -35,14 +35,36 @@ What is atomic, and what is not:
   the namespace; every store object reads all of them at its first call, so a bucket
   that later comes back without its record is noticed by the next claim there, and the
   firings of that bucket released before the new record plus ``10 s`` that nobody holds
-  come back :attr:`~beatless.stores.base.Outcome.FORGOTTEN`. The store object's
-  :attr:`epoch` is a digest of every bucket's: it changes when any of them does. A
-  failover to a replica (its master killed, ``CLUSTER FAILOVER``) is noticed bucket by
-  bucket as on one Redis: the claim script finds another ``master_replid`` in the
-  bucket's epoch record, on a server that continued its history, and writes the epoch
-  again, begun by a ``failover``; the firings of that master's buckets whose claims the
-  replica may lack are answered ``forgotten`` (tested in
-  ``tests/test_store_cluster_failover.py``).
+  come back :attr:`~beatless.stores.base.Outcome.FORGOTTEN` (or are held off, below).
+  The store object's :attr:`epoch` is a digest of every bucket's: it changes when any of
+  them does. A failover to a replica (its master killed, ``CLUSTER FAILOVER``) is
+  noticed bucket by bucket as on one Redis: the claim script finds another
+  ``master_replid`` in the bucket's epoch record, on a server that continued its
+  history, and writes the epoch again, begun by a ``failover``; the firings of that
+  master's buckets whose claims the replica may lack are answered ``forgotten`` (tested
+  in ``tests/test_store_cluster_failover.py``).
+* **Re-seeding, on one digest.** The nodes re-seed as on any store (see "Re-seeding" in
+  :mod:`beatless.stores.base` and :mod:`beatless.node._reseed`); what they must agree on
+  is the epoch their notes name, here the digest, while each store object meets a
+  bucket's change only by a claim in that bucket. Two rules make them agree. A claim
+  that meets a changed bucket reads every bucket's epoch again (``epochs.lua``, one
+  pipeline, as at the first call; it writes the records still absent), so the digest
+  covers every bucket of the master that lost its memory, not only those claimed. And a
+  node re-reads them all before it writes back (:meth:`recheck_epoch`), which it does
+  when its own claim met the change or when another node's note names a digest it has
+  not met: a node whose claims never landed in those buckets learns of the change from
+  the note, reads the same records, and so names the same digest. Records written once
+  stay until the next loss, so the digest is the same for every node that reads after
+  the last change; a node that read too early sees the others' notes name a later one,
+  reads again and re-seeds for it. Two masters that lose their memory at different
+  times give two digests, each re-seeded and settled in turn (one, if the second loss
+  comes before the first is settled). Each bucket keeps its own horizon, adopted with
+  its change, whether a claim or a re-read met it, and the claim script holds off
+  (``RESEEDING``, nothing written) an absent firing released before it, as on one
+  Redis; :meth:`settle` drops every bucket's horizon only while the digest is the one
+  the gate opened for. A failover is still answered ``forgotten`` in the buckets its
+  claims met (the script's failover horizon is never held off), and is met bucket by
+  bucket, so it may take a few digests before the gate opens.
 * **No claim and enqueue in one step.** A broker's queue is one key in one slot (kombu
   and Dramatiq do not speak Redis Cluster at all), so no script can both claim a firing
   of any bucket and push its message. The store has no ``claim_and_push``: Celery and
@@ -152,6 +174,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+Changed = tuple[str, Epoch, Epoch, bool]
+"""A bucket whose epoch changed: the bucket, the epoch seen before, the new one, and
+whether a failover to a replica began it."""
+
 __all__ = ["BUCKETS", "SCHEMES", "RedisClusterStore"]
 
 
@@ -217,10 +243,7 @@ class RedisClusterStore(ClaimStore):
 
     # -- the contract ---------------------------------------------------------------
 
-    reseeds = False
-    """Not yet: each bucket has an epoch of its own, and a store object's epoch is a digest
-    of the buckets it saw, so nodes would not agree on the epoch they re-seeded for. A
-    claim holds off only if asked (:meth:`_claim_judged`); nodes forget as before."""
+    reseeds = True
 
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
         return self._claim_judged(requests, node=node, lease_ms=lease_ms, hold_off=self.holds_off)
@@ -254,12 +277,18 @@ class RedisClusterStore(ClaimStore):
             ]
             replies = self._run(CLAIM_LUA, calls)
         outcomes: list[Outcome] = [Outcome.CORRUPT] * len(requests)
-        changed: list[tuple[str, Epoch, Epoch, bool]] = []
+        changed: list[Changed] = []
         for (bucket, chunk), reply in zip(places, replies, strict=True):
             for i, letter in zip(chunk, as_text(reply[0]), strict=True):
                 outcomes[i] = OUTCOME_LETTERS[letter]
             self._adopt(bucket, as_text(reply[1]), changed)
         if changed:
+            try:
+                # Every bucket at once: the others of a master that lost its memory too.
+                with self._errors("read the epochs"):
+                    self._adopt_all(changed)
+            except StoreError:
+                pass  # the outcomes stand; a node re-reads them before it re-seeds
             self._warn_changed(changed)
         return outcomes
 
@@ -471,6 +500,33 @@ class RedisClusterStore(ClaimStore):
         """At a store object's first call: read every bucket's epoch, writing the absent."""
         if self._epochs:
             return
+        epochs = {bucket: epoch for bucket, epoch, _ in self._epoch_records()}
+        if not self._epochs:
+            self._epochs = epochs
+            self.epoch = digest(epochs)
+
+    def recheck_epoch(self) -> None:
+        """Read every bucket's epoch again (one pipeline), adopting each change with its
+        horizon as a claim in that bucket would: a node that learned of a change from
+        another node's note, or whose claim met one, then names every change so far."""
+        with self._errors("read the epochs"):
+            if not self._epochs:
+                self._read_epochs()
+                return
+            changed: list[Changed] = []
+            self._adopt_all(changed)
+        if changed:
+            self._warn_changed(changed)
+
+    def _adopt_all(self, changed: list[Changed]) -> None:
+        """Read every bucket's epoch and adopt each (``changed`` gets those that changed)."""
+        for bucket, epoch, failover in self._epoch_records():
+            self._adopt_epoch(bucket, epoch, failover, changed)
+        self.epoch = digest(self._epochs)
+
+    def _epoch_records(self) -> list[tuple[str, Epoch, bool]]:
+        """Every bucket's epoch, and whether a failover began it, in one pipeline
+        (``epochs.lua``, one call per slot), the absent written."""
         from redis.crc import key_slot
 
         by_slot: dict[int, list[str]] = {}
@@ -481,19 +537,17 @@ class RedisClusterStore(ClaimStore):
             ([self._key(b, "epoch") for b in buckets], [token]) for buckets in by_slot.values()
         ]
         replies = self._run(EPOCHS_LUA, calls)
-        epochs = {}
+        epochs = []
         for buckets, records in zip(by_slot.values(), replies, strict=True):
-            for bucket, record in zip(buckets, records, strict=True):
-                epoch = parse_epoch(as_text(record))
+            for bucket, record in zip(buckets, map(as_text, records), strict=True):
+                epoch = parse_epoch(record)
                 if epoch is None:
                     raise StoreError(
                         f"redis cluster store {self._where}: unreadable epoch record at "
-                        f"{self._key(bucket, 'epoch')!r}: {as_text(record)[:80]!r}"
+                        f"{self._key(bucket, 'epoch')!r}: {record[:80]!r}"
                     )
-                epochs[bucket] = epoch
-        if not self._epochs:
-            self._epochs = epochs
-            self.epoch = digest(epochs)
+                epochs.append((bucket, epoch, epoch_cause(record) == FAILOVER))
+        return epochs
 
     def _running(self, requests: Sequence[ClaimRequest]) -> set[str]:
         """The run leases named by ``requests`` that are held now, each read in its slot."""
@@ -525,25 +579,28 @@ class RedisClusterStore(ClaimStore):
         self._horizons.clear()
         return True
 
-    def _adopt(
-        self, bucket: str, record: str, changed: list[tuple[str, Epoch, Epoch, bool]]
-    ) -> None:
-        """Adopt the epoch a bucket's claim saw, keeping the bucket's forgetting horizon;
-        ``changed`` gets the bucket if its epoch changed (and whether a failover did it)."""
+    def _adopt(self, bucket: str, record: str, changed: list[Changed]) -> None:
+        """Adopt the epoch a bucket's claim saw (see :meth:`_adopt_epoch`)."""
         epoch = parse_epoch(record)
-        if epoch is None:
-            return
+        if epoch is not None:
+            self._adopt_epoch(bucket, epoch, epoch_cause(record) == FAILOVER, changed)
+
+    def _adopt_epoch(
+        self, bucket: str, epoch: Epoch, failover: bool, changed: list[Changed]
+    ) -> None:
+        """Adopt a bucket's epoch, keeping the bucket's forgetting horizon; ``changed``
+        gets the bucket if its epoch changed (and whether a failover did it)."""
         seen = self._epochs.get(bucket)
         self._epochs[bucket] = epoch
         horizon = horizon_ms(seen, epoch, self._horizons.get(bucket))
         if horizon is not None:
             self._horizons[bucket] = horizon
         if seen is not None and has_changed(seen, epoch):
-            changed.append((bucket, seen, epoch, epoch_cause(record) == FAILOVER))
+            changed.append((bucket, seen, epoch, failover))
 
-    def _warn_changed(self, changed: list[tuple[str, Epoch, Epoch, bool]]) -> None:
-        """One WARNING per claim that found buckets with a new epoch, naming their masters
-        and whether a failover to a replica began it."""
+    def _warn_changed(self, changed: list[Changed]) -> None:
+        """One WARNING per claim (or re-read) that found buckets with a new epoch, naming
+        their masters and whether a failover to a replica began it."""
         self.epoch = digest(self._epochs)
         masters = sorted({self._master_of(bucket) for bucket, *_ in changed})
         _, seen, current, failover = changed[0]
