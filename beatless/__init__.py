@@ -12,7 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from beatless._version import __version__ as __version__
-from beatless.core.triggers import Cron, Every, Trigger
+from beatless.core.triggers import At, Cron, Every, Trigger
 from beatless.errors import (
     BeatlessError,
     ConfigError,
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from beatless.stores.sqlite import SQLiteStore
 
 __all__ = [
+    "At",
     "BeatlessError",
     "ClaimStore",
     "ConfigError",

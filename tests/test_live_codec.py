@@ -91,8 +91,8 @@ def test_what_json_cannot_hold_is_refused_naming_the_entry() -> None:
 
 
 def test_a_stored_entry_of_another_format_is_refused() -> None:
-    data = entry_to_json(Entry(name="x", task="t", trigger=Every(60))) | {"v": 2}
-    with pytest.raises(ConfigError, match="format 2"):
+    data = entry_to_json(Entry(name="x", task="t", trigger=Every(60))) | {"v": 3}
+    with pytest.raises(ConfigError, match="format 3"):
         entry_from_json(data)
 
 

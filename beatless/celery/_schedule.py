@@ -14,11 +14,16 @@ Celery beat reads them. The trigger:
   the epoch is the same instant on every node, so every node agrees on every slot.
 * ``solar`` is not supported, and any other schedule is refused, naming the entry.
 
+* a beatless trigger (``beatless.At(...)`` for a one-off, ``beatless.Every``,
+  ``beatless.Cron``) is taken as it is. Stock beat cannot run one: an entry holding it
+  does not load under ``celery beat`` without beatless.
+
 beatless settings of one entry live in ``options["beatless"]``: ``jitter``,
 ``max_late``, ``tenants`` (a list; a callable every node answers alike; or the import
-path of such a callable, ``"proj.tenants:active"``), ``catch_up``, and what a worker
+path of such a callable, ``"proj.tenants:active"``), ``catch_up``, what a worker
 checks when a firing's task starts (:mod:`beatless.node.runs`): ``overlap``, ``run_lease``,
-``heartbeat`` and ``once_only``. Stock beat passes that key along as a harmless message
+``heartbeat`` and ``once_only``, and the entry's window: ``start_at``, ``end_at`` and
+``enabled``. Stock beat passes that key along as a harmless message
 property, so rolling back to it is one line of configuration; on the Redis transport the
 property must be serialisable, so give a list or an import path, not a function object,
 where you may roll back.
@@ -49,13 +54,13 @@ from beatless.celery._sending import Sender
 from beatless.celery._settings import CelerySettings, normalise_redis_url, zone_name
 from beatless.core._logtext import shown
 from beatless.core.durations import to_ms
-from beatless.core.triggers import Cron, Every, Trigger
+from beatless.core.triggers import At, Cron, Every, Trigger
 from beatless.core.urls import mask_url
 from beatless.errors import ConfigError, ScheduleError, StoreError
 from beatless.fleet.limits import checked
 from beatless.node.scheduler import Decision, Enqueue, Scheduler, send_deadline_s
 from beatless.schedule.entry import Entry, Schedule
-from beatless.schedule.options import NAMES
+from beatless.schedule.options import DEFAULTS, NAMES, SHARED_NAMES
 from beatless.schedule.problems import (
     STAND_IN_TRIGGER,
     Checked,
@@ -222,16 +227,16 @@ def read_entry(name: str, spec: Any, settings: CelerySettings) -> Entry:
             args=spec.get("args") or (),
             kwargs=spec.get("kwargs") or {},
             options=options,
-            jitter=beatless.get("jitter", settings.jitter),
-            max_late=beatless.get("max_late", settings.max_late),
             tenants=_tenants(name, beatless.get("tenants")),
-            catch_up=beatless.get("catch_up", settings.catch_up),
-            overlap=beatless.get("overlap", settings.overlap),
-            run_lease=beatless.get("run_lease", settings.run_lease),
-            heartbeat=beatless.get("heartbeat", settings.heartbeat),
-            once_only=beatless.get("once_only", settings.once_only),
+            **{key: beatless.get(key, _default(settings, key)) for key in NAMES},
         ),
     )
+
+
+def _default(settings: CelerySettings, option: str) -> Any:
+    """The app's default of an entry option (``beatless_*``), or the option's own for one
+    set on an entry only (its window)."""
+    return getattr(settings, option) if option in SHARED_NAMES else DEFAULTS[option]
 
 
 def _tenants(name: str, value: Any) -> Any:
@@ -294,7 +299,9 @@ def _guess(key: Any) -> str:
 
 
 def trigger_of(name: str, value: Any, timezone: str) -> Trigger:
-    """The beatless trigger of a Celery schedule value."""
+    """The beatless trigger of a Celery schedule value (a beatless trigger as it is)."""
+    if isinstance(value, At | Every | Cron):
+        return value
     if isinstance(value, crontab):
         return cron_of(value, timezone, name)
     if isinstance(value, solar):
@@ -312,7 +319,8 @@ def trigger_of(name: str, value: Any, timezone: str) -> Trigger:
         return _every(name, timedelta(seconds=float(value)))
     raise ScheduleError(
         f"entry {name!r}: unsupported schedule {value!r} ({type(value).__name__}): use "
-        f"crontab(...), schedule(timedelta), a timedelta or a number of seconds"
+        f"crontab(...), schedule(timedelta), a timedelta, a number of seconds or "
+        f"beatless.At(instant) for a one-off"
     )
 
 

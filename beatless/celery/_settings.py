@@ -10,7 +10,8 @@
 ``beatless_namespace``             The namespace of every address. Default: ``app.main``
                                    (``Celery("proj")``); required when the app has no main
                                    name, unless the claim store is ``memory://``.
-``beatless_max_late``              Default ``max_late`` of an entry. Default: 60 s.
+``beatless_max_late``              Default ``max_late`` of an entry. Default: the
+                                   trigger's: 60 s, one hour for a one-off (``At``).
 ``beatless_jitter``                Default jitter window of an entry. Default: 0.
 ``beatless_catch_up``              Default catch-up policy of an entry: ``"latest"``
                                    (default), ``"all"`` or ``"none"``.
@@ -78,10 +79,9 @@ from beatless.ops.metrics import DEFAULT_ADDR, metrics_host, metrics_port, metri
 from beatless.schedule.options import (
     DEFAULT_CATCH_UP,
     DEFAULT_HEARTBEAT,
-    DEFAULT_MAX_LATE,
     DEFAULT_OVERLAP,
     DEFAULT_RUN_LEASE,
-    NAMES,
+    SHARED_NAMES,
     read_options,
     run_timing_problems,
 )
@@ -108,7 +108,8 @@ class CelerySettings:
     broker_url: str = field(repr=False)
     namespace: str
     timezone: str
-    max_late: timedelta = DEFAULT_MAX_LATE
+    max_late: timedelta | None = None
+    """``None``: each entry takes its trigger's default."""
     jitter: timedelta = timedelta(0)
     catch_up: str = DEFAULT_CATCH_UP
     overlap: str = DEFAULT_OVERLAP
@@ -155,7 +156,7 @@ class CelerySettings:
                 errors.append(str(exc))
                 return default
 
-        given = {key: conf.get(f"beatless_{key}") for key in NAMES}
+        given = {key: conf.get(f"beatless_{key}") for key in SHARED_NAMES}
         given = {key: value for key, value in given.items() if value is not None}
         broker_url = read(lambda: broker_write_url(app), "")
         store_url = read(lambda: _store_url(conf.get("beatless_store_url"), broker_url, app), "")

@@ -52,6 +52,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         if errors:
             print_facts(facts)
             return _print_problems(label, errors)
+        schedule = schedule.fitted(remembers)  # as a node on this store runs it
         store_note = (
             f", {store.name} store keeps each claim as long as it asks"
             if remembers is None
@@ -76,7 +77,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         [
             [
                 e.name,
-                e.trigger.describe(),
+                e.describe(),
                 describe(e.jitter),
                 describe(e.max_late),
                 e.catch_up,

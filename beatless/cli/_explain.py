@@ -16,6 +16,7 @@ from beatless.core.durations import describe
 from beatless.errors import StoreError
 from beatless.live import Live, codec
 from beatless.live.revisions import Revision, in_force, state
+from beatless.schedule._window import unscheduled
 from beatless.schedule.entry import Entry, Schedule
 from beatless.schedule.firing import Firing, digest, iso
 from beatless.schedule.outcomes import DecisionOutcome
@@ -33,23 +34,29 @@ def cmd_explain(args: argparse.Namespace) -> int:
     revision, live_entry = live_definition(fleet, schedule, args.entry, at_ms)
     entry = live_entry or schedule.entry(args.entry)
     tenant = tenant_of(entry, args.tenant)
-    if next(entry.trigger.after(at_ms - 1)) != at_ms:
-        before, after = previous_occurrence(entry.trigger, at_ms), next(entry.trigger.after(at_ms))
+    if next(entry.trigger.after(at_ms - 1), None) != at_ms:
+        before, after = (
+            previous_occurrence(entry.trigger, at_ms),
+            next(entry.trigger.after(at_ms), None),
+        )
         print(
             f"{iso(at_ms)} is not an occurrence of entry {entry.name!r} "
             f"({entry.trigger.describe()}); nearest before: "
             f"{iso(before) if before is not None else 'none within 50 years'}, "
-            f"nearest after: {iso(after)}"
+            f"nearest after: {iso(after) if after is not None else 'none'}"
         )
         return EXIT_PROBLEMS
     for line in explanation(schedule, entry, tenant, at_ms):
         print(line)
+    why_not = unscheduled(entry, at_ms)
+    if why_not is not None:
+        print(f"{'  scheduled':<13} no: {why_not}; no node claims or sends this firing")
     if revision is not None:
         print(f"{'  revision':<13} {revision_line(revision)}")
     if fleet.has_store:
         with fleet.open() as store:
             print(f"{'  happened':<13} {what_happened(store, schedule, entry, tenant, at_ms)}")
-    return 0
+    return 0 if why_not is None else EXIT_PROBLEMS
 
 
 def live_definition(
@@ -159,7 +166,7 @@ def explanation(schedule: Schedule, entry: Entry, tenant: str | None, at_ms: int
     window = entry.jitter_ms
     parts = "namespace/entry" + ("/tenant" if tenant is not None else "")
     steps = [
-        ("entry", f"{entry.name!r}: {entry.trigger.describe()}, task {entry.task!r}"),
+        ("entry", f"{entry.name!r}: {entry.describe()}, task {entry.task!r}"),
         ("1 address", f"{address}    ({parts})"),
         ("2 occurrence", f"{iso(at_ms)} = {at_ms} ms since the Unix epoch"),
         ("3 input", f'"{text}"    (address "@" occurrence_ms, encoded as UTF-8)'),

@@ -127,8 +127,8 @@ def _dramatiq_fleet(names: Sequence[str], url: str | None) -> Fleet:
 
 def published_schedule(store: ClaimStore, namespace: str) -> Schedule:
     """The schedule as the live nodes of ``namespace`` publish it in ``store``: each
-    entry's task, trigger, jitter, max_late, catch_up, overlap and listed tenants (a
-    fan-out's first 20). What is not published (arguments, run leases, once_only) takes
+    entry's task, trigger, window, jitter, max_late, catch_up, overlap and listed tenants
+    (a fan-out's first 20). What is not published (arguments, run leases, once_only) takes
     its default; ``check`` with the schedule itself tells those."""
     from beatless.fleet._notes import entries_kind, trigger_of
 
@@ -155,6 +155,9 @@ def published_schedule(store: ClaimStore, namespace: str) -> Schedule:
                     else (),
                     catch_up=note.get("catch_up", "latest"),
                     overlap=note.get("overlap", "allow"),
+                    start_at=note.get("start_ms"),
+                    end_at=note.get("end_ms"),
+                    enabled=note.get("enabled", True),
                 )
             )
         except (ValueError, KeyError, TypeError, BeatlessError):

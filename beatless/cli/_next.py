@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Iterator, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING, Any
@@ -12,6 +13,7 @@ from beatless.cli._common import instant_ms, now_ms, print_table, tenant_of
 from beatless.cli._fleet import fleet_from_args
 from beatless.core.durations import to_ms
 from beatless.errors import ConfigError
+from beatless.schedule._window import silence
 from beatless.schedule.entry import Entry, Schedule
 from beatless.schedule.firing import Firing, iso
 
@@ -32,9 +34,12 @@ def cmd_next(args: argparse.Namespace) -> int:
         upcoming(schedule, entries, after_ms, args.count, tenant=tenant),
         key=lambda f: (f.release_ms, f.address),
     )
+    quiet = [(e.name, why) for e in entries if (why := silence(e, after_ms)) is not None]
     if args.json:
         for firing in firings:
             print(json.dumps(firing_json(firing)))
+        for name, why in quiet:  # not firings: told beside them, as the table does
+            print(f"entry {name!r}: {why}", file=sys.stderr)
     else:
         print_table(
             ["release", "occurrence", "offset", "address", "id", "policies"],
@@ -50,6 +55,8 @@ def cmd_next(args: argparse.Namespace) -> int:
                 for f in firings
             ],
         )
+        for name, why in quiet:
+            print(f"entry {name!r}: {why}")
     return 0
 
 
@@ -61,9 +68,10 @@ def upcoming(
     *,
     tenant: str | None = None,
 ) -> Iterator[Firing]:
-    """The next ``count`` firings of each entry whose occurrence is after ``after_ms``,
-    in release order: for a fan-out entry, the ``count`` released first among all its
-    tenants (with ``tenant``, that tenant's next ``count``).
+    """The next ``count`` firings of each enabled entry whose occurrence is after
+    ``after_ms`` and within its window, in release order: for a fan-out entry, the
+    ``count`` released first among all its tenants (with ``tenant``, that tenant's next
+    ``count``).
 
     A fan-out's earliest releases depend on every tenant's offset: each tenant costs one
     SHA-256, streamed through a heap of ``count`` (:func:`beatless.schedule._fanout.earliest`),
@@ -73,9 +81,12 @@ def upcoming(
     """
     cache: dict[Trigger, list[int]] = {}
     for entry in entries:
-        occurrences = cache.get(entry.trigger)
+        if not entry.enabled:
+            continue
+        occurrences = cache.get(entry.windowed)
         if occurrences is None:
-            occurrences = cache[entry.trigger] = list(islice(entry.trigger.after(after_ms), count))
+            found = islice(entry.windowed.after(after_ms), count)
+            occurrences = cache[entry.windowed] = list(found)
         tenants = entry.tenant_list() if tenant is None else (tenant,)
         if tenants is None or tenant is not None:
             address = schedule.address(entry, tenant)

@@ -2,9 +2,11 @@
 
 :func:`schedule_toml` writes each entry as an ``[[entry]]`` table so that loading the
 file gives the same entries back: the trigger (``cron`` with its ``timezone`` and
-``day_and`` when set, or ``every`` with its ``anchor`` when not the epoch), ``args``,
-``kwargs``, ``options`` and ``tenants`` when given, and each option that differs from its
-default (durations as ``"90s"``, ``"1h30m"``, ``"250ms"``, or seconds when finer). A cron
+``day_and`` when set, ``every`` with its ``anchor`` when not the epoch, or ``at``),
+``args``, ``kwargs``, ``options`` and ``tenants`` when given, and each option that differs
+from its default (durations as ``"90s"``, ``"1h30m"``, ``"250ms"``, or seconds when finer;
+instants as ISO 8601 text in UTC; ``max_late`` when it is not the trigger's default, and a
+one-off's whenever it was set, so that it is not fitted to the store when read back). A cron
 without a zone of its own is written without one: the file's ``timezone`` (the fleet's)
 binds it when loaded, as a node binds it. TOML has no null: a value holding one is
 refused, naming the entry and where, so export those entries as JSON instead.
@@ -15,15 +17,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from beatless.core._time import EPOCH
+from beatless.core._time import EPOCH, from_datetime, iso
 from beatless.core.durations import describe
-from beatless.core.triggers import Cron, Every, Trigger
+from beatless.core.triggers import At, Cron, Every, Trigger
 from beatless.errors import ConfigError
 from beatless.schedule.entry import Entry
-from beatless.schedule.options import OPTIONS
+from beatless.schedule.options import OPTIONS, default_max_late
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _INT64 = range(-(2**63), 2**63)
@@ -50,8 +52,10 @@ def entry_table(entry: Entry) -> list[tuple[str, Any]]:
     table += _trigger(entry.trigger, entry.name)
     for option in OPTIONS:
         value = getattr(entry, option.name)
+        if option.name == "max_late" and not _max_late_written(entry):
+            continue
         if value != option.default:
-            table.append((option.name, _duration(value) if isinstance(value, timedelta) else value))
+            table.append((option.name, _plain(value)))
     if entry.tenants is not None:
         table.append(("tenants", list(entry.tenants)))
     for key in ("args", "kwargs", "options"):
@@ -59,6 +63,23 @@ def entry_table(entry: Entry) -> list[tuple[str, Any]]:
         if value:
             table.append((key, list(value) if key == "args" else dict(value)))
     return table
+
+
+def _max_late_written(entry: Entry) -> bool:
+    """Whether the table says the entry's ``max_late``: when it was set and is not the
+    trigger's default, and for a one-off whenever it was set."""
+    if not entry.max_late_given:
+        return False
+    return isinstance(entry.trigger, At) or entry.max_late != default_max_late(entry.trigger)
+
+
+def _plain(value: Any) -> Any:
+    """An option's value as the loader reads it back: a duration or an instant as text."""
+    if isinstance(value, timedelta):
+        return _duration(value)
+    if isinstance(value, datetime):
+        return iso(from_datetime(value))
+    return value
 
 
 def _trigger(trigger: Trigger, name: str) -> list[tuple[str, Any]]:
@@ -69,6 +90,8 @@ def _trigger(trigger: Trigger, name: str) -> list[tuple[str, Any]]:
     if isinstance(trigger, Every):
         table = [("every", _duration(trigger.interval))]
         return table + ([("anchor", trigger.anchor.isoformat())] if trigger.anchor != EPOCH else [])
+    if isinstance(trigger, At):
+        return [("at", iso(trigger.instant_ms))]
     raise ConfigError(f"entry {name!r}: a {type(trigger).__name__} trigger cannot be written")
 
 

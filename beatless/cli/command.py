@@ -5,9 +5,10 @@ module of the cli package that runs it: ``next`` (:mod:`._next`), ``check``
 (:mod:`.demo`).
 
 Exit codes: 0 success; 1 when ``check`` finds problems or ``explain`` is asked about an
-instant that is not an occurrence; 2 for input beatless cannot use (an unreadable file,
-an unknown key, a bad expression, a bad time) and for a store that refuses the
-credentials or cannot be reached, always as one line on stderr.
+instant that is not an occurrence (or one the entry does not schedule); 2 for input
+beatless cannot use (an unreadable file, an unknown key, a bad expression, a bad time)
+and for a store that refuses the credentials or cannot be reached, always as one line
+on stderr.
 Environment variables (``BEATLESS_STORE``, ``BEATLESS_NODE``) are read in this package
 only (:mod:`._run` and :mod:`._fleet`).
 """

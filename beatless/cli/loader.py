@@ -25,6 +25,14 @@ A TOML schedule file looks like this::
     name = "heartbeat"
     task = "ops.heartbeat"
     every = "30s"
+    start_at = 2027-01-01T00:00:00Z   # no occurrence before it (inclusive)
+    end_at = "2027-07-01T00:00:00Z"   # none at or after it
+    enabled = true                    # false: known (listed, explained), schedules nothing
+
+    [[entry]]
+    name = "migrate-once"
+    task = "ops.migrate"
+    at = 2027-01-01T09:00:00Z         # one occurrence: a one-off
 
 Every problem in the file is collected and reported at once in one
 :class:`~beatless.errors.ScheduleError`; a file that cannot be read or parsed, and a
@@ -42,20 +50,22 @@ from pathlib import Path
 from typing import Any
 
 from beatless.core._logtext import shown
-from beatless.core.triggers import Cron, Every, Trigger, zone
+from beatless.core._time import as_datetime, as_instant
+from beatless.core.triggers import At, Cron, Every, Trigger, zone
 from beatless.errors import ConfigError, ScheduleError
 from beatless.fleet.limits import limits
 from beatless.schedule.entry import Entry, Schedule
-from beatless.schedule.options import DEFAULTS, NAMES, read_options
+from beatless.schedule.options import DEFAULTS, NAMES, SHARED_NAMES, read_options
 from beatless.schedule.problems import STAND_IN_TRIGGER, entry_of, keep
 
-TOP_KEYS = ("namespace", "timezone", *NAMES, "entry")
-"""The keys of the top level: the options there are the defaults of every entry."""
+TOP_KEYS = ("namespace", "timezone", *SHARED_NAMES, "entry")
+"""The keys of the top level: the options there are the defaults of every entry (all
+but an entry's window: ``start_at``, ``end_at``, ``enabled``)."""
+TRIGGER_KEYS = ("cron", "every", "at")
 ENTRY_KEYS = (
     "name",
     "task",
-    "cron",
-    "every",
+    *TRIGGER_KEYS,
     "anchor",
     "timezone",
     "day_and",
@@ -182,7 +192,7 @@ def schedule_from_mapping(data: Mapping[str, Any], *, source: str = "schedule") 
         errors.append(f"top level: {_unknown(unknown, TOP_KEYS)}")
     namespace = data.get("namespace", "default")
     timezone = data.get("timezone", "UTC")
-    given = {key: data[key] for key in NAMES if key in data}
+    given = {key: data[key] for key in SHARED_NAMES if key in data}
     defaults = {**DEFAULTS, **read_options(given, lambda key: f"top level: {key}", errors)}
     try:
         zone(_text(timezone, "timezone"))
@@ -250,10 +260,17 @@ def _unknown(keys: Iterable[str], allowed: Sequence[str]) -> str:
 
 
 def _trigger(table: Mapping[str, Any]) -> Trigger:
-    has_cron, has_every = "cron" in table, "every" in table
-    if has_cron == has_every:
-        raise ConfigError("give exactly one of 'cron' (an expression) or 'every' (a duration)")
-    if has_cron:
+    if sum(key in table for key in TRIGGER_KEYS) != 1:
+        raise ConfigError(
+            "give exactly one of 'cron' (an expression), 'every' (a duration) or 'at' (an "
+            "instant, for a one-off)"
+        )
+    if "at" in table:
+        for key in ("anchor", "timezone", "day_and"):
+            if key in table:
+                raise ConfigError(f"{key!r} does not apply to 'at' (one instant, with its offset)")
+        return At(as_instant(table["at"], name="'at'"))
+    if "cron" in table:
         if "anchor" in table:
             raise ConfigError("'anchor' applies to 'every' only, not to 'cron'")
         day_and = table.get("day_and")
@@ -280,19 +297,9 @@ def _anchor(value: Any) -> datetime | None:
 
 
 def parse_instant(text: str, *, what: str = "instant") -> datetime:
-    """An aware datetime from ISO 8601 with a ``Z`` or an offset; naive times are refused."""
-    try:
-        instant = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise ConfigError(
-            f"{what}: cannot read {text!r} as an ISO 8601 instant (e.g. 2026-11-29T02:00:00Z)"
-        ) from None
-    if instant.tzinfo is None or instant.utcoffset() is None:
-        raise ConfigError(
-            f"{what}: {text!r} has no UTC offset; add 'Z' or '+01:00' so every node "
-            f"reads the same instant"
-        )
-    return instant
+    """An aware datetime from ISO 8601 with a ``Z`` or an offset; naive times are refused
+    (:func:`~beatless.core._time.as_datetime`)."""
+    return as_datetime(text, name=what)
 
 
 def _text(value: Any, key: str) -> str:

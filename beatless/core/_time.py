@@ -9,6 +9,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
+from beatless.errors import ConfigError
+
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 SAMPLE_S = 86_400
 """Offsets are sampled this often to find their changes. In the tz database two changes
@@ -27,6 +29,48 @@ def from_datetime(instant: datetime) -> int:
         raise ValueError(f"naive datetime {instant.isoformat()}: give an aware instant")
     delta = instant - EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1_000 + delta.microseconds // 1_000
+
+
+InstantLike = datetime | int | str
+"""An instant as users give it: an aware datetime, integer epoch milliseconds, or ISO 8601
+text with a ``Z`` or a UTC offset."""
+
+
+def as_instant(value: object, *, name: str = "instant") -> int:
+    """Integer epoch milliseconds of an instant (:data:`InstantLike`), rounded down; see
+    :func:`as_datetime` for what is refused."""
+    return from_datetime(as_datetime(value, name=name))
+
+
+def as_datetime(value: object, *, name: str = "instant") -> datetime:
+    """An instant (:data:`InstantLike`) as an aware datetime, exactly as given; a naive
+    datetime, text without an offset or anything else is a :class:`ConfigError` naming
+    ``name``: every node must read the same instant, whatever its own zone."""
+    given = value
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise ConfigError(
+                f"{name}: cannot read {given!r} as an ISO 8601 instant (e.g. 2026-11-29T02:00:00Z)"
+            ) from None
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            shown = repr(given) if isinstance(given, str) else value.isoformat()
+            raise ConfigError(
+                f"{name}: {shown} has no UTC offset; add 'Z' or '+01:00' (or give an aware "
+                f"datetime) so every node reads the same instant"
+            )
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return to_datetime(value)
+        except OverflowError:
+            raise ConfigError(f"{name}: {value} epoch milliseconds is out of range") from None
+    raise ConfigError(
+        f"{name}: expected an aware datetime, epoch milliseconds or ISO 8601 text, got "
+        f"{type(value).__name__} {value!r:.60}"
+    )
 
 
 def iso(ms: int) -> str:

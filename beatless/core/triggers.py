@@ -1,5 +1,8 @@
 """Triggers: immutable values that turn an instant into the next occurrences.
 
+:class:`Every` and :class:`Cron` recur; :class:`At` has one occurrence (a one-off); a
+:class:`Windowed` trigger keeps another's occurrences within a window.
+
 An occurrence is a pure function of the trigger and the instant, in integer Unix epoch
 milliseconds (UTC). Two nodes started at different times agree on every occurrence.
 
@@ -12,6 +15,7 @@ expressions) follow real time. The evaluator is :mod:`beatless.core._cron`.
 from __future__ import annotations
 
 import importlib
+import itertools
 import zoneinfo
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,7 +26,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from beatless.core._cron import CronError, CronPattern
 from beatless.core._gaps import min_gap_ms
-from beatless.core._time import EPOCH, from_datetime
+from beatless.core._time import EPOCH, InstantLike, as_instant, from_datetime, iso, to_datetime
 from beatless.core.durations import DurationLike, as_timedelta, describe, to_ms
 from beatless.errors import ConfigError, ScheduleError
 
@@ -143,6 +147,73 @@ class Cron:
     def describe(self) -> str:
         text = f"cron {self.expr!r} in {self.tz or 'UTC'}"
         return text + (" (day-of-month AND day-of-week)" if self.day_and else "")
+
+
+NO_GAP_MS = 2**62
+"""The shortest gap of a trigger with a single occurrence: longer than any other, so no
+jitter is too wide for it."""
+
+
+@dataclass(frozen=True, slots=True)
+class At:
+    """One occurrence, at ``instant``: an aware datetime, integer epoch milliseconds, or
+    ISO 8601 text with a ``Z`` or an offset (naive instants are refused). Resolution 1 ms.
+
+    Its firing id is derived from the address and the instant like every other, so the
+    one firing is claimed once across nodes and restarts."""
+
+    instant: datetime
+    instant_ms: int = field(init=False, repr=False, compare=False)
+
+    def __init__(self, instant: InstantLike) -> None:
+        ms = as_instant(instant, name="at")
+        object.__setattr__(self, "instant", to_datetime(ms))
+        object.__setattr__(self, "instant_ms", ms)
+
+    def after(self, instant_ms: int) -> Iterator[int]:
+        return iter((self.instant_ms,) if self.instant_ms > instant_ms else ())
+
+    def min_gap_ms(self) -> int:
+        return NO_GAP_MS
+
+    def describe(self) -> str:
+        return f"at {iso(self.instant_ms)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Windowed:
+    """The occurrences of ``trigger`` from ``start_ms`` (inclusive) to ``end_ms``
+    (exclusive), both epoch milliseconds; ``None`` leaves that side open. Ids and offsets
+    are those of ``trigger``'s occurrences: a window only leaves some out."""
+
+    trigger: Trigger
+    start_ms: int | None = None
+    end_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.start_ms is not None and self.end_ms is not None and self.end_ms <= self.start_ms:
+            raise ConfigError(
+                f"window: the end {iso(self.end_ms)} must be after the start "
+                f"{iso(self.start_ms)} (the start is in the window, the end is not)"
+            )
+
+    def after(self, instant_ms: int) -> Iterator[int]:
+        if self.start_ms is not None:
+            instant_ms = max(instant_ms, self.start_ms - 1)
+        found = self.trigger.after(instant_ms)
+        end = self.end_ms
+        return found if end is None else itertools.takewhile(lambda o: o < end, found)
+
+    def min_gap_ms(self) -> int:
+        return self.trigger.min_gap_ms()
+
+    def describe(self) -> str:
+        text = self.trigger.describe()
+        if self.start_ms is not None:
+            text += f" from {iso(self.start_ms)}"
+        if self.end_ms is not None:
+            text += f" until {iso(self.end_ms)}"
+        return text
 
 
 def tzdata_version() -> str:

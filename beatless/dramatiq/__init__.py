@@ -32,7 +32,7 @@ from beatless.dramatiq._messages import (
     tenant,
 )
 from beatless.dramatiq._middleware import Beatless, ScheduleRefused
-from beatless.dramatiq._periodic import Periodic, cron, every
+from beatless.dramatiq._periodic import Periodic, at, cron, every
 
 __all__ = [
     "ADDRESS_OPTION",
@@ -42,6 +42,7 @@ __all__ = [
     "Beatless",
     "Periodic",
     "ScheduleRefused",
+    "at",
     "cron",
     "every",
     "message_for",

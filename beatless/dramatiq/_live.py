@@ -104,7 +104,7 @@ class DramatiqLive(Live):
         """The entry ``name`` running ``actor`` on ``trigger``, with the middleware's
         defaults for the options not given (a declaration's own options first)."""
         task = self.actor_name(actor)
-        defaults = {option: getattr(self.middleware, option) for option in NAMES}
+        defaults = self.middleware.settings.entry_defaults()
         if isinstance(trigger, Periodic):
             if given:
                 raise ConfigError(

@@ -54,7 +54,6 @@ from beatless.schedule.entry import Entry, Schedule
 from beatless.schedule.options import (
     DEFAULT_CATCH_UP,
     DEFAULT_HEARTBEAT,
-    DEFAULT_MAX_LATE,
     DEFAULT_OVERLAP,
     DEFAULT_RUN_LEASE,
 )
@@ -144,7 +143,7 @@ class Beatless(Middleware):
         namespace: str | None = None,
         timezone: str = "UTC",
         jitter: DurationLike = 0,
-        max_late: DurationLike = DEFAULT_MAX_LATE,
+        max_late: DurationLike | None = None,
         catch_up: str = DEFAULT_CATCH_UP,
         overlap: str = DEFAULT_OVERLAP,
         run_lease: DurationLike = DEFAULT_RUN_LEASE,

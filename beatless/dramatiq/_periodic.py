@@ -1,4 +1,5 @@
-"""Periodic declarations next to the actor: ``periodic=cron(...)`` or ``periodic=every(...)``.
+"""Periodic declarations next to the actor: ``periodic=cron(...)``, ``every(...)`` or
+``at(...)`` (a one-off).
 
 A declaration is a frozen value. What is wrong with it (an expression that does not
 parse, a duration that cannot be read) is kept in it rather than raised at import, and
@@ -12,20 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
+from beatless.core._time import InstantLike
 from beatless.core.durations import DurationLike
-from beatless.core.triggers import Cron, Every, Trigger
+from beatless.core.triggers import At, Cron, Every, Trigger
 from beatless.errors import ConfigError
 from beatless.schedule.entry import Entry, Tenants
-from beatless.schedule.options import (
-    BY_NAME,
-    DEFAULT_CATCH_UP,
-    DEFAULT_HEARTBEAT,
-    DEFAULT_MAX_LATE,
-    DEFAULT_OVERLAP,
-    DEFAULT_RUN_LEASE,
-)
+from beatless.schedule.options import BY_NAME, DEFAULTS, NAMES
 from beatless.schedule.problems import STAND_IN_TRIGGER, collect, entry_of
 
 OPTION = "periodic"
@@ -37,10 +33,12 @@ class Periodic:
     """When an actor runs on its own: a trigger, its timing, and what to send it.
 
     ``jitter``, ``max_late``, ``catch_up``, ``overlap``, ``run_lease``, ``heartbeat`` and
-    ``once_only`` left as ``None`` take the middleware's defaults. ``name``
-    names the entry (the actor's name by default); an actor with several declarations
-    gives each a name. ``problems`` holds what is wrong with the declaration (``trigger``
-    is ``None`` when it could not be built); :meth:`entry` raises them, naming the entry.
+    ``once_only`` left as ``None`` take the middleware's defaults (``max_late``, where the
+    middleware sets none, the trigger's: 60 s, one hour for :func:`at`); ``start_at``,
+    ``end_at`` and ``enabled`` are the entry's window. ``name`` names the entry (the
+    actor's name by default); an actor with several declarations gives each a name.
+    ``problems`` holds what is wrong with the declaration (``trigger`` is ``None`` when it
+    could not be built); :meth:`entry` raises them, naming the entry.
     """
 
     trigger: Trigger | None
@@ -56,23 +54,23 @@ class Periodic:
     run_lease: timedelta | None = None
     heartbeat: timedelta | None = None
     once_only: bool | None = None
+    start_at: datetime | None = None
+    end_at: datetime | None = None
+    enabled: bool | None = None
     problems: tuple[str, ...] = ()
 
-    def entry(
-        self,
-        actor_name: str,
-        *,
-        jitter: DurationLike = 0,
-        max_late: DurationLike = DEFAULT_MAX_LATE,
-        catch_up: str = DEFAULT_CATCH_UP,
-        overlap: str = DEFAULT_OVERLAP,
-        run_lease: DurationLike = DEFAULT_RUN_LEASE,
-        heartbeat: DurationLike = DEFAULT_HEARTBEAT,
-        once_only: bool = True,
-    ) -> Entry:
-        """The entry of this declaration on ``actor_name``, with the defaults given."""
+    def entry(self, actor_name: str, **defaults: Any) -> Entry:
+        """The entry of this declaration on ``actor_name``, with the ``defaults`` given
+        (by option name, as :meth:`DramatiqSettings.entry_defaults
+        <beatless.dramatiq._settings.DramatiqSettings.entry_defaults>` gives them; an
+        option without one takes its own)."""
         name = self.name or actor_name
         trigger = STAND_IN_TRIGGER if self.trigger is None else self.trigger
+        own = {key: getattr(self, key) for key in NAMES}
+        options = {
+            key: defaults.get(key, DEFAULTS[key]) if value is None else value
+            for key, value in own.items()
+        }
         return entry_of(
             f"entry {name!r}",
             self.problems,
@@ -83,129 +81,74 @@ class Periodic:
                 args=self.args,
                 kwargs=self.kwargs,
                 options=self.options,
-                jitter=jitter if self.jitter is None else self.jitter,
-                max_late=max_late if self.max_late is None else self.max_late,
                 tenants=self.tenants,
-                catch_up=catch_up if self.catch_up is None else self.catch_up,
-                overlap=overlap if self.overlap is None else self.overlap,
-                run_lease=run_lease if self.run_lease is None else self.run_lease,
-                heartbeat=heartbeat if self.heartbeat is None else self.heartbeat,
-                once_only=once_only if self.once_only is None else self.once_only,
+                **options,
             ),
         )
 
 
 def cron(
-    expr: str,
-    *,
-    tz: str | None = None,
-    day_and: bool | None = None,
-    jitter: DurationLike | None = None,
-    max_late: DurationLike | None = None,
-    args: Iterable[Any] = (),
-    kwargs: Mapping[str, Any] | None = None,
-    options: Mapping[str, Any] | None = None,
-    tenants: Tenants = None,
-    name: str | None = None,
-    catch_up: str | None = None,
-    overlap: str | None = None,
-    run_lease: DurationLike | None = None,
-    heartbeat: DurationLike | None = None,
-    once_only: bool | None = None,
+    expr: str, *, tz: str | None = None, day_and: bool | None = None, **declared: Any
 ) -> Periodic:
     """Run the actor on a cron expression, in ``tz`` (the middleware's time zone if
     ``None``): ``periodic=cron("0 2 * * *", jitter="2m")``.
 
+    ``declared`` is what the firing sends, ``args``, ``kwargs``, ``options`` and
+    ``tenants``; the entry's ``name`` (the actor's by default); and the entry's options
+    by name (:mod:`beatless.schedule.options`): ``jitter``, ``max_late``, ``catch_up``,
     ``overlap`` (``"allow"`` or ``"skip"``), ``run_lease``, ``heartbeat`` and
-    ``once_only`` say what a worker checks before the actor's body (see
-    :meth:`~beatless.dramatiq.Beatless.before_process_message`); ``None`` takes the
-    middleware's default."""
-    return _periodic(
-        lambda: Cron(expr, tz, day_and=day_and),
-        jitter=jitter,
-        max_late=max_late,
-        args=args,
-        kwargs=kwargs,
-        options=options,
-        tenants=tenants,
-        name=name,
-        catch_up=catch_up,
-        overlap=overlap,
-        run_lease=run_lease,
-        heartbeat=heartbeat,
-        once_only=once_only,
-    )
+    ``once_only`` (what a worker checks before the actor's body, see
+    :meth:`~beatless.dramatiq.Beatless.before_process_message`), each ``None`` or left
+    out to take the middleware's default; and the entry's window, ``start_at``,
+    ``end_at`` and ``enabled``."""
+    return _declare(lambda: Cron(expr, tz, day_and=day_and), **declared)
 
 
-def every(
-    interval: DurationLike,
+def every(interval: DurationLike, *, anchor: datetime | None = None, **declared: Any) -> Periodic:
+    """Run the actor every ``interval`` (``"30s"``, ``90``, ``timedelta``), on slots
+    anchored to ``anchor`` (the Unix epoch): ``periodic=every("30s")``. ``declared`` is
+    as for :func:`cron`."""
+    return _declare(lambda: Every(interval, anchor), **declared)
+
+
+def at(instant: InstantLike, **declared: Any) -> Periodic:
+    """Run the actor once, at ``instant`` (an aware datetime, epoch milliseconds or ISO
+    8601 text with ``Z`` or an offset): ``periodic=at("2027-01-01T09:00:00Z")``. The one
+    firing is claimed once across nodes and restarts; a node started after it, within
+    ``max_late`` (an hour unless set), still sends it. ``declared`` is as for
+    :func:`cron`."""
+    return _declare(lambda: At(instant), **declared)
+
+
+def _declare(
+    trigger: Callable[[], Trigger],
     *,
-    anchor: datetime | None = None,
-    jitter: DurationLike | None = None,
-    max_late: DurationLike | None = None,
     args: Iterable[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
     options: Mapping[str, Any] | None = None,
     tenants: Tenants = None,
     name: str | None = None,
-    catch_up: str | None = None,
-    overlap: str | None = None,
-    run_lease: DurationLike | None = None,
-    heartbeat: DurationLike | None = None,
-    once_only: bool | None = None,
+    **settings: Any,
 ) -> Periodic:
-    """Run the actor every ``interval`` (``"30s"``, ``90``, ``timedelta``), on slots
-    anchored to ``anchor`` (the Unix epoch): ``periodic=every("30s")``. The other
-    arguments are those of :func:`cron`."""
-    return _periodic(
-        lambda: Every(interval, anchor),
-        jitter=jitter,
-        max_late=max_late,
-        args=args,
-        kwargs=kwargs,
-        options=options,
-        tenants=tenants,
-        name=name,
-        catch_up=catch_up,
-        overlap=overlap,
-        run_lease=run_lease,
-        heartbeat=heartbeat,
-        once_only=once_only,
-    )
-
-
-def _periodic(
-    trigger: Callable[[], Trigger],
-    *,
-    jitter: DurationLike | None,
-    max_late: DurationLike | None,
-    args: Iterable[Any],
-    kwargs: Mapping[str, Any] | None,
-    options: Mapping[str, Any] | None,
-    tenants: Tenants,
-    name: str | None,
-    catch_up: str | None,
-    overlap: str | None,
-    run_lease: DurationLike | None,
-    heartbeat: DurationLike | None,
-    once_only: bool | None,
-) -> Periodic:
+    """The declaration of ``trigger`` with what it sends and its ``settings``, each read
+    now; what is wrong with any is kept in its ``problems``."""
     problems: list[str] = []
+    built = collect(trigger, problems)
+    unknown = sorted(set(settings) - set(NAMES))
+    if unknown:
+        problems.append(
+            f"unknown setting(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(NAMES)}"
+        )
+    read = {key: collect(partial(_option, key, settings.get(key)), problems) for key in NAMES}
     return Periodic(
-        trigger=collect(trigger, problems),
-        jitter=collect(lambda: _option("jitter", jitter), problems),
-        max_late=collect(lambda: _option("max_late", max_late), problems),
+        trigger=built,
         args=tuple(args),
         kwargs=dict(kwargs or {}),
         options=dict(options or {}),
         tenants=tenants,
         name=name,
-        catch_up=collect(lambda: _option("catch_up", catch_up), problems),
-        overlap=collect(lambda: _option("overlap", overlap), problems),
-        run_lease=collect(lambda: _option("run_lease", run_lease), problems),
-        heartbeat=collect(lambda: _option("heartbeat", heartbeat), problems),
-        once_only=collect(lambda: _option("once_only", once_only), problems),
         problems=tuple(problems),
+        **read,
     )
 
 
@@ -224,8 +167,8 @@ def declarations(actor_name: str, value: object) -> Sequence[Periodic]:
     for item in items:
         if not isinstance(item, Periodic):
             raise ConfigError(
-                f"actor {actor_name!r}: the periodic option takes cron(...), every(...) or a "
-                f"list of them, got {item!r}"
+                f"actor {actor_name!r}: the periodic option takes cron(...), every(...), "
+                f"at(...) or a list of them, got {item!r}"
             )
         found.append(item)
     names = [p.name or actor_name for p in found]

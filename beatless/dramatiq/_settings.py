@@ -23,7 +23,7 @@ from beatless.core.urls import mask_url
 from beatless.errors import ConfigError
 from beatless.ops import metrics as exported
 from beatless.schedule.entry import Entry
-from beatless.schedule.options import BY_NAME
+from beatless.schedule.options import BY_NAME, SHARED_NAMES
 from beatless.schedule.problems import on_schedule_error
 from beatless.stores.memory import MemoryStore
 
@@ -46,7 +46,8 @@ class DramatiqSettings:
     namespace: str | None
     timezone: str
     jitter: timedelta
-    max_late: timedelta
+    max_late: timedelta | None
+    """``None``: each entry takes its trigger's default (60 s, an hour for a one-off)."""
     catch_up: str
     overlap: str
     run_lease: timedelta
@@ -72,7 +73,7 @@ class DramatiqSettings:
         namespace: str | None,
         timezone: str,
         jitter: DurationLike,
-        max_late: DurationLike,
+        max_late: DurationLike | None,
         catch_up: str,
         overlap: str,
         run_lease: DurationLike,
@@ -149,16 +150,9 @@ class DramatiqSettings:
 
     def entry_defaults(self) -> dict[str, Any]:
         """The defaults of the actors' ``periodic`` declarations, as keywords of
-        :meth:`Periodic.entry <beatless.dramatiq._periodic.Periodic.entry>`."""
-        return {
-            "jitter": self.jitter,
-            "max_late": self.max_late,
-            "catch_up": self.catch_up,
-            "overlap": self.overlap,
-            "run_lease": self.run_lease,
-            "heartbeat": self.heartbeat,
-            "once_only": self.once_only,
-        }
+        :meth:`Periodic.entry <beatless.dramatiq._periodic.Periodic.entry>` (an entry's
+        window has none: it is the entry's own)."""
+        return {name: getattr(self, name) for name in SHARED_NAMES}
 
 
 def _entries(entries: Iterable[Entry]) -> tuple[Entry, ...]:

@@ -22,6 +22,7 @@ from beatless.fleet._notes import (
     read_history,
     strongest,
     trigger_of,
+    windowed_of,
 )
 from beatless.fleet._schema import Skipped
 from beatless.schedule.entry import Schedule, tenant_address
@@ -53,6 +54,8 @@ class EntryView:
     """The tenants whose history is read; ``None`` for an entry without fan-out."""
     fan_out: str | None
     """``None``, or how the fan-out is declared (``callable``, ``N tenants``)."""
+    enabled: bool = True
+    """``False``: the entry is known but schedules nothing (nothing of it is missed)."""
 
     @classmethod
     def of(cls, note: Mapping[str, Any]) -> EntryView:
@@ -62,7 +65,7 @@ class EntryView:
             name=str(note["entry"]),
             address=str(note["address"]),
             describe=str(note.get("describe", "")),
-            trigger=trigger_of(note.get("trigger") or {}),
+            trigger=windowed_of(trigger_of(note.get("trigger") or {}), note),
             jitter_ms=int(note.get("jitter_ms", 0)),
             max_late_ms=int(note.get("max_late_ms", 0)),
             tenants=None if tenants is None else (listed or ())[:TENANTS_SHOWN],
@@ -73,6 +76,7 @@ class EntryView:
                 if listed is None
                 else f"{note.get('tenant_count') or len(listed)} tenants"
             ),
+            enabled=note.get("enabled", True) is not False,
         )
 
     def addresses(self) -> list[tuple[str, str | None]]:
@@ -109,7 +113,7 @@ def missed_occurrences(
         for i in items
         if i.outcome == DecisionOutcome.MISSED and i.occurrence_ms >= hour_ago
     )
-    if view.trigger is None or view.fan_out or not items:
+    if view.trigger is None or view.fan_out or not items or not view.enabled:
         return sorted(missed)
     # Judged from the oldest item kept on (the history holds the latest of each address),
     # and only once an item decided without a commit has had a sync to be posted.

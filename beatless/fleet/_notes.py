@@ -45,7 +45,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from beatless.core._logtext import shown
-from beatless.core.triggers import Cron, Every, Trigger
+from beatless.core.triggers import At, Cron, Every, Trigger, Windowed
 from beatless.fleet._controls import json_text
 from beatless.fleet._schema import (
     BATCH_NOTE,
@@ -354,6 +354,8 @@ def trigger_spec(trigger: Trigger) -> dict[str, Any]:
         return {"every_ms": trigger.interval_ms, "anchor_ms": trigger.anchor_ms}
     if isinstance(trigger, Cron):
         return {"cron": trigger.expr, "tz": trigger.tz, "day_and": trigger.day_and}
+    if isinstance(trigger, At):
+        return {"at_ms": trigger.instant_ms}
     return {"describe": trigger.describe()}
 
 
@@ -367,9 +369,22 @@ def trigger_of(spec: Mapping[str, Any]) -> Trigger | None:
             return Every(timedelta(milliseconds=int(spec["every_ms"])), anchor)
         if "cron" in spec:
             return Cron(str(spec["cron"]), spec.get("tz"), day_and=spec.get("day_and"))
+        if "at_ms" in spec:
+            return At(int(spec["at_ms"]))
     except Exception:
         return None
     return None
+
+
+def windowed_of(trigger: Trigger | None, note: Mapping[str, Any]) -> Trigger | None:
+    """``trigger`` within the window an entry note publishes (``start_ms``, ``end_ms``)."""
+    start, end = note.get("start_ms"), note.get("end_ms")
+    if trigger is None or (start is None and end is None):
+        return trigger
+    try:
+        return Windowed(trigger, start, end)
+    except Exception:
+        return None
 
 
 TENANTS_PUBLISHED = 20
@@ -455,7 +470,7 @@ def entry_note(schedule: Schedule, entry: Entry) -> dict[str, Any]:
         "address": schedule.address(entry),
         "task": entry.task,
         "trigger": trigger_spec(entry.trigger),
-        "describe": entry.trigger.describe(),
+        "describe": entry.describe(),
         "jitter_ms": entry.jitter_ms,
         "max_late_ms": entry.max_late_ms,
         "tenants": None if tenants is None else _published(listed),
@@ -463,7 +478,20 @@ def entry_note(schedule: Schedule, entry: Entry) -> dict[str, Any]:
         "catch_up": entry.catch_up,
         "overlap": entry.overlap,
         "fingerprint": schedule.fingerprint,
+        **_window(entry),
     }
+
+
+def _window(entry: Entry) -> dict[str, Any]:
+    """An entry note's window and ``enabled``: written only when the entry has them, so
+    the note of an entry without is as it always was."""
+    window: dict[str, Any] = {}
+    if isinstance(entry.windowed, Windowed):
+        window["start_ms"] = entry.windowed.start_ms
+        window["end_ms"] = entry.windowed.end_ms
+    if not entry.enabled:
+        window["enabled"] = False
+    return window
 
 
 DRIFT_SHOWN = 5

@@ -347,6 +347,7 @@ TRIGGER = schema(
     cron=optional(NAME),
     tz=optional(nullable(NAME)),
     day_and=optional(nullable(flag)),
+    at_ms=optional(integer(-INSTANT_MAX_MS, INSTANT_MAX_MS)),
     describe=optional(TEXT),
 )
 """An entry's trigger as plain data (:func:`beatless.fleet._notes.trigger_spec`)."""
@@ -373,5 +374,8 @@ ENTRY_NOTE = schema(
     catch_up=optional(NAME),
     overlap=optional(NAME),
     fingerprint=optional(NAME),
+    start_ms=optional(nullable(integer(-INSTANT_MAX_MS, INSTANT_MAX_MS))),
+    end_ms=optional(nullable(integer(-INSTANT_MAX_MS, INSTANT_MAX_MS))),
+    enabled=optional(flag),
 )
 """An entry as the nodes publish it (:func:`beatless.fleet._notes.entry_note`)."""

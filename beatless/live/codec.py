@@ -10,12 +10,19 @@ One entry is one JSON object, version 1::
      "tenants": null}
 
 An ``Every`` trigger is ``{"every_us": interval, "anchor": ISO 8601 in UTC}``. Every
-option of :data:`beatless.schedule.options.OPTIONS` is written, durations as whole
-microseconds (so a ``timedelta`` comes back exactly); a time zone of ``null`` is bound to
-the app's when a node runs the entry, as for code entries. ``args``, ``kwargs`` and
-``options`` must be JSON (``str``, numbers, ``bool``, ``None``, lists and objects with
-text keys): what a broker carries. A tuple comes back as a list, as it does on the wire.
-Fan-out takes a fixed list of tenants only: a callable cannot be stored.
+option of :data:`beatless.schedule.options.OPTIONS` up to ``once_only`` is written,
+durations as whole microseconds (so a ``timedelta`` comes back exactly); a time zone of
+``null`` is bound to the app's when a node runs the entry, as for code entries. ``args``,
+``kwargs`` and ``options`` must be JSON (``str``, numbers, ``bool``, ``None``, lists and
+objects with text keys): what a broker carries. A tuple comes back as a list, as it does
+on the wire. Fan-out takes a fixed list of tenants only: a callable cannot be stored.
+
+Version 2 is written for an entry that a version-1 reader would run wrongly: a one-off
+(``{"at": ISO 8601 in UTC}``), a window (``"start_at"``, ``"end_at"``: ISO 8601 in UTC or
+``null``) or ``"enabled": false``. Its ``max_late_us`` is ``null`` while ``max_late`` is
+the trigger's default (a one-off's is fitted to the store by each node). A node that
+reads version 1 only refuses such an entry (logged, not scheduled) rather than fire it
+outside its window; every other entry stays version 1, byte for byte as before.
 """
 
 from __future__ import annotations
@@ -24,13 +31,19 @@ import json
 from datetime import datetime, timedelta
 from typing import Any
 
-from beatless.core.triggers import Cron, Every, Trigger
+from beatless.core._time import from_datetime, iso
+from beatless.core.triggers import At, Cron, Every, Trigger
 from beatless.errors import ConfigError
 from beatless.schedule.entry import Entry
-from beatless.schedule.options import OPTIONS
+from beatless.schedule.options import BY_NAME, OPTIONS
 
-FORMAT_VERSION = 1
-"""The layout of a stored entry; another version is refused, naming both."""
+FORMAT_VERSION = 2
+"""The newest layout of a stored entry; one this beatless does not read is refused,
+naming both."""
+FORMATS = (1, 2)
+"""The layouts this beatless reads."""
+WINDOW = ("start_at", "end_at", "enabled")
+"""The options only version 2 writes (when they are not their defaults)."""
 
 
 def entry_to_json(entry: Entry) -> dict[str, Any]:
@@ -40,8 +53,11 @@ def entry_to_json(entry: Entry) -> dict[str, Any]:
         raise ConfigError(
             f"entry {entry.name!r}: a live entry needs a fixed list of tenants, not a callable"
         )
+    newer = isinstance(entry.trigger, At) or any(
+        getattr(entry, name) != BY_NAME[name].default for name in WINDOW
+    )
     data: dict[str, Any] = {
-        "v": FORMAT_VERSION,
+        "v": FORMAT_VERSION if newer else 1,
         "name": entry.name,
         "task": entry.task,
         "trigger": trigger_to_json(entry.trigger),
@@ -51,8 +67,13 @@ def entry_to_json(entry: Entry) -> dict[str, Any]:
     }
     for option in OPTIONS:
         value = getattr(entry, option.name)
-        if isinstance(option.default, timedelta):
-            data[f"{option.name}_us"] = _micros(value)
+        if option.name in WINDOW:
+            if newer:
+                instant = option.kind == "instant" and value is not None
+                data[option.name] = iso(from_datetime(value)) if instant else value
+        elif option.kind == "duration":
+            defaulted = newer and option.name == "max_late" and not entry.max_late_given
+            data[f"{option.name}_us"] = None if defaulted else _micros(value)
         else:
             data[option.name] = value
     data["tenants"] = None if entry.tenants is None else list(entry.tenants)
@@ -64,16 +85,18 @@ def entry_from_json(data: Any) -> Entry:
     :class:`~beatless.errors.ConfigError` naming what is wrong."""
     if not isinstance(data, dict):
         raise ConfigError(f"a stored entry must be a JSON object, got {data!r:.80}")
-    if data.get("v") != FORMAT_VERSION:
+    if data.get("v") not in FORMATS:
         raise ConfigError(
             f"stored entry {data.get('name')!r} has format {data.get('v')!r}; this beatless "
-            f"reads format {FORMAT_VERSION}: upgrade beatless"
+            f"reads formats {', '.join(map(str, FORMATS))}: upgrade beatless"
         )
     given: dict[str, Any] = {}
     for option in OPTIONS:
-        if isinstance(option.default, timedelta):
-            given[option.name] = timedelta(microseconds=_int(data, f"{option.name}_us"))
-        else:
+        if option.kind == "duration":
+            key = f"{option.name}_us"
+            unset = option.name == "max_late" and data["v"] > 1 and data.get(key) is None
+            given[option.name] = None if unset else timedelta(microseconds=_int(data, key))
+        elif option.name not in WINDOW or data["v"] > 1:
             given[option.name] = data.get(option.name, option.default)
     tenants = data.get("tenants")
     return Entry(
@@ -93,7 +116,9 @@ def trigger_to_json(trigger: Trigger) -> dict[str, Any]:
         return {"cron": trigger.expr, "timezone": trigger.tz, "day_and": trigger.day_and}
     if isinstance(trigger, Every):
         return {"every_us": _micros(trigger.interval), "anchor": trigger.anchor.isoformat()}
-    raise ConfigError(f"a live entry's trigger must be a Cron or an Every, got {trigger!r}")
+    if isinstance(trigger, At):
+        return {"at": iso(trigger.instant_ms)}
+    raise ConfigError(f"a live entry's trigger must be a Cron, an Every or an At, got {trigger!r}")
 
 
 def trigger_from_json(data: Any) -> Trigger:
@@ -103,7 +128,9 @@ def trigger_from_json(data: Any) -> Trigger:
         anchor = data.get("anchor")
         at = datetime.fromisoformat(anchor) if isinstance(anchor, str) else None
         return Every(timedelta(microseconds=_int(data, "every_us")), at)
-    raise ConfigError(f"a stored trigger must be a cron or an every, got {data!r:.80}")
+    if isinstance(data, dict) and isinstance(data.get("at"), str):
+        return At(data["at"])
+    raise ConfigError(f"a stored trigger must be a cron, an every or an at, got {data!r:.80}")
 
 
 def dumps(value: Any) -> str:

@@ -151,10 +151,10 @@ def _entry(data: Mapping[str, Any] | None, timezone: str) -> Entry | None:
 def _occurrences(
     entry: Entry | None, after_ms: int, end_ms: int, truncated: list[str]
 ) -> list[int]:
-    if entry is None:
+    if entry is None or not entry.enabled:
         return []
     found: list[int] = []
-    for occurrence in entry.trigger.after(after_ms):
+    for occurrence in entry.windowed.after(after_ms):
         if occurrence >= end_ms:
             break
         if len(found) == LIMIT:
@@ -169,7 +169,7 @@ def _straddling(
 ) -> Iterator[tuple[str, int, int]]:
     """Occurrences before the fence (and after ``start_ms - jitter``) released at or after it."""
     window = entry.jitter_ms
-    if not window:
+    if not window or not entry.enabled:
         return
     base = f"{namespace}/{address_segment(entry.name)}"
     addresses = (
@@ -177,7 +177,7 @@ def _straddling(
         if entry.tenants is None
         else [tenant_address(base, t) for t in entry.tenant_list() or ()]
     )
-    for occurrence in entry.trigger.after(min(start_ms, fence_ms) - window - 1):
+    for occurrence in entry.windowed.after(min(start_ms, fence_ms) - window - 1):
         if occurrence >= fence_ms:
             break
         for address in addresses:

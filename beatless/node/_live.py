@@ -225,9 +225,10 @@ class LiveView:
         entries are; a bad one is logged and treated as absent."""
         try:
             entry = entry_from_json(dict(data))
-            return Schedule(
+            bound = Schedule(
                 [entry], namespace=self._schedule.namespace, timezone=self._schedule.timezone
-            ).entries[0]
+            )
+            return bound.fitted(self._store.remembers).entries[0]
         except BeatlessError as exc:
             logger.error("live entry %s not scheduled: %s", shown(name), exc)  # noqa: TRY400 - the reason is the message
             return None

@@ -1,8 +1,10 @@
 """The node's timeline: when each firing of its schedule is due, in one heap.
 
-* Occurrences are computed once per distinct trigger (a :class:`Group`) and shared by
-  every entry and tenant that uses it; each is expanded into firings
-  ``EXPAND_AHEAD_MS`` (more for a big fan-out) before it is due.
+* Occurrences are computed once per distinct trigger within its window
+  (:attr:`Entry.windowed <beatless.schedule.entry.Entry.windowed>`, a :class:`Group`)
+  and shared by every entry and tenant that uses it; each is expanded into firings
+  ``EXPAND_AHEAD_MS`` (more for a big fan-out) before it is due. A disabled entry is in
+  no group: it schedules nothing.
 * At start, the occurrences still within ``max_late`` are caught up as each entry's
   ``catch_up`` policy says (``latest``, ``all``, ``none``).
 * After a clock jump or a long freeze, the occurrences late for every entry of a trigger
@@ -136,12 +138,15 @@ class Timeline:
     # -- planning and expanding -----------------------------------------------------
 
     def _plan(self) -> None:
-        """Group entries by trigger and queue each trigger's first claimable occurrence."""
+        """Group the enabled entries by trigger within its window, and queue each group's
+        first claimable occurrence."""
         groups: dict[Trigger, Group] = {}
         for entry in self.schedule.entries:
-            group = groups.get(entry.trigger)
+            if not entry.enabled:
+                continue
+            group = groups.get(entry.windowed)
             if group is None:
-                group = groups[entry.trigger] = Group(entry.trigger, [], iter(()))
+                group = groups[entry.windowed] = Group(entry.windowed, [], iter(()))
             group.entries.append(entry)
         for group in groups.values():
             group.occurrences = group.trigger.after(self.start_ms - group.reach_ms)
@@ -151,10 +156,12 @@ class Timeline:
         """Queue each new live definition from its fence (``(entry, fence_ms)``): never an
         occurrence before it (rule 2); caught up at start like a code entry."""
         for entry, fence_ms in fresh:
-            group = Group(entry.trigger, [entry], iter(()), live=True)
-            since = max(fence_ms - 1, self.start_ms - entry.max_late_ms)
-            group.occurrences = entry.trigger.after(since)
             self._entries[entry.name] = entry
+            if not entry.enabled:
+                continue  # known, schedules nothing
+            group = Group(entry.windowed, [entry], iter(()), live=True)
+            since = max(fence_ms - 1, self.start_ms - entry.max_late_ms)
+            group.occurrences = entry.windowed.after(since)
             self._queue_next(group)
 
     def _queue_next(self, group: Group) -> int | None:

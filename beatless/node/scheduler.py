@@ -207,10 +207,11 @@ class Scheduler:
         preferred: bool = True,
         live: bool = True,
     ) -> None:
-        self.schedule = schedule
         self.dispatcher = _dispatcher(store, enqueue, lease, monotonic)
         self.lease_ms: int = getattr(self.dispatcher, "lease_ms", lease_ms_of(lease))
         self.store: ClaimStore = self.dispatcher.store
+        schedule = schedule.fitted(self.store.remembers)  # a one-off's default max_late
+        self.schedule = schedule
         self.clock = clock
         self.node = node or default_node_name()
         self.on_decision = on_decision

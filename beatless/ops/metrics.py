@@ -247,13 +247,14 @@ def _next_releases(schedule: Schedule, now_ms: int) -> dict[str, int]:
     A release after now may belong to an occurrence up to a jitter window before now, so
     each distinct trigger's occurrences are computed once, from its widest window back,
     and shared by the entries that use it."""
+    enabled = [entry for entry in schedule.entries if entry.enabled]
     widest: dict[Trigger, int] = {}
-    for entry in schedule.entries:
-        widest[entry.trigger] = max(widest.get(entry.trigger, 0), entry.jitter_ms)
+    for entry in enabled:
+        widest[entry.windowed] = max(widest.get(entry.windowed, 0), entry.jitter_ms)
     near = {trigger: _near(trigger, now_ms - window, now_ms) for trigger, window in widest.items()}
     releases = {}
-    for entry in schedule.entries:
-        release = _next_release(schedule, entry, near[entry.trigger], now_ms)
+    for entry in enabled:
+        release = _next_release(schedule, entry, near[entry.windowed], now_ms)
         if release is not None:
             releases[entry.name] = release
     return releases

@@ -333,7 +333,7 @@ def _next(view: EntryView, now_ms: int, count: int) -> list[dict[str, Any]]:
     """The coming occurrences with their release. A fan-out's tenants each have an offset
     of their own: its ``offset_ms`` is ``None``, and they are released from ``release``
     over ``window_ms``, up to ``release_last``."""
-    if view.trigger is None:
+    if view.trigger is None or not view.enabled:
         return []
     upcoming = []
     for occurrence in islice(view.trigger.after(now_ms), count):

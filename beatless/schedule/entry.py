@@ -10,12 +10,13 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any, TypeVar
 
+from beatless.core._time import InstantLike, from_datetime
 from beatless.core.durations import DurationLike, describe, to_ms
-from beatless.core.triggers import Cron, Trigger, zone
+from beatless.core.triggers import At, Cron, Trigger, Windowed, zone
 from beatless.errors import ConfigError, ScheduleError
 from beatless.schedule.options import (
     DEFAULT_CATCH_UP,
@@ -24,8 +25,9 @@ from beatless.schedule.options import (
     DEFAULT_OVERLAP,
     DEFAULT_RUN_LEASE,
     OPTIONS,
-    duration,
+    default_max_late,
     timing_problems,
+    window_problems,
 )
 from beatless.stores.base import STORE_TOLERANCE
 
@@ -47,6 +49,13 @@ class Entry:
     ``tenants`` fans the entry out: each tenant gets its own address, firing id and
     offset. A callable is called at each occurrence, so the list may change; every node
     must return the same list.
+
+    ``max_late`` left unset (``None``) is the trigger's default: 60 s, or an hour for a
+    one-off (:class:`~beatless.core.triggers.At`), shortened at start to fit a store
+    that remembers a claim less long (:meth:`fitted`). ``start_at`` and ``end_at`` (aware
+    instants, epoch milliseconds or ISO 8601 text) keep the occurrences from ``start_at``,
+    inclusive, to ``end_at``, exclusive (:attr:`windowed`); ``enabled=False`` keeps the
+    entry known (listed, explained) but schedules none of its occurrences.
     """
 
     name: str
@@ -63,6 +72,12 @@ class Entry:
     run_lease: timedelta = DEFAULT_RUN_LEASE
     heartbeat: timedelta = DEFAULT_HEARTBEAT
     once_only: bool = True
+    start_at: datetime | None = None
+    end_at: datetime | None = None
+    enabled: bool = True
+    max_late_given: bool = field(default=True, init=False, repr=False)
+    """Whether ``max_late`` was set (on the entry, or as a default of every entry) rather
+    than taken from the trigger: only a one-off's default is fitted to the store."""
 
     def __init__(
         self,
@@ -74,13 +89,16 @@ class Entry:
         kwargs: Mapping[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
         jitter: DurationLike = 0,
-        max_late: DurationLike = DEFAULT_MAX_LATE,
+        max_late: DurationLike | None = None,
         tenants: Tenants = None,
         catch_up: str = DEFAULT_CATCH_UP,
         overlap: str = DEFAULT_OVERLAP,
         run_lease: DurationLike = DEFAULT_RUN_LEASE,
         heartbeat: DurationLike = DEFAULT_HEARTBEAT,
         once_only: bool = True,
+        start_at: InstantLike | None = None,
+        end_at: InstantLike | None = None,
+        enabled: bool = True,
     ) -> None:
         setter = object.__setattr__
         setter(self, "name", _name(name, "entry name"))
@@ -100,16 +118,42 @@ class Entry:
             "run_lease": run_lease,
             "heartbeat": heartbeat,
             "once_only": once_only,
+            "start_at": start_at,
+            "end_at": end_at,
+            "enabled": enabled,
         }
         for option in OPTIONS:
-            # A duration that cannot be read is None, so the rules between durations skip it.
-            fallback = None if option.read is duration else option.default
+            # A value that cannot be read is None, so the rules between options skip it.
+            unread = option.default is None or option.kind == "duration"
+            fallback = None if unread else option.default
             read = functools.partial(option.value, given[option.name], label)
             setter(self, option.name, found.keep(read, fallback))
+        if max_late is None:
+            setter(self, "max_late", default_max_late(self.trigger))
+            setter(self, "max_late_given", False)
         found.extend(
             timing_problems(label, self.jitter, self.max_late, self.run_lease, self.heartbeat)
         )
+        found.extend(window_problems(label, self.start_at, self.end_at))
         found.raise_any()
+
+    @cached_property
+    def windowed(self) -> Trigger:
+        """The trigger as this entry runs it: its occurrences from ``start_at`` (inclusive)
+        to ``end_at`` (exclusive); the trigger itself when the entry has no window. (A
+        disabled entry runs none of them: ask :attr:`enabled` too.)"""
+        if self.start_at is None and self.end_at is None:
+            return self.trigger
+        return Windowed(
+            self.trigger,
+            None if self.start_at is None else from_datetime(self.start_at),
+            None if self.end_at is None else from_datetime(self.end_at),
+        )
+
+    def describe(self) -> str:
+        """When the entry fires, in a few words: its trigger within its window, and
+        ``(disabled)`` when it is."""
+        return self.windowed.describe() + ("" if self.enabled else " (disabled)")
 
     @cached_property
     def jitter_ms(self) -> int:
@@ -144,9 +188,31 @@ class Entry:
         return tuple(self.tenants)
 
     def replace(self, **changes: Any) -> Entry:
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        if not self.max_late_given:
+            values["max_late"] = None  # still the trigger's default
         values.update(changes)
         return Entry(**values)
+
+    def fitted(self, remembers: timedelta | None) -> Entry:
+        """This entry, with a one-off's default ``max_late`` shortened, to whole seconds,
+        so that it fits what the store remembers (rule 5: ``jitter + max_late +
+        tolerance`` under ``remembers``). A ``max_late`` that was set is never changed:
+        :meth:`Schedule.check_store` refuses it when it does not fit."""
+        if (
+            remembers is None
+            or self.max_late_given
+            or not isinstance(self.trigger, At)
+            or self.memory_needed < remembers
+        ):
+            return self
+        room = remembers - STORE_TOLERANCE - self.jitter - timedelta(seconds=1)
+        room = timedelta(seconds=int(room.total_seconds()))
+        if room <= self.jitter:
+            return self  # no max_late fits: check_store says so, naming the numbers
+        entry = self.replace(max_late=room)
+        object.__setattr__(entry, "max_late_given", False)
+        return entry
 
 
 class _Problems:
@@ -192,7 +258,7 @@ def _task(label: str, task: object) -> str:
 
 def _trigger(label: str, trigger: object) -> Trigger:
     if not isinstance(trigger, Trigger):
-        raise ConfigError(f"{label}: trigger must be a Cron or an Every, got {trigger!r}")
+        raise ConfigError(f"{label}: trigger must be a Cron, an Every or an At, got {trigger!r}")
     return trigger
 
 
@@ -270,10 +336,11 @@ class Schedule:
 
     @cached_property
     def fingerprint(self) -> str:
-        """16 hex digits of a SHA-256 over every entry's address with its trigger, jitter,
-        max_late, task, tenants, policies, args, kwargs and options: equal on nodes that
-        run the same schedule, different when a node runs another version of it (a
-        rollout in progress, even one that changes only a task's arguments).
+        """16 hex digits of a SHA-256 over every entry's address with its trigger (and
+        window, and ``disabled`` when it is), jitter, max_late, task, tenants, policies,
+        args, kwargs and options: equal on nodes that run the same schedule, different
+        when a node runs another version of it (a rollout in progress, even one that
+        changes only a task's arguments).
 
         The text hashed is one line per entry, ``|``-separated, the lines sorted and
         joined by newlines, the tenants joined by commas (``callable`` for a callable),
@@ -297,7 +364,8 @@ class Schedule:
     def _fingerprint_parts(self, e: Entry) -> tuple[str, Sequence[str], str]:
         """An entry's line of the fingerprint: what comes before its tenants, the
         tenants, and what comes after them."""
-        head = (self.address(e), repr(e.trigger), str(e.jitter_ms), str(e.max_late_ms), e.task)
+        trigger = repr(e.windowed) + ("" if e.enabled else " disabled")
+        head = (self.address(e), trigger, str(e.jitter_ms), str(e.max_late_ms), e.task)
         tail = (e.catch_up, e.overlap, str(to_ms(e.run_lease)), str(to_ms(e.heartbeat)))
         sent = (canonical(e.args), canonical(e.kwargs), canonical(e.options))
         tenants = ("callable",) if callable(e.tenants) else (e.tenants or ())
@@ -308,6 +376,14 @@ class Schedule:
             if entry.name == name:
                 return entry
         raise ConfigError(f"no entry named {name!r} in namespace {self.namespace!r}")
+
+    def fitted(self, remembers: timedelta | None) -> Schedule:
+        """This schedule with each one-off's default ``max_late`` fitted to what the store
+        remembers (:meth:`Entry.fitted`): what a node on that store runs."""
+        entries = tuple(entry.fitted(remembers) for entry in self.entries)
+        if all(a is b for a, b in zip(entries, self.entries, strict=True)):
+            return self
+        return Schedule(entries, namespace=self.namespace, timezone=self.timezone)
 
     def check_store(
         self,
@@ -321,7 +397,8 @@ class Schedule:
         on a store that cannot hold a run lease without a gap (``run_leases`` false), no
         entry asks for ``overlap = "skip"``. ``lengthen`` says, for the memory an entry
         needs, how to give the store that much
-        (:meth:`~beatless.stores.base.ClaimStore.lengthen_memory`)."""
+        (:meth:`~beatless.stores.base.ClaimStore.lengthen_memory`). A one-off's default
+        ``max_late`` is checked as it is fitted to the store (:meth:`fitted`)."""
         errors = [
             f"entry {e.name!r}: overlap 'skip' needs a claim store that renews a run lease "
             f"without a gap, which the {store} store cannot (a renewal reopens the lease for "
@@ -338,7 +415,7 @@ class Schedule:
             f" + tolerance {describe(STORE_TOLERANCE)} = {describe(e.memory_needed)} must be "
             f"under what {store} remembers ({describe(remembers)}); lower max_late or "
             f"jitter, or {how(e.memory_needed)}"
-            for e in self.entries
+            for e in self.fitted(remembers).entries
             if e.memory_needed >= remembers
         ]
 

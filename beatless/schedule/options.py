@@ -1,12 +1,14 @@
 """The options of an entry beside its task, trigger and arguments, each declared once.
 
-Seven options say how an entry fires and runs: ``jitter``, ``max_late``, ``catch_up``,
-``overlap``, ``run_lease``, ``heartbeat`` and ``once_only``. Each is written once here,
-with its default, how a value is read and the text of its error, and every place that
-takes them reads them through :data:`OPTIONS`: :class:`~beatless.schedule.entry.Entry`,
-the TOML loader (top-level defaults and each ``[[entry]]``), Celery's ``beatless_*``
-settings and ``options["beatless"]``, and Dramatiq's middleware defaults and
-``periodic=``. So a new option, or a new rule of one, is one line here.
+Ten options say how an entry fires and runs: ``jitter``, ``max_late``, ``catch_up``,
+``overlap``, ``run_lease``, ``heartbeat``, ``once_only``, and its window: ``start_at``,
+``end_at`` and ``enabled``. Each is written once here, with its default, how a value is
+read and the text of its error, and every place that takes them reads them through
+:data:`OPTIONS`: :class:`~beatless.schedule.entry.Entry`, the TOML loader (top-level
+defaults and each ``[[entry]]``), Celery's ``beatless_*`` settings and
+``options["beatless"]``, Dramatiq's middleware defaults and ``periodic=``, and the live
+codec. So a new option, or a new rule of one, is one line here. The window belongs to
+one entry (:attr:`Option.per_entry`): no top level or app setting gives it a default.
 
 An error names where the value came from (``name``): ``entry 'report': max_late``,
 ``top level: max_late``, ``beatless_max_late``, ``Beatless: max_late``.
@@ -16,10 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+from beatless.core._time import as_instant, iso, to_datetime
 from beatless.core.durations import as_timedelta, describe
+from beatless.core.triggers import At, Trigger
 from beatless.errors import ConfigError
 
 CATCH_UP = ("latest", "all", "none")
@@ -30,6 +34,10 @@ OVERLAP = ("allow", "skip")
 (``allow``), or not be enqueued, counted ``skipped_overlap`` (``skip``)."""
 
 DEFAULT_MAX_LATE = timedelta(seconds=60)
+DEFAULT_AT_MAX_LATE = timedelta(hours=1)
+"""The ``max_late`` of a one-off (:class:`~beatless.core.triggers.At`) that sets none: no
+later occurrence replaces a missed one, so a node started within the hour still sends it.
+Shortened at start to fit a store that remembers a claim less long (rule 5)."""
 DEFAULT_CATCH_UP = "latest"
 DEFAULT_OVERLAP = "allow"
 DEFAULT_RUN_LEASE = timedelta(seconds=30)
@@ -38,9 +46,36 @@ address this long after its last heartbeat."""
 DEFAULT_HEARTBEAT = timedelta(seconds=5)
 
 
+Reader = Callable[[object, str], Any]
+"""How a value of an option is read: the value, or a :class:`ConfigError` naming
+``name``."""
+
+
 def duration(value: object, name: str) -> timedelta:
     """A duration: seconds as a number, ``"90s"``/``"2m"``/``"1h"`` or a ``timedelta``."""
     return as_timedelta(value, name=name)  # type: ignore[arg-type]
+
+
+def default_max_late(trigger: Trigger) -> timedelta:
+    """The ``max_late`` of an entry of ``trigger`` when neither the entry nor a default
+    of every entry sets one: :data:`DEFAULT_AT_MAX_LATE` for a one-off, else
+    :data:`DEFAULT_MAX_LATE`."""
+    return DEFAULT_AT_MAX_LATE if isinstance(trigger, At) else DEFAULT_MAX_LATE
+
+
+def unless_none(read: Reader) -> Reader:
+    """``read``, with ``None`` (not set) left as it is."""
+
+    def read_set(value: object, name: str) -> Any:
+        return None if value is None else read(value, name)
+
+    return read_set
+
+
+def instant(value: object, name: str) -> datetime:
+    """An instant as an aware UTC datetime: an aware ``datetime``, integer epoch
+    milliseconds or ISO 8601 text with ``Z`` or an offset; naive instants are refused."""
+    return to_datetime(as_instant(value, name=name))
 
 
 def choice(choices: tuple[str, ...], refused: Mapping[str, str] | None = None) -> Reader:
@@ -64,19 +99,20 @@ def flag(value: object, name: str) -> bool:
     return value
 
 
-Reader = Callable[[object, str], Any]
-"""How a value of an option is read: the value, or a :class:`ConfigError` naming
-``name``."""
-
-
 @dataclass(frozen=True, slots=True)
 class Option:
-    """One option of an entry: its name, default and reader."""
+    """One option of an entry: its name, default, reader, and what its values are
+    (``kind``: ``duration``, a ``timedelta``; ``instant``, an aware UTC ``datetime``; or a
+    plain ``value``), for the formats that write them. A ``per_entry`` option is set on
+    an entry only: a top level, an app's settings or a middleware gives no default of it
+    to every entry. A default of ``None`` means "not set"."""
 
     name: str
     default: Any
     read: Reader
     doc: str
+    kind: str = "value"
+    per_entry: bool = False
 
     def value(self, value: object, where: str) -> Any:
         """``value`` read as this option, named ``where: name`` in an error."""
@@ -90,8 +126,20 @@ BUFFER_ONE = (
 )
 
 OPTIONS: tuple[Option, ...] = (
-    Option("jitter", timedelta(0), duration, "the window each firing's release is spread over"),
-    Option("max_late", DEFAULT_MAX_LATE, duration, "how late a firing may still be sent"),
+    Option(
+        "jitter",
+        timedelta(0),
+        duration,
+        "the window each firing's release is spread over",
+        kind="duration",
+    ),
+    Option(
+        "max_late",
+        None,
+        unless_none(duration),
+        "how late a firing may still be sent (unset: 60s, 1h for a one-off)",
+        kind="duration",
+    ),
     Option("catch_up", DEFAULT_CATCH_UP, choice(CATCH_UP), "occurrences before a start"),
     Option(
         "overlap",
@@ -99,13 +147,44 @@ OPTIONS: tuple[Option, ...] = (
         choice(OVERLAP, {"buffer_one": BUFFER_ONE}),
         "a firing while a run of its address is in progress",
     ),
-    Option("run_lease", DEFAULT_RUN_LEASE, duration, "how long a run's records outlive it"),
-    Option("heartbeat", DEFAULT_HEARTBEAT, duration, "how often a run's records are renewed"),
+    Option(
+        "run_lease",
+        DEFAULT_RUN_LEASE,
+        duration,
+        "how long a run's records outlive it",
+        kind="duration",
+    ),
+    Option(
+        "heartbeat",
+        DEFAULT_HEARTBEAT,
+        duration,
+        "how often a run's records are renewed",
+        kind="duration",
+    ),
     Option("once_only", True, flag, "a worker refuses a second execution of a firing"),
+    Option(
+        "start_at",
+        None,
+        unless_none(instant),
+        "no occurrence before it",
+        kind="instant",
+        per_entry=True,
+    ),
+    Option(
+        "end_at",
+        None,
+        unless_none(instant),
+        "no occurrence at or after it",
+        kind="instant",
+        per_entry=True,
+    ),
+    Option("enabled", True, flag, "false: known, but schedules nothing", per_entry=True),
 )
 """Every option of an entry, in the order they are documented."""
 BY_NAME: Mapping[str, Option] = {option.name: option for option in OPTIONS}
 NAMES = tuple(option.name for option in OPTIONS)
+SHARED_NAMES = tuple(option.name for option in OPTIONS if not option.per_entry)
+"""The options a top level, an app's settings or a middleware may set for every entry."""
 DEFAULTS: Mapping[str, Any] = {option.name: option.default for option in OPTIONS}
 
 
@@ -145,6 +224,23 @@ def timing_problems(
             f"max_late above {describe(jitter)} or lower the jitter"
         )
     return found + run_timing_problems(label, run_lease, heartbeat)
+
+
+def window_problems(label: str, start_at: datetime | None, end_at: datetime | None) -> list[str]:
+    """The rule of a window: it ends after it starts (``start_at`` is in it, ``end_at``
+    is not); nothing when either side is open or could not be read."""
+    if start_at is None or end_at is None or end_at > start_at:
+        return []
+    return [
+        f"{label}: end_at {iso_of(end_at)} must be after start_at {iso_of(start_at)} (the "
+        f"window holds start_at and ends before end_at); move end_at later or start_at "
+        f"earlier"
+    ]
+
+
+def iso_of(instant: datetime) -> str:
+    """An aware datetime as :func:`~beatless.core._time.iso` writes an instant."""
+    return iso(as_instant(instant))
 
 
 def run_timing_problems(

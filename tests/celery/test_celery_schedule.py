@@ -398,7 +398,7 @@ def test_settings_defaults_follow_the_app_and_a_redis_broker() -> None:
     assert settings.store_url == "redis://127.0.0.1:6379/13"
     assert settings.namespace == "proj"
     assert settings.timezone == "UTC"
-    assert settings.max_late == timedelta(seconds=60)
+    assert settings.max_late is None  # unset: each entry takes its trigger's default
     assert settings.jitter == timedelta(0)
     assert settings.lease == timedelta(seconds=30)
     assert (settings.force_two_phase, settings.expires_from_lateness) == (False, False)
