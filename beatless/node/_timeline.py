@@ -111,9 +111,11 @@ class Timeline:
         self._entries = {entry.name: entry for entry in schedule.entries}
         self._caught_up: dict[str, list[int]] = {}
         """Per entry: occurrences left by the catch-up policy, first and last, not said yet."""
-        self._waited: set[str] = set()
-        """The firings (and fan-outs, :func:`_fan_key`) that waited for the live head: one gone late
-        meanwhile is decided ``stale_schedule``, which says why, not ``late``."""
+        self._waited: dict[str, int] = {}
+        """The firings (and fan-outs, :func:`_fan_key`) waiting for the live head, each
+        with when it is looked at again: one that is late by then is decided
+        ``stale_schedule``, which says why; one late only because the node looked again
+        later than that (a freeze) stays ``late``."""
         self._plan()
 
     def next_wake_ms(self) -> int | None:
@@ -338,10 +340,11 @@ class Timeline:
                     due.append(item.firing)
             elif isinstance(item, Firing):
                 if now - item.occurrence_ms > item.entry.max_late_ms:
-                    decide(item, "stale_schedule" if item.id in self._waited else "late")
+                    stale = self._went_stale(item.id, item.occurrence_ms, item.entry.max_late_ms)
+                    decide(item, "stale_schedule" if stale else "late")
                 else:
                     due.append(item)
-                self._waited.discard(item.id)
+                self._waited.pop(item.id, None)
             elif isinstance(item, FanOut):
                 self._take_fan_out(item, now, due, later)
             else:
@@ -352,6 +355,12 @@ class Timeline:
         for at_ms, item in later:
             self._push(at_ms, item)
         return due
+
+    def _went_stale(self, key: str, occurrence_ms: int, max_late_ms: int) -> bool:
+        """Whether what ``key`` names waited for the live head and was late at its next
+        look as planned: the wait, not the node, made it late."""
+        look_ms = self._waited.get(key)
+        return look_ms is not None and look_ms - occurrence_ms > max_late_ms
 
     def _in_force(
         self, item: Firing | Deferred, now: int, later: list[tuple[int, Any]], decide: Decide
@@ -370,10 +379,10 @@ class Timeline:
         if self._live.confirms(firing.occurrence_ms):
             return True
         if now - firing.occurrence_ms > firing.entry.max_late_ms:
-            self._waited.discard(firing.id)
+            self._waited.pop(firing.id, None)
             decide(firing, "stale_schedule")
         else:
-            self._waited.add(firing.id)
+            self._waited[firing.id] = now + WAIT_MS
             later.append((now + WAIT_MS, item))
         return False
 
@@ -386,12 +395,12 @@ class Timeline:
         if self._live.confirms(fan.occurrence_ms):
             return True
         if now - fan.occurrence_ms > fan.entry.max_late_ms:
-            self._waited.discard(_fan_key(fan))
+            self._waited.pop(_fan_key(fan), None)
             count = fan.drop()  # dropped whole: no decision per firing, one WARNING
             if count > 0:
                 self._tally.stale(fan.entry.name, count, fan.occurrence_ms)
         else:
-            self._waited.add(_fan_key(fan))
+            self._waited[_fan_key(fan)] = now + WAIT_MS
             later.append((now + WAIT_MS, fan))
         return False
 
@@ -401,8 +410,8 @@ class Timeline:
         """Prepare one chunk of a fan-out, or take the firings it has released by now."""
         if not self._fan_out_in_force(fan, now, later):
             return
-        waited = _fan_key(fan) in self._waited
-        self._waited.discard(_fan_key(fan))
+        waited = self._went_stale(_fan_key(fan), fan.occurrence_ms, fan.entry.max_late_ms)
+        self._waited.pop(_fan_key(fan), None)
         if now - fan.occurrence_ms > fan.entry.max_late_ms:
             count = fan.drop()  # dropped whole: no decision per firing, one WARNING
             if count > 0:
