@@ -1,7 +1,8 @@
 """Judging claims (``beatless.stores.base.judging``), on every store: a claim that asks
 who holds a firing, answered as any claim is since a live claim decides first, and that
 never wins a firing nobody holds. A node asks so about the firings a full or refusing
-store kept it from judging (``beatless.node._judging``)."""
+store kept it from judging, and about those it saw held by another node too late to take
+them over (``beatless.node._judging``)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,24 @@ def test_a_judging_claim_never_wins_a_firing_whose_claim_was_released_or_never_m
     for node in ("a", "b"):
         assert judge(asker, released, never, node=node) == [LATE, LATE]
     assert asker.claim([never], node="b", lease_ms=LEASE_MS) == [WON]
+
+
+def test_a_judging_claim_finds_a_firing_free_once_its_holders_lease_ran_out_uncommitted(
+    store_factory: StoreFactory,
+) -> None:
+    """What a node that saw a firing held too late to take it over learns once the
+    holder's lease has run out: ``missed`` if the holder never committed it."""
+    holder, asker = store_factory(), store_factory()
+    ready(store_factory, holder, asker)
+    now = store_factory.now_ms()
+    dropped, committed = firing(now), firing(now)
+    assert holder.claim([dropped, committed], node="a", lease_ms=LEASE_MS) == [WON, WON]
+    assert judge(asker, dropped, node="b") == [HELD]
+    assert holder.commit([committed.id], node="a") == [True]
+
+    store_factory.advance(LEASE_MS + 100)
+
+    assert judge(asker, dropped, committed, node="b") == [LATE, LOST]
 
 
 def test_a_judging_claim_of_the_asking_nodes_own_pending_claim_renews_it_as_its_holder(

@@ -1,14 +1,16 @@
 """What a node knows of each firing between its release and its decision: one record.
 
 A firing can be handed to the dispatcher in this wake (*open*), handed to the broker and
-not decided yet (*sent*), refused by a full or refusing store (*unjudged*: once late, the
-store is asked who holds it before it is decided, :mod:`beatless.node._judging`), seen
-held by another node's pending claim (*held*), left to a node ranked above this one
-(*ranked*: where this node ranks for it), or be the catch-up firing that coalesced
-earlier occurrences (*coalesced*). All of it lives in one :class:`Flight` per firing,
-kept only while one of these is so, and there is one clean-up rule: the record goes at
-the firing's decision (:meth:`InFlight.finish`); a firing decided ``held`` that this node
-will look at again starts a new one (:meth:`InFlight.hold`).
+not decided yet (*sent*), refused by a full or refusing store (*unjudged*), seen held by
+another node's pending claim (*held*), left to a node ranked above this one (*ranked*:
+where this node ranks for it), or be the catch-up firing that coalesced earlier
+occurrences (*coalesced*). Once late, an unjudged or held firing is not decided ``late``:
+the store is asked who holds it first (:mod:`beatless.node._judging`).
+
+All of it lives in one :class:`Flight` per firing, kept only while one of these is so,
+and there is one clean-up rule: the record goes at the firing's decision
+(:meth:`InFlight.finish`); a firing decided ``held`` starts a new one, since this node
+looks at it again (:meth:`InFlight.hold`).
 """
 
 from __future__ import annotations
@@ -80,11 +82,12 @@ class InFlight:
                 flight.unjudged = True
 
     def judging(self, firing: Firing) -> bool:
-        """Whether ``firing``, gone late, is unjudged, and so left to the store's judgment
-        rather than decided ``late``: it then leaves the wake, keeping its record until
-        its decision."""
+        """Whether ``firing``, gone late, is unjudged or was seen held by another node, and
+        so left to the store's judgment rather than decided ``late`` (the holder may have
+        given it up unsent): it then leaves the wake, keeping its record until its
+        decision."""
         flight = self._flights.get(firing.id)
-        if flight is None or not flight.unjudged:
+        if flight is None or not (flight.unjudged or flight.held):
             return False
         flight.step = IDLE
         return True

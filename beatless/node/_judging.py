@@ -1,25 +1,36 @@
-"""Late firings a full or refusing store kept this node from judging: asked about before
-any of them is said missed.
+"""Late firings this node could not judge alone: asked about before any of them is said
+missed, or said nothing of.
 
-A firing whose every claim the store refused as full or refusing (*unjudged*,
-:mod:`beatless.node._inflight`) may still have been claimed by another node just before
-the store filled, and sent: that node's commit went through without room. So when it
-goes late it is not decided ``missed`` on the spot. It waits here, and at each wake the
-node asks the store who holds the waiting firings, in one *judging claim*
+Two kinds of firing wait here, and at each wake the node asks the store who holds the
+waiting firings that are due, in one *judging claim*
 (:func:`~beatless.stores.base.judging`) that never wins a firing nobody holds:
 
+* a firing whose every claim the store refused as full or refusing (*unjudged*,
+  :mod:`beatless.node._inflight`): another node may have claimed it just before the store
+  filled, and sent it (its commit went through without room), so it is not decided
+  ``missed`` on the spot when it goes late; it is asked about at the next wake;
+* a firing this node saw held pending by another node (*held*) too late to take it over
+  when the holder's lease runs out, or that went late before this node looked again: the
+  holder may still commit it, or give it up unsent (release its claim, or let its lease
+  run out). It is asked about once the holder's lease has run out
+  (:meth:`Judging.recheck`), so that a firing nobody sends is never left ``held``.
+
+What the judging claim answers decides:
+
 * nobody holds it (``late``): ``missed``, recorded as such;
-* another node holds it pending (``held``) or committed it (``lost``, or ``foreign`` for
-  a claim of another task): decided so, as for any firing another node took; never
-  missed, never sent;
+* another node committed it (``lost``, or ``foreign`` for a claim of another task):
+  decided so, as for any firing another node took; never missed, never sent;
+* another node holds it pending (``held``): decided ``held`` again, and asked about again
+  once that lease has run out (:meth:`beatless.node._wake.LoopWake.decide`);
 * the store holds a record it cannot read: ``corrupt``, as a claim would be told;
 * this node's own pending claim (a claim whose answer was lost, then refused as full
-  until late): renewed by the judging claim as any claim of its holder is, then
-  released; ``missed``, since this node never sent it.
+  until late, or a firing taken over and not sent in time): renewed by the judging claim
+  as any claim of its holder is, then released; ``missed``, since this node never sent it.
 
 A store that still refuses (full, refusing, unreachable) leaves the firings waiting,
-asked again at the next wake, until their memory (``memory_ms`` from the occurrence)
-runs out: past that even the store may have forgotten a claim, so they are decided
+asked again at the next wake, until their memory runs out (``memory_ms`` from the
+occurrence, or from when it was last seen held: a commit made since is remembered that
+long): past that even the store may have forgotten a claim, so they are decided
 ``missed`` and told at WARNING as firings that could not be judged. A node that stops
 asks once more and decides what is left so too: a miss is never silent.
 """
@@ -27,6 +38,7 @@ asks once more and decides what is left so too: a miss is never silent.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Protocol
 
 from beatless.core._logtext import ERROR_LIMIT, shown
@@ -54,6 +66,18 @@ class Decide(Protocol):
     def __call__(self, firing: Firing, outcome: str, *, recorded: bool = False) -> None: ...
 
 
+@dataclass(slots=True)
+class Waiting:
+    """One firing waiting for the store's judgment."""
+
+    firing: Firing
+    ask_ms: int
+    """Not asked about before this instant (node clock)."""
+    until_ms: int
+    """Past this instant even the store may have forgotten a claim: decided ``missed``
+    without its word."""
+
+
 class Judging:
     """The late firings waiting for the store's judgment, asked about with ``store``'s
     claims as ``node`` (its own pending claims renewed for ``lease_ms``, then released)."""
@@ -63,25 +87,37 @@ class Judging:
         self._node = node
         self._lease_ms = lease_ms
         self._tally = tally
-        self._waiting: dict[str, Firing] = {}
+        self._waiting: dict[str, Waiting] = {}
 
     def add(self, firing: Firing) -> None:
-        """``firing``, unjudged, went late: ask the store about it at the next wake."""
-        self._waiting[firing.id] = firing
+        """``firing``, unjudged or seen held, went late: ask the store about it at the next
+        wake, until its memory from the occurrence runs out."""
+        until = firing.occurrence_ms + firing.entry.memory_ms
+        self._waiting[firing.id] = Waiting(firing, 0, until)
+
+    def recheck(self, firing: Firing, seen_ms: int, after_ms: int) -> None:
+        """``firing``, seen held by another node at ``seen_ms``, would be late by the time
+        the holder's lease runs out: ask the store about it ``after_ms`` later, once that
+        lease has run out (at the latest half-way through the memory of a commit made
+        since ``seen_ms``, so that a commit is still remembered when asked)."""
+        memory = firing.entry.memory_ms
+        ask = seen_ms + min(after_ms, memory // 2)
+        self._waiting[firing.id] = Waiting(firing, ask, seen_ms + memory)
 
     def __len__(self) -> int:
         return len(self._waiting)
 
     def judge(self, now: int, decide: Decide, *, last: bool = False) -> None:
-        """Ask the store who holds each waiting firing, in one judging claim, and decide
-        those it answers; those past their memory first, unjudged. With ``last`` (the
-        node stops), what the store does not answer now is decided unjudged too."""
+        """Ask the store who holds each waiting firing due to be asked, in one judging
+        claim, and decide those it answers; those past their memory first, unjudged. With
+        ``last`` (the node stops), every waiting firing is asked now, and what the store
+        does not answer is decided unjudged too."""
         if not self._waiting:
             return
-        forgotten = [f for f in self._waiting.values() if now - f.occurrence_ms > f.entry.memory_ms]
+        forgotten = [w.firing for w in self._waiting.values() if now > w.until_ms]
         for firing in forgotten:  # even the store may have forgotten who held them
             self._unjudged(firing, now, decide)
-        firings = list(self._waiting.values())
+        firings = [w.firing for w in self._waiting.values() if last or w.ask_ms <= now]
         if not firings:
             return
         try:
@@ -96,7 +132,7 @@ class Judging:
         own = [f for f, o in zip(firings, outcomes, strict=True) if o.is_won]
         self._release(own)
         for firing, outcome in zip(firings, outcomes, strict=True):
-            del self._waiting[firing.id]
+            del self._waiting[firing.id]  # before its decision: held, it waits again
             judged = JUDGED.get(outcome, "missed")
             decide(firing, judged, recorded=judged == "missed")
 

@@ -42,13 +42,14 @@ WARNINGS = {
     "stale_schedule": "not claimed: this node could not read the live schedule's head "
     "recently enough to know the revision in force at them (store link to the notes down, "
     "or its sync frozen) until they were late; see the live head in `beatless status`",
-    "missed": "missed: the claim store refused every claim of them until they were late "
-    "(full, or its settings refused: see its WARNING), and then held no claim of them (or "
-    "could not be asked: see the WARNING of firings not judged); not sent by this node",
+    "missed": "missed: not sent by this node, and once they were late the claim store held "
+    "no claim of them (this node's claims were refused until then, full or by its settings: "
+    "see its WARNING; or the node that held them pending gave them up unsent), or could not "
+    "be asked (see the WARNING of firings not judged)",
     "unjudged": "not judged: the claim store refused every claim of them, and every question "
     "about who holds them, until their memory (jitter + max_late + 10s after the "
-    "occurrence) ran out or this node stopped; counted missed, though another node may "
-    "have claimed and sent them before the store filled",
+    "occurrence, or after another node was last seen holding them) ran out or this node "
+    "stopped; counted missed, though another node may have claimed and sent them",
 }
 """Outcomes an operator must hear about, and what they mean."""
 

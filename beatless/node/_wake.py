@@ -39,7 +39,7 @@ class LoopWake:
     ``flights`` keeps each firing's state,
     ``tally`` counts, ``timeline`` takes retries, ``ahead`` hands back what was built,
     ``board`` writes history notes, ``report`` tells each decision, ``judging`` takes the
-    unjudged firings that went late."""
+    late firings this node cannot judge alone (unjudged, or seen held)."""
 
     def __init__(
         self,
@@ -84,8 +84,9 @@ class LoopWake:
         """Record this node's final decision for ``firing``; ``recorded`` when its history
         note was written with the store call that decided it. The firing leaves the wake
         first: what fails after that (counters, history, hooks) is counted and logged,
-        never a reason to try the firing again. An unjudged firing gone ``late`` is not
-        decided yet: the store is asked who holds it first (:mod:`._judging`)."""
+        never a reason to try the firing again. An unjudged firing gone ``late``, or one
+        this node saw held by another node, is not decided yet: the store is asked who
+        holds it first (:mod:`._judging`)."""
         if outcome == "late" and self.flights.judging(firing):
             self._judging.add(firing)
             return
@@ -116,12 +117,16 @@ class LoopWake:
         )
 
     def _recheck_held(self, firing: Firing, now: int, coalesced: tuple[int, int] | None) -> None:
-        """A firing another node holds pending may be ours to take over when its lease
-        runs out uncommitted, while it is not late."""
+        """A firing another node holds pending is looked at again once the holder's lease
+        has run out: claimed, and taken over if it ran out uncommitted, while it is not
+        late; else the store is asked who holds it then (:mod:`._judging`), so that a
+        firing the holder gives up unsent is decided ``missed``, never left ``held``."""
+        self.flights.hold(firing, coalesced)
         again = now + self.lease_ms + RETRY_MS
         if again - firing.occurrence_ms <= firing.entry.max_late_ms:
-            self.flights.hold(firing, coalesced)
             self._timeline.add(again, firing)
+        else:
+            self._judging.recheck(firing, now, self.lease_ms + RETRY_MS)
 
     def retry(self, firing: Firing, outcome: str) -> None:
         """``firing`` was not enqueued: count why, and try it again soon, until late."""

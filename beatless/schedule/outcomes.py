@@ -28,7 +28,8 @@ class DecisionOutcome(StrEnum):
     """Final: another node won the firing."""
     HELD = "held"
     """Final for now: another node holds the firing pending; looked at again after its
-    lease, and taken over if it runs out uncommitted."""
+    lease, and taken over if it runs out uncommitted (once late: ``lost`` if committed,
+    ``missed`` if given up unsent)."""
     LATE = "late"
     """Final: more than max_late behind this node's clock, skipped."""
     LATE_STORE = "late_store"
@@ -50,8 +51,9 @@ class DecisionOutcome(StrEnum):
     PAUSED = "paused"
     """Final: not claimed, an operator paused the entry."""
     MISSED = "missed"
-    """Final: no node claimed the firing in time (found by the fleet's sweep), or every
-    claim of this node was refused until it was late."""
+    """Final: no node claimed the firing in time (found by the fleet's sweep), or, once it
+    was late, the store held no claim of it: every claim of this node was refused until
+    then, or the node that held it pending gave it up unsent."""
     ENQUEUE_FAILED = "enqueue_failed"
     """Retried: the send to the broker failed; the claim is released."""
     STALE_CLAIM = "stale_claim"
