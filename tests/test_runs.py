@@ -12,6 +12,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,8 @@ LONG_LEASE_MS = 60_000
 NO_HEARTBEAT_MS = 3_600_000
 """A heartbeat that never comes within a test: the worker stopped renewing."""
 MEMORY_MS = 80_000
+NO_WAIT = timedelta(0)
+"""A ``check_wait`` that gives a check up at its first failure."""
 
 Workers = Callable[[str], Runs]
 
@@ -385,7 +388,7 @@ def _cannot_open() -> ClaimStore:
 def test_when_the_store_cannot_be_reached_once_only_is_given_up_and_skip_is_not(
     open_store: Callable[[], ClaimStore], guard: RunPolicy, verdict: str
 ) -> None:
-    runs = Runs(open_store, "w")
+    runs = Runs(open_store, "w", check_wait=NO_WAIT)
     address = new_address()
     (id_,) = firings(address, 1)
 
@@ -406,7 +409,7 @@ def test_a_store_that_cannot_be_opened_at_a_run_s_start_counts_as_unreachable(
     # process holds longer than busy_timeout cannot be opened (StoreUnavailable).
     path = tmp_path / "claims.db"
     SQLiteStore(path).close()
-    runs = Runs(lambda: SQLiteStore(path, busy_timeout=0.1), "w")
+    runs = Runs(lambda: SQLiteStore(path, busy_timeout=0.1), "w", check_wait=NO_WAIT)
     address = new_address()
     one, two = firings(address, 2)
     locker = sqlite3.connect(path, isolation_level=None)

@@ -1,11 +1,13 @@
 """An ``unchecked`` run records its once-only record once the store answers again.
 
-A worker cut off from the claim store gives its once-only check up after the store's
-timeout and runs the task (``unchecked``). The claim it gave up on may reach the store
-late, when the link comes back (a link that held its bytes): then it sits pending under
-the run's token. The run keeps trying to claim its record with that same token until the
-store answers, and holds or commits it as its own, so that the second copy of the firing
-(sent by the node that took the firing over) is refused as a ``duplicate``.
+A worker cut off from the claim store for longer than its ``check_wait`` gives its
+once-only check up and runs the task (``unchecked``); here ``check_wait`` is 0, so the
+check is given up after the store's timeout (the wait itself: ``test_runs_wait.py``).
+The claim it gave up on may reach the store late, when the link comes back (a link that
+held its bytes): then it sits pending under the run's token. The run keeps trying to
+claim its record with that same token until the store answers, and holds or commits it
+as its own, so that the second copy of the firing (sent by the node that took the firing
+over) is refused as a ``duplicate``.
 
 Each server store is reached through the fault suite's TCP proxy (``tests/faults/proxy``)
 with a store timeout of 1 s: the first worker's link is paused while its check runs, and
@@ -23,6 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -63,6 +66,8 @@ RECORDED_WITHIN_S = 8.0
 first try may wait for the store's timeout, 1 s, and a reconnection)."""
 
 ONCE_ONLY = RunPolicy("allow", LEASE_MS, HEARTBEAT_MS, True, MEMORY_MS)
+NO_WAIT = timedelta(0)
+"""The workers' ``check_wait``: a check is given up at its first failure."""
 
 
 @dataclass
@@ -173,7 +178,7 @@ def workers() -> Iterator[Callable[[str, Callable[[], ClaimStore]], Runs]]:
     made: list[Runs] = []
 
     def worker(node: str, open_store: Callable[[], ClaimStore]) -> Runs:
-        runs = Runs(open_store, node)
+        runs = Runs(open_store, node, check_wait=NO_WAIT)
         made.append(runs)
         return runs
 
@@ -282,8 +287,8 @@ def test_on_sqlite_a_copy_run_unchecked_behind_a_write_lock_is_recorded_once_it_
 ) -> None:
     path = tmp_path / "claims.db"
     SQLiteStore(path).close()
-    cut = Runs(lambda: SQLiteStore(path, busy_timeout=0.1), "cut")
-    other = Runs(lambda: SQLiteStore(path, busy_timeout=0.1), "other")
+    cut = Runs(lambda: SQLiteStore(path, busy_timeout=0.1), "cut", check_wait=NO_WAIT)
+    other = Runs(lambda: SQLiteStore(path, busy_timeout=0.1), "other", check_wait=NO_WAIT)
     id_, address = new_firing()
     locker = sqlite3.connect(path, isolation_level=None)
     locker.execute("BEGIN IMMEDIATE")
@@ -338,7 +343,7 @@ def test_the_tries_to_record_an_unchecked_run_stop_once_the_memory_passed_after_
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     store = Unreachable()
-    runs = Runs(lambda: store, "w")
+    runs = Runs(lambda: store, "w", check_wait=NO_WAIT)
     short = RunPolicy("allow", LEASE_MS, HEARTBEAT_MS, True, 1_000)
     id_, address = new_firing()
 

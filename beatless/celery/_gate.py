@@ -31,14 +31,17 @@ receiver's exception and goes on).
 **The store.** Each process that checks a task opens its own claim store on first use,
 the scheduler's (``beatless_store_url``, the app's namespace), with one heartbeat
 thread; its node name is ``hostname:pid``, as the scheduler's. A store that cannot be
-opened or reached gives the verdict :mod:`beatless.node.runs` gives an unreachable store:
-a once-only check is given up (``unchecked``), an overlap ``skip`` refuses the run.
+reached is waited for up to ``beatless_check_wait``; then, or at once for a store the
+settings cannot name, the check gets the verdict :mod:`beatless.node.runs` gives an
+unreachable store: a once-only check is given up (``unchecked``), an overlap ``skip``
+refuses the run.
 
 **Counters.** :meth:`RunGate.counts` is what this process decided (``run``, ``rerun``,
-``unchecked``, ``duplicate``, ``skipped_overlap``, ``lease_lost``, and what became of
-the unchecked runs: ``recorded_late``, ``ran_twice``, ``unrecorded``); the bootstep keeps
-the gate as :attr:`~beatless.celery.BeatlessStep.runs`. A prefork child keeps its own
-counts: each process logs its counts at INFO when it ends.
+``unchecked``, ``duplicate``, ``skipped_overlap``, ``lease_lost``, ``waited`` for the
+store, and what became of the unchecked runs: ``recorded_late``, ``ran_twice``,
+``unrecorded``); the bootstep keeps the gate as
+:attr:`~beatless.celery.BeatlessStep.runs`. A prefork child keeps its own counts: each
+process logs its counts at INFO when it ends.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from celery import signals
@@ -56,8 +60,8 @@ from celery.exceptions import Ignore
 
 from beatless.celery._messages import ADDRESS_HEADER, _header
 from beatless.core._logtext import ERROR_LIMIT, shown
-from beatless.errors import ConfigError, StoreUnavailable
-from beatless.node.runs import RUN_HEADER, Run, RunPolicy, Runs
+from beatless.errors import ConfigError, StoreError
+from beatless.node.runs import DEFAULT_CHECK_WAIT, RUN_HEADER, Run, RunPolicy, Runs
 from beatless.stores.base import ClaimStore
 
 logger = logging.getLogger("beatless.node.runs")
@@ -156,13 +160,24 @@ class RunGate:
         with self._lock:
             if self._runs is None or self._pid != pid:
                 node = f"{self.hostname or 'celery'}:{pid}"
-                self._runs, self._pid = Runs(self._open_store, node), pid
+                runs = Runs(self._open_store, node, check_wait=self._check_wait())
+                self._runs, self._pid = runs, pid
             return self._runs
 
     def counts(self) -> dict[str, int]:
         """What this process decided so far, per verdict (see :class:`~beatless.node.runs.Run`)."""
         runs = self._runs
         return dict(runs.counts) if runs is not None and self._pid == os.getpid() else {}
+
+    def _check_wait(self) -> timedelta:
+        """``beatless_check_wait``; the default when the settings are refused (the store
+        cannot be opened then, and an error that is not an outage is not waited for)."""
+        from beatless.celery._settings import CelerySettings
+
+        try:
+            return CelerySettings.from_app(self.app).check_wait
+        except ConfigError:
+            return DEFAULT_CHECK_WAIT
 
     def _open_store(self) -> ClaimStore:
         from beatless.celery._schedule import open_claim_store
@@ -171,7 +186,7 @@ class RunGate:
         try:
             return open_claim_store(CelerySettings.from_app(self.app))
         except ConfigError as exc:
-            raise StoreUnavailable(f"the beatless settings name no usable store: {exc}") from None
+            raise StoreError(f"the beatless settings name no usable store: {exc}") from None
 
     def close(self) -> None:
         """Log this process's counts and close its store (a process that checked

@@ -27,6 +27,11 @@
 ``beatless_once_only``             Default ``once_only`` of an entry: a worker refuses a
                                    second copy of a firing it already runs or ran
                                    (counted ``duplicate``). Default: True.
+``beatless_check_wait``            How long a worker's check of a firing (once-only,
+                                   overlap ``skip``) waits for a claim store it cannot
+                                   reach, trying again every 0.5 s, before it gives the
+                                   check up (the task runs ``unchecked``, or is refused
+                                   under ``skip``). 0: at the first failure. Default: 30 s.
 ``beatless_lease``                 Lease of a pending claim on the two-phase path. Default: 30 s.
 ``beatless_force_two_phase``       Claim, then ``send_task``, then commit, even on the broker's
                                    own Redis (keeps the publish signals). Default: False.
@@ -75,6 +80,7 @@ from beatless.core.triggers import zone
 from beatless.core.urls import mask_url
 from beatless.errors import ConfigError, ScheduleError
 from beatless.node.dispatch import DEFAULT_LEASE
+from beatless.node.runs import DEFAULT_CHECK_WAIT, check_wait
 from beatless.ops.metrics import DEFAULT_ADDR, metrics_host, metrics_port, metrics_registry
 from beatless.schedule.options import (
     DEFAULT_CATCH_UP,
@@ -116,6 +122,7 @@ class CelerySettings:
     run_lease: timedelta = DEFAULT_RUN_LEASE
     heartbeat: timedelta = DEFAULT_HEARTBEAT
     once_only: bool = True
+    check_wait: timedelta = DEFAULT_CHECK_WAIT
     lease: timedelta = DEFAULT_LEASE
     force_two_phase: bool = False
     expires_from_lateness: bool = False
@@ -133,7 +140,8 @@ class CelerySettings:
             f"timezone={self.timezone!r}, max_late={self.max_late!r}, jitter={self.jitter!r}, "
             f"catch_up={self.catch_up!r}, overlap={self.overlap!r}, "
             f"run_lease={self.run_lease!r}, heartbeat={self.heartbeat!r}, "
-            f"once_only={self.once_only!r}, lease={self.lease!r}, "
+            f"once_only={self.once_only!r}, check_wait={self.check_wait!r}, "
+            f"lease={self.lease!r}, "
             f"force_two_phase={self.force_two_phase!r}, "
             f"expires_from_lateness={self.expires_from_lateness!r}, "
             f"preferred_claimer={self.preferred_claimer!r}, live={self.live!r}, "
@@ -166,6 +174,7 @@ class CelerySettings:
             namespace=read(lambda: _namespace(conf.get("beatless_namespace"), app, store_url), ""),
             timezone=read(lambda: app_timezone(app), "UTC"),
             **(options := read_options(given, lambda key: f"beatless_{key}", errors)),
+            check_wait=read(lambda: _check_wait(conf), DEFAULT_CHECK_WAIT),
             lease=read(lambda: _duration(conf, "beatless_lease", DEFAULT_LEASE), DEFAULT_LEASE),
             force_two_phase=read(lambda: _flag(conf, "beatless_force_two_phase"), False),
             preferred_claimer=read(
@@ -391,6 +400,11 @@ def _namespace(configured: Any, app: Any, store_url: str) -> str:
 def _duration(conf: Any, key: str, default: timedelta) -> timedelta:
     value = conf.get(key)
     return default if value is None else as_timedelta(value, name=key)
+
+
+def _check_wait(conf: Any) -> timedelta:
+    value = conf.get("beatless_check_wait")
+    return DEFAULT_CHECK_WAIT if value is None else check_wait(value, "beatless_check_wait")
 
 
 def _metrics_port(conf: Any) -> int | None:

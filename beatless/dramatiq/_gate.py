@@ -4,13 +4,15 @@ Every worker thread checks a beatless message before its actor's body (the middl
 ``before_process_message``): the run policy the message carries
 (:data:`~beatless.node.runs.RUN_HEADER`) is checked with :class:`~beatless.node.runs.Runs`
 on the claim store the scheduler uses, opened once per worker process (the CLI's worker
-processes are forks), and a refused run (``duplicate``, ``skipped_overlap``) raises
+processes are forks), waiting up to ``check_wait`` for a store it cannot reach, and a
+refused run (``duplicate``, ``skipped_overlap``) raises
 :class:`~dramatiq.middleware.SkipMessage`. A run that proceeds is ended when the message
 is processed or skipped, whatever the result (``after_process_message``,
 ``after_skip_message``). A message without a run policy passes untouched.
 
 :attr:`RunGate.counts` is what this process decided (``run``, ``rerun``, ``unchecked``,
-``duplicate``, ``skipped_overlap``, ``lease_lost``, and what became of the unchecked runs:
+``duplicate``, ``skipped_overlap``, ``lease_lost``, ``waited`` (checks that waited for the
+store), and what became of the unchecked runs:
 ``recorded_late``, ``ran_twice``, ``unrecorded``); each process logs its counts at INFO
 when its worker stops.
 """
@@ -105,7 +107,12 @@ class RunGate:
             runs = self._runs
             if runs is None or self._pid != pid or self._closed:
                 node = f"{self.settings.node or socket.gethostname()}:{pid}"
-                fresh = Runs(partial(self._store_of, broker), node, clock=self.settings.clock)
+                fresh = Runs(
+                    partial(self._store_of, broker),
+                    node,
+                    clock=self.settings.clock,
+                    check_wait=self.settings.check_wait,
+                )
                 if runs is not None and self._pid == pid:
                     fresh.counts = runs.counts  # the process's counts go on
                 else:

@@ -48,6 +48,7 @@ from beatless.dramatiq._settings import CONSUME_WITH, DramatiqSettings
 from beatless.dramatiq._store import runs_store, store_problems
 from beatless.errors import ScheduleError, StoreError
 from beatless.node.dispatch import DEFAULT_LEASE
+from beatless.node.runs import DEFAULT_CHECK_WAIT
 from beatless.node.scheduler import Scheduler
 from beatless.ops import metrics as exported
 from beatless.schedule.entry import Entry, Schedule
@@ -126,6 +127,11 @@ class Beatless(Middleware):
     that port listens on: ``127.0.0.1`` (this host only) unless given, ``0.0.0.0`` for a
     Prometheus on another host.
 
+    ``check_wait`` (30 s unless given): how long a worker's check of a firing (once-only,
+    overlap ``skip``) waits for a claim store it cannot reach, trying again every 0.5 s,
+    before it gives the check up: the message then runs ``unchecked``, or is skipped under
+    ``skip``. ``0`` gives it up at the first failure.
+
     ``preferred_claimer`` (default on): each firing is claimed first by one node of the
     live registry, chosen by rendezvous hashing on its id, the others claiming only if it
     did not (:mod:`beatless.node._prefer`); off, every node claims every firing.
@@ -149,6 +155,7 @@ class Beatless(Middleware):
         run_lease: DurationLike = DEFAULT_RUN_LEASE,
         heartbeat: DurationLike = DEFAULT_HEARTBEAT,
         once_only: bool = True,
+        check_wait: DurationLike = DEFAULT_CHECK_WAIT,
         lease: DurationLike = DEFAULT_LEASE,
         tenant_kwarg: str | None = "tenant",
         on_schedule_error: str = REFUSE,
@@ -172,6 +179,7 @@ class Beatless(Middleware):
             run_lease=run_lease,
             heartbeat=heartbeat,
             once_only=once_only,
+            check_wait=check_wait,
             lease=lease,
             tenant_kwarg=tenant_kwarg,
             on_schedule_error=on_schedule_error,
@@ -266,8 +274,9 @@ class Beatless(Middleware):
     def run_counts(self) -> dict[str, int]:
         """The verdicts of this process's runs so far: ``run``, ``rerun``, ``unchecked``
         (proceeded), ``duplicate``, ``skipped_overlap`` (refused), ``lease_lost`` (a run
-        that went on after its records lapsed), and ``recorded_late``, ``ran_twice``,
-        ``unrecorded`` (what became of the unchecked runs, see :mod:`beatless.node.runs`)."""
+        that went on after its records lapsed), ``waited`` (checks that waited for the
+        store), and ``recorded_late``, ``ran_twice``, ``unrecorded`` (what became of the
+        unchecked runs, see :mod:`beatless.node.runs`)."""
         return self.gate.counts
 
     def status_store(self, broker: Broker) -> ClaimStore:

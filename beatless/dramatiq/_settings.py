@@ -21,6 +21,7 @@ from beatless.core.durations import DurationLike, as_timedelta
 from beatless.core.triggers import zone
 from beatless.core.urls import mask_url
 from beatless.errors import ConfigError
+from beatless.node.runs import check_wait as _check_wait
 from beatless.ops import metrics as exported
 from beatless.schedule.entry import Entry
 from beatless.schedule.options import BY_NAME, SHARED_NAMES
@@ -53,6 +54,7 @@ class DramatiqSettings:
     run_lease: timedelta
     heartbeat: timedelta
     once_only: bool
+    check_wait: timedelta
     lease: timedelta
     tenant_kwarg: str | None
     on_schedule_error: str
@@ -79,6 +81,7 @@ class DramatiqSettings:
         run_lease: DurationLike,
         heartbeat: DurationLike,
         once_only: bool,
+        check_wait: DurationLike,
         lease: DurationLike,
         tenant_kwarg: str | None,
         on_schedule_error: str,
@@ -105,6 +108,7 @@ class DramatiqSettings:
             run_lease=_option("run_lease", run_lease),
             heartbeat=_option("heartbeat", heartbeat),
             once_only=_option("once_only", once_only),
+            check_wait=_check_wait(check_wait, "Beatless: check_wait"),
             lease=as_timedelta(lease, name="Beatless: lease"),
             tenant_kwarg=tenant_kwarg,
             on_schedule_error=_on_schedule_error(on_schedule_error),

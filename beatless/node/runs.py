@@ -21,11 +21,18 @@ the run goes on and renewed every ``heartbeat`` by one thread per worker process
 worker killed mid-run stops renewing: its records lapse ``run_lease`` after the last
 heartbeat, and the address is free again.
 
-When the store cannot be reached at the start of a run, a once-only check is given up
-(the task runs, counted ``unchecked``: the firing was claimed before it was enqueued, so
-only the rare unknown-send case could make it a second copy) while a run lease is not
-(the task is refused, counted ``skipped_overlap``: two runs at once is what ``skip``
-promises never to allow).
+When the store cannot be reached at the start of a run (it answers
+:class:`~beatless.errors.StoreUnavailable`), the check waits for it: it is tried again
+every :data:`CHECK_EVERY_S` for up to the worker's ``check_wait`` (:data:`DEFAULT_CHECK_WAIT`,
+counted ``waited``), so that a store restarted or a link cut for less than that costs no
+run without its check. The second copy of a firing sent twice (the two-phase window) is
+sent only once the store answers again, and a copy that was checked, however late, is
+judged by the store like any other: of two copies, one runs and the other is refused.
+Once ``check_wait`` has passed (or at once for any other
+:class:`~beatless.errors.StoreError`), a once-only check is given up (the task runs,
+counted ``unchecked``, with a WARNING: never dropped unseen) while a run lease is not (the
+task is refused, counted ``skipped_overlap``: two runs at once is what ``skip`` promises
+never to allow).
 
 An ``unchecked`` run is not left unrecorded: the heartbeat thread claims its once-only
 record again, with the run's own token, every :data:`RECORD_EVERY_S`, until the store
@@ -49,9 +56,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 
 from beatless.core._logtext import ERROR_LIMIT, shown
-from beatless.errors import ConfigError, StoreError
+from beatless.core.durations import DurationLike, as_timedelta, describe
+from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.node._run_records import (
     RUN_HEADER,
     RUN_RECORD_MEMORY_MS,
@@ -66,6 +75,8 @@ from beatless.stores.base import NEVER_LATE_MS, ClaimRequest, ClaimStore, Outcom
 logger = logging.getLogger("beatless.node.runs")
 
 __all__ = [
+    "CHECK_EVERY_S",
+    "DEFAULT_CHECK_WAIT",
     "NEVER_LATE_MS",
     "OFFSET_EVERY_S",
     "RECORD_EVERY_S",
@@ -75,6 +86,7 @@ __all__ = [
     "Run",
     "RunPolicy",
     "Runs",
+    "check_wait",
 ]
 
 RETRY_WAIT_MS = 5_000
@@ -88,6 +100,24 @@ RECORD_EVERY_S = 0.5
 """How often an ``unchecked`` run tries to record its once-only record (from the start of
 one try to the next: a try the store does not answer takes its timeout)."""
 
+DEFAULT_CHECK_WAIT = timedelta(seconds=30)
+"""How long a run's check waits for a store that cannot be reached before it gives up
+(``beatless_check_wait``, ``Beatless(check_wait=...)``): a store restart or failover
+within it costs no ``unchecked`` run, and a task starts at most this late for it."""
+
+CHECK_EVERY_S = 0.5
+"""How often a run's check tries the store again while it waits for it (from the start of
+one try to the next)."""
+
+
+def check_wait(value: DurationLike, name: str = "check_wait") -> timedelta:
+    """``value`` read as a worker's ``check_wait`` (``name`` in the error): a duration,
+    zero (give a check up at its first failure) or more."""
+    wait = as_timedelta(value, name=name)
+    if wait < timedelta(0):
+        raise ConfigError(f"{name}: must be zero or more, got {value!r}")
+    return wait
+
 
 _ANOTHER_COPY = (Outcome.HELD, Outcome.LOST, Outcome.FORGOTTEN)
 
@@ -100,6 +130,9 @@ class Runs:
     connection. The records are claimed on the store's clock: the process measures its
     offset to it when it opens the store and every minute, so a worker whose clock is off
     is neither refused as early nor judged late.
+
+    A check that finds the store unreachable waits for it up to ``check_wait`` (see the
+    module docstring) before it gives the check up.
 
     A copy of a firing that finds another copy's once-only record pending waits, asking
     again every ``heartbeat``, for at most one ``run_lease`` and a heartbeat: a record
@@ -115,10 +148,12 @@ class Runs:
         node: str,
         *,
         clock: Callable[[], float] = time.time,
+        check_wait: timedelta = DEFAULT_CHECK_WAIT,
     ) -> None:
         self._open_store = open_store
         self.node = node
         self._clock = clock
+        self.check_wait = check_wait
         self._store: ClaimStore | None = None
         self._pid = 0
         self._lock = threading.Lock()
@@ -147,8 +182,10 @@ class Runs:
             if self._store is None:
                 try:
                     self._store = self._open_store()
-                except (ConfigError, OSError) as exc:
+                except ConfigError as exc:
                     raise StoreError(f"the claim store cannot be opened: {exc}") from exc
+                except OSError as exc:
+                    raise StoreUnavailable(f"the claim store cannot be opened: {exc}") from exc
                 self._offset_at = -OFFSET_EVERY_S
             self._start_beat()
             return self._store
@@ -190,11 +227,7 @@ class Runs:
         run = Run(firing_id, address, policy, f"{self.node}#{uuid.uuid4().hex[:8]}", "run")
         executed = executed_id(firing_id, attempt) if policy.once_only else ""
         try:
-            store = self._ensure()
-            self._measure_offset(store)
-            if executed:
-                self._record_earlier(store, executed)
-            requests, outcomes = self._claim_records(store, run, attempt)
+            requests, outcomes = self._check(run, attempt, executed)
         except StoreError as exc:
             return self._unreachable(run, exc, executed)
         self._judge(run, requests, outcomes, attempt)
@@ -205,6 +238,45 @@ class Runs:
                 self._active[run.token] = run
             self._wake.set()
         return run
+
+    def _check(
+        self, run: Run, attempt: int, executed: str
+    ) -> tuple[list[ClaimRequest], list[Outcome]]:
+        """Claim the run's records; while the store is unavailable, try again every
+        :data:`CHECK_EVERY_S` until :attr:`check_wait` has passed since the first try, with
+        the run's one token throughout (a claim of a try whose answer was lost is its
+        own). Raises the last :class:`~beatless.errors.StoreError` when it gives up (saying
+        for how long it tried, if it tried again)."""
+        first = time.monotonic()
+        deadline = first + self.check_wait.total_seconds()
+        waited = False
+        while True:
+            began = time.monotonic()
+            try:
+                store = self._ensure()
+                self._measure_offset(store)
+                if executed:
+                    self._record_earlier(store, executed)
+                return self._claim_records(store, run, attempt)
+            except StoreUnavailable as exc:
+                now = time.monotonic()
+                pause = max(began + CHECK_EVERY_S - now, 0.0)
+                if now + pause >= deadline:
+                    if not waited:
+                        raise
+                    raise StoreUnavailable(f"{exc} (tried for {now - first:.1f} s)") from None
+                if not waited:
+                    waited = True
+                    self._count("waited")
+                    logger.info(
+                        "beatless: firing %s of %s waits for the claim store (up to %s) "
+                        "before its check: %s",
+                        run.firing_id,
+                        shown(run.address),
+                        describe(self.check_wait),
+                        shown(exc, quoted=False, limit=ERROR_LIMIT),
+                    )
+                time.sleep(pause)
 
     def _claim_records(
         self, store: ClaimStore, run: Run, attempt: int

@@ -306,6 +306,7 @@ def test_a_store_that_cannot_be_opened_gives_up_once_only_and_refuses_skip(
         raise StoreUnavailable("no store today")
 
     monkeypatch.setattr(gate, "_open_store", unreachable)
+    app.conf.beatless_check_wait = 0  # given up at once (the wait: test_runs_wait.py)
     work = app.tasks["proj.work"]
     assert work.apply((1,), task_id="f-u", headers=headers()).state == "SUCCESS"
     assert work.apply((2,), task_id="f-s", headers=headers(overlap="skip")).state == "IGNORED"
@@ -317,6 +318,19 @@ def test_a_store_the_settings_cannot_name_counts_as_unreachable(app: Celery) -> 
     work = app.tasks["proj.work"]
     assert work.apply((1,), task_id="f-n", headers=headers()).state == "SUCCESS"
     assert gate_of(app).counts() == {"unchecked": 1}
+
+
+def test_the_check_wait_is_an_app_setting_the_runs_of_each_worker_process_take() -> None:
+    assert CelerySettings.from_app(make_app()).check_wait == timedelta(seconds=30)
+    app = make_app(beatless_check_wait="2s")
+    assert CelerySettings.from_app(app).check_wait == timedelta(seconds=2)
+    gate = RunGate(app)
+    assert gate.runs().check_wait == timedelta(seconds=2)
+    gate.close()
+    with pytest.raises(ScheduleError, match="beatless_check_wait: must be zero or more"):
+        CelerySettings.from_app(make_app(beatless_check_wait=-1))
+    # Settings that name no store: the default, and no store to wait for anyway.
+    assert RunGate(make_app(beatless_store_url=7)).runs().check_wait == timedelta(seconds=30)
 
 
 def test_the_step_exposes_the_gate_and_its_counts(app: Celery) -> None:

@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import dramatiq
@@ -275,6 +276,18 @@ def test_bad_middleware_defaults_are_refused_at_once() -> None:
         bd.Beatless(store="memory://", once_only=1)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="run_lease"):
         bd.Beatless(store="memory://", run_lease="later")
+    with pytest.raises(ConfigError, match="Beatless: check_wait: must be zero or more"):
+        bd.Beatless(store="memory://", check_wait=-1)
+
+
+def test_the_check_wait_is_a_middleware_option_the_runs_of_each_process_take(
+    broker: StubBroker,
+) -> None:
+    assert bd.Beatless(store="memory://").check_wait == timedelta(seconds=30)
+    waits = bd.Beatless(store="memory://", check_wait="2s")
+    assert waits.check_wait == timedelta(seconds=2)
+    assert waits.gate.runs(broker).check_wait == timedelta(seconds=2)
+    waits.gate.close()
 
 
 # -- the gate -----------------------------------------------------------------------------------

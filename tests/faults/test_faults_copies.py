@@ -5,7 +5,9 @@ second send: a node that sent a firing and could not commit it before its lease 
 leaves it to another node, which sends it again under the same task id (the two-phase
 window, docs/reliability.md). Each such firing must be told by the node that sent it
 first (``two_phase_window``, or its WARNING naming the firing), and the workers' once-only
-check (``beatless.celery._gate``) must refuse the second copy.
+check (``beatless.celery._gate``) must refuse the second copy. A worker that cannot reach
+the store waits for it (``check_wait``, 30 s) rather than run a copy unchecked: each fault
+here is shorter than that, so no copy may run unchecked either.
 
 Three ``copies_node`` processes (``fault_node`` sending real Celery messages) schedule on
 the two-phase path against a private PostgreSQL or a private ``nats-server -js``, each
@@ -19,16 +21,20 @@ and an entry every second; the fault is injected while a node sends the second f
   firings it sent and could not commit;
 * ``all_links``: every node's link to the store paused 8 s (the workers reach it);
 * ``store_cut_off``: every link to the store paused 8 s, the workers' too: a worker that
-  checks the first copy meanwhile gives its check up (``unchecked``) and runs it, then
-  records its once-only record once the link is back, so the second copy is refused;
+  checks the first copy meanwhile waits for the store (``waited``) and checks it once the
+  link is back, so of the first copy and the second one, one runs;
 * ``restart``: the store stopped (SIGKILL) mid-fan-out, down 2 s, started again with its
-  data (PostgreSQL ``synchronous_commit`` on; NATS on the same JetStream directory).
+  data (PostgreSQL ``synchronous_commit`` on; NATS on the same JetStream directory). A
+  check whose request was under way at the kill fails only at the request's timeout (NATS:
+  5 s), after the store is back and maybe after the second copy ran on the other worker:
+  it is tried again then, and refused.
 
 Counted per firing: copies sent (the nodes' records), copies run (the workers' notes in
 the broker), and whether each firing sent twice was reported by a node (counted
 ``two_phase_window``, or named in its WARNING); misses reported and unreported (from the
-nodes' decisions, ``analysis``). Asserted: no firing run twice, every firing sent twice
-reported, no miss unreported. Each scenario takes about 65 s (``store_cut_off`` 100 s).
+nodes' decisions, ``analysis``). Asserted: no firing run twice, none run unchecked, every
+firing sent twice reported, no miss unreported. Each scenario takes about 65 s
+(``store_cut_off`` 100 s).
 """
 
 from __future__ import annotations
@@ -44,7 +50,9 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +61,17 @@ import postgres_server
 import pytest
 import redis
 from analysis import read_records
-from copies_app import QUEUE, RUNS
+from copies_app import NAMESPACE, QUEUE, RUNS
 from harness import Fleet, next_whole_second
 from nats_server import NatsServer, nats_server_binary
 from proxy import Proxy
 from redis_server import RedisServer
 from test_faults import GRACE_S, NODES, assert_clean, fanout, schedule, wait_for_sender
 from test_faults_stores import missing
+
+from beatless.node.runs import RunPolicy, Runs
+from beatless.schedule.firing import firing_id
+from beatless.stores import open_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
@@ -85,9 +97,10 @@ REPORTED = re.compile(
 WORKER_VERDICT = re.compile(
     r"beatless: firing (\S+) of \S+ (?:\(attempt \d+\) )?(not run: another copy|runs again|"
     r"runs without its once-only check|run without its once-only check|has its once-only "
-    r"record|ran without its once-only check and was a second copy)"
+    r"record|ran without its once-only check and was a second copy|waits for the claim store)"
 )
 VERDICT_NAMES = {
+    "waits for the claim store": "waited",
     "not run: another copy": "duplicate",
     "runs again": "rerun",
     "has its once-only record": "recorded_late",
@@ -362,6 +375,8 @@ def copies_scenario(
     problems = []
     if copies.ran_twice:
         problems.append(f"firings run twice: {copies.ran_twice}")
+    if copies.verdicts["unchecked"]:
+        problems.append(f"{copies.verdicts['unchecked']} copies run unchecked")
     if copies.unreported:
         problems.append(f"firings sent twice that no node reported: {copies.unreported}")
     assert not problems, (
@@ -396,3 +411,60 @@ def test_second_copies_are_reported_and_never_run_twice(
     copies_scenario(
         private_store, fault, proxy=proxy, fleet=fleet, workers=workers, monkeypatch=monkeypatch
     )
+
+
+# -- one firing across a restart -------------------------------------------------------------
+
+CHECK_WAIT = timedelta(seconds=20)
+"""The workers' ``check_wait`` below: longer than the restart and the cut link together."""
+ONE_FIRING = RunPolicy("allow", 30_000, 5_000, True, 80_000)
+PROCEEDS = ("run", "rerun", "unchecked")
+
+
+def test_a_copy_whose_check_meets_a_store_restart_waits_and_one_copy_runs(
+    private_store: PrivateStore, proxy: ProxyFactory
+) -> None:
+    """The path that ran a firing twice (NATS ``restart``, under load): a worker's check of
+    the first copy was under way when the store was killed, and failed only at its
+    request's timeout (5 s), after the store was back; the second copy, sent meanwhile by
+    the node that took the firing over, was checked on the other worker and ran. Given up
+    then, the first copy ran too (``unchecked``, later ``ran_twice``).
+
+    Here the first worker's link holds its bytes from just before the kill until after the
+    second copy ran (its request under way is never answered; a store timeout of 1 s), and
+    the second worker reaches the store directly: the first copy must wait for the store
+    and be refused, whatever the store."""
+    held, direct = proxy(private_store.address), proxy(private_store.address)
+
+    def worker(name: str, link: Proxy) -> Runs:
+        url = private_store.url_through(link) + "&timeout=1"
+        return Runs(lambda: open_store(url, namespace=NAMESPACE), name, check_wait=CHECK_WAIT)
+
+    first_worker, second_worker = worker("w1", held), worker("w2", direct)
+    address = f"{NAMESPACE}/restart/{uuid.uuid4().hex[:8]}"
+    id_ = firing_id(address, 1_800_000_000_000)
+    try:
+        for k, runs in enumerate((first_worker, second_worker)):  # both met the store before
+            runs.end(runs.start(firing_id(address, 1_700_000_000_000 + k), address, ONE_FIRING))
+        held.pause()
+        with ThreadPoolExecutor(1) as pool:
+            checking = pool.submit(first_worker.start, id_, address, ONE_FIRING)
+            time.sleep(0.2)  # its claim is under way, held by the link
+            private_store.kill()
+            time.sleep(DOWN_S)
+            private_store.start()
+            second = second_worker.start(id_, address, ONE_FIRING)
+            second_worker.end(second)
+            time.sleep(2.0)  # the first check's request times out meanwhile
+            held.resume()
+            first = checking.result(timeout=CHECK_WAIT.total_seconds() + 10)
+        first_worker.end(first)
+    finally:
+        first_worker.close()
+        second_worker.close()
+
+    verdicts = [first.verdict, second.verdict]
+    print(f"{private_store.name}: verdicts {verdicts}; {first_worker.counts}")
+    assert [v for v in verdicts if v in PROCEEDS] == ["run"], verdicts
+    assert verdicts == ["duplicate", "run"]
+    assert first_worker.counts.get("waited") == 1
