@@ -34,18 +34,8 @@ counted ``unchecked``, with a WARNING: never dropped unseen) while a run lease i
 task is refused, counted ``skipped_overlap``: two runs at once is what ``skip`` promises
 never to allow).
 
-An ``unchecked`` run is not left unrecorded: the heartbeat thread claims its once-only
-record again, with the run's own token, every :data:`RECORD_EVERY_S`, until the store
-answers. A claim the check gave up on may still reach the store late (a link that held
-its bytes) and sit pending under that token: it is this run's own, so it is won again.
-Won while the run goes on, the record is held and renewed like any other and committed
-at the end; won after the run ended, it is committed at once (counted ``recorded_late``
-either way). So a later copy of the firing is refused (``duplicate``) as it would have
-been had the check succeeded. Found held or committed by another copy, this run was a
-second copy that ran unchecked: counted ``ran_twice``, told once at WARNING, nothing
-more to do. The tries stop when the store answers, or once the run has ended and the
-once-only memory passed (counted ``unrecorded``): a copy arriving after that would not
-be refused by a record anyway.
+An ``unchecked`` run is not left unrecorded: the heartbeat thread records it late
+(:mod:`beatless.node._unchecked`).
 """
 
 from __future__ import annotations
@@ -68,6 +58,12 @@ from beatless.node._run_records import (
     RunPolicy,
     _record,
     _requests,
+)
+from beatless.node._unchecked import (
+    ANOTHER_COPY,
+    OFFSET_EVERY_S,
+    RECORD_EVERY_S,
+    UncheckedRecords,
 )
 from beatless.schedule.firing import executed_id, run_lease_id
 from beatless.stores.base import NEVER_LATE_MS, ClaimRequest, ClaimStore, Outcome
@@ -93,13 +89,6 @@ RETRY_WAIT_MS = 5_000
 """How long a framework retry of a firing (attempt > 0) with overlap ``skip`` waits for
 the attempt that sent it to release the address's run lease."""
 
-OFFSET_EVERY_S = 60.0
-"""How often a worker process measures its offset to the store's clock."""
-
-RECORD_EVERY_S = 0.5
-"""How often an ``unchecked`` run tries to record its once-only record (from the start of
-one try to the next: a try the store does not answer takes its timeout)."""
-
 DEFAULT_CHECK_WAIT = timedelta(seconds=30)
 """How long a run's check waits for a store that cannot be reached before it gives up
 (``beatless_check_wait``, ``Beatless(check_wait=...)``): a store restart or failover
@@ -119,10 +108,7 @@ def check_wait(value: DurationLike, name: str = "check_wait") -> timedelta:
     return wait
 
 
-_ANOTHER_COPY = (Outcome.HELD, Outcome.LOST, Outcome.FORGOTTEN)
-
-
-class Runs:
+class Runs(UncheckedRecords):
     """The runs of one worker process: checked at start, renewed, ended.
 
     ``open_store`` is called in the process that first needs a store (and again after a
@@ -347,7 +333,7 @@ class Runs:
         run.executed = executed if executed in run.held else ""
         if executed:
             said = by_id[executed]
-            if said in _ANOTHER_COPY:
+            if said in ANOTHER_COPY:
                 logger.warning(
                     "beatless: firing %s of %s (attempt %d) not run: another copy of it %s",
                     firing_id,
@@ -474,135 +460,6 @@ class Runs:
             upcoming = [r.next_renewal for r in self._active.values()]
             upcoming += [r.next_record for r in self._unrecorded.values()]
         return max(0.05, min(upcoming, default=now + 1.0) - time.monotonic())
-
-    # -- recording an unchecked run --------------------------------------------------------
-
-    def _record_due(self) -> None:
-        """Try to record each ``unchecked`` run whose try is due; stop at the first try the
-        store does not answer (the others would wait for its timeout too)."""
-        now = time.monotonic()
-        with self._lock:
-            due = [r for r in self._unrecorded.values() if r.next_record <= now]
-        store = self._records_store() if due else None
-        for run in due:
-            if run.record_until is not None and now > run.record_until:
-                self._give_up_record(run)
-                continue
-            run.next_record = time.monotonic() + RECORD_EVERY_S
-            if store is None:
-                continue
-            try:
-                self._write_record(store, run)
-            except StoreError as exc:
-                logger.debug(
-                    "beatless: once-only record of firing %s of %s not written yet: %s",
-                    run.firing_id,
-                    shown(run.address),
-                    shown(exc, quoted=False, limit=ERROR_LIMIT),
-                )
-                return
-
-    def _records_store(self) -> ClaimStore | None:
-        """The process's store for the heartbeat thread, opened again if a run's start
-        could not open it; ``None`` once closed, or while it cannot be opened."""
-        with self._lock:
-            if self._closed or self._pid != os.getpid():
-                return None
-            if self._store is None:
-                try:
-                    self._store = self._open_store()
-                except (ConfigError, OSError, StoreError):
-                    return None
-                self._offset_at = -OFFSET_EVERY_S
-            return self._store
-
-    def _record_earlier(self, store: ClaimStore, executed: str) -> None:
-        """Before a copy of a firing is checked, record this process's ``unchecked`` run of
-        the same firing, if any: that run is the first copy. Raises
-        :class:`~beatless.errors.StoreError` when the store does not answer."""
-        with self._lock:
-            earlier = [r for r in self._unrecorded.values() if r.unrecorded == executed]
-        for run in earlier:
-            self._write_record(store, run)
-
-    def _write_record(self, store: ClaimStore, run: Run) -> None:
-        """Claim ``run``'s once-only record with its own token; on an answer, hold it (the
-        run goes on), commit it (the run ended), or tell that another copy has it."""
-        record = run.unrecorded
-        request = _record(record, run.address, self._now_ms(), run.policy.memory_ms)
-        (said,) = store.claim([request], node=run.token, lease_ms=run.policy.lease_ms)
-        if said.is_won:
-            with self._lock:
-                if self._unrecorded.pop(run.token, None) is None:
-                    return  # recorded meanwhile by another thread
-                ended = run._ended
-                if not ended:  # held and renewed from now on, committed by end()
-                    run.held, run.executed = (record,), record
-                    run.next_renewal = time.monotonic() + run.policy.heartbeat_ms / 1_000
-                    self._active[run.token] = run
-            if ended and not self._commit_record(store, run):
-                return
-            self._count("recorded_late")
-            logger.info(
-                "beatless: firing %s of %s has its once-only record now that the claim store "
-                "answers (it ran unchecked): a later copy of it is refused",
-                run.firing_id,
-                shown(run.address),
-            )
-            return
-        with self._lock:
-            if self._unrecorded.pop(run.token, None) is None:
-                return
-        if said in _ANOTHER_COPY:
-            self._count("ran_twice")
-            logger.warning(
-                "beatless: firing %s of %s ran without its once-only check and was a second "
-                "copy: another copy of it %s",
-                run.firing_id,
-                shown(run.address),
-                {
-                    Outcome.HELD: "runs",
-                    Outcome.LOST: "ran",
-                    Outcome.FORGOTTEN: "may have run before the claim store lost its memory",
-                }[said],
-            )
-        else:
-            self._count("unrecorded")
-            logger.warning(
-                "beatless: firing %s of %s ran without its once-only check, and its "
-                "once-only record cannot be written: the claim store answered %s",
-                run.firing_id,
-                shown(run.address),
-                said.value,
-            )
-
-    def _commit_record(self, store: ClaimStore, run: Run) -> bool:
-        """Commit the once-only record of ``run``, which ended; when that fails, put the
-        run back among those to record (the next try claims the record again)."""
-        try:
-            committed = all(store.commit([run.unrecorded], node=run.token))
-        except StoreError:
-            committed = False
-            raise
-        finally:
-            if not committed:
-                with self._lock:
-                    self._unrecorded.setdefault(run.token, run)
-        return committed
-
-    def _give_up_record(self, run: Run) -> None:
-        with self._lock:
-            if self._unrecorded.pop(run.token, None) is None:
-                return
-        self._count("unrecorded")
-        logger.warning(
-            "beatless: firing %s of %s ran without its once-only check, and the claim store "
-            "could not be reached to record it for the entry's memory of %d ms after the "
-            "run ended: a later copy of it would have run",
-            run.firing_id,
-            shown(run.address),
-            run.policy.memory_ms,
-        )
 
     def _renew(self, store: ClaimStore, run: Run) -> None:
         run.next_renewal = time.monotonic() + run.policy.heartbeat_ms / 1_000
