@@ -141,8 +141,8 @@ def frozen_node_scenario(store_url: str, fleet: FleetFactory, *, lead_s: int) ->
     until = anchor + 60 + 20 + GRACE_S
     run.start({"store": store_url, "send_delay_s": 0.05, "lease_s": 6, "until": until}, NODES)
     victim = wait_for_sender(run, anchor, count=3, timeout=anchor + 10 - time.time())
-    frozen = time.time()
     run.freeze(victim)
+    frozen = time.time()  # after the signal: a send begun before it is in flight at the fault
     time.sleep(30)
     run.thaw(victim)
     run.fault(f"{victim} frozen", frozen, time.time())

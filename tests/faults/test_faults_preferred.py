@@ -109,8 +109,8 @@ def kill(*names: str) -> Callable[[Fleet], None]:
 
 
 def freeze_n1_for_30s(run: Fleet) -> None:
-    frozen = time.time()
     run.freeze("n1")
+    frozen = time.time()  # after the signal: a send begun before it is in flight at the fault
     time.sleep(30)
     run.thaw("n1")
     run.fault("n1 frozen", frozen, time.time())
