@@ -94,7 +94,7 @@ def rate(
     store = bench.store(durable)
     try:
         store.claim(bench.requests(1), node="warm", lease_ms=LEASE_MS)  # connect, epoch
-        before = dict(store._session.sent)
+        before = dict(store._sessions.sent())
         done, started = 0, time.perf_counter()
         while done == 0 or time.perf_counter() - started < seconds:
             batch = bench.requests(size)
@@ -103,7 +103,7 @@ def rate(
             assert all(store.commit([r.id for r in batch], node="bench"))
             done += size
         elapsed = time.perf_counter() - started
-        sent = {k: v - before.get(k, 0) for k, v in store._session.sent.items()}
+        sent = {k: v - before.get(k, 0) for k, v in store._sessions.sent().items()}
     finally:
         store.close()
     return done / elapsed, sum(sent.values()) / done, sent
@@ -132,10 +132,11 @@ def declarations(url: str, bench: Bench, n: int = 1_000) -> tuple[float, float]:
         yield a.Declare(name, durable=True, arguments=args)
 
     try:
-        store._session.run([declare(names[0])])  # connect
-        started = time.perf_counter()
-        store._session.run([declare(name) for name in names[1:]])
-        parallel = (n - 1) / (time.perf_counter() - started)
+        with store._sessions.take("declare") as session:
+            session.run([declare(names[0])])  # connect
+            started = time.perf_counter()
+            session.run([declare(name) for name in names[1:]])
+            parallel = (n - 1) / (time.perf_counter() - started)
     finally:
         store.close()
     return sequential, parallel

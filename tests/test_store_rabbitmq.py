@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -264,11 +265,7 @@ def test_two_phase_node_frozen_mid_send_commits_false_and_one_other_node_sent_it
     # The documented residual: a node frozen after its send and before its commit,
     # longer than its lease. Another node sends the firing again under the same id; the
     # frozen node's commit says so (False, a WARNING), and nobody sends it a third time.
-    entry = Entry(name="job", task="tasks.job", trigger=Every(60), max_late="5m")
-    schedule = Schedule([entry], namespace=f"rmq{uuid.uuid4().hex[:8]}")
-    occurrence = (int(time.time()) // 60) * 60_000
-    firing = Firing.of(entry, None, schedule.address(entry), occurrence)
-    ns.ids.add(firing.id)
+    firing = job_firing(ns)
     sent: list[str] = []
     sending = threading.Event()
 
@@ -299,6 +296,16 @@ def test_two_phase_node_frozen_mid_send_commits_false_and_one_other_node_sent_it
     assert results["b"] == ["takeover"]
     assert results["c"] == ["lost"]  # b committed before c asked
     assert "claim ran out before commit" in caplog.text
+
+
+def job_firing(ns: Namespace) -> Firing:
+    """A firing of an entry of a namespace of its own; its slot is deleted on cleanup."""
+    entry = Entry(name="job", task="tasks.job", trigger=Every(60), max_late="5m")
+    schedule = Schedule([entry], namespace=f"rmq{uuid.uuid4().hex[:8]}")
+    occurrence = (int(time.time()) // 60) * 60_000
+    firing = Firing.of(entry, None, schedule.address(entry), occurrence)
+    ns.ids.add(firing.id)
+    return firing
 
 
 def dispatch(dispatcher: TwoPhase, firing: Firing, node: str) -> list[str]:
@@ -369,6 +376,36 @@ def test_a_release_frees_the_slot_at_once_and_the_released_claim_cannot_be_commi
 
     assert a.commit([request.id], node="a") == [False]
     assert one(b, request, "b", lease_ms=60_000) is Outcome.TAKEOVER
+
+
+def test_a_release_that_gets_another_claim_gives_it_back_before_it_returns(
+    ns: Namespace,
+    channel: pika.adapters.blocking_connection.BlockingChannel,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A node whose claim ran out before its release reached the broker (its clock here
+    # stands still) gets another node's claim from the slot, and gives it back. Until the
+    # broker has it back, the slot is open to a third claim: the message giving it back
+    # must be written before the release returns, not at this connection's next call.
+    still = time.monotonic()
+    a = ns.store(monotonic=lambda: still)
+    b, c = ns.store(), ns.store()
+    request = ns.firing()
+    assert one(a, request, "a", lease_ms=500) is Outcome.WON
+    time.sleep(0.7)
+    assert one(b, request, "b", lease_ms=60_000) is Outcome.TAKEOVER
+
+    a.release([request.id], node="a")  # no call on a's connection after it
+
+    slot = f"{ns.prefix}c.{request.id}"
+    counts = [channel.queue_declare(slot, passive=True).method.message_count]
+    deadline = time.monotonic() + 5
+    while counts[-1] == 0 and time.monotonic() < deadline:  # the queue's own work
+        time.sleep(0.02)
+        counts.append(channel.queue_declare(slot, passive=True).method.message_count)
+    assert counts[-1] == 1, counts
+    assert one(c, request, "c") is Outcome.HELD
+    assert "held another claim than ours" in caplog.text
 
 
 @pytest.mark.serial
@@ -558,7 +595,8 @@ def test_a_lost_connection_is_opened_again_at_the_next_call(ns: Namespace) -> No
     store = ns.store()
     request = ns.firing()
     assert one(store, request, "a") is Outcome.WON
-    store._session.close()  # as if the broker had closed an idle connection
+    for session in store._sessions.idle:
+        session.close()  # as if the broker had closed an idle connection
 
     assert store.commit([request.id], node="a") == [True]
     assert one(ns.store(), request, "b") is Outcome.LOST
@@ -617,3 +655,73 @@ def test_claims_and_commits_never_wait_for_a_notes_read(ns: Namespace) -> None:
     reader.join(10)
 
     assert took < 1.0, f"claim and commit took {took:.2f}s behind a notes read"
+
+
+def slowed(store: RabbitMQStore, request: ClaimRequest, seconds: float) -> threading.Event:
+    """Make the claims of ``request`` through ``store`` take ``seconds`` more (a node's
+    missed-firing sweep claiming thousands of markers, on a loaded broker); the event is
+    set once such a claim is under way."""
+    under_way = threading.Event()
+    claim_batch = store._claim_batch
+
+    def slow_claim_batch(*args: Any, **kwargs: Any) -> list[Outcome]:
+        if any(r.id == request.id for r in args[0]):
+            under_way.set()
+            time.sleep(seconds)
+        return claim_batch(*args, **kwargs)
+
+    store._claim_batch = slow_claim_batch  # type: ignore[method-assign]
+    return under_way
+
+
+@pytest.mark.serial
+def test_a_commit_never_waits_for_a_long_claim_of_another_thread(ns: Namespace) -> None:
+    """A node's board claims from a thread of its own (missed markers) through the same
+    store object as its loop: a commit made meanwhile, whose lease is running, is not
+    held up by that claim. Here the other claim is made to take 3 s."""
+    store = ns.store()
+    request, marker = ns.firing(), ns.firing()
+    under_way = slowed(store, marker, 3.0)
+    assert one(store, request, "a", lease_ms=1_000) is Outcome.WON
+    sweep = threading.Thread(target=one, args=(store, marker, "a", 30_000))
+    sweep.start()
+    assert under_way.wait(10)
+    began = time.monotonic()
+    committed = store.commit([request.id], node="a")
+    took = time.monotonic() - began
+    sweep.join(10)
+
+    assert committed == [True], f"the commit took {took:.2f}s, past its 1 s lease"
+
+
+@pytest.mark.serial
+def test_a_sent_firing_is_committed_in_time_while_another_thread_of_its_node_claims(
+    ns: Namespace,
+) -> None:
+    # The duplicate of a loaded run: a node won and sent a firing, then its board took
+    # the store for a long claim; its commit waited for that claim past the lease, and
+    # another node took the firing over and sent it too.
+    firing = job_firing(ns)
+    store, marker = ns.store(), ns.firing()
+    under_way = slowed(store, marker, 3 * LEASE_MS / 1_000)
+    sent: list[str] = []
+    sweep = threading.Thread(target=one, args=(store, marker, "a", 30_000))
+
+    def send(f: Firing) -> None:
+        sent.append("a")
+        sweep.start()  # the board takes the store between the send and the commit
+        assert under_way.wait(10)
+
+    a = TwoPhase(store, send, lease=f"{LEASE_MS}ms")
+    b = TwoPhase(ns.store(), lambda f: sent.append("b"), lease=f"{LEASE_MS}ms")
+    results: dict[str, list[str]] = {}
+    node_a = threading.Thread(target=lambda: results.__setitem__("a", dispatch(a, firing, "a")))
+    node_a.start()
+    assert under_way.wait(30)
+    time.sleep(LEASE_MS / 1_000 + 0.2)  # a's claim has run out: b may take over
+    results["b"] = dispatch(b, firing, "b")
+    node_a.join(10)
+    sweep.join(10)
+
+    assert sent == ["a"]
+    assert results == {"a": ["won"], "b": ["lost"]}

@@ -8,7 +8,8 @@ once, each on a channel of its own in publisher-confirm mode. The steps of one s
 run in order on one channel; a batch of any size costs a few round trips, not a few per
 firing.
 
-A :class:`Read` consumes a stream queue to its end, for the notes.
+A :class:`Read` consumes a stream queue to its end, for the notes. :class:`Sessions` keeps
+the claim connections of one store object: one for each call under way at once.
 
 The connection is pika's ``SelectConnection`` on an I/O loop of its own that is driven
 only inside :meth:`Session.run`, as pika's ``BlockingConnection`` does: heartbeats are
@@ -19,9 +20,10 @@ timeout is closed by the broker and opened again at the next call.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from beatless.core._drivers import message
@@ -160,8 +162,16 @@ class Session:
         self._left = len(scripts)
         for lane in self._lanes:
             self._next(lane)
-        self._drive(lambda: self._left == 0, deadline, "run")
+        self._drive(lambda: self._left == 0 and self._written(), deadline, "run")
         return self._results
+
+    def _written(self) -> bool:
+        """Whether pika wrote every frame it was given, as pika's ``BlockingConnection``
+        waits for: a script's last step may need no reply (an acknowledgement, another
+        node's claim given back to its slot), and must reach the broker now, not at this
+        connection's next call, which may be long after."""
+        conn = self._conn
+        return conn is None or conn._transport is None or conn._get_write_buffer_size() == 0
 
     def close(self) -> None:
         """Close the connection (waiting a moment for the broker's reply)."""
@@ -571,6 +581,71 @@ class Session:
                 f"closed: {text}"
             )
         return StoreUnavailable(f"rabbitmq store {self._where}: cannot {what}: {text}")
+
+
+class Sessions:
+    """The claim connections of one store object: a call runs on a session that no other
+    call is using, opened when every session is busy, and left for the next call when it
+    ends. Calls made at once from threads of their own (a node's loop committing a firing
+    it sent while its board claims missed-firing markers) so never wait for each other:
+    a commit whose lease is running is never held up by a long call of another thread.
+    A process keeps as many connections as it made calls at once; one left idle past the
+    broker's heartbeat timeout is opened again at its next call. Thread-safe."""
+
+    def __init__(self, open_session: Callable[[], Session], *, where: str) -> None:
+        self._open = open_session
+        self._where = where
+        self._lock = threading.Lock()
+        self._closed = False
+        self.idle: list[Session] = []
+        """The sessions no call is using, the last used at the end."""
+        self.opened: list[Session] = []
+
+    @contextlib.contextmanager
+    def take(self, what: str) -> Iterator[Session]:
+        """A session of this call's own, for ``what`` (named in the error of a closed store)."""
+        with self._lock:
+            if self._closed:
+                raise StoreError(
+                    f"rabbitmq store {self._where}: cannot {what}: the store is closed"
+                )
+            session = self.idle.pop() if self.idle else None
+            if session is None:
+                session = self._open()
+                self.opened.append(session)
+        try:
+            yield session
+        finally:
+            self._give_back(session)
+
+    def _give_back(self, session: Session) -> None:
+        """Keep ``session`` for the next call; close it if the store was closed meanwhile."""
+        with self._lock:
+            if not self._closed:
+                self.idle.append(session)
+                return
+        session.close()
+
+    def sent(self) -> Counter[str]:
+        """AMQP methods sent by every session, by step kind (for benchmarks)."""
+        total: Counter[str] = Counter()
+        for session in self.opened:
+            total.update(session.sent)
+        return total
+
+    def close(self) -> None:
+        """Close the idle sessions; a session in use is closed when its call ends."""
+        with self._lock:
+            self._closed = True
+            idle, self.idle = self.idle, []
+        for session in idle:
+            session.close()
+
+    def abandon(self) -> None:
+        """Forget every session without a word to the broker (after a fork: the sockets
+        belong to the parent process, and so may the lock)."""
+        self._lock = threading.Lock()
+        self.idle, self.opened = [], []
 
 
 def _mark_returned(lane: _Lane) -> None:

@@ -157,18 +157,18 @@ class SlotScripts:
     _exchange: str
     _ledger: _Ledger
     _monotonic: Callable[[], float]
-    _holding_off: bool
     _forgot_before_ms: int | None
 
-    def _claim_script(self, r: ClaimRequest, node: str, lease_ms: int) -> Any:
+    def _claim_script(self, r: ClaimRequest, node: str, lease_ms: int, hold_off: bool) -> Any:
         """One claim, as a script of steps (see ``_amqp``): renew this node's own claim,
-        or ask whether the firing is committed, publish to its slot, and check again."""
+        or ask whether the firing is committed, publish to its slot, and check again.
+        ``hold_off``: whether the claim holds off (see :meth:`_forget`)."""
         hold = self._ledger.get(node, r.id)
         if hold is not None and hold.runs(self._monotonic()):
             return self._renew(r, node, lease_ms, hold)
-        return self._first_claim(r, node, lease_ms)
+        return self._first_claim(r, node, lease_ms, hold_off)
 
-    def _first_claim(self, r: ClaimRequest, node: str, lease_ms: int) -> Any:
+    def _first_claim(self, r: ClaimRequest, node: str, lease_ms: int, hold_off: bool) -> Any:
         """Ask whether the firing is committed, publish a claim to its slot (creating
         the slot if no claim ever reached it), then ask again."""
         a, queue = self._amqp, self._slot(r.id)
@@ -189,7 +189,7 @@ class SlotScripts:
             return Outcome.HELD, None
         hold = _Hold(token, attempt.at, lease_ms, r.tag)
         if self._is_forgotten(r):
-            return (yield from self._forget(r, queue, hold))
+            return (yield from self._forget(r, queue, hold, hold_off))
         won = attempt.first and not self._ledger.was_held(node, r.id)
         return (Outcome.WON if won else Outcome.TAKEOVER), hold
 
@@ -298,10 +298,10 @@ class SlotScripts:
     def _is_committed(self, id_: str) -> Any:
         return self._amqp.Publish(self._exchange, f"done.{id_}", b"?", ttl_ms=0)
 
-    def _forget(self, r: ClaimRequest, queue: str, hold: _Hold) -> Any:
+    def _forget(self, r: ClaimRequest, queue: str, hold: _Hold, hold_off: bool) -> Any:
         """A slot won for a firing before the horizon: committed (``FORGOTTEN``), or, while
         the claim holds off, given back at once (``RESEEDING``)."""
-        if self._holding_off:
+        if hold_off:
             yield from self._take_back(queue, hold.token)
             return Outcome.RESEEDING, None
         yield self._amqp.Bind(queue, self._exchange, f"done.{r.id}")

@@ -67,17 +67,21 @@ to read. A live claim decides first all the same: a late claim asks, without a w
 whether the firing is committed (``LOST``) or its slot holds a claim (``HELD``).
 Leases are measured by the broker (message TTL, ``x-expires``), so skew between nodes
 cannot make a live lease look expired; a commit counts as made only if the broker
-confirmed it before the node's own monotonic clock reached the end of the lease.
+confirmed it before the node's own monotonic clock reached the end of the lease. So
+nothing of the node's own may hold a commit up: calls made at once, from threads of
+their own, each run on a connection of their own (``_amqp.Sessions``), and the notes on
+one more.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -165,7 +169,9 @@ class RabbitMQStore(SlotScripts, NotesStream, ClaimStore):
     Nothing is sent until the first call. An unreachable broker raises
     :class:`~beatless.errors.StoreUnavailable`; a refused login or virtual host raises
     :class:`~beatless.errors.StoreError`. The password never appears in ``repr``, logs
-    or errors. One store object may be shared by the threads of a process.
+    or errors. One store object may be shared by the threads of a process: calls made at
+    once run on connections of their own (one more is opened when every one is in use),
+    so a call never waits for another thread's.
 
     The store does not check run leases (:attr:`checks_overlap` is false): reading the
     run-lease record of a firing's address would mean fetching another node's message
@@ -221,8 +227,15 @@ class RabbitMQStore(SlotScripts, NotesStream, ClaimStore):
             raise ConfigError(f"rabbitmq store: bad URL {self._where}: {self._mask(exc)}") from None
         params.socket_timeout = params.stack_timeout = seconds
         params.blocked_connection_timeout = seconds
-        self._session = _amqp.Session(
-            params, width=width, timeout=seconds, where=self._where, setup=self._declarations
+        # A claim, a commit, a release each run on a connection no other call is using, so
+        # a call of one thread never waits for another's: a node's loop commits the
+        # firings it sent, whose leases are running, while its board claims missed-firing
+        # markers (a long call, at a node's start, on a loaded broker).
+        self._sessions = _amqp.Sessions(
+            lambda: _amqp.Session(
+                params, width=width, timeout=seconds, where=self._where, setup=self._declarations
+            ),
+            where=self._where,
         )
         # Notes have a connection and a lock of their own: a stream read that waits (a
         # first read of a long stream, a stream being created) never holds up a claim or
@@ -234,7 +247,7 @@ class RabbitMQStore(SlotScripts, NotesStream, ClaimStore):
         self._amqp = _amqp
         self._ledger = _Ledger.of(f"{params.host}:{params.port}{params.virtual_host}", self.prefix)
         self._clock, self._monotonic = clock, monotonic
-        self._lock = threading.Lock()
+        self._epoch_lock = threading.Lock()
         self._pid = os.getpid()
         self._forgot_before_ms: int | None = None
         self._closed = False
@@ -272,8 +285,6 @@ class RabbitMQStore(SlotScripts, NotesStream, ClaimStore):
         return int(self._clock() * 1_000)
 
     reseeds = True
-    _holding_off = False
-    """Whether the claim under way holds off (set under the lock, for one batch)."""
 
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
         return self._claim_judged(requests, node=node, lease_ms=lease_ms, hold_off=self.holds_off)
@@ -285,14 +296,9 @@ class RabbitMQStore(SlotScripts, NotesStream, ClaimStore):
             raise ConfigError(f"rabbitmq store: lease_ms must be positive, got {lease_ms}")
         if not requests:
             return []
-        with self._lock:
-            self._setup("claim")
-            self._follow_epoch()
-            self._holding_off = hold_off
-            try:
-                return self._claim_batch(requests, node, lease_ms)
-            finally:
-                self._holding_off = False
+        with self._connection("claim") as session:
+            self._follow_epoch(session)
+            return self._claim_batch(requests, node, lease_ms, session, hold_off)
 
     def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
         _check_notes(notes)
@@ -301,14 +307,14 @@ class RabbitMQStore(SlotScripts, NotesStream, ClaimStore):
         return done
 
     def _commit(self, ids: Sequence[str], node: str) -> list[bool]:
-        with self._lock:
-            self._setup("commit")
+        with self._connection("commit") as session:
             if self.epoch is None:
-                self.epoch = self._read_epoch()
+                self.epoch = self._read_epoch(session)
             now = self._monotonic()
             holds = [self._ledger.get(node, id_) for id_ in ids]
             work = [(i, h) for i, h in enumerate(holds) if h is not None and h.runs(now)]
-            results = self._run([self._commit_one(ids[i], hold) for i, hold in work], "commit")
+            scripts = [self._commit_one(ids[i], hold) for i, hold in work]
+            results = self._run(scripts, "commit", session)
             done = [h is not None and h.state == "committed" for h in holds]
             for (i, hold), ok in zip(work, results, strict=True):
                 done[i] = ok is True
@@ -320,8 +326,7 @@ class RabbitMQStore(SlotScripts, NotesStream, ClaimStore):
     def release(self, ids: Sequence[str], *, node: str) -> None:
         if not ids:
             return
-        with self._lock:
-            self._setup("release")
+        with self._connection("release") as session:
             now = self._monotonic()
             scripts = []
             for id_ in dict.fromkeys(ids):
@@ -331,7 +336,7 @@ class RabbitMQStore(SlotScripts, NotesStream, ClaimStore):
                 self._ledger.put(node, id_, replace(hold, state="released"))
                 if hold.runs(now, GET_GUARD):
                     scripts.append(self._take_back(self._slot(id_), hold.token))
-            self._run(scripts, "release")
+            self._run(scripts, "release", session)
 
     notes_live_ms = NOTE_TTL_LIMIT_MS
     why_not_kept = "its notes live at most 24 hours, in a stream trimmed by age"
@@ -356,44 +361,50 @@ class RabbitMQStore(SlotScripts, NotesStream, ClaimStore):
     def probe(self) -> None:
         """Declare a queue under the prefix (expiring in 10 s), publish a message to it
         with a confirm, get it back, and delete the queue."""
-        with self._lock:
-            self._setup("probe")
+        with self._connection("probe") as session:
             queue, value = f"{self.prefix}probe.{uuid.uuid4().hex}", uuid.uuid4().hex.encode()
-            (got,) = self._run([self._probe_script(queue, value)], "probe")
+            (got,) = self._run([self._probe_script(queue, value)], "probe", session)
         if isinstance(got, BaseException):
             raise StoreError(f"rabbitmq store {self._where}: probe: {self._mask(got)}")
         if got != value:
             raise StoreError(f"rabbitmq store {self._where}: probe: wrote {value!r}, read {got!r}")
 
     def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            if self._pid == os.getpid():
-                self._session.close()
-                with self._notes_lock:
-                    self._notes_session.close()
+        """Close the connections; one in use by a call of another thread is closed when
+        that call ends."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pid == os.getpid():
+            self._sessions.close()
+            with self._notes_lock:
+                self._notes_session.close()
 
     # -- claims -----------------------------------------------------------------------
 
     def _claim_batch(
-        self, requests: Sequence[ClaimRequest], node: str, lease_ms: int
+        self,
+        requests: Sequence[ClaimRequest],
+        node: str,
+        lease_ms: int,
+        session: Any,
+        hold_off: bool,
     ) -> list[Outcome]:
         now = self._monotonic()
         self._ledger.sweep(now)
         outcomes, first = self._triage(requests, node, now)
         late = [i for i in first.values() if outcomes[i] is Outcome.LATE]
-        looks = self._run([self._look(requests[i].id) for i in late], "claim") if late else []
+        scripts = [self._look(requests[i].id) for i in late]
+        looks = self._run(scripts, "claim", session) if late else []
         for i, look in zip(late, looks, strict=True):
             if isinstance(look, BaseException):
                 raise look
             outcomes[i] = look  # a live claim decides first, even for a late firing
         todo = [i for i in first.values() if outcomes[i] is None]
         for _attempt in range(2):  # once more for what was refused before it was sent
-            scripts = [self._claim_script(requests[i], node, lease_ms) for i in todo]
+            scripts = [self._claim_script(requests[i], node, lease_ms, hold_off) for i in todo]
             again = []
-            for i, result in zip(todo, self._run(scripts, "claim"), strict=True):
+            for i, result in zip(todo, self._run(scripts, "claim", session), strict=True):
                 if result is _RETRY:
                     again.append(i)
                 else:
@@ -439,26 +450,27 @@ class RabbitMQStore(SlotScripts, NotesStream, ClaimStore):
 
     # -- the epoch ----------------------------------------------------------------------
 
-    def _follow_epoch(self) -> None:
+    def _follow_epoch(self, session: Any) -> None:
         """Adopt the broker's epoch; when it changed, keep the horizon for ``FORGOTTEN``."""
         seen = self.epoch
         if seen is not None:
             probe = self._amqp.Publish(self._exchange, f"epoch.{seen.token}", b"?", ttl_ms=0)
-            (confirm,) = self._run([_single(probe)], "claim")
+            (confirm,) = self._run([_single(probe)], "claim", session)
             if isinstance(confirm, self._amqp.ChannelLost):  # the exchange itself is gone
-                (error,) = self._run([self._declare_exchange()], "claim")
+                (error,) = self._run([self._declare_exchange()], "claim", session)
                 if error is not None:
                     raise StoreError(f"rabbitmq store {self._where}: cannot claim: {error}")
             elif confirm is not self._amqp.Confirm.RETURNED:
                 return
-        current = self._read_epoch()
+        current = self._read_epoch(session)
         label = f"rabbitmq store {shown(self._where, quoted=False)}"
-        if adopt(self, current, logger=logger, label=label):
-            self._ledger.clear()  # the broker lost the claims this process held
+        with self._epoch_lock:  # calls of two threads may find the change at once
+            if adopt(self, current, logger=logger, label=label):
+                self._ledger.clear()  # the broker lost the claims this process held
 
-    def _read_epoch(self) -> Epoch:
+    def _read_epoch(self, session: Any) -> Epoch:
         for _attempt in range(EPOCH_READS):
-            (result,) = self._run([self._epoch_script()], "read the epoch")
+            (result,) = self._run([self._epoch_script()], "read the epoch", session)
             if isinstance(result, Epoch):
                 return result
             if isinstance(result, StoreError):
@@ -513,7 +525,7 @@ class RabbitMQStore(SlotScripts, NotesStream, ClaimStore):
         if self._closed:
             raise StoreError(f"rabbitmq store {self._where}: cannot {what}: the store is closed")
         if self._pid != os.getpid():  # the sockets belong to the parent process
-            self._session.abandon()
+            self._sessions.abandon()
             self._notes_session.abandon()
             self._pid = os.getpid()
             self._ledger.clear()
@@ -535,11 +547,19 @@ class RabbitMQStore(SlotScripts, NotesStream, ClaimStore):
             )
         return None
 
-    def _run(self, scripts: list[Any], what: str, session: Any = None) -> list[Any]:
+    @contextlib.contextmanager
+    def _connection(self, what: str) -> Iterator[Any]:
+        """A session of this call's own (see ``_amqp.Sessions``), for ``what``."""
+        self._setup(what)
+        with self._sessions.take(what) as session:
+            yield session
+
+    def _run(self, scripts: list[Any], what: str, session: Any) -> list[Any]:
         try:
-            return (session or self._session).run(scripts)
+            results: list[Any] = session.run(scripts)
         except StoreError as exc:
             raise type(exc)(self._mask(exc)) from None
+        return results
 
     def _mask(self, exc: BaseException) -> str:
         text = str(exc) or type(exc).__name__
