@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 import pytest
@@ -760,3 +761,38 @@ def test_a_run_lease_row_it_cannot_read_holds_nothing_and_is_left_alone(
     assert store.claim([firing], node="a", lease_ms=1_000) == [Outcome.WON]
     assert _row(path, run_id) == before
     store.close()
+
+
+def _open_at_once(path: str, barrier: Any, out: Any) -> None:
+    barrier.wait()
+    try:
+        sqlite_module.SQLiteStore(path).close()
+        out.put("ok")
+    except StoreError as exc:
+        out.put(str(exc))
+
+
+@pytest.mark.slow
+def test_processes_opening_a_new_file_at_once_all_open_it(tmp_path: Path) -> None:
+    # The first processes to open a file race for its switch to WAL mode, and SQLite
+    # answers the losers "database is locked" without waiting (seen in 4 of 160 opens).
+    import multiprocessing
+
+    failed = []
+    for round_ in range(20):
+        path = str(tmp_path / f"new-{round_}.db")
+        barrier, out = multiprocessing.Barrier(4), multiprocessing.Queue()
+        procs = [
+            multiprocessing.Process(target=_open_at_once, args=(path, barrier, out))
+            for _ in range(4)
+        ]
+        for proc in procs:
+            proc.start()
+        try:
+            failed += [said for said in (out.get(timeout=30) for _ in procs) if said != "ok"]
+        finally:
+            for proc in procs:
+                proc.join(10)
+                if proc.is_alive():
+                    proc.kill()
+    assert failed == []

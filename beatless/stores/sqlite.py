@@ -81,6 +81,10 @@ from beatless.stores.base import (
 
 logger = logging.getLogger(__name__)
 
+WAL_RETRY_S = 0.05
+"""How long a store waits before it asks again for WAL mode that another process's
+switch kept it from."""
+
 SCHEMA_VERSION = 1
 """The layout of the file; a file written by a newer beatless is refused. The ``tag``
 column of ``claims`` and the ``notes`` table came later without a new version: they are
@@ -359,7 +363,7 @@ class SQLiteStore(ClaimStore):
             check_same_thread=False,
         )
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
+            self._to_wal(conn)
             conn.execute("PRAGMA synchronous=FULL")
             self._migrate(conn)
         except BaseException:
@@ -367,6 +371,22 @@ class SQLiteStore(ClaimStore):
             raise
         self._file_id = _file_id(self._file)
         return conn
+
+    def _to_wal(self, conn: sqlite3.Connection) -> None:
+        """Put the file in WAL mode (kept in the file: a no-op once done). Processes that
+        open a new file at once race for the switch, and SQLite answers the losers
+        "database is locked" at once, without its busy handler: tried again here, every
+        50 ms, for up to the store's busy timeout."""
+        deadline = time.monotonic() + self._busy_timeout
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(WAL_RETRY_S)
+            else:
+                return
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")
