@@ -42,6 +42,7 @@ from stores import (
     delete_rabbitmq_names,
     drop_postgres_schema,
 )
+from waiting import wait_for
 
 from beatless.errors import StoreUnavailable
 from beatless.node.runs import RunPolicy, Runs
@@ -190,15 +191,6 @@ def workers() -> Iterator[Callable[[str, Callable[[], ClaimStore]], Runs]]:
 def new_firing() -> tuple[str, str]:
     address = f"runs/{uuid.uuid4().hex[:8]}"
     return firing_id(address, 1_800_000_000_000), address
-
-
-def wait_for(predicate: Callable[[], bool], within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def cut_off(linked: Linked, cut: Runs) -> None:

@@ -23,6 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
+from waiting import wait_for
 
 from beatless.errors import StoreError, StoreUnavailable
 from beatless.node.runs import CHECK_EVERY_S, DEFAULT_CHECK_WAIT, Run, RunPolicy, Runs
@@ -278,3 +279,91 @@ def test_a_store_error_that_is_not_an_outage_is_not_waited_for(
 def test_the_default_check_wait_is_thirty_seconds(store: MemoryStore) -> None:
     assert timedelta(seconds=30) == DEFAULT_CHECK_WAIT
     assert Runs(lambda: Link(store), "w").check_wait == DEFAULT_CHECK_WAIT
+
+
+# -- a run that ends while the store cannot be reached ------------------------------------------
+
+SHORT = RunPolicy("allow", 1_000, 300, True, MEMORY_MS)
+"""A run lease of 1 s: a record left pending lapses within the test."""
+
+
+def ended_cut_off(runs: Runs, link: Link, policy: RunPolicy) -> tuple[str, str]:
+    """A firing whose run was checked and won, and ended once ``link`` was cut."""
+    id_, address = new_firing()
+    run = runs.start(id_, address, policy)
+    assert run.verdict == "run"
+    link.cut.set()
+    runs.end(run)
+    return id_, address
+
+
+def test_a_run_ended_while_cut_off_commits_its_record_once_the_store_answers(
+    store: MemoryStore, made: list[Runs], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fault: a fan-out's first copy runs and returns as the store link is cut. Left
+    pending, its once-only record lapsed a run lease later, and the second copy (sent by
+    the node that took the firing over) took it over and ran (``rerun``): run twice."""
+    runs, link = worker(store, made)
+    other, _ = worker(store, made)
+    warm(runs)
+    with caplog.at_level(logging.INFO, logger="beatless.node.runs"):
+        id_, address = ended_cut_off(runs, link, SHORT)
+        time.sleep(1.5)  # past the run lease
+        link.cut.clear()
+        assert wait_for(lambda: "committed_late" in runs.counts)
+
+    assert other.start(id_, address, SHORT).verdict == "duplicate"
+    assert runs.counts == {"run": 2, "committed_late": 1}
+    owed = [r for r in caplog.records if "is not committed yet" in r.getMessage()]
+    assert len(owed) == 1
+    assert owed[0].levelno == logging.WARNING
+    assert id_ in owed[0].getMessage()
+    assert "link cut: connection refused" in owed[0].getMessage()
+
+
+def test_a_second_copy_checked_before_the_late_commit_waits_for_it_and_is_refused(
+    store: MemoryStore, made: list[Runs]
+) -> None:
+    runs, link = worker(store, made)
+    other, _ = worker(store, made)
+    warm(runs)
+    id_, address = ended_cut_off(runs, link, ONCE_ONLY)
+    second = started(other, id_, address)
+    time.sleep(OUTAGE_S)
+    link.cut.clear()
+
+    assert second.result(timeout=10).verdict == "duplicate"
+    assert runs.counts == {"run": 2, "committed_late": 1}
+
+
+def test_a_run_whose_lapsed_record_another_copy_took_is_counted_ran_twice_and_told(
+    store: MemoryStore, made: list[Runs], caplog: pytest.LogCaptureFixture
+) -> None:
+    runs, link = worker(store, made)
+    other, _ = worker(store, made)
+    warm(runs)
+    id_, address = ended_cut_off(runs, link, SHORT)
+    time.sleep(1.5)
+    rerun = other.start(id_, address, SHORT)
+    assert rerun.verdict == "rerun"
+    with caplog.at_level(logging.WARNING, logger="beatless.node.runs"):
+        link.cut.clear()
+        assert wait_for(lambda: "ran_twice" in runs.counts)
+    other.end(rerun)
+
+    assert runs.counts == {"run": 2, "ran_twice": 1}
+    told = [r for r in caplog.records if "lapsed before it could be committed" in r.getMessage()]
+    assert len(told) == 1
+    assert id_ in told[0].getMessage()
+
+
+def test_the_late_commit_is_given_up_once_the_memory_passed(
+    store: MemoryStore, made: list[Runs], caplog: pytest.LogCaptureFixture
+) -> None:
+    runs, link = worker(store, made)
+    warm(runs)
+    with caplog.at_level(logging.WARNING, logger="beatless.node.runs"):
+        ended_cut_off(runs, link, RunPolicy("allow", 1_000, 300, True, 1_000))
+        assert wait_for(lambda: "uncommitted" in runs.counts)
+    assert runs.counts == {"run": 2, "uncommitted": 1}
+    assert [r for r in caplog.records if "a later copy of it would have run" in r.getMessage()]

@@ -39,7 +39,8 @@ refuses the run.
 **Counters.** :meth:`RunGate.counts` is what this process decided (``run``, ``rerun``,
 ``unchecked``, ``duplicate``, ``skipped_overlap``, ``lease_lost``, ``waited`` for the
 store, and what became of the unchecked runs: ``recorded_late``, ``ran_twice``,
-``unrecorded``); the bootstep keeps the gate as
+``unrecorded``, and of runs that ended cut off from it: ``committed_late``,
+``uncommitted``); the bootstep keeps the gate as
 :attr:`~beatless.celery.BeatlessStep.runs`. A prefork child keeps its own counts: each
 process logs its counts at INFO when it ends.
 """

@@ -13,7 +13,8 @@ is processed or skipped, whatever the result (``after_process_message``,
 :attr:`RunGate.counts` is what this process decided (``run``, ``rerun``, ``unchecked``,
 ``duplicate``, ``skipped_overlap``, ``lease_lost``, ``waited`` (checks that waited for the
 store), and what became of the unchecked runs:
-``recorded_late``, ``ran_twice``, ``unrecorded``); each process logs its counts at INFO
+``recorded_late``, ``ran_twice``, ``unrecorded``, and of runs that ended cut off from
+it: ``committed_late``, ``uncommitted``); each process logs its counts at INFO
 when its worker stops.
 """
 

@@ -275,8 +275,9 @@ class Beatless(Middleware):
         """The verdicts of this process's runs so far: ``run``, ``rerun``, ``unchecked``
         (proceeded), ``duplicate``, ``skipped_overlap`` (refused), ``lease_lost`` (a run
         that went on after its records lapsed), ``waited`` (checks that waited for the
-        store), and ``recorded_late``, ``ran_twice``, ``unrecorded`` (what became of the
-        unchecked runs, see :mod:`beatless.node.runs`)."""
+        store), ``recorded_late``, ``ran_twice``, ``unrecorded`` (what became of the
+        unchecked runs, see :mod:`beatless.node.runs`) and ``committed_late``,
+        ``uncommitted`` (runs that ended while the store could not be reached)."""
         return self.gate.counts
 
     def status_store(self, broker: Broker) -> ClaimStore:

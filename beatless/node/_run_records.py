@@ -91,8 +91,12 @@ class Run:
     next_renewal: float = 0.0
     lost: bool = False
     unrecorded: str = ""
-    """The id of the once-only record this ``unchecked`` run still tries to record, until
-    the store answers (see the module docstring)."""
+    """The id of the once-only record this run still tries to record, until the store
+    answers: an ``unchecked`` run's, or the record of a checked run whose commit at its end
+    could not reach the store (:attr:`commit_owed`)."""
+    commit_owed: bool = False
+    """The run won its once-only record at its check and ended while the store could not
+    be reached: only the commit of that record is owed (:mod:`beatless.node._unchecked`)."""
     next_record: float = 0.0
     record_until: float | None = None
     """When the tries stop (monotonic): the end of the run plus the once-only memory."""

@@ -13,6 +13,15 @@ second copy that ran unchecked: counted ``ran_twice``, told once at WARNING, not
 more to do. The tries stop when the store answers, or once the run has ended and the
 once-only memory passed (counted ``unrecorded``): a copy arriving after that would not
 be refused by a record anyway.
+
+A checked run that ended while the store could not be reached (or whose record lapsed
+before its end) owes only the commit of the record it won (:attr:`Run.commit_owed`): the
+same thread commits it with the run's token once the store answers, claiming it again
+first if it lapsed meanwhile (counted ``committed_late``). Without that, the record would
+lapse a ``run_lease`` after the last heartbeat and a second copy sent during the cut
+(the two-phase window) would take it over and run. Found taken by another copy, the
+firing ran twice: counted ``ran_twice``, told at WARNING. Given up with the memory
+(counted ``uncommitted``).
 """
 
 from __future__ import annotations
@@ -52,8 +61,12 @@ class UncheckedRecords:
     _unrecorded: dict[str, Run]
     _closed: bool
     _offset_at: float
+    _wake: threading.Event
 
     def _now_ms(self) -> int:
+        raise NotImplementedError
+
+    def _start_beat(self) -> None:
         raise NotImplementedError
 
     def _count(self, name: str) -> None:
@@ -107,10 +120,37 @@ class UncheckedRecords:
         for run in earlier:
             self._write_record(store, run)
 
+    def _owe_commit(self, run: Run, why: str) -> None:
+        """``run`` ended without its once-only record committed (``why``): commit it from
+        the heartbeat thread once the store answers (see the module docstring)."""
+        now = time.monotonic()
+        run.unrecorded, run.commit_owed = run.executed, True
+        run.next_record, run.record_until = now, now + run.policy.memory_ms / 1_000
+        with self._lock:
+            if self._pid == os.getpid():
+                self._unrecorded[run.token] = run
+                self._start_beat()
+        self._wake.set()
+        logger.warning(
+            "beatless: firing %s of %s ran, but its once-only record is not committed yet "
+            "(%s): it is committed once the claim store answers, so that a later copy of it "
+            "is still refused",
+            run.firing_id,
+            shown(run.address),
+            why,
+        )
+
     def _write_record(self, store: ClaimStore, run: Run) -> None:
         """Claim ``run``'s once-only record with its own token; on an answer, hold it (the
-        run goes on), commit it (the run ended), or tell that another copy has it."""
+        run goes on), commit it (the run ended), or tell that another copy has it. A
+        commit owed is tried first as it is: the record may still be this run's."""
         record = run.unrecorded
+        if run.commit_owed and all(store.commit([record], node=run.token)):
+            with self._lock:
+                if self._unrecorded.pop(run.token, None) is None:
+                    return
+            self._told_recorded(run)
+            return
         request = _record(record, run.address, self._now_ms(), run.policy.memory_ms)
         (said,) = store.claim([request], node=run.token, lease_ms=run.policy.lease_ms)
         if said.is_won:
@@ -124,13 +164,7 @@ class UncheckedRecords:
                     self._active[run.token] = run
             if ended and not self._commit_record(store, run):
                 return
-            self._count("recorded_late")
-            logger.info(
-                "beatless: firing %s of %s has its once-only record now that the claim store "
-                "answers (it ran unchecked): a later copy of it is refused",
-                run.firing_id,
-                shown(run.address),
-            )
+            self._told_recorded(run)
             return
         with self._lock:
             if self._unrecorded.pop(run.token, None) is None:
@@ -138,10 +172,12 @@ class UncheckedRecords:
         if said in ANOTHER_COPY:
             self._count("ran_twice")
             logger.warning(
-                "beatless: firing %s of %s ran without its once-only check and was a second "
-                "copy: another copy of it %s",
+                "beatless: firing %s of %s %s: another copy of it %s",
                 run.firing_id,
                 shown(run.address),
+                "ran, and its once-only record lapsed before it could be committed"
+                if run.commit_owed
+                else "ran without its once-only check and was a second copy",
                 {
                     Outcome.HELD: "runs",
                     Outcome.LOST: "ran",
@@ -149,14 +185,26 @@ class UncheckedRecords:
                 }[said],
             )
         else:
-            self._count("unrecorded")
+            self._count("uncommitted" if run.commit_owed else "unrecorded")
             logger.warning(
-                "beatless: firing %s of %s ran without its once-only check, and its "
-                "once-only record cannot be written: the claim store answered %s",
+                "beatless: firing %s of %s ran%s, and its once-only record cannot be "
+                "written: the claim store answered %s",
                 run.firing_id,
                 shown(run.address),
+                "" if run.commit_owed else " without its once-only check",
                 said.value,
             )
+
+    def _told_recorded(self, run: Run) -> None:
+        """Count and tell that ``run``'s once-only record is written at last."""
+        self._count("committed_late" if run.commit_owed else "recorded_late")
+        logger.info(
+            "beatless: firing %s of %s has its once-only record now that the claim store "
+            "answers (it %s): a later copy of it is refused",
+            run.firing_id,
+            shown(run.address),
+            "ended while the store could not be reached" if run.commit_owed else "ran unchecked",
+        )
 
     def _commit_record(self, store: ClaimStore, run: Run) -> bool:
         """Commit the once-only record of ``run``, which ended; when that fails, put the
@@ -176,12 +224,13 @@ class UncheckedRecords:
         with self._lock:
             if self._unrecorded.pop(run.token, None) is None:
                 return
-        self._count("unrecorded")
+        self._count("uncommitted" if run.commit_owed else "unrecorded")
         logger.warning(
-            "beatless: firing %s of %s ran without its once-only check, and the claim store "
-            "could not be reached to record it for the entry's memory of %d ms after the "
-            "run ended: a later copy of it would have run",
+            "beatless: firing %s of %s ran%s, and the claim store could not be reached to "
+            "record it for the entry's memory of %d ms after the run ended: a later copy of "
+            "it would have run",
             run.firing_id,
             shown(run.address),
+            "" if run.commit_owed else " without its once-only check",
             run.policy.memory_ms,
         )

@@ -35,7 +35,10 @@ task is refused, counted ``skipped_overlap``: two runs at once is what ``skip`` 
 never to allow).
 
 An ``unchecked`` run is not left unrecorded: the heartbeat thread records it late
-(:mod:`beatless.node._unchecked`).
+(:mod:`beatless.node._unchecked`). Nor is a run whose once-only record could not be
+committed at its end (the store cut off as the task returned): the heartbeat thread
+commits it once the store answers (counted ``committed_late``), so that a second copy
+sent meanwhile is refused rather than run once the record lapses.
 """
 
 from __future__ import annotations
@@ -414,21 +417,21 @@ class Runs(UncheckedRecords):
         if not run.held:
             return
         lease = [i for i in run.held if i != run.executed]
+        owed = bool(run.executed)
         try:
             store = self._ensure()
             if run.executed and not all(store.commit([run.executed], node=run.token)):
-                logger.warning(
-                    "beatless: firing %s of %s ended after its once-only record lapsed: "
-                    "another copy may have run",
-                    run.firing_id,
-                    shown(run.address),
-                )
+                self._owe_commit(run, "its once-only record lapsed before the run ended")
+            owed = False
             if lease:
                 store.release(lease, node=run.token)
         except StoreError as exc:
+            if owed:
+                self._owe_commit(run, shown(exc, quoted=False, limit=ERROR_LIMIT))
+                return
             logger.warning(
-                "beatless: firing %s of %s ended, but its records were not updated (%s): "
-                "they lapse %d ms after the last heartbeat",
+                "beatless: firing %s of %s ended, but its run lease was not released (%s): "
+                "it lapses %d ms after the last heartbeat",
                 run.firing_id,
                 shown(run.address),
                 shown(exc, quoted=False, limit=ERROR_LIMIT),

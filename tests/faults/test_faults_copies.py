@@ -97,7 +97,8 @@ REPORTED = re.compile(
 WORKER_VERDICT = re.compile(
     r"beatless: firing (\S+) of \S+ (?:\(attempt \d+\) )?(not run: another copy|runs again|"
     r"runs without its once-only check|run without its once-only check|has its once-only "
-    r"record|ran without its once-only check and was a second copy|waits for the claim store)"
+    r"record|ran without its once-only check and was a second copy|waits for the claim store|"
+    r"ran, but its once-only record is not committed|ran, and its once-only record lapsed)"
 )
 VERDICT_NAMES = {
     "waits for the claim store": "waited",
@@ -105,6 +106,8 @@ VERDICT_NAMES = {
     "runs again": "rerun",
     "has its once-only record": "recorded_late",
     "ran without its once-only check and was a second copy": "ran_twice",
+    "ran, but its once-only record is not committed": "commit_owed",
+    "ran, and its once-only record lapsed": "ran_twice",
 }
 
 
