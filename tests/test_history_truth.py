@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 
 import pytest
 from stores import StoreFactory
 from test_status import NS, Fleet
 
 from beatless import Entry, Every, Schedule
+from beatless.errors import StoreUnavailable
 from beatless.fleet._controls import set_control
+from beatless.fleet._missed import MARKER_LEASE_MS, SWEEP_CHUNK
 from beatless.fleet._notes import (
     HISTORY_KEEP,
     HISTORY_STRENGTH,
@@ -30,7 +33,7 @@ from beatless.node.scheduler import Decision, Scheduler
 from beatless.ops.status import HOUR_MS, report
 from beatless.schedule.firing import Firing, claim_request, firing_id, iso
 from beatless.schedule.outcomes import DecisionOutcome
-from beatless.stores import Outcome
+from beatless.stores import ClaimRequest, Outcome
 
 TICK = Entry(name="tick", task="tests.tick", trigger=Every(1), max_late="5s")
 
@@ -198,3 +201,34 @@ def test_missed_counts_are_kept_per_address_on_every_store(
     assert len(node.store.read_notes([kind])[kind]) == len(notes)
     status = report(node.store, plan.namespace, schedule=plan, now_ms=now)
     assert status["entries"][0]["missed"] == count
+
+
+def test_a_sweep_after_a_long_freeze_claims_its_markers_in_chunks_and_counts_each_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """600 firings missed at once (every node frozen 10 minutes): the sweep claims their
+    markers at most ``SWEEP_CHUNK`` per call, not in one call that could outlast a store's
+    timeout. A chunk the store fails is found again at the next sweep: still counted once."""
+    fleet = Fleet()
+    fleet.run(5)
+    claim = fleet.store.claim
+    chunks: list[int] = []
+    failed: list[int] = []
+
+    def claiming(requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
+        if lease_ms == MARKER_LEASE_MS:
+            if len(chunks) == 1 and not failed:
+                failed.append(len(requests))
+                raise StoreUnavailable("link cut mid-sweep")
+            chunks.append(len(requests))
+        return claim(requests, node=node, lease_ms=lease_ms)
+
+    monkeypatch.setattr(fleet.store, "claim", claiming)
+    fleet.clock.advance(605_000)
+    fleet.run(35)
+
+    tick = next(e for e in fleet.status()["entries"] if e["entry"] == "tick")
+    assert tick["missed"] == 600, tick
+    assert failed == [SWEEP_CHUNK]
+    assert max(chunks) == SWEEP_CHUNK
+    assert sum(chunks) >= 600

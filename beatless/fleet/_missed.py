@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from beatless.core.triggers import Trigger
+from beatless.errors import StoreError
 from beatless.fleet._notes import (
     SYNC_EVERY_MS,
     TENANTS_PUBLISHED,
@@ -28,7 +29,13 @@ from beatless.fleet._schema import Skipped
 from beatless.schedule.entry import Schedule, tenant_address
 from beatless.schedule.firing import firing_id, missed_id
 from beatless.schedule.outcomes import DecisionOutcome
-from beatless.stores.base import NEVER_LATE_MS, TOLERANCE_MS, ClaimRequest, ClaimStore
+from beatless.stores.base import (
+    NEVER_LATE_MS,
+    TOLERANCE_MS,
+    ClaimRequest,
+    ClaimStore,
+    Outcome,
+)
 
 HOUR_MS = 3_600_000
 TENANTS_SHOWN = TENANTS_PUBLISHED
@@ -38,6 +45,10 @@ SWEEP_ENTRIES = 1_000
 MARKER_MEMORY_MS = 2 * HOUR_MS
 """A missed marker outlives the hour over which missed firings are judged."""
 MARKER_LEASE_MS = 30_000
+SWEEP_CHUNK = 256
+"""Markers claimed (and committed) per store call: after a long outage a sweep may find
+thousands of missed firings, and one call for all of them could outlast the store's
+timeout (RabbitMQ claims each marker on a queue of its own)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,12 +178,29 @@ def sweep_missed(
         )
         for view, occurrence in found
     ]
-    outcomes = store.claim(requests, node=node, lease_ms=MARKER_LEASE_MS)
-    won = [r.id for r, o in zip(requests, outcomes, strict=True) if o.is_won]
-    if won:
-        store.commit(won, node=node)
+    outcomes = _claim_markers(store, requests, node)
     mine: dict[str, tuple[EntryView, list[int]]] = {}
-    for (view, occurrence), outcome in zip(found, outcomes, strict=True):
+    for (view, occurrence), outcome in zip(found, outcomes, strict=False):
         if outcome.is_won:
             mine.setdefault(view.name, (view, []))[1].append(occurrence)
     return list(mine.values())
+
+
+def _claim_markers(store: ClaimStore, requests: Sequence[ClaimRequest], node: str) -> list[Outcome]:
+    """Claim and commit the markers, :data:`SWEEP_CHUNK` per call; the outcomes of the
+    chunks done. A store error in a later chunk ends the sweep with what the earlier ones
+    won (the rest are found again at the next sweep); in the first, it is raised."""
+    outcomes: list[Outcome] = []
+    for start in range(0, len(requests), SWEEP_CHUNK):
+        chunk = requests[start : start + SWEEP_CHUNK]
+        try:
+            said = store.claim(chunk, node=node, lease_ms=MARKER_LEASE_MS)
+            won = [r.id for r, o in zip(chunk, said, strict=True) if o.is_won]
+            if won:
+                store.commit(won, node=node)
+        except StoreError:
+            if not outcomes:
+                raise
+            break
+        outcomes.extend(said)
+    return outcomes
