@@ -18,6 +18,8 @@ import pytest
 from test_scheduler import T0
 from test_store_full_judging import MAX_LATE_S, MEMORY_S, Fleet
 
+from beatless.fleet._notes import history_kind, missed_kind, read_history
+from beatless.ops.status import report
 from beatless.schedule.firing import Firing, claim_request
 from beatless.stores.base import Outcome
 
@@ -113,3 +115,26 @@ def test_a_firing_judged_held_after_a_full_store_and_then_released_unsent_is_mis
     assert fleet.outcomes("b") == ["held", "missed"]
     assert fleet.sent == []
     assert fleet.nodes["b"].stats["e"].missed == 1
+
+
+@pytest.mark.parametrize("how", ["frozen", "full"])
+def test_a_firing_judged_missed_is_recorded_missed_in_the_history(how: str) -> None:
+    """The judging claim writes nothing: the node writes the ``missed`` note at its next
+    sync, so the history tells it and the fleet's sweep does not count it a second time."""
+    fleet = Fleet(["b"])
+    firing = _sees_held_too_late(fleet, how)
+    fleet.run_until(TOO_LATE_S + 1, "b")
+    fleet.store.release([firing.id], node="a")
+    fleet.run_until(MAX_LATE_S + 5, "b")
+    assert fleet.outcomes("b") == ["held", "missed"]
+
+    fleet.nodes["b"].board.sync()
+    kind = history_kind(firing.address)
+    items = read_history(firing.address, fleet.store.read_notes([kind])[kind])
+    assert [(i.id, i.outcome) for i in items if i.id == firing.id] == [(firing.id, "missed")]
+    # Counted for the hour in a missed-count note too, as the sweep's finds are.
+    missed = missed_kind(firing.address)
+    assert list(fleet.store.read_notes([missed])[missed]) == [f"{firing.occurrence_ms}.b"]
+    # Told once by the status, which reads both.
+    status = report(fleet.store, "default", now_ms=round(fleet.clock.now * 1_000))
+    assert [(e["entry"], e["missed"]) for e in status["entries"]] == [("e", 1)]

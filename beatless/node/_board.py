@@ -182,6 +182,13 @@ class Board:
             sent = decision.outcome in DecisionOutcome.SENT
             item = self.history_item(decision, coalesced if sent else None)
             self.record_item(decision.firing.address, item)
+        if decision.outcome == DecisionOutcome.MISSED:
+            # Counted for the hour as the sweep's finds are, whatever the history keeps.
+            firing = decision.firing
+            decided_ms = firing.release_ms + decision.lateness_ms
+            notes = self.missed_notes(firing.address, [firing.occurrence_ms], decided_ms)
+            with self._lock:
+                self._pending_missed.extend(notes)
 
     def history_item(
         self, decision: Decision, coalesced: tuple[int, int] | None = None

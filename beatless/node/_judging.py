@@ -17,7 +17,9 @@ waiting firings that are due, in one *judging claim*
 
 What the judging claim answers decides:
 
-* nobody holds it (``late``): ``missed``, recorded as such;
+* nobody holds it (``late``): ``missed``; the judging claim writes nothing, so the node
+  writes the firing's ``missed`` note in the history at its next sync (as for any decision
+  of its own), and the fleet's missed-firing sweep finds it counted;
 * another node committed it (``lost``, or ``foreign`` for a claim of another task):
   decided so, as for any firing another node took; never missed, never sent;
 * another node holds it pending (``held``): decided ``held`` again, and asked about again
@@ -133,8 +135,7 @@ class Judging:
         self._release(own)
         for firing, outcome in zip(firings, outcomes, strict=True):
             del self._waiting[firing.id]  # before its decision: held, it waits again
-            judged = JUDGED.get(outcome, "missed")
-            decide(firing, judged, recorded=judged == "missed")
+            decide(firing, JUDGED.get(outcome, "missed"))
 
     def _still_unjudged(
         self, firings: list[Firing], exc: Exception, now: int, decide: Decide, *, last: bool
@@ -152,7 +153,7 @@ class Judging:
         """Decide ``firing`` missed without the store's word, and say so."""
         del self._waiting[firing.id]
         self._tally.unjudged(firing, now)
-        decide(firing, "missed", recorded=True)
+        decide(firing, "missed")
 
     def _release(self, firings: list[Firing]) -> None:
         """Release this node's own pending claims that judging claims renewed."""
