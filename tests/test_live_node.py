@@ -302,3 +302,54 @@ def test_the_loop_applies_a_revision_as_soon_as_the_board_reads_it() -> None:
         scheduler.stop(timeout=5)
     assert scheduler.live.revision == revision.number
     assert applied_after_s < 0.5, "the loop slept on after the board read the revision"
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["in-claim-check", "without-it"])
+def test_a_node_that_missed_a_revision_is_answered_stale_and_sends_the_new_values(
+    clock: Clock, checked: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The propagation rule is fooled (the node believes its last read of the head is
+    # fresh) and its board's reads are held back: only the claim can tell it that a
+    # revision it missed is in force at the occurrence.
+    store = MemoryStore(clock=clock)
+    if not checked:
+        monkeypatch.setattr(MemoryStore, "_fences", lambda self, requests: [None] * len(requests))
+    node = Node(store, clock)
+    live = Live(store, namespace=NS)
+    live.put(every("report", args=(1,)), effective_in="2s")
+    node.run(25)
+    fence_at = clock.ms + 10_000 - clock.ms % 10_000
+    view = node.scheduler.live
+    view._read_ms = 2**62  # every occurrence looks confirmed: the loop never reads itself
+    edit = live.put(every("report", args=(2,)), at=fence_at)
+    outcomes = []
+    while clock.ms < fence_at + 5_000:  # the loop wakes; the board never syncs
+        clock.ms += 100
+        outcomes += [(d.outcome, d.firing.occurrence_ms) for d in node.scheduler.tick()]
+    at_fence = [args for o, args in node.sends("report") if o == fence_at]
+    if not checked:
+        assert at_fence == [(1,)], "without the check, the old values go out past the fence"
+        return
+    assert at_fence == [(2,)]  # rule 6: re-read, rebuilt and sent under revision 2
+    assert ("stale_revision", fence_at) in outcomes
+    assert view.revision == edit.number
+    assert node.scheduler.stats["report"].stale_revisions == 1
+    assert node.scheduler.stats["report"].unscheduled == 1  # the old firing, dropped
+
+
+def test_claims_carry_the_nodes_live_revision_and_none_with_live_off(clock: Clock) -> None:
+    store = MemoryStore(clock=clock)
+    claims: list[tuple[str, int | None]] = []
+    real = store.claim
+
+    def claim(requests, *, node, lease_ms):  # type: ignore[no-untyped-def]
+        claims.extend((r.address, r.revision) for r in requests)
+        return real(requests, node=node, lease_ms=lease_ms)
+
+    store.claim = claim  # type: ignore[method-assign]
+    Live(store, namespace=NS).put(every("report"), effective_in="2s")
+    firings = {f"{NS}/code", f"{NS}/report"}
+    for live, carried in ((True, {1}), (False, {None})):
+        claims.clear()
+        Node(store, clock, code=[every("code")], live=live).run(15)
+        assert {revision for address, revision in claims if address in firings} == carried

@@ -303,9 +303,9 @@ def test_a_claim_request_sends_its_tag_and_run_lease_in_the_one_argument_it_alre
     tagged, untagged = firing(now), ClaimRequest("u", "x|y", now, 1, 2, now)
 
     assert claim_arg(tagged, 0) == (
-        f"{now}|{MAX_LATE_MS}|{MEMORY_MS}|{now}|{TAG}|0|{tagged.address}"
+        f"{now}|{MAX_LATE_MS}|{MEMORY_MS}|{now}|{TAG}|0||{tagged.address}"
     )
-    assert claim_arg(untagged, 3) == f"{now}|1|2|{now}||3|x|y"
+    assert claim_arg(untagged, 3, "1:8") == f"{now}|1|2|{now}||3|1:8|x|y"
 
 
 def test_release_keeps_the_record_with_its_lease_ended_and_its_memory_as_expiry(

@@ -310,6 +310,7 @@ def test_the_first_call_creates_the_schema_with_its_version_and_functions(
     assert [n for (n,) in names] == [
         "claim_v2",
         "claim_v3",
+        "claim_v4",
         "commit_v1",
         "keep_v1",
         "post_v1",
@@ -360,6 +361,7 @@ def test_a_version_1_schema_is_brought_up_in_place_keeping_its_claims_epoch_and_
     # What version 1 left: the same tables, claim_v1 in place of claim_v2.
     execute(conn, schema, "DROP FUNCTION {s}.claim_v2")
     execute(conn, schema, "DROP FUNCTION {s}.claim_v3")
+    execute(conn, schema, "DROP FUNCTION {s}.claim_v4")
     execute(conn, schema, "CREATE FUNCTION {s}." + CLAIM_V1 + " RETURNS void LANGUAGE sql AS ''")
     execute(conn, schema, "UPDATE {s}.version SET version = 1")
 
@@ -380,6 +382,7 @@ def test_a_version_1_schema_is_brought_up_in_place_keeping_its_claims_epoch_and_
         "claim_v1",
         "claim_v2",
         "claim_v3",
+        "claim_v4",
         "commit_v1",
         "keep_v1",
         "post_v1",
@@ -387,6 +390,28 @@ def test_a_version_1_schema_is_brought_up_in_place_keeping_its_claims_epoch_and_
         "timeline_v1",
     ]
     new.close()
+
+
+def test_a_schema_made_before_live_checks_gains_claim_v4_and_claim_v3_still_answers(
+    conn: psycopg.Connection[Any], schema: str
+) -> None:
+    PostgresStore(url_of(schema)).probe()
+    execute(conn, schema, "DROP FUNCTION {s}.claim_v4")  # as a beatless before live checks
+    store = PostgresStore(url_of(schema))
+    now = server_now_ms(conn)
+    assert store.claim([firing(now)], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    # An earlier beatless still calls claim_v3, which calls claim_v4 with no live check.
+    row = conn.execute(
+        sql.SQL(
+            "SELECT outcomes FROM {}.claim_v3('ns', 'old', 1000, 10000, '', NULL, 't', 0,"
+            " ARRAY['x'], ARRAY['ns/e'], ARRAY[%s]::bigint[], ARRAY[60000]::bigint[],"
+            " ARRAY[80000]::bigint[], ARRAY[%s]::bigint[], ARRAY['']::text[],"
+            " ARRAY['']::text[], false, NULL)"
+        ).format(sql.Identifier(schema)),
+        (now, now),
+    ).fetchone()
+    assert row == ("W",)
+    store.close()
 
 
 def test_a_version_2_schema_made_before_notes_gains_them_in_place_keeping_its_claims(

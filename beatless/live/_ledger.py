@@ -43,6 +43,7 @@ from typing import Any
 from beatless.errors import BeatlessError, StaleRevision, StoreError
 from beatless.live.codec import dumps
 from beatless.live.revisions import Change, Revision, content_hash
+from beatless.stores._fences import revisions_kind
 from beatless.stores.base import (
     NEVER_LATE_MS,
     NOTE_VALUE_LIMIT,
@@ -84,7 +85,7 @@ class Ledger:
 
     @property
     def revisions_kind(self) -> str:
-        return f"beatless.live/{self.namespace}/revisions"
+        return revisions_kind(self.namespace)  # where the stores read a claim's next fence
 
     @property
     def head_kind(self) -> str:

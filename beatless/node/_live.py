@@ -126,6 +126,8 @@ class LiveView:
         """Store clock at the start of the last read whose revisions are applied."""
         self.revision = 0
         """The last revision applied by the loop."""
+        self._refuted: int | None = None
+        """The revision of the last claim the store answered stale."""
         self.fence_ms: int | None = None
         self.committed_ms: int | None = None
         self.applied_lag_ms: int | None = None
@@ -275,6 +277,18 @@ class LiveView:
         if not self.enabled:
             return True
         return self.confirmed_ms is not None and self.confirmed_ms > occurrence_ms - CONFIRM_MS
+
+    def stale(self) -> bool:
+        """The store answered a claim of this node stale: it knows a revision newer than
+        :attr:`revision`, in force at the claim's occurrence (rule 6, in the claim). No
+        occurrence is confirmed until a read of the head is applied (the loop reads at
+        its next wake). Whether to claim again at once: not when a claim of the same
+        revision was answered so before (a read since brought nothing newer), so that a
+        head this node cannot follow is not asked in a loop."""
+        again = self._refuted != self.revision
+        self._refuted = self.revision
+        self.confirmed_ms = None
+        return again
 
     def needs_read(self, now_ms: int) -> bool:
         """Whether the last read is too old for an occurrence due now: the loop reads."""

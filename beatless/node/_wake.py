@@ -18,6 +18,7 @@ from beatless.node._ahead import BuildAhead
 from beatless.node._board import Board
 from beatless.node._inflight import Flight, InFlight
 from beatless.node._judging import Judging
+from beatless.node._live import LiveView
 from beatless.node._prefer import Preference
 from beatless.node._reseed import Reseeder
 from beatless.node._tally import Tally
@@ -39,7 +40,8 @@ class LoopWake:
     ``flights`` keeps each firing's state,
     ``tally`` counts, ``timeline`` takes retries, ``ahead`` hands back what was built,
     ``board`` writes history notes, ``report`` tells each decision, ``judging`` takes the
-    late firings this node cannot judge alone (unjudged, or seen held)."""
+    late firings this node cannot judge alone (unjudged, or seen held), ``live`` is the
+    node's view of its live entries (the revision its claims carry)."""
 
     def __init__(
         self,
@@ -56,6 +58,7 @@ class LoopWake:
         reseeder: Reseeder,
         report: Report,
         judging: Judging,
+        live: LiveView,
     ) -> None:
         self.node = node
         self._now_ms = now_ms
@@ -69,6 +72,12 @@ class LoopWake:
         self._reseeder = reseeder
         self._report = report
         self._judging = judging
+        self._live = live
+
+    @property
+    def live_revision(self) -> int | None:
+        """The live revision the loop applied, which its claims carry (``None``: off)."""
+        return self._live.revision if self._live.enabled else None
 
     def now_ms(self) -> int:
         """The node's clock, in epoch milliseconds rounded down (never early)."""
@@ -135,7 +144,10 @@ class LoopWake:
         if outcome == DecisionOutcome.RESEEDING:
             self.flights.held_off(firing)
         now = self.now_ms()
-        self._timeline.add(now + RETRY_MS, firing)
+        again = now + RETRY_MS
+        if outcome == DecisionOutcome.STALE_REVISION and self._live.stale():
+            again = now  # the loop reads the live head first, then claims under it
+        self._timeline.add(again, firing)
         try:
             self._tally.count(firing, outcome, now, seen_held=self.flights.was_held(firing))
             self._settle(firing, outcome)

@@ -22,6 +22,7 @@ import json
 import logging
 from abc import abstractmethod
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Generic, TypeVar
 
 from beatless.core._logtext import ERROR_LIMIT, WarnEvery, shown
@@ -168,14 +169,21 @@ class RedisAtomic(Dispatcher, Generic[M]):
 
     def _ready(self, firing: Firing, message: M, wake: Wake) -> Ready[M]:
         commands = json.dumps(self.commands(message))
-        return Ready(message, claim_request(firing), commands, wake.history_template(firing))
+        request = claim_request(firing, wake.live_revision)
+        return Ready(message, request, commands, wake.history_template(firing))
 
     def _push(self, atomic: list[tuple[Firing, Ready[M]]], wake: Wake) -> None:
         if not atomic:
             return
         notes = [r.note for _, r in atomic]
+        revision = wake.live_revision  # a claim built ahead carries the revision of now
         outcomes = self.store.claim_and_push(
-            [r.request for _, r in atomic],
+            [
+                r.request
+                if r.request.revision == revision
+                else replace(r.request, revision=revision)
+                for _, r in atomic
+            ],
             [r.commands for _, r in atomic],
             node=wake.node,
             notes=notes if any(notes) else None,

@@ -118,6 +118,11 @@ class Wake(Protocol):
 
     node: str
 
+    @property
+    def live_revision(self) -> int | None:
+        """The live revision applied, which claims carry (``None``: no live entries)."""
+        ...
+
     def now_ms(self) -> int:
         """The node's clock."""
         ...
@@ -212,9 +217,9 @@ class Dispatcher(ABC):
 
 def decide_claimed(wake: Wake, firing: Firing, outcome: Outcome, *, recorded: bool = False) -> None:
     """Report a store outcome that needs no further step (lost, held, late, early, ...);
-    a firing the store holds off while the nodes re-seed it is tried again."""
-    if outcome is Outcome.RESEEDING:
-        wake.retry(firing, DecisionOutcome.RESEEDING)
+    a firing held off while the nodes re-seed, or claimed stale, is tried again."""
+    if outcome in (Outcome.RESEEDING, Outcome.STALE):
+        wake.retry(firing, DecisionOutcome.of_claim(outcome))
         return
     wake.decide(firing, DecisionOutcome.of_claim(outcome), recorded=recorded)
 
@@ -322,7 +327,7 @@ class TwoPhase(Dispatcher):
 
     def _sub_batch(self, firings: list[Firing], wake: Wake) -> None:
         claimed_at = self.monotonic()
-        requests = [claim_request(f) for f in firings]
+        requests = [claim_request(f, wake.live_revision) for f in firings]
         outcomes = self.store.claim(requests, node=wake.node, lease_ms=self.lease_ms)
         sent: list[tuple[Firing, Outcome]] = []
         unsent: list[Firing] = []
@@ -542,6 +547,7 @@ class Recorder:
 
     def __init__(self, node: str, clock: Callable[[], float] = time.time) -> None:
         self.node = node
+        self.live_revision: int | None = None
         self.clock = clock
         self.outcomes: dict[str, str] = {}
         self.held: set[str] = set()

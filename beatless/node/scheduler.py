@@ -297,6 +297,7 @@ class Scheduler:
             reseeder=self.reseeder,
             report=self._report,
             judging=self.judging,
+            live=self.live,
         )
         """What the dispatcher reports to (:class:`~beatless.node.dispatch.Wake`)."""
 

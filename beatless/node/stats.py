@@ -62,6 +62,7 @@ _COUNTERS: dict[str, str] = {
     DecisionOutcome.RESEEDING: "reseeding",
     DecisionOutcome.ERROR: "errors",
     DecisionOutcome.STALE_SCHEDULE: "stale_schedule",
+    DecisionOutcome.STALE_REVISION: "stale_revisions",
 }
 """The counter each decision adds to (a takeover is also a win). ``lost`` and ``held`` are
 counted by the loop, once per firing; a ``foreign`` firing is counted lost as well."""
@@ -123,6 +124,10 @@ class EntryStats:
     stale_schedule: int = 0
     """Firings not claimed because this node had not read the live schedule's head
     recently enough to know the revision in force at them, until they were late."""
+    stale_revisions: int = 0
+    """Claims the store answered stale: it knew a live revision newer than this node's,
+    in force at the occurrence (each retry counts); the node read the head and claimed
+    again under the definition in force."""
     unscheduled: int = 0
     """Firings built under a live definition that a later revision replaced or deleted
     at or before their occurrence: dropped before any claim (the definition in force

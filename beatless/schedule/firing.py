@@ -131,8 +131,9 @@ class Firing:
         return to_datetime(self.release_ms)
 
 
-def claim_request(firing: Firing) -> ClaimRequest:
-    """The claim of ``firing``, with the numbers of its entry the store judges it by."""
+def claim_request(firing: Firing, revision: int | None = None) -> ClaimRequest:
+    """The claim of ``firing``, with the numbers of its entry the store judges it by;
+    ``revision``: the live revision the node had applied (``None``: no live check)."""
     entry = firing.entry
     return ClaimRequest(
         id=firing.id,
@@ -143,6 +144,7 @@ def claim_request(firing: Firing) -> ClaimRequest:
         release_ms=firing.release_ms,
         tag=entry.task_tag,
         run_id=run_lease_id(firing.address) if entry.overlap == "skip" else "",
+        revision=revision,
     )
 
 

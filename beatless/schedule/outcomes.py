@@ -68,6 +68,11 @@ class DecisionOutcome(StrEnum):
     """Retried: the store's settings are refused (an evicting Redis); nothing claimed."""
     ERROR = "error"
     """Retried: the claim or the dispatch failed otherwise."""
+    STALE_REVISION = "stale_revision"
+    """Retried: the store knows a live revision newer than this node's in force at the
+    occurrence; the node reads the live head at once and claims again under the
+    definition in force (``stale_schedule`` if it cannot read it before the firing is
+    late)."""
     STALE_SCHEDULE = "stale_schedule"
     """Final: this node could not confirm the live schedule in force at the occurrence
     (its last read of the live head was too old) until the firing was late; not sent."""

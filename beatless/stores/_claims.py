@@ -57,6 +57,10 @@ class Outcome(enum.Enum):
     OVERLAP = "skipped_overlap"
     """Not enqueued: the entry's overlap policy is ``skip`` and a run of its address is in
     progress (its run lease is live). Written committed, so no other node enqueues it."""
+    STALE = "stale_revision"
+    """Not won: the claim's live revision is older than one in force at the occurrence
+    (see "Live revisions" in :mod:`beatless.stores.base`). Nothing written; the node reads
+    the live head and claims again under the newer definition."""
 
     @property
     def is_won(self) -> bool:
@@ -75,6 +79,7 @@ OUTCOME_LETTERS = {
     "C": Outcome.CORRUPT,
     "A": Outcome.FOREIGN,
     "O": Outcome.OVERLAP,
+    "S": Outcome.STALE,
 }
 """The letter for each outcome in the answer of a claim decided on the server (the Redis
 scripts, the PostgreSQL function): one letter per firing, in the order asked."""
@@ -101,6 +106,11 @@ class ClaimRequest:
     """The id of the address's run-lease record (:func:`beatless.schedule.firing.run_lease_id`) when
     the entry's overlap policy is ``skip``: while that record is a live pending claim, the
     claim is answered :attr:`Outcome.OVERLAP`. Empty: no overlap check."""
+    revision: int | None = None
+    """The live revision the claiming node had applied when it built the firing
+    (:mod:`beatless.stores._fences`): a claim at or past the fence of a newer revision
+    is answered :attr:`Outcome.STALE` by the stores that check it. ``None``: no check (a
+    node without live entries, a run lease, a revision's own claim)."""
 
     def __post_init__(self) -> None:
         tag = self.tag
@@ -138,6 +148,7 @@ def judge(
     *,
     running: Held | None = None,
     hold_off: bool = False,
+    next_fence_ms: int | None = None,
 ) -> Outcome:
     """The contract's outcome for one claim, for stores that decide outside the server.
 
@@ -148,13 +159,33 @@ def judge(
     the claim committed. ``running`` is the record of the request's
     :attr:`~ClaimRequest.run_id`, if it has one and the store holds it. With ``hold_off``,
     a firing that would be forgotten is :attr:`Outcome.RESEEDING`, and nothing is written.
+    ``next_fence_ms`` is the fence of the live revision after the request's
+    (:mod:`beatless.stores._fences`): at or before the occurrence, a claim that would be
+    won (or renewed) is :attr:`Outcome.STALE`, and nothing is written.
     """
+    stale = next_fence_ms is not None and request.occurrence_ms >= next_fence_ms
     if held is not None and held.until_ms >= now_ms:
-        return _judge_live(request, held, node)
+        outcome = _judge_live(request, held, node)
+        return Outcome.STALE if stale and outcome is Outcome.WON else outcome
     if request.is_late(now_ms):
         return Outcome.LATE
     if request.is_early(now_ms):
         return Outcome.EARLY
+    if stale:
+        return Outcome.STALE
+    return _judge_free(request, held, now_ms, forgot_before_ms, running=running, hold_off=hold_off)
+
+
+def _judge_free(
+    request: ClaimRequest,
+    held: Held | None,
+    now_ms: int,
+    forgot_before_ms: int | None,
+    *,
+    running: Held | None,
+    hold_off: bool,
+) -> Outcome:
+    """The outcome of a claim nobody holds live, on time and not stale."""
     if held is None and forgot_before_ms is not None and request.release_ms < forgot_before_ms:
         return Outcome.RESEEDING if hold_off else Outcome.FORGOTTEN
     if is_running(running, now_ms):
@@ -188,5 +219,6 @@ class Epoch:
 def judging(request: ClaimRequest) -> ClaimRequest:
     """The claim that asks who holds ``request``'s firing and never wins a firing nobody
     holds (see "Judging claims" in :mod:`beatless.stores.base`): the same firing and
-    numbers, its occurrence at the Unix epoch, no lateness allowed, no run lease to check."""
-    return replace(request, occurrence_ms=0, max_late_ms=0, run_id="")
+    numbers, its occurrence at the Unix epoch, no lateness allowed, no run lease or live
+    revision to check."""
+    return replace(request, occurrence_ms=0, max_late_ms=0, run_id="", revision=None)

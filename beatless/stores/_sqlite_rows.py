@@ -14,6 +14,7 @@ from typing import Any
 
 from beatless.errors import StoreError
 from beatless.stores._epoch import new_token
+from beatless.stores._fences import fence_of, live_checks
 from beatless.stores.base import ClaimRequest, Epoch, Note, Outcome, judge
 
 NOTES_SWEEP_MIN = 200
@@ -141,16 +142,25 @@ class _Decision:
         request: ClaimRequest,
         held: _Held | _Unreadable | None,
         running: _Held | _Unreadable | None = None,
+        next_fence_ms: int | None = None,
     ) -> tuple[Outcome, tuple[Any, ...] | None]:
         """``running`` is the row of the request's run lease, if it has one: a row this
         version cannot read fails the run lease's own claims, not this one's, and holds
-        nothing here."""
+        nothing here. ``next_fence_ms``: the fence of the live revision after the
+        request's (:func:`_fences`)."""
         if isinstance(held, _Unreadable):
             return Outcome.CORRUPT, None
         node, now = self.node, self.now
         run = None if isinstance(running, _Unreadable) else running
         outcome = judge(
-            request, held, node, now, self.forgot_before_ms, running=run, hold_off=self.hold_off
+            request,
+            held,
+            node,
+            now,
+            self.forgot_before_ms,
+            running=run,
+            hold_off=self.hold_off,
+            next_fence_ms=next_fence_ms,
         )
         if outcome in (Outcome.FORGOTTEN, Outcome.OVERLAP):
             return outcome, _row(request, node, True, now + request.memory_ms, now)
@@ -160,6 +170,17 @@ class _Decision:
         mine = held is not None and live and held.node == node and not held.committed
         claimed_ms = held.claimed_ms if held is not None and mine else now
         return outcome, _row(request, node, False, now + self.lease_ms, claimed_ms)
+
+
+def _fences(conn: sqlite3.Connection, requests: Sequence[ClaimRequest]) -> list[int | None]:
+    """Per request, the fence of the live revision after its own, read in the claim's
+    transaction (``None``: no such revision, or no check)."""
+    notes, numbers = live_checks(requests)
+    fences: list[int | None] = [None]
+    for kind, key in notes:
+        row = conn.execute(_KEPT_KEY, (kind, key)).fetchone()
+        fences.append(None if row is None else fence_of(str(row[0])))
+    return [fences[number] for number in numbers]
 
 
 def _row(

@@ -74,6 +74,21 @@ is the asking node's own pending claim, renewed as any claim of its holder is. N
 so about the firings a full or refusing store kept them from judging
 (:mod:`beatless.node._judging`).
 
+**Live revisions.** A request may carry the live revision its node had applied
+(:attr:`ClaimRequest.revision`). Memory, SQLite, Redis and PostgreSQL read, in the
+claim's own script or transaction, the fence of the namespace's next revision (the kept
+note ``r + 1`` of its revisions, :mod:`beatless.stores._fences`): when that revision
+exists and its fence is at or before the occurrence, a claim that would be won or
+renewed is answered :attr:`Outcome.STALE` and nothing is written, so no node sends an
+occurrence at or past a fence with the values of an older revision. A live claim of
+another node decides first, as for every outcome; ``LATE`` and ``EARLY`` come before
+``STALE``, which comes before ``FORGOTTEN`` and ``OVERLAP``. Redis Cluster keeps the
+revisions in a slot of their own, so it reads the note in the same pipeline as its claim
+scripts and answers ``STALE`` for a claim the script won or renewed (left pending to the
+node, whose next claim of it renews it). NATS and RabbitMQ do not check (never
+``STALE``): there the nodes' propagation rule alone holds rule 6. A request without a
+revision is never stale and costs no read.
+
 **Renewal.** A node that claims a firing it holds pending gets ``WON`` with its lease
 renewed: it lasts ``lease_ms`` from this claim. Run leases are built on this; a store
 whose renewal leaves a gap in which another node could win says so
@@ -376,6 +391,11 @@ class ClaimStore(ABC):
     would renew by giving the claim up and taking it again must say false: entries with
     ``overlap = "skip"`` are refused on it at start-up, and once-only checks on it have
     that window of one round trip per heartbeat. Every store here holds run leases."""
+
+    checks_revisions: bool = False
+    """Whether :meth:`claim` answers :attr:`Outcome.STALE` to a claim of an older live
+    revision than one in force at its occurrence (see "Live revisions" in the module
+    docstring); a store that does not leaves rule 6 to the nodes' propagation rule."""
 
     @abstractmethod
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from beatless.stores._epoch import adopt, horizon_ms, new_token
+from beatless.stores._fences import fence_of, live_checks
 from beatless.stores.base import (
     ClaimRequest,
     ClaimStore,
@@ -121,9 +122,12 @@ class MemoryStore(ClaimStore):
             self._sweep(now)
             current = self._epoch
             horizon = horizon_ms(self.epoch, current, self._forgot_before_ms)
+            fences = self._fences(requests)
             outcomes = [
-                self._claim_one(r, node, lease_ms, now, horizon=horizon, hold_off=hold_off)
-                for r in requests
+                self._claim_one(
+                    r, node, lease_ms, now, horizon=horizon, hold_off=hold_off, fence=fence
+                )
+                for r, fence in zip(requests, fences, strict=True)
             ]
             adopt(self, current, logger=logger, label="memory store", horizon=horizon)
             return outcomes
@@ -137,10 +141,20 @@ class MemoryStore(ClaimStore):
         *,
         horizon: int | None,
         hold_off: bool,
+        fence: int | None,
     ) -> Outcome:
         held = self._claims.get(request.id)
         running = self._claims.get(request.run_id) if request.run_id else None
-        outcome = judge(request, held, node, now, horizon, running=running, hold_off=hold_off)
+        outcome = judge(
+            request,
+            held,
+            node,
+            now,
+            horizon,
+            running=running,
+            hold_off=hold_off,
+            next_fence_ms=fence,
+        )
         if outcome.is_won:
             claim = _Claim(node, False, now + lease_ms, request.memory_ms, request.tag)
         elif outcome in (Outcome.OVERLAP, Outcome.FORGOTTEN):
@@ -150,6 +164,17 @@ class MemoryStore(ClaimStore):
         self._claims[request.id] = claim
         self._expire_at(claim, request.id)
         return outcome
+
+    checks_revisions = True
+
+    def _fences(self, requests: Sequence[ClaimRequest]) -> list[int | None]:
+        """Per request, the fence of the live revision after its own (``None``: none)."""
+        notes, numbers = live_checks(requests)
+        fences: list[int | None] = [None]
+        for kind, key in notes:
+            value = self._kept.get(kind, {}).get(key)
+            fences.append(None if value is None else fence_of(value))
+        return [fences[number] for number in numbers]
 
     def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
         with self._lock:

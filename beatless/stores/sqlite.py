@@ -66,6 +66,7 @@ from beatless.stores._sqlite_rows import (
     _current_epoch,
     _Decision,
     _epoch_value,
+    _fences,
     _Held,
     _parse_held,
     _Unreadable,
@@ -227,9 +228,9 @@ class SQLiteStore(ClaimStore):
             decide = _Decision(node, lease_ms, now, forgot_before, hold_off)
             outcomes = []
             writes: dict[str, tuple[Any, ...]] = {}
-            for request in requests:
+            for request, fence in zip(requests, _fences(conn, requests), strict=True):
                 running = held.get(request.run_id) if request.run_id else None
-                outcome, row = decide(request, held.get(request.id), running)
+                outcome, row = decide(request, held.get(request.id), running, fence)
                 outcomes.append(outcome)
                 if row is not None:
                     writes[request.id] = row
@@ -238,6 +239,8 @@ class SQLiteStore(ClaimStore):
         label = f"sqlite store {shown(self.path)}"
         adopt(self, epoch, logger=logger, label=label, horizon=forgot_before)
         return outcomes
+
+    checks_revisions = True
 
     def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
         """One ``BEGIN IMMEDIATE`` transaction: the claims, then the notes, as :meth:`post`

@@ -30,6 +30,9 @@ FUNCTIONS = (
     " bigint[], bigint[], bigint[], bigint[], text[], text[], bigint)",
     "claim_v3(text, text, bigint, bigint, text, bigint, text, integer, text[], text[],"
     " bigint[], bigint[], bigint[], bigint[], text[], text[], boolean, bigint)",
+    "claim_v4(text, text, bigint, bigint, text, bigint, text, integer, text[], text[],"
+    " bigint[], bigint[], bigint[], bigint[], text[], text[], integer[], bytea[], bytea[],"
+    " boolean, bigint)",
     "commit_v1(text, text, text[], bigint)",
     "release_v1(text, text, text[], bigint)",
     "post_v1(text, bytea[], bytea[], text[], text[], bytea[], bigint[], integer[], integer,"
@@ -53,10 +56,10 @@ class Statements:
             return sql.SQL(text).format(s=name)
 
         self.claim = q(
-            "SELECT outcomes, epoch_token, epoch_started_ms FROM {s}.claim_v3("
+            "SELECT outcomes, epoch_token, epoch_started_ms FROM {s}.claim_v4("
             "%s, %s, %s, %s, %s, %s, %s, %s, %s::text[], %s::text[], %s::bigint[], "
-            "%s::bigint[], %s::bigint[], %s::bigint[], %s::text[], %s::text[], %s::boolean, "
-            "%s::bigint)"
+            "%s::bigint[], %s::bigint[], %s::bigint[], %s::text[], %s::text[], %s::integer[], "
+            "%s::bytea[], %s::bytea[], %s::boolean, %s::bigint)"
         )
         commit = q("{s}.commit_v1(%s, %s, %s::text[], %s::bigint)")
         post = q(

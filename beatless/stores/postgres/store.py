@@ -70,6 +70,7 @@ from beatless.core.durations import DurationLike
 from beatless.core.urls import mask_url, secrets_of
 from beatless.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
 from beatless.stores._epoch import adopt, new_token
+from beatless.stores._fences import live_checks
 from beatless.stores.base import (
     OUTCOME_LETTERS,
     TOLERANCE_MS,
@@ -222,6 +223,7 @@ class PostgresStore(ServerWatch, KeptNotes, ClaimStore):
     # -- the contract ---------------------------------------------------------------
 
     reseeds = True
+    checks_revisions = True
 
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
         return self._claim_judged(requests, node=node, lease_ms=lease_ms, hold_off=self.holds_off)
@@ -347,6 +349,7 @@ class PostgresStore(ServerWatch, KeptNotes, ClaimStore):
         if not requests:
             return []
         seen = self.epoch.token if self.epoch is not None else ""
+        notes, numbers = live_checks(requests)
         args = (
             self.namespace,
             node,
@@ -364,6 +367,9 @@ class PostgresStore(ServerWatch, KeptNotes, ClaimStore):
             [r.release_ms for r in requests],
             [r.tag for r in requests],
             [r.run_id for r in requests],
+            numbers,
+            [digest(kind) for kind, _ in notes],
+            [digest(key) for _, key in notes],
             hold_off,
             self._now_ms(),
         )

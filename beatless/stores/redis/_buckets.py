@@ -166,9 +166,12 @@ def describe_client(client: Any) -> tuple[str, list[str]]:
     return f"redis+cluster://{nodes}", [str(password)] if password else []
 
 
-def pipelined(client: Any, lua: Lua, calls: list[Call]) -> list[Any]:
-    """Send each call of ``lua`` to the master of its keys' slot, in one cluster pipeline:
-    the replies, errors among them."""
+def pipelined(
+    client: Any, lua: Lua, calls: list[Call], reads: Sequence[tuple[str, str]] = ()
+) -> list[Any]:
+    """Send each call of ``lua`` to the master of its keys' slot, in one cluster pipeline
+    with an ``HGET`` of each ``(hash, field)`` of ``reads``: the replies, the calls' then
+    the reads', errors among them."""
     pipe = client.pipeline()
     for keys, args in calls:
         # redis-py's cluster pipeline has no evalsha method, and would ask the server
@@ -176,6 +179,8 @@ def pipelined(client: Any, lua: Lua, calls: list[Call]) -> list[Any]:
         # the client's slot table (a MOVED reply sends the call on to the new one).
         master = client.get_node_from_key(keys[0])
         pipe.execute_command("EVALSHA", lua.sha, len(keys), *keys, *args, target_nodes=master)
+    for key, field in reads:
+        pipe.hget(key, field)
     return list(pipe.execute(raise_on_error=False))
 
 

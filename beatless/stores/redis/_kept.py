@@ -64,6 +64,12 @@ def read_reply(keys: Sequence[str], values: Sequence[Any]) -> dict[str, str]:
     return {k: v[len(_MARK) :] for k, v in found.items() if v.startswith(_MARK)}
 
 
+def field_value(value: Any) -> str | None:
+    """A kept note's value from its hash field's (``None``: absent, or in another form)."""
+    text = None if value is None else _text(value)
+    return text[len(_MARK) :] if text is not None and text.startswith(_MARK) else None
+
+
 def delete(client: Any, kind: str, keys: Sequence[str], key_of: Callable[[str], str]) -> None:
     """Delete the kept notes of ``kind`` named by ``keys`` (``HDEL``)."""
     if keys:

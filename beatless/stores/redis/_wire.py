@@ -77,6 +77,7 @@ from typing import Any, Generic, TypeVar
 from beatless.core._logtext import shown
 from beatless.errors import ConfigError, StoreError
 from beatless.stores._epoch import NEW
+from beatless.stores._fences import live_checks
 from beatless.stores.base import (
     ITEM_TAIL_LIMIT,
     NOTE_VALUE_LIMIT,
@@ -186,9 +187,10 @@ def note_args(
     return keys, args
 
 
-def claim_arg(request: ClaimRequest, run: int) -> str:
+def claim_arg(request: ClaimRequest, run: int, live: str = "") -> str:
     """Request ``request`` as the claim script reads it; ``run`` numbers its run-lease
-    key among the script's keys (``0``: none)."""
+    key among the script's keys (``0``: none), ``live`` names its live check
+    (``{l}:{field}``; empty: none)."""
     r = request
     if r.memory_ms <= 0 or r.max_late_ms < 0:
         raise ConfigError(
@@ -196,7 +198,25 @@ def claim_arg(request: ClaimRequest, run: int) -> str:
             f"max_late_ms not negative, got {r.memory_ms} and {r.max_late_ms}"
         )
     numbers = f"{r.occurrence_ms}|{r.max_late_ms}|{r.memory_ms}|{r.release_ms}"
-    return f"{numbers}|{r.tag}|{run}|{r.address}"
+    return f"{numbers}|{r.tag}|{run}|{live}|{r.address}"
+
+
+def claim_args(
+    chunk: Sequence[ClaimRequest], runs: dict[str, int], kept_key: Callable[[str], str]
+) -> tuple[list[str], list[str | int]]:
+    """The live revision hashes that ``claim.lua`` reads for ``chunk``, to put after its
+    run-lease keys, and its ARGV from the count on: ``n`` (``{n}|{L}`` with live hashes),
+    then each request (``runs`` numbers the run-lease keys; ``kept_key`` names the hash
+    of a kind of kept notes). A request's live check is ``{l}:{field}``: the field of
+    the revision after its own (:func:`~beatless.stores._fences.live_checks`)."""
+    notes, numbers = live_checks(chunk)
+    hashes = list(dict.fromkeys(kept_key(kind) for kind, _ in notes))
+    place = {key: number for number, key in enumerate(hashes, 1)}
+    named = ["", *(f"{place[kept_key(kind)]}:{field}" for kind, field in notes)]
+    args: list[str | int] = [f"{len(chunk)}|{len(hashes)}" if hashes else len(chunk)]
+    for request, number in zip(chunk, numbers, strict=True):
+        args.append(claim_arg(request, runs.get(request.run_id, 0), named[number]))
+    return hashes, args
 
 
 def parse_epoch(record: str) -> Epoch | None:

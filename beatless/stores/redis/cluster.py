@@ -24,6 +24,11 @@ What is atomic, and what is not:
   is not seen: the firing is won and enqueued, and the worker's own run-lease check
   refuses the run, as on a store that does not check overlap. A worker's once-only
   record and run lease are two claims in two buckets: each exact, not one step.
+* **Live revisions are read beside the claims.** A namespace's revisions are a hash in
+  a slot of their own, so the note a claim's live check needs is read with ``HGET`` in
+  the same pipeline as the claim scripts; a claim the script won is answered
+  ``STALE`` when that note shows a newer revision in force at its occurrence, and stays
+  pending, the node's (see "Live revisions" in :mod:`beatless.stores.base`).
 * **Notes are written apart from commits.** A kind of notes lives under a hash tag of
   its own, ``{notes:<digest>}``, so the history of a batch spread over 256 buckets can
   share no script with its commits (:attr:`commits_notes` is false): ``commit`` posts
@@ -105,6 +110,7 @@ from beatless.stores._epoch import (
     horizon_ms,
     new_token,
 )
+from beatless.stores._fences import found_stale, live_checks
 from beatless.stores.base import (
     OUTCOME_LETTERS,
     TOLERANCE_MS,
@@ -244,6 +250,7 @@ class RedisClusterStore(ClaimStore):
     # -- the contract ---------------------------------------------------------------
 
     reseeds = True
+    checks_revisions = True
 
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
         return self._claim_judged(requests, node=node, lease_ms=lease_ms, hold_off=self.holds_off)
@@ -263,6 +270,8 @@ class RedisClusterStore(ClaimStore):
             for i, request in enumerate(requests):
                 if request.run_id in running:
                     args[i] = claim_arg(request, HELD_RUN)
+            notes, numbers = live_checks(requests)  # read beside the scripts, in their pipeline
+            reads = [(self._kept_key(kind), field) for kind, field in notes]
             head: list[str | int] = [FORMAT_VERSION, EXPIRY_SLACK_MS, node, lease_ms]
             places = list(chunks([r.id for r in requests]))
             calls = [
@@ -275,13 +284,16 @@ class RedisClusterStore(ClaimStore):
                 )
                 for bucket, chunk in places
             ]
-            replies = self._run(CLAIM_LUA, calls)
+            replies = self._run(CLAIM_LUA, calls, reads)
+        replies, read = replies[: len(calls)], replies[len(calls) :]
+        values = [_kept.field_value(value) for value in read]
         outcomes: list[Outcome] = [Outcome.CORRUPT] * len(requests)
         changed: list[Changed] = []
         for (bucket, chunk), reply in zip(places, replies, strict=True):
             for i, letter in zip(chunk, as_text(reply[0]), strict=True):
                 outcomes[i] = OUTCOME_LETTERS[letter]
             self._adopt(bucket, as_text(reply[1]), changed)
+        found_stale(requests, outcomes, numbers, values)
         if changed:
             try:
                 # Every bucket at once: the others of a master that lost its memory too.
@@ -621,13 +633,14 @@ class RedisClusterStore(ClaimStore):
         except (StoreError, exc.RedisError, exc.RedisClusterException):
             return "unknown"
 
-    def _run(self, lua: Lua, calls: list[Call]) -> list[Any]:
-        """Run ``lua`` once per call, in one pipeline: redis-py sends each call to the
-        master of its keys' slot, every master at once. A script a master does not know
-        (``NOSCRIPT``: a new or restarted master) is loaded on every master and the calls
-        it refused are sent again."""
+    def _run(self, lua: Lua, calls: list[Call], reads: Sequence[tuple[str, str]] = ()) -> list[Any]:
+        """Run ``lua`` once per call, in one pipeline with the ``HGET`` of each of ``reads``
+        (their replies follow the calls'): redis-py sends each call to the master of its
+        keys' slot, every master at once. A script a master does not know (``NOSCRIPT``: a
+        new or restarted master) is loaded on every master and the calls it refused are
+        sent again."""
         client = self._connected()
-        replies = pipelined(client, lua, calls)
+        replies = pipelined(client, lua, calls, reads)
         unknown = [i for i, reply in enumerate(replies) if isinstance(reply, self._noscript)]
         if unknown:
             client.script_load(lua.text)

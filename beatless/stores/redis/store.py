@@ -89,7 +89,7 @@ from beatless.stores.redis._wire import (
     RELEASE,
     Ready,
     as_text,
-    claim_arg,
+    claim_args,
     claim_note_args,
     commit_without_room,
     epoch_cause,
@@ -189,6 +189,7 @@ class RedisStore(ClaimStore):
     # -- the contract ---------------------------------------------------------------
 
     reseeds = True
+    checks_revisions = True
 
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
         return self._claim_judged(requests, node=node, lease_ms=lease_ms, hold_off=self.holds_off)
@@ -267,8 +268,9 @@ class RedisStore(ClaimStore):
             run_ids = dict.fromkeys(r.run_id for r in chunk if r.run_id)
             runs = {run_id: j for j, run_id in enumerate(run_ids, 1)}
             keys = [self._last_key, self._epoch_key, *(self._claim_key(r.id) for r in chunk)]
-            keys += [self._claim_key(run_id) for run_id in runs]
-            args = head + [len(chunk)] + [claim_arg(r, runs.get(r.run_id, 0)) for r in chunk]
+            live_keys, requests_args = claim_args(chunk, runs, self._kept_key)
+            keys += [*(self._claim_key(run_id) for run_id in runs), *live_keys]
+            args = head + requests_args
             if commands is not None:
                 args += [
                     c if isinstance(c, str) else json.dumps(c)

@@ -24,7 +24,8 @@
 -- later within version 2: a schema without them is missing a function, so the next node
 -- runs this file again and gains them in place; a beatless that does not know notes
 -- never touches them, and uses the schema as before. claim_v3 came later within version
--- 2 too, in the same way: claim_v2 with p_hold_off (re-seeding), which claim_v2 now calls.
+-- 2 too, in the same way: claim_v2 with p_hold_off (re-seeding), which claim_v2 now calls;
+-- and claim_v4 after it: claim_v3 with live checks (the S outcome), which claim_v3 calls.
 
 CREATE TABLE IF NOT EXISTS version (
     only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
@@ -85,12 +86,12 @@ CREATE TABLE IF NOT EXISTS notes (
 );
 CREATE INDEX IF NOT EXISTS notes_until_ms ON notes (until_ms);
 
--- claim_v3: judge and write a batch of claims; one call is one transaction.
+-- claim_v4: judge and write a batch of claims; one call is one transaction.
 --
 -- Each request is judged by the contract's rules (beatless/stores/base.py), in the
 -- order of its id (then its place in the batch), against the row as it stands once
 -- locked. Returns one letter per request, in request order: W won, T takeover, L lost,
--- H held, X late, E early, F forgotten, R re-seeding, C corrupt, A foreign, O overlap;
+-- H held, X late, E early, S stale, F forgotten, R re-seeding, C corrupt, A foreign, O overlap;
 -- and the namespace's epoch (written now if absent). p_seen is the epoch token the caller
 -- last saw ('' if none); when the epoch is another, the horizon is its start +
 -- p_tolerance_ms, else p_horizon (NULL: none): a firing nobody holds and released before
@@ -109,13 +110,21 @@ CREATE INDEX IF NOT EXISTS notes_until_ms ON notes (until_ms);
 -- ordered after this call, and the worker's own run-lease check refuses an overlapping
 -- run. A record of another format is not a run in progress.
 --
+-- p_lives holds, per request, the number of its live check among p_live_kinds and
+-- p_live_keys (0 or NULL: none): the kept note of its namespace's revisions holding the
+-- revision after the claim's own (beatless/stores/_fences.py). When that note exists
+-- and the first "fence_ms": of its value is at or before the request's occurrence (none:
+-- stale), a claim that would be won or renewed is answered S and nothing is written; a
+-- live claim of another node decides first, and late and early come before it.
+--
 -- Afterwards, at most p_sweep rows past their forget_ms are deleted, skipping rows
 -- another call has locked.
-CREATE OR REPLACE FUNCTION claim_v3(
+CREATE OR REPLACE FUNCTION claim_v4(
     p_namespace text, p_node text, p_lease_ms bigint, p_tolerance_ms bigint,
     p_seen text, p_horizon bigint, p_new_token text, p_sweep integer,
     p_ids text[], p_addresses text[], p_occurrences bigint[], p_max_lates bigint[],
     p_memories bigint[], p_releases bigint[], p_tags text[], p_run_ids text[],
+    p_lives integer[], p_live_kinds bytea[], p_live_keys bytea[],
     p_hold_off boolean, p_now_ms bigint
 ) RETURNS TABLE (outcomes text, epoch_token text, epoch_started_ms bigint)
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
@@ -127,7 +136,17 @@ DECLARE
     h claims%ROWTYPE;
     letter text;
     tries integer;
+    fences bigint[] := '{}';
+    fence bigint;
+    stale boolean;
 BEGIN
+    FOR j IN 1 .. coalesce(cardinality(p_live_kinds), 0) LOOP
+        SELECT coalesce(substring(convert_from(k.value, 'UTF8') FROM '"fence_ms":(-?[0-9]+)')
+                ::bigint, -9223372036854775807) INTO fence
+            FROM kept_notes k WHERE k.namespace = p_namespace AND k.kind_id = p_live_kinds[j]
+                AND k.key_id = p_live_keys[j];
+        fences[j] := fence;
+    END LOOP;
     SELECT e.token, e.started_ms INTO epoch_token, epoch_started_ms
         FROM epochs e WHERE e.namespace = p_namespace;
     IF NOT FOUND THEN
@@ -142,12 +161,13 @@ BEGIN
 
     FOR r IN
         SELECT q.* FROM unnest(p_ids, p_addresses, p_occurrences, p_max_lates, p_memories,
-            p_releases, p_tags, p_run_ids) WITH ORDINALITY
+            p_releases, p_tags, p_run_ids, p_lives) WITH ORDINALITY
             AS q(id, address, occurrence_ms, max_late_ms, memory_ms, release_ms, tag, run_id,
-                ord)
+                live, ord)
         ORDER BY q.id COLLATE "C", q.ord
     LOOP
         tries := 0;
+        stale := coalesce(r.live > 0 AND r.occurrence_ms >= fences[r.live], false);
         LOOP
             tries := tries + 1;
             IF tries > 3 THEN
@@ -159,6 +179,11 @@ BEGIN
                 letter := 'X';
             ELSIF r.release_ms - now_ms > p_tolerance_ms THEN
                 letter := 'E';
+            ELSIF stale THEN
+                -- Stale: nothing written, if no row stands there.
+                letter := 'S';
+                EXIT WHEN NOT EXISTS (SELECT FROM claims c
+                    WHERE c.namespace = p_namespace AND c.id = r.id);
             ELSE
                 IF forgot_before IS NOT NULL AND r.release_ms < forgot_before THEN
                     letter := CASE WHEN p_hold_off THEN 'R' ELSE 'F' END;
@@ -191,7 +216,7 @@ BEGIN
             IF NOT FOUND THEN
                 -- Late or early with no row: refused, nothing written. Otherwise the
                 -- row went between the insert and the look: try again.
-                EXIT WHEN letter IN ('X', 'E');
+                EXIT WHEN letter IN ('X', 'E', 'S');
                 CONTINUE;
             ELSIF h.format <> 1 THEN
                 letter := 'C';
@@ -201,6 +226,8 @@ BEGIN
                     letter := 'A';
                 ELSIF h.committed THEN
                     letter := 'L';
+                ELSIF h.node = p_node AND stale THEN
+                    letter := 'S';  -- the holder's own pending claim, left as it is
                 ELSIF h.node = p_node THEN
                     -- The holder's own pending claim: renewed, p_lease_ms from now.
                     letter := 'W';
@@ -211,7 +238,7 @@ BEGIN
                 ELSE
                     letter := 'H';
                 END IF;
-            ELSIF letter IN ('X', 'E') THEN
+            ELSIF letter IN ('X', 'E', 'S') THEN
                 NULL;  -- a record whose lease or memory ran out refuses nothing itself
             ELSIF r.run_id <> '' AND EXISTS (SELECT FROM claims c
                     WHERE c.namespace = p_namespace AND c.id = r.run_id AND c.format = 1
@@ -248,6 +275,20 @@ BEGIN
     outcomes := array_to_string(letters, '');
     RETURN NEXT;
 END
+$$;
+
+-- claim_v3: claim_v4 without live checks (the function an earlier beatless calls).
+CREATE OR REPLACE FUNCTION claim_v3(
+    p_namespace text, p_node text, p_lease_ms bigint, p_tolerance_ms bigint,
+    p_seen text, p_horizon bigint, p_new_token text, p_sweep integer,
+    p_ids text[], p_addresses text[], p_occurrences bigint[], p_max_lates bigint[],
+    p_memories bigint[], p_releases bigint[], p_tags text[], p_run_ids text[],
+    p_hold_off boolean, p_now_ms bigint
+) RETURNS TABLE (outcomes text, epoch_token text, epoch_started_ms bigint)
+LANGUAGE sql SET search_path FROM CURRENT AS $$
+    SELECT * FROM claim_v4(p_namespace, p_node, p_lease_ms, p_tolerance_ms, p_seen,
+        p_horizon, p_new_token, p_sweep, p_ids, p_addresses, p_occurrences, p_max_lates,
+        p_memories, p_releases, p_tags, p_run_ids, '{}', '{}', '{}', p_hold_off, p_now_ms)
 $$;
 
 -- claim_v2: claim_v3 without holding off (the function an earlier beatless calls).

@@ -16,6 +16,8 @@
 -- KEYS[2 + n + j]  {prefix}claim:{run id}: the j-th distinct run-lease record the requests
 --              name (a claim record too, held pending by workers while a run of the
 --              address is in progress; see beatless.node.runs); read only
+-- KEYS[2 + n + J + l]  the l-th of L hashes of a namespace's live revisions (kept notes,
+--              see _kept.py) that the requests' live checks read; read only
 -- KEYS[#KEYS - 2K + 2k - 1]  notes only: {prefix}notes:{digest}, the hash of the k-th
 --              distinct kind of the requests' notes (see notes.lua)
 -- KEYS[#KEYS - 2K + 2k]      notes only: {prefix}notes-expiry:{digest} of the same kind
@@ -37,14 +39,17 @@
 -- ARGV[9]   the epoch token the caller last saw, '' if none
 -- ARGV[10]  the caller's forgetting horizon from an earlier epoch change, '' if none
 -- ARGV[11]  a fresh random token, for the epoch record if it is absent
--- ARGV[12]  n, the number of requests
+-- ARGV[12]  n, the number of requests, or {n}|{L} with L live revision hashes
 -- ARGV[12 + i]      request i:
---                   {occurrence_ms}|{max_late_ms}|{memory_ms}|{release_ms}|{tag}|{run}|{address}
+--                   {occurrence_ms}|{max_late_ms}|{memory_ms}|{release_ms}|{tag}|{run}|
+--                   {live}|{address}
 --                   where run is j for the run-lease record KEYS[2 + n + j], 0 for none,
 --                   and -1 for a record in another slot that the caller read just before
 --                   this script (running.lua) and found held (Redis Cluster: see
---                   redis_cluster.py); one argument rather than seven makes a large batch
---                   cheaper to send
+--                   redis_cluster.py); live is '' for no live check, else {l}:{field}:
+--                   the field of the l-th live revision hash holding the revision after
+--                   the claim's own (see "Live revisions" below); one argument rather than
+--                   eight makes a large batch cheaper to send
 -- ARGV[12 + n + i]  atomic only: the JSON list of commands that enqueue request i
 -- ARGV[13 + 2n]     notes only (atomic, and absent without notes, as are the notes'
 --                   keys): note record format version
@@ -59,8 +64,13 @@
 -- ARGV[15 + 5n + 3g - 1]  notes only: the prefix of its key
 -- ARGV[15 + 5n + 3g]      notes only: its value, a template with {{items}} and {{at_ms}}
 --
+-- Live revisions. A request with a live check is stale when its field exists (a value
+-- v=1|{json}; another form is not read) and the first "fence_ms": of the value is at or
+-- before its occurrence (none: stale). A stale request that would be won or renewed is
+-- answered S and writes nothing; each field is read once per script.
+--
 -- Returns {letters, epoch record}: one letter per request, W won, T takeover, L lost,
--- H held, X late, E early, F forgotten, R re-seeding, C corrupt, A foreign (a live claim of another
+-- H held, X late, E early, S stale, F forgotten, R re-seeding, C corrupt, A foreign (a live claim of another
 -- task: its record's tag and the request's are both set and differ), O overlap (the
 -- firing would be won, but its run-lease record is a live pending claim: a run of its
 -- address is in progress; the firing is written committed and its commands are not
@@ -100,10 +110,12 @@ local tolerance, id_from = tonumber(ARGV[5]), tonumber(ARGV[7])
 local atomic = string.sub(ARGV[8], 1, 1) == '1'
 local waits = string.find(ARGV[8], 'w', 2, true) ~= nil
 local holds = string.find(ARGV[8], 'h', 2, true) ~= nil
-local n = tonumber(ARGV[12])
+local count, lives = string.match(ARGV[12], '^(%d+)|?(%d*)$')
+local n = tonumber(count)
 local noting = ARGV[13 + 2 * n] ~= nil
--- The key before the first kind of notes' keys.
+-- The key before the first kind of notes' keys, and before the first live revision hash.
 local kinds_from = #KEYS - 2 * (noting and tonumber(ARGV[14 + 2 * n]) or 0)
+local lives_from = kinds_from - (tonumber(lives) or 0)
 
 -- This server's replication ids: its history's, and the one it continued when it was
 -- promoted ('' if none: it started a history of its own).
@@ -190,10 +202,30 @@ local function running(r)
   return h and h ~= CORRUPT and h.state == 'pending' and h.until_ms >= now
 end
 
--- The letter for a firing nobody holds live: refused, forgotten, overlapping or won.
+-- The fence of each live revision field read, by its {l}:{field}; false when absent.
+local fences = {}
+
+-- Whether the request's live revision is older than one in force at its occurrence.
+local function stale(r)
+  if r.live == '' then return false end
+  local fence = fences[r.live]
+  if fence == nil then
+    local l, field = string.match(r.live, '^(%d+):(.+)$')
+    local value = redis.call('HGET', KEYS[lives_from + tonumber(l)], field)
+    fence = false
+    if value and string.sub(value, 1, 4) == 'v=1|' then
+      fence = tonumber(string.match(value, '"fence_ms":(%-?%d+)')) or -math.huge
+    end
+    fences[r.live] = fence
+  end
+  return fence and r.occurrence >= fence
+end
+
+-- The letter for a firing nobody holds live: refused, stale, forgotten, overlapping or won.
 local function decide_free(i, key, h, r)
   if now - r.occurrence > r.max_late + tolerance then return 'X' end
   if r.release - now > tolerance then return 'E' end
+  if stale(r) then return 'S' end
   local lost = h and lost_before and h.state == 'pending' and r.release < lost_before
   if not h and held_off_before and r.release < held_off_before
       and not (failover_before and r.release < failover_before) then
@@ -220,6 +252,7 @@ local function decide(i, key, h, r)
   if h.tag ~= r.tag and h.tag ~= '' and r.tag ~= '' then return 'A' end
   if h.state == 'committed' then return 'L' end
   if h.node == node and not atomic then
+    if stale(r) then return 'S' end
     return 'W', write(key, 'pending', now + lease, r.memory, r.tag, node, lease + r.memory)
   end
   return 'H'
@@ -275,14 +308,14 @@ local function note(i, letter, r)
 end
 
 local out = {}
-held = read_all(3, kinds_from)
+held = read_all(3, lives_from)
 for i = 1, n do
   local key = KEYS[i + 2]
-  local occurrence, max_late, memory, release, tag, run, address =
-    string.match(ARGV[12 + i], '^(%-?%d+)|(%d+)|(%d+)|(%-?%d+)|(%x*)|(%-?%d+)|(.*)$')
+  local occurrence, max_late, memory, release, tag, run, live, address = string.match(
+    ARGV[12 + i], '^(%-?%d+)|(%d+)|(%d+)|(%-?%d+)|(%x*)|(%-?%d+)|([%d:]*)|(.*)$')
   local r = {occurrence = tonumber(occurrence), max_late = tonumber(max_late),
     memory = tonumber(memory), release = tonumber(release), tag = tag, run = tonumber(run),
-    address = address}
+    live = live, address = address}
   local letter, written = decide(i, key, held[key], r)
   out[i] = letter
   if written then held[key] = written end
