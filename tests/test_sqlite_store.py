@@ -143,6 +143,41 @@ def test_one_store_shared_by_threads_lets_each_firing_be_won_once(
     assert sorted(won) == sorted(r.id for r in requests)
 
 
+def test_a_commit_never_waits_for_a_long_read_of_another_thread(path: Path) -> None:
+    """A node's board reads the registry and the history every second from a thread of
+    its own, through the store object its loop commits with: the loop's commit, whose
+    lease is running, is made while that read is still under way, not after it. Here the
+    read waits, in the store's call, for the test to let it go."""
+    reading, let_go, left = threading.Event(), threading.Event(), threading.Event()
+
+    def clock() -> float:
+        if threading.current_thread().name == "board":
+            reading.set()
+            let_go.wait(10)
+            left.set()
+        return time.time()
+
+    store = SQLiteStore(path, clock=clock)
+    firing = request("a", int(time.time() * 1_000))
+    assert store.claim([firing], node="a", lease_ms=60_000) == [Outcome.WON]
+    store.post([Note("history", "k", "v", 60_000)])
+    read: list[Any] = []
+    board = threading.Thread(
+        target=lambda: read.append(store.read_synced(["history"], {})), name="board"
+    )
+    board.start()
+    assert reading.wait(10)
+    committed = store.commit([firing.id], node="a")
+    waited = left.is_set()
+    let_go.set()
+    board.join(10)
+    store.close()
+
+    assert not waited, "the commit waited for the other thread's read to end"
+    assert committed == [True]
+    assert read == [({"history": {"k": "v"}}, {})]
+
+
 # -- the file and its schema ----------------------------------------------------------------
 
 

@@ -724,6 +724,46 @@ def test_claims_and_commits_never_wait_for_a_notes_read(store: NATSStore) -> Non
     assert took < 1.0, f"claim and commit took {took:.2f}s behind a notes read"
 
 
+@pytest.mark.serial
+def test_a_commit_never_waits_for_a_long_claim_of_another_thread(bucket: str) -> None:
+    """A node's board claims missed-firing markers from a thread of its own through the
+    store object its loop commits with: their requests share the one connection, so the
+    loop's commit, whose lease is running, is made while that claim is still under way,
+    not after it. Here the board's claim waits for the test to let it go."""
+    store = NATSStore(NATS_URL, bucket=bucket, timeout=2)
+    request, marker = firing(now_ms()), firing(now_ms())
+    assert store.claim([request], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    under_way, let_go, left = threading.Event(), threading.Event(), threading.Event()
+    claim_all = store._claim_all
+
+    async def slow_claim_all(kv: Any, requests: Any, *args: Any) -> Any:
+        try:
+            if any(r.id == marker.id for r in requests):
+                under_way.set()
+                while not let_go.is_set():
+                    await asyncio.sleep(0.01)
+            return await claim_all(kv, requests, *args)
+        finally:
+            left.set()
+
+    store._claim_all = slow_claim_all  # type: ignore[method-assign]
+    done: list[list[Outcome]] = []
+    sweep = threading.Thread(
+        target=lambda: done.append(store.claim([marker], node="a", lease_ms=LEASE_MS))
+    )
+    sweep.start()
+    assert under_way.wait(10)
+    committed = store.commit([request.id], node="a")
+    waited = left.is_set()
+    let_go.set()
+    sweep.join(10)
+    store.close()
+
+    assert not waited, "the commit waited for the other thread's claim to end"
+    assert committed == [True]
+    assert done == [[Outcome.WON]]
+
+
 # -- URLs and options ---------------------------------------------------------------------
 
 

@@ -31,6 +31,7 @@ from fleet import assert_the_kill_was_survived, kill_one_of_three
 from psycopg import sql
 from service_check import require_service
 from stores import POSTGRES, POSTGRES_URL, ManualClock, drop_postgres_schema, free_port
+from waiting import wait_for
 
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.node.runs import NEVER_LATE_MS, RUN_RECORD_MEMORY_MS
@@ -860,6 +861,43 @@ def test_one_store_shared_by_threads_lets_each_firing_be_won_once(
         thread.join(timeout=30)
 
     assert Counter(results) == Counter({Outcome.WON: 50, Outcome.HELD: 150})
+    store.close()
+
+
+def test_a_commit_never_waits_for_a_long_call_of_another_thread_of_the_store_object(
+    conn: psycopg.Connection[Any], schema: str
+) -> None:
+    """A node's board claims missed-firing markers from a thread of its own through the
+    store object its loop commits with. Here the board's claim waits on a row that
+    another session holds locked: the loop's commit, whose lease is running, is made
+    while that claim is still under way, not after it."""
+    store = PostgresStore(url_of(schema))
+    now = server_now_ms(conn)
+    request, marker = firing(now), firing(now)
+    assert store.claim([request, marker], node="a", lease_ms=LEASE_MS) == [Outcome.WON] * 2
+    done: list[list[Outcome]] = []
+    sweep = threading.Thread(
+        target=lambda: done.append(store.claim([marker], node="a", lease_ms=LEASE_MS))
+    )
+
+    with conn.transaction():
+        execute(conn, schema, "SELECT 1 FROM {s}.claims WHERE id = %s FOR UPDATE", marker.id)
+        mine = conn.info.backend_pid
+        sweep.start()
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as watch:
+            query = "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
+
+            def blocked() -> bool:
+                return (watch.execute(query, (mine,)).fetchone() or (0,))[0] == 1
+
+            assert wait_for(blocked)
+            committed = store.commit([request.id], node="a")
+            under_way = blocked()
+    sweep.join(10)
+
+    assert under_way, "the commit waited for the other thread's claim to end"
+    assert committed == [True]
+    assert done == [[Outcome.WON]]
     store.close()
 
 

@@ -156,7 +156,8 @@ def test_a_commit_on_a_connection_the_server_cut_is_made_on_a_new_one(
         PostgresStore(POSTGRES_URL, schema=postgres_schema) as b,
     ):
         assert a.claim(requests, node="a", lease_ms=5_000) == [Outcome.WON] * 2
-        conn = a._conn
+        (link,) = a._links.idle
+        conn = link.conn
         assert conn is not None
         _terminate(conn.info.backend_pid)  # as a restart or a failover cuts every session
         assert a.commit([f.id for f in firings], node="a") == [True, True]

@@ -3,7 +3,9 @@
 Every claim, commit and release is one ``BEGIN IMMEDIATE`` transaction, so a batch is
 atomic and two processes cannot both win a firing: SQLite lets one writer in at a time
 and the others wait up to ``busy_timeout``. The file is in WAL mode, so readers such as
-``beatless status`` never block the writers.
+``beatless status`` never block the writers. Calls made at once from threads of one
+process run on connections of their own: a node's board reading the registry never holds
+up its loop's commit, whose lease is running.
 
 A run lease (:attr:`~beatless.stores.base.ClaimRequest.run_id`) is a row like any
 claim's, read in the same transaction as the firings that name it, so the overlap check
@@ -49,6 +51,7 @@ from beatless.core._logtext import shown
 from beatless.core.durations import DurationLike, as_timedelta
 from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.stores._epoch import adopt, horizon_ms, new_token
+from beatless.stores._pool import Pool
 from beatless.stores._sqlite_rows import (
     _ADD_TAG,
     _COMMIT,
@@ -124,10 +127,11 @@ class SQLiteStore(ClaimStore):
     reads them. A row whose values are not what this version writes fails only its own
     firing, with :attr:`~beatless.stores.base.Outcome.CORRUPT`.
 
-    One store object may be shared by the threads of a process: it holds one connection
-    and a lock, so its calls run one at a time (SQLite admits one writer at a time
-    anyway). A child process that inherits the object opens a connection of its own.
-    The file is opened, and its schema version checked, in the constructor.
+    One store object may be shared by the threads of a process: calls made at once run
+    on connections of their own (one more is opened when every one is in use), so a
+    read never holds up a write; writes still take the file's write lock one at a time.
+    A child process that inherits the object opens connections of its own. The file is
+    opened, and its schema version checked, in the constructor.
     """
 
     name = "sqlite"
@@ -147,16 +151,21 @@ class SQLiteStore(ClaimStore):
             raise ConfigError(f"sqlite store: busy_timeout must not be negative, got {timeout}")
         self._clock = clock
         self._busy_timeout = timeout.total_seconds()
-        self._lock = threading.Lock()
+        self._epoch_lock = threading.Lock()
         self._next_sweep_ms = 0
-        self._closed = False
-        self._pid = os.getpid()
         # Opened and watched by its absolute path, so that a chdir changes nothing.
         self._file = self.path if self.path == ":memory:" else os.path.abspath(self.path)
         self._file_id: tuple[int, int] | None = None
+        """The file the store's connections opened last."""
         self._forgot_before_ms: int | None = None
-        with self._lock, self._errors():
-            self._conn: sqlite3.Connection | None = self._open()
+        # A call takes a connection no other call is using, so that a node's loop commits
+        # the firings it sent while its board reads; every connection of ":memory:" would
+        # be a database of its own, so it has one.
+        limit = 1 if self._file == ":memory:" else None
+        name = f"sqlite store {self.path!r}"
+        self._pool: Pool[_Slot] = Pool(_Slot, _Slot.close, name=name, limit=limit)
+        with self._reading():
+            pass
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SQLiteStore:
@@ -237,7 +246,8 @@ class SQLiteStore(ClaimStore):
                     held[request.id] = _Held(node, bool(row[4]), row[5], row[7], row[8])
             conn.executemany(_WRITE, writes.values())
         label = f"sqlite store {shown(self.path)}"
-        adopt(self, epoch, logger=logger, label=label, horizon=forgot_before)
+        with self._epoch_lock:  # calls of two threads may find the change at once
+            adopt(self, epoch, logger=logger, label=label, horizon=forgot_before)
         return outcomes
 
     checks_revisions = True
@@ -275,8 +285,8 @@ class SQLiteStore(ClaimStore):
         unique = list(found)
         if not unique:
             return found
-        with self._lock, self._errors():
-            conn, now = self._connection(), self._now_ms()
+        with self._reading() as conn:
+            now = self._now_ms()
             for start in range(0, len(unique), _CHUNK):
                 chunk = unique[start : start + _CHUNK]
                 sql = f"{_NOTES} ({','.join('?' * len(chunk))})"
@@ -287,13 +297,13 @@ class SQLiteStore(ClaimStore):
     def read_synced(
         self, kinds: Sequence[str], kept: Mapping[str, Sequence[str]]
     ) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
-        """Both on one connection, under the store's lock: one read transaction."""
+        """Both in one read transaction, on the store's clock read in it."""
         notes: dict[str, dict[str, str]] = {kind: {} for kind in kinds}
         found: dict[str, dict[str, str]] = {kind: {} for kind in kept}
-        with self._lock, self._errors():
-            conn, now = self._connection(), self._now_ms()
+        with self._reading() as conn:
             conn.execute("BEGIN")
             try:
+                now = self._now_ms()
                 unique = list(notes)
                 for start in range(0, len(unique), _CHUNK):
                     chunk = unique[start : start + _CHUNK]
@@ -318,8 +328,8 @@ class SQLiteStore(ClaimStore):
                 conn.executemany(_KEEP, ((n.kind, n.key, n.value) for n in notes))
 
     def read_kept(self, kind: str, keys: Sequence[str] | None = None) -> dict[str, str]:
-        with self._lock, self._errors():
-            found = dict(self._connection().execute(_KEPT, (kind,)).fetchall())
+        with self._reading() as conn:
+            found = dict(conn.execute(_KEPT, (kind,)).fetchall())
         return found if keys is None else {key: found[key] for key in keys if key in found}
 
     def delete_kept(self, kind: str, keys: Sequence[str]) -> None:
@@ -328,11 +338,9 @@ class SQLiteStore(ClaimStore):
                 conn.executemany(_DELETE_KEPT, ((kind, key) for key in keys))
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            conn, self._conn = self._conn, None
-            if conn is not None and self._pid == os.getpid():
-                conn.close()
+        """Close the connections; one in use by a call of another thread is closed when
+        that call ends."""
+        self._pool.close()
 
     # -- reading, for ``beatless status`` ------------------------------------------------
 
@@ -342,15 +350,15 @@ class SQLiteStore(ClaimStore):
         Each is a dict of ``id``, ``address``, ``occurrence_ms``, ``node`` (the winner),
         ``committed``, ``until_ms`` and ``claimed_ms`` (when the store granted it).
         """
-        with self._lock, self._errors():
-            rows = self._connection().execute(_RECENT, (max(0, limit),)).fetchall()
+        with self._reading() as conn:
+            rows = conn.execute(_RECENT, (max(0, limit),)).fetchall()
         keys = ("id", "address", "occurrence_ms", "node", "committed", "until_ms", "claimed_ms")
         return [{**dict(zip(keys, row, strict=True)), "committed": bool(row[4])} for row in rows]
 
     def __len__(self) -> int:
         """How many claims the file holds now, including expired ones not yet swept."""
-        with self._lock, self._errors():
-            (count,) = self._connection().execute("SELECT count(*) FROM claims").fetchone()
+        with self._reading() as conn:
+            (count,) = conn.execute("SELECT count(*) FROM claims").fetchone()
         return int(count)
 
     # -- internals ------------------------------------------------------------------------
@@ -372,7 +380,6 @@ class SQLiteStore(ClaimStore):
         except BaseException:
             conn.close()
             raise
-        self._file_id = _file_id(self._file)
         return conn
 
     def _to_wal(self, conn: sqlite3.Connection) -> None:
@@ -414,38 +421,42 @@ class SQLiteStore(ClaimStore):
                 conn.execute("ROLLBACK")
             raise
 
-    def _connection(self) -> sqlite3.Connection:
-        if self._closed:
-            raise StoreError(f"sqlite store {self.path!r} is closed")
-        if self._conn is None or self._pid != os.getpid():
-            # A connection must not cross a fork: the child opens its own and leaves
-            # the parent's untouched.
-            self._pid = os.getpid()
-            self._conn = self._open()
-        elif self._file_id is not None and _file_id(self._file) != self._file_id:
-            self._reopen()
-        return self._conn
+    def _connection(self, slot: _Slot) -> sqlite3.Connection:
+        """The connection of ``slot``, opened if need be, or again on the file now at the
+        path if it was deleted or replaced."""
+        moved = slot.file_id is not None and _file_id(self._file) != slot.file_id
+        if slot.conn is not None and moved:
+            self._reopen(slot)
+        if slot.conn is None:
+            slot.conn = self._open()
+            slot.file_id = self._file_id = _file_id(self._file)
+        return slot.conn
 
-    def _reopen(self) -> None:
-        """The file was deleted or replaced: open the path again (a new file, a new epoch).
+    def _reopen(self, slot: _Slot) -> None:
+        """The file was deleted or replaced: close the connection, for ``_connection`` to
+        open the path again (a new file, a new epoch). Said once, by the first connection
+        that finds it.
 
         SQLite does not checkpoint nor delete the write-ahead log of a file that moved
         when its connection closes, so closing the old one leaves the new file's alone.
         """
-        logger.warning(
-            "sqlite store %s: the file was deleted or replaced while open; opening it again",
-            shown(self.path),
-        )
-        stale, self._conn = self._conn, None
-        if stale is not None:
-            stale.close()
-        self._conn = self._open()
+        if slot.file_id == self._file_id:
+            logger.warning(
+                "sqlite store %s: the file was deleted or replaced while open; opening it again",
+                shown(self.path),
+            )
+        slot.close()
+
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """A connection of this call's own, outside any transaction."""
+        with self._errors(), self._pool.take() as slot:
+            yield self._connection(slot)
 
     @contextmanager
     def _transaction(self) -> Iterator[tuple[sqlite3.Connection, int]]:
         """One write transaction holding the file's write lock; yields the store's now."""
-        with self._lock, self._errors():
-            conn = self._connection()
+        with self._reading() as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn, self._now_ms()
@@ -482,6 +493,20 @@ class SQLiteStore(ClaimStore):
             for id_, *values in conn.execute(sql, chunk):
                 held[id_] = _parse_held(values)
         return held
+
+
+class _Slot:
+    """One connection of the store (``None`` until a call opens it) and the identity of
+    the file it opened."""
+
+    def __init__(self) -> None:
+        self.conn: sqlite3.Connection | None = None
+        self.file_id: tuple[int, int] | None = None
+
+    def close(self) -> None:
+        conn, self.conn, self.file_id = self.conn, None, None
+        if conn is not None:
+            conn.close()
 
 
 def _file_id(path: str) -> tuple[int, int] | None:

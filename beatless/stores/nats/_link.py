@@ -1,7 +1,9 @@
 """The NATS store's connection: a nats-py client on an event loop of its own.
 
 Only :meth:`Link.run` crosses threads: the store's calls come from any thread, and run
-their coroutines (on :class:`~beatless.stores.nats._jetstream.Bucket`) on the loop.
+their coroutines (on :class:`~beatless.stores.nats._jetstream.Bucket`) on the loop. Calls
+made at once run on the loop at once: nats-py multiplexes their requests on the one
+connection (each waits for its own reply), so none waits for another's.
 """
 
 from __future__ import annotations
@@ -32,12 +34,13 @@ _REFUSED = re.compile(r"authori[sz]ation|authentication|permissions violation", 
 class Link:
     """A nats-py client on an event loop of its own, run in a thread this object starts.
 
-    :meth:`run` runs a coroutine on that loop from any thread, one call at a time, and
+    :meth:`run` runs a coroutine on that loop from any thread, several at once, and
     returns its result or raises what it raised. The client connects at the first call,
-    and again at the first call after nats-py gave up reconnecting. A child process that
-    inherited the object starts a loop and a connection of its own, and leaves the
-    parent's alone. ``refusal`` holds an error the server answered during the last call
-    that retrying cannot mend (credentials, permissions); ``scrub`` masks secrets.
+    and again at the first call after nats-py gave up reconnecting (calls that find it
+    missing at once connect once). A child process that inherited the object starts a
+    loop and a connection of its own, and leaves the parent's alone. ``refusal`` holds an
+    error the server answered that retrying cannot mend (credentials, permissions),
+    since no call was under way; ``scrub`` masks secrets.
     """
 
     def __init__(
@@ -49,12 +52,17 @@ class Link:
     ) -> None:
         self.servers, self.bucket, self.timeout, self.scrub = servers, bucket, timeout, scrub
         self.last_error = self.refusal = ""
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._under_way = 0
+        """Calls running on the loop now."""
+        self._closed = False
         self._pid = os.getpid()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._client: Client | None = None
         self._kv: Bucket | None = None
+        self._connecting: asyncio.Lock | None = None
+        """Held on the loop while a call connects, so that calls at once connect once."""
 
     @property
     def requests(self) -> int:
@@ -62,12 +70,20 @@ class Link:
         return 0 if self._kv is None else self._kv.requests
 
     def run(self, make: Callable[[Bucket], Awaitable[T]], limit: float) -> T:
-        """Run ``make(bucket)`` on the loop, within ``limit`` seconds once connected."""
-        with self._lock:
+        """Run ``make(bucket)`` on the loop, within ``limit`` seconds once connected.
+        Raises :class:`ConnectFailed` once the link is closed."""
+        if self._pid != os.getpid():
+            self._forget()  # before the lock, which the parent may have held at the fork
+        with self._cond:
+            if self._closed:
+                raise ConnectFailed("the store is closed")
             loop = self._running_loop()
+            if not self._under_way:
+                self.last_error = self.refusal = ""
+            self._under_way += 1
+        try:
 
             async def bounded() -> T:
-                self.last_error = self.refusal = ""
                 kv = await self._connect()
                 return await asyncio.wait_for(make(kv), limit)
 
@@ -77,10 +93,19 @@ class Link:
                 future.cancel()
                 raise LoopStuck
             return future.result()
+        finally:
+            with self._cond:
+                self._under_way -= 1
+                self._cond.notify_all()
 
     def close(self) -> None:
-        """Close the connection and stop the loop (not a parent process's)."""
-        with self._lock:
+        """Close the connection and stop the loop (not a parent process's), once the
+        calls under way ended; later calls are refused."""
+        if self._pid != os.getpid():
+            self._forget()
+        with self._cond:
+            self._closed = True
+            self._cond.wait_for(lambda: not self._under_way)
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
             if loop is None or thread is None or self._pid != os.getpid():
@@ -100,10 +125,13 @@ class Link:
         """Whether the loop's thread runs."""
         return self._thread is not None and self._thread.is_alive()
 
+    def _forget(self) -> None:
+        """In a child process: forget the parent's loop, thread and connection."""
+        self._pid, self._loop, self._thread = os.getpid(), None, None
+        self._client = self._kv = self._connecting = None
+        self._cond, self._under_way = threading.Condition(), 0
+
     def _running_loop(self) -> asyncio.AbstractEventLoop:
-        if self._pid != os.getpid():
-            self._pid, self._loop, self._thread = os.getpid(), None, None
-            self._client = self._kv = None
         if self._loop is None:
             loop = asyncio.new_event_loop()
             thread = threading.Thread(target=loop.run_forever, name="beatless-nats", daemon=True)
@@ -112,6 +140,12 @@ class Link:
         return self._loop
 
     async def _connect(self) -> Bucket:
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            return await self._connected()
+
+    async def _connected(self) -> Bucket:
         client = self._client
         if client is not None and not client.is_closed and not client.is_connected:
             # nats-py is reconnecting: wait for it to succeed or give up, rather than

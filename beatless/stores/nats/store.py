@@ -169,8 +169,9 @@ class NATSStore(BucketChecks, NotesOnStreams, ClaimStore):
     created at the first post.
 
     Nothing is sent until the first call. The store runs nats-py on an event loop of its
-    own, in a thread it starts; its calls may come from any thread and run one at a
-    time. A server that cannot be reached raises
+    own, in a thread it starts; its calls may come from any thread, and calls made at
+    once run at once, their requests sharing the connection, so a commit never waits for
+    another thread's long call. A server that cannot be reached raises
     :class:`~beatless.errors.StoreUnavailable`; refused credentials or permissions and
     a bucket that cannot hold claims safely raise :class:`~beatless.errors.StoreError`.
     Passwords and tokens never appear in ``repr``, logs or error messages.
@@ -199,12 +200,14 @@ class NATSStore(BucketChecks, NotesOnStreams, ClaimStore):
         self.ttl = _positive(ttl, "ttl")
         self.timeout = _positive(timeout, "timeout").total_seconds()
         self.replicas = _replicas(replicas)
+        # Calls made at once run at once (a node's loop commits the firings it sent, whose
+        # leases are running, while its board claims missed-firing markers): nats-py sends
+        # their requests on the one connection without waiting for each other's replies.
         self._link = Link(self._servers, self.bucket, self.timeout, self._scrub)
-        self._lock = threading.Lock()
-        # Notes have a connection and a lock of their own: a read of many notes (or one on
-        # a slow server) never holds up a claim or a commit, whose lease is running.
+        # Notes have a connection of their own: a read of many notes (or one on a slow
+        # server) never holds up a claim or a commit on the claims' connection.
         self._notes_link = Link(self._servers, self.bucket, self.timeout, self._scrub)
-        self._notes_lock = threading.Lock()
+        self._epoch_lock = threading.Lock()
         self._closed = False
         self._direct = False
         self._server_time = False
@@ -297,7 +300,8 @@ class NATSStore(BucketChecks, NotesOnStreams, ClaimStore):
         state, forgot_before, outcomes = self._call(
             "claim", lambda kv: self._claim_all(kv, requests, node, lease_ms, hold_off)
         )
-        adopt(self, state.epoch, logger=logger, label=self._said, horizon=forgot_before)
+        with self._epoch_lock:  # calls of two threads may find the change at once
+            adopt(self, state.epoch, logger=logger, label=self._said, horizon=forgot_before)
         return outcomes
 
     def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
@@ -351,10 +355,10 @@ class NATSStore(BucketChecks, NotesOnStreams, ClaimStore):
             self._call("delete kept notes", purge, notes=True)
 
     def close(self) -> None:
-        with self._lock, self._notes_lock:
-            self._closed = True
-            self._link.close()
-            self._notes_link.close()
+        """Refuse new calls, and close each connection once its calls under way ended."""
+        self._closed = True
+        self._link.close()
+        self._notes_link.close()
 
     # -- claims, on the store's event loop -------------------------------------------------
 
@@ -514,14 +518,17 @@ class NATSStore(BucketChecks, NotesOnStreams, ClaimStore):
     def _call(self, what: str, make: Callable[[Bucket], Awaitable[T]], *, notes: bool = False) -> T:
         """Run ``make(bucket)`` on the store's loop (the notes' loop), bounded in time;
         errors become ours."""
-        lock, link = (self._notes_lock, self._notes_link) if notes else (self._lock, self._link)
-        with lock:
+        link = self._notes_link if notes else self._link
+        if self._closed:
+            raise StoreError(f"nats store {self._where}: cannot {what}: the store is closed")
+        try:
+            return link.run(make, self.timeout * CALL_TIMEOUTS)
+        except Exception as exc:  # each kind is sorted by ``_translate``
             if self._closed:
-                raise StoreError(f"nats store {self._where}: cannot {what}: the store is closed")
-            try:
-                return link.run(make, self.timeout * CALL_TIMEOUTS)
-            except Exception as exc:  # each kind is sorted by ``_translate``
-                raise self._translate(what, exc, link) from None
+                raise StoreError(
+                    f"nats store {self._where}: cannot {what}: the store is closed"
+                ) from None
+            raise self._translate(what, exc, link) from None
 
     def _translate(self, what: str, exc: Exception, link: Link) -> StoreError:
         if isinstance(exc, StoreError):

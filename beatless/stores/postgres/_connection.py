@@ -48,7 +48,8 @@ class Watchdog:
     with an error instead of waiting for a server that stopped answering.
 
     One daemon thread per store object, started with the first call; it sleeps until the
-    deadline of the call in flight and, if the call is still running then, shuts the
+    earliest deadline of the calls in flight (calls of several threads run at once, each
+    on a connection of its own) and, if that call is still running then, shuts its
     connection's socket down (a duplicate of its descriptor, made when the connection
     was opened). The driver then sees the connection closed, the call raises, and the
     store opens a new connection on the next call.
@@ -56,8 +57,8 @@ class Watchdog:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._due: float | None = None
-        self._sock: socket.socket | None = None
+        self._calls: dict[object, tuple[float, socket.socket]] = {}
+        """Each call in flight: its deadline and its connection's socket."""
         self._thread: threading.Thread | None = None
         self._stopped = False
 
@@ -66,19 +67,20 @@ class Watchdog:
         if sock is None:
             yield
             return
+        call = object()
         with self._cond:
             if self._thread is None and not self._stopped:
                 self._thread = threading.Thread(
                     target=self._run, name="beatless-postgres-watchdog", daemon=True
                 )
                 self._thread.start()
-            self._due, self._sock = time.monotonic() + seconds, sock
+            self._calls[call] = (time.monotonic() + seconds, sock)
             self._cond.notify()
         try:
             yield
         finally:
             with self._cond:
-                self._due = self._sock = None
+                self._calls.pop(call, None)
 
     def stop(self) -> None:
         with self._cond:
@@ -91,18 +93,39 @@ class Watchdog:
     def _run(self) -> None:
         with self._cond:
             while not self._stopped:
-                if self._due is None:
+                if not self._calls:
                     self._cond.wait()
                     continue
-                left = self._due - time.monotonic()
+                call, (due, sock) = min(self._calls.items(), key=lambda item: item[1][0])
+                left = due - time.monotonic()
                 if left > 0:
                     self._cond.wait(left)
                     continue
-                sock, self._due, self._sock = self._sock, None, None
-                if sock is not None:
-                    logger.warning("postgres store: a call went unanswered; cutting its connection")
-                    with suppress(OSError):
-                        sock.shutdown(socket.SHUT_RDWR)
+                del self._calls[call]
+                logger.warning("postgres store: a call went unanswered; cutting its connection")
+                with suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+
+class Link:
+    """One connection of the store (``None`` until a call opens it), the duplicate of
+    its socket the watchdog cuts, and whether the schema was checked on it. A connection
+    passed in (``owned`` false) is never closed by the store."""
+
+    def __init__(self, conn: psycopg.Connection[Any] | None = None, *, owned: bool = True) -> None:
+        self.conn = conn
+        self.owned = owned
+        self.sock: socket.socket | None = None
+        self.ready = False
+
+    def drop(self) -> None:
+        """Close the connection (one passed in is left open) and forget it."""
+        conn, sock, self.conn, self.sock, self.ready = self.conn, self.sock, None, None, False
+        if sock is not None:
+            sock.close()
+        if conn is not None and self.owned:
+            with suppress(Exception):
+                conn.close()
 
 
 def postgres_driver() -> ModuleType:

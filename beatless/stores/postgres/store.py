@@ -57,12 +57,11 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from beatless.core._logtext import ERROR_LIMIT, WarnEvery, shown
@@ -84,7 +83,9 @@ from beatless.stores.base import (
 if TYPE_CHECKING:
     import psycopg
     from psycopg import sql
+from beatless.stores._pool import Pool
 from beatless.stores.postgres._connection import (
+    Link,
     Watchdog,
     check_node,
     check_request,
@@ -129,6 +130,9 @@ _SESSION_ENDED = ("57P01", "57P02", "57P03")
 _FULL_STATES = ("53100",)
 """``disk_full``: a write refused because the server's disk is full (:class:`StoreFull`)."""
 FULL_WARN_EVERY_S = 60.0
+MAX_CONNECTIONS = 8
+"""Connections one store object opens at most, one for each call under way at once: a
+node makes two calls at once (its loop's and its board's); a call past them waits."""
 
 
 class PostgresStore(ServerWatch, KeptNotes, ClaimStore):
@@ -149,9 +153,11 @@ class PostgresStore(ServerWatch, KeptNotes, ClaimStore):
     if needed. A connection that fails raises :class:`~beatless.errors.StoreUnavailable`;
     a refused login, a missing database or privilege, and any other error raise
     :class:`~beatless.errors.StoreError`. The password never appears in ``repr``, logs
-    or error messages. One store object may be shared by the threads of a process: its
-    calls run one at a time on its one connection. A child process that inherits it
-    opens a connection of its own.
+    or error messages. One store object may be shared by the threads of a process: calls
+    made at once run on connections of their own (one more is opened when every one is
+    in use, up to :data:`MAX_CONNECTIONS`), so a commit never waits for another thread's
+    long call; a connection passed in serves one call at a time. A child process that
+    inherits the store opens connections of its own.
     """
 
     name = "postgres"
@@ -173,7 +179,7 @@ class PostgresStore(ServerWatch, KeptNotes, ClaimStore):
             )
         self.namespace = namespace
         self._conninfo: str | None = None
-        self._conn: psycopg.Connection[Any] | None = None
+        self._given: psycopg.Connection[Any] | None = None
         if isinstance(conn_or_url, str):
             self._where = mask_url(conn_or_url)
             self._secrets = secrets_of(conn_or_url)
@@ -187,7 +193,7 @@ class PostgresStore(ServerWatch, KeptNotes, ClaimStore):
                     "postgres store: a connection passed in must be in autocommit mode "
                     "(psycopg.connect(..., autocommit=True)): each call is its own transaction"
                 )
-            self._conn = conn_or_url
+            self._given = conn_or_url
             self._where = describe_where(conn_or_url)
             self._secrets = [str(conn_or_url.info.password)] if conn_or_url.info.password else []
         else:
@@ -200,15 +206,22 @@ class PostgresStore(ServerWatch, KeptNotes, ClaimStore):
         self._owns_conn = self._conninfo is not None
         self._driver = driver
         self._statements = Statements(self.schema)
-        self._lock = threading.Lock()
+        self._epoch_lock = threading.Lock()
         self._pid = os.getpid()
-        self._ready = False
         self._repair = False
         self._closed = False
+        # A call takes a connection no other call is using, so that a node's loop commits
+        # the firings it sent, whose leases are running, while its board makes a long call
+        # (missed-firing markers after a pause, a sync on a loaded server).
+        name = f"postgres store {self._where}"
+        self._links: Pool[Link] = (
+            Pool(Link, Link.drop, name=name, limit=MAX_CONNECTIONS)
+            if self._owns_conn
+            else Pool(lambda: Link(self._given, owned=False), Link.drop, name=name, limit=1)
+        )
         self._forgot_before_ms: int | None = None
         self._timeline: int | None = None
         self._watchdog = Watchdog()
-        self._sock: socket.socket | None = None
         self._clock = clock
         logger.debug(
             "postgres store %s opened with schema %s, namespace %s",
@@ -313,16 +326,13 @@ class PostgresStore(ServerWatch, KeptNotes, ClaimStore):
             )
 
     def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._watchdog.stop()
-            if self._owns_conn:
-                self._drop_connection()
-            elif self._sock is not None:
-                self._sock.close()
-                self._sock = None
+        """Close the connections (not one passed in); one in use by a call of another
+        thread is closed when that call ends."""
+        if self._closed:
+            return
+        self._closed = True
+        self._watchdog.stop()
+        self._links.close()
 
     # -- reading, for ``beatless status`` ------------------------------------------------
 
@@ -402,7 +412,8 @@ class PostgresStore(ServerWatch, KeptNotes, ClaimStore):
             f"postgres store {shown(self._where, quoted=False)} "
             f"(schema {shown(self.schema)}, namespace {shown(self.namespace)})"
         )
-        adopt(self, epoch, logger=logger, label=label)
+        with self._epoch_lock:  # calls of two threads may find the change at once
+            adopt(self, epoch, logger=logger, label=label)
 
     def _row(
         self, what: str, query: sql.Composed | sql.SQL, args: Sequence[Any]
@@ -425,8 +436,8 @@ class PostgresStore(ServerWatch, KeptNotes, ClaimStore):
         return None if row is None else str(row[0])
 
     def _call(self, what: str, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
-        """Run ``fn`` on the connection (opened, and the schema made ready, first), under
-        the store's lock and the watchdog, with every driver error translated.
+        """Run ``fn`` on a connection no other call is using (opened, and the schema
+        made ready, first), under the watchdog, with every driver error translated.
 
         A call that finds the schema or a function missing (someone dropped the schema)
         creates it again and runs once more: its epoch will be new. A call that finds the
@@ -436,24 +447,28 @@ class PostgresStore(ServerWatch, KeptNotes, ClaimStore):
         node already holds is won again, a commit or a release of its own claims is
         the same twice).
         """
-        with self._lock:
+        if self._pid != os.getpid():
+            # Connections must not cross a fork: the child opens its own and leaves the
+            # parent's sockets alone (the pool forgets them).
+            self._pid, self._given, self._watchdog = os.getpid(), None, Watchdog()
+        with self._links.take() as link:
             for attempt in (1, 2):
                 with self._errors(what):
-                    reused = self._conn is not None and self._ready
-                    conn = self._connection()
+                    reused = link.conn is not None and link.ready
+                    conn = self._connection(link)
                     began = time.monotonic()
                     try:
-                        with self._watchdog.bound(self._sock, self.timeout_s + DEADLINE_SLACK_S):
+                        with self._watchdog.bound(link.sock, self.timeout_s + DEADLINE_SLACK_S):
                             return fn(conn)
                     except self._driver.Error as exc:
-                        if attempt == 1 and self._was_cut(conn, exc, reused, began):
+                        if attempt == 1 and self._was_cut(link, exc, reused, began):
                             logger.info(
                                 "postgres store %s: the connection was cut (%s); running the "
                                 "call again on a new one",
                                 shown(self._where, quoted=False),
                                 shown(self._mask(exc), quoted=False, limit=ERROR_LIMIT),
                             )
-                            self._drop_connection()
+                            link.drop()
                             continue
                         if attempt == 2 or exc.sqlstate not in _LOST_SCHEMA:
                             raise
@@ -465,46 +480,40 @@ class PostgresStore(ServerWatch, KeptNotes, ClaimStore):
                             shown(self.schema),
                             shown(self._mask(exc), quoted=False),
                         )
-                        self._ready, self._repair = False, True
+                        link.ready, self._repair = False, True
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _was_cut(
-        self, conn: psycopg.Connection[Any], exc: Exception, reused: bool, began: float
-    ) -> bool:
+    def _was_cut(self, link: Link, exc: Exception, reused: bool, began: float) -> bool:
         """Whether ``exc`` says that a connection opened before this call was cut by the
         server, at once rather than after a wait (a link that holds the bytes, cut by the
         watchdog, is not tried again: that would double the wait)."""
-        if not reused or not self._owns_conn:
+        conn = link.conn
+        if not reused or not link.owned or conn is None:
             return False
         if not isinstance(exc, self._driver.OperationalError | self._driver.InterfaceError):
             return False
         cut = conn.broken or conn.closed or exc.sqlstate in _SESSION_ENDED
         return cut and time.monotonic() - began < self.timeout_s / 2
 
-    def _connection(self) -> psycopg.Connection[Any]:
-        if self._closed:
-            raise StoreError(f"postgres store {self._where} is closed")
-        if self._pid != os.getpid():
-            # A connection must not cross a fork: the child opens its own and leaves the
-            # parent's socket alone.
-            self._pid, self._conn, self._sock, self._ready = os.getpid(), None, None, False
-            self._watchdog = Watchdog()
-        conn = self._conn
+    def _connection(self, link: Link) -> psycopg.Connection[Any]:
+        """The connection of ``link``, opened (again) if need be, its schema checked."""
+        conn = link.conn
         if conn is not None and (conn.closed or conn.broken):
-            if not self._owns_conn:
+            if not link.owned:
                 raise StoreUnavailable(
                     f"postgres store {self._where}: the connection passed in is closed"
                 )
-            self._drop_connection()
+            link.drop()
             conn = None
         if conn is None:
-            conn = self._connect()
-        if self._sock is None:
-            self._sock = socket_of(conn)
-        if not self._ready:
-            with self._watchdog.bound(self._sock, self.timeout_s + DEADLINE_SLACK_S):
+            conn = link.conn = self._connect()
+            link.ready = False
+        if link.sock is None:
+            link.sock = socket_of(conn)
+        if not link.ready:
+            with self._watchdog.bound(link.sock, self.timeout_s + DEADLINE_SLACK_S):
                 Schema(self._driver, self.schema, self._where).prepare(conn, force=self._repair)
-            self._ready, self._repair = True, False
+            link.ready, self._repair = True, False
         return conn
 
     def _connect(self) -> psycopg.Connection[Any]:
@@ -523,16 +532,7 @@ class PostgresStore(ServerWatch, KeptNotes, ClaimStore):
         except BaseException:
             conn.close()
             raise
-        self._conn, self._ready = conn, False
         return conn
-
-    def _drop_connection(self) -> None:
-        conn, sock, self._conn, self._sock, self._ready = self._conn, self._sock, None, None, False
-        if sock is not None:
-            sock.close()
-        if conn is not None:
-            with suppress(Exception):
-                conn.close()
 
     @contextmanager
     def _errors(self, what: str) -> Iterator[None]:
