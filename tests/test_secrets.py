@@ -12,7 +12,14 @@ from beatless.errors import BeatlessError
 from beatless.stores import open_store
 
 SCHEMES = ["redis", "rediss", "redis+cluster", "postgresql", "nats", "amqp", "unix"]
-HOST = {"unix": "/run/redis.sock?db=1", "redis+cluster": "localhost:7000"}
+OPENED = [*SCHEMES, "redis+sentinel"]
+"""Schemes whose URLs are masked and opened (a sentinel store connects at its first call,
+so the commands, which probe, are tried with the others only)."""
+HOST = {
+    "unix": "/run/redis.sock?db=1",
+    "redis+cluster": "localhost:7000",
+    "redis+sentinel": "localhost:26379,[::1]:26380/mymaster/0",
+}
 """What follows the user part in a URL of each scheme (``localhost:6379/0`` otherwise)."""
 
 passwords = st.text(
@@ -24,7 +31,7 @@ def _url(scheme: str, password: str) -> str:
     return f"{scheme}://user:{password}@{HOST.get(scheme, 'localhost:6379/0')}"
 
 
-@given(password=passwords, scheme=st.sampled_from(SCHEMES))
+@given(password=passwords, scheme=st.sampled_from(OPENED))
 def test_mask_url_shows_no_character_of_any_password(password: str, scheme: str) -> None:
     masked = mask_url(_url(scheme, password))
     assert masked == f"{scheme}://user:***@{HOST.get(scheme, 'localhost:6379/0')}"
@@ -37,10 +44,14 @@ def test_a_password_in_the_query_is_masked_to_the_next_option(password: str) -> 
     if "@" not in password:  # an @ makes the user part reach into the query: more is masked
         assert masked == "redis://localhost:6379/0?password=***&db=2"
     assert password not in mask_url(f"redis://localhost/0?db=1&password={password}")
+    sentinel = f"redis+sentinel://h1,h2/svc/0?sentinel_password={password}&db=2"
+    assert password not in mask_url(sentinel)
+    if "@" not in password:
+        assert mask_url(sentinel) == "redis+sentinel://h1,h2/svc/0?sentinel_password=***&db=2"
 
 
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow], deadline=None)
-@given(password=passwords, scheme=st.sampled_from(SCHEMES))
+@given(password=passwords, scheme=st.sampled_from(OPENED))
 def test_open_store_errors_never_quote_a_password(password: str, scheme: str) -> None:
     shown = ""
     try:

@@ -3,10 +3,13 @@
 =================================  ==========================================================
 ``beatless_store_url``             The claim store. Default: the broker's own server when the
                                    broker is Redis (``redis://``, ``rediss://``, ``unix://``,
-                                   ``redis+socket://``: atomic claim-and-enqueue) or RabbitMQ
-                                   (``amqp://``, ``pyamqp://``: the RabbitMQ store, whose
-                                   driver the ``rabbitmq`` extra installs); required with
-                                   any other broker.
+                                   ``redis+socket://``: atomic claim-and-enqueue), Redis
+                                   Sentinel (``sentinel://``: the ``redis+sentinel://``
+                                   store of the same sentinels and
+                                   ``broker_transport_options["master_name"]``; two-phase)
+                                   or RabbitMQ (``amqp://``, ``pyamqp://``: the RabbitMQ
+                                   store, whose driver the ``rabbitmq`` extra installs);
+                                   required with any other broker.
 ``beatless_namespace``             The namespace of every address. Default: ``app.main``
                                    (``Celery("proj")``); required when the app has no main
                                    name, unless the claim store is ``memory://``.
@@ -216,6 +219,8 @@ class CelerySettings:
         path may be tried (both on Redis, not forced off)."""
         if self.force_two_phase:
             return "beatless_force_two_phase is set"
+        if urlsplit(self.broker_url).scheme.lower() == "sentinel":
+            return "the broker is Redis Sentinel (atomic on a plain Redis broker only)"
         if normalise_redis_url(self.broker_url) is None:
             return "the broker is not Redis"
         if normalise_redis_url(self.store_url) is None:
@@ -355,6 +360,8 @@ def _store_url(configured: Any, broker_url: str, app: Any) -> str:
         if scheme == "redis+socket":
             return "unix" + broker_url[len("redis+socket") :]
         return broker_url
+    if scheme == "sentinel":
+        return sentinel_store_url(app)
     if scheme in AMQP_SCHEMES:
         # kombu fills in what the URL leaves out (guest's password, the port) as it
         # connects; the store gets the same, under the plain AMQP spelling.
@@ -369,6 +376,38 @@ def _store_url(configured: Any, broker_url: str, app: Any) -> str:
         f"'redis://host:6379/0', 'postgresql://host/db' (or 'sqlite:///path' when all "
         f"nodes run on one host)"
     )
+
+
+def sentinel_store_url(app: Any) -> str:
+    """The ``redis+sentinel://`` store of a kombu ``sentinel://`` broker, read as kombu
+    reads it: the sentinels of every ``sentinel://`` URL of the broker (port 26379 when
+    left out); the master's user, password and db from the first; the service from
+    ``broker_transport_options["master_name"]``; the sentinels' own password and user
+    from its ``sentinel_kwargs``."""
+    conf = app.conf
+    given = conf.get("broker_write_url") or conf.get("broker_url") or ""
+    urls = given if isinstance(given, list | tuple) else str(given).split(";")
+    sentinels = [urlsplit(u.strip()) for u in urls if u.strip().lower().startswith("sentinel:")]
+    options = conf.get("broker_transport_options") or {}
+    service = options.get("master_name")
+    if not sentinels or not isinstance(service, str) or not service:
+        raise ConfigError(
+            f"the broker {mask_url(str(urls[0]).strip())} is Redis Sentinel but "
+            f"broker_transport_options has no 'master_name' (the service its sentinels "
+            f"monitor): set it, as kombu needs it too, or set beatless_store_url to "
+            f"'redis+sentinel://host:26379,host:26379/service_name/db'"
+        )
+    userinfo, at, _ = sentinels[0].netloc.rpartition("@")
+    hosts = ",".join(parts.netloc.rpartition("@")[2] for parts in sentinels)
+    db = sentinels[0].path.strip("/") or "0"
+    own = options.get("sentinel_kwargs") or {}
+    query = "&".join(
+        f"sentinel_{key}={quote(str(own[key]), safe='')}"
+        for key in ("username", "password")
+        if own.get(key)
+    )
+    url = f"redis+sentinel://{userinfo}{at}{hosts}/{quote(service, safe='')}/{db}"
+    return f"{url}?{query}" if query else url
 
 
 def _namespace(configured: Any, app: Any, store_url: str) -> str:

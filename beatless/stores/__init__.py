@@ -23,13 +23,24 @@ __all__ = [
 ]
 
 _DRIVERS = {
-    **dict.fromkeys(("redis", "rediss", "unix", "redis+socket"), ("redis", "the redis store")),
+    **dict.fromkeys(
+        ("redis", "rediss", "unix", "redis+socket", "redis+sentinel"), ("redis", "the redis store")
+    ),
     **dict.fromkeys(("redis+cluster", "rediss+cluster"), ("redis", "the redis cluster store")),
     **dict.fromkeys(("postgresql", "postgres"), ("psycopg", "the postgres store")),
     "nats": ("nats", "the nats store"),
     **dict.fromkeys(("amqp", "amqps"), ("pika", "the rabbitmq store")),
 }
 """Per URL scheme: the driver module its store imports, and the store's name."""
+_REDIS_SCHEMES = (
+    "redis",
+    "rediss",
+    "unix",
+    "redis+socket",
+    "redis+sentinel",
+    "redis+cluster",
+    "rediss+cluster",
+)
 PROBE_WAIT_S = 5.0
 """How long a node starting tries a store it cannot reach before it gives up."""
 PROBE_RETRY_S = 0.25
@@ -47,7 +58,9 @@ def open_store(url: str, *, namespace: str, **options: Any) -> ClaimStore:
     """Open a claim store from a URL: ``memory://``, ``sqlite:///path/to/file.db``,
     ``redis://host:port/db`` (also ``rediss://``, ``unix:///path/to/redis.sock`` and
     kombu's spelling ``redis+socket:///path``), ``redis+cluster://host:port[,host:port...]``
-    (Redis Cluster; also ``rediss+cluster://``), ``postgresql://user@host:port/database``
+    (Redis Cluster; also ``rediss+cluster://``),
+    ``redis+sentinel://host:26379[,host:port...]/service_name/db`` (Redis Sentinel: the
+    master the sentinels name, followed through a failover), ``postgresql://user@host:port/database``
     (also ``postgres://``; ``?schema=`` names the schema, ``beatless`` by default),
     ``nats://host:4222`` (``?bucket=``, ``beatless_{namespace}`` by default),
     ``amqp://user:password@host:5672/vhost`` (also ``amqps://``; RabbitMQ, queues under
@@ -103,7 +116,7 @@ def _open(url: str, namespace: str, options: dict[str, Any]) -> ClaimStore:
         from beatless.stores.sqlite import SQLiteStore
 
         return SQLiteStore.from_url(url, **options)
-    if scheme in ("redis", "rediss", "unix", "redis+socket", "redis+cluster", "rediss+cluster"):
+    if scheme in _REDIS_SCHEMES:
         return _open_redis(url, scheme, options)
     if scheme in ("postgresql", "postgres"):
         from beatless.stores.postgres.store import PostgresStore
@@ -120,14 +133,15 @@ def _open(url: str, namespace: str, options: dict[str, Any]) -> ClaimStore:
     raise ConfigError(
         f"unknown store URL scheme {scheme!r} in {mask_url(url)!r}: use memory://, sqlite:///path, "
         f"redis://host:port/db, redis+cluster://host:port,host:port, "
+        f"redis+sentinel://host:26379,host:26379/service_name/db, "
         f"postgresql://user@host:port/database, nats://host:4222 "
         f"or amqp://user:password@host:5672/vhost"
     )
 
 
 def _open_redis(url: str, scheme: str, options: dict[str, Any]) -> ClaimStore:
-    """A Redis store, or a Redis Cluster store for ``redis+cluster://`` and
-    ``rediss+cluster://``."""
+    """A Redis store (through Sentinel for ``redis+sentinel://``), or a Redis Cluster
+    store for ``redis+cluster://`` and ``rediss+cluster://``."""
     if scheme.endswith("+cluster"):
         from beatless.stores.redis.cluster import RedisClusterStore
 

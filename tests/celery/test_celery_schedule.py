@@ -26,6 +26,7 @@ from beatless.celery._messages import OCCURRENCE_HEADER
 from beatless.core.triggers import Cron, Every
 from beatless.errors import ConfigError, ScheduleError
 from beatless.schedule.firing import EPOCH, from_datetime, iso
+from beatless.stores import open_store
 
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 
@@ -436,6 +437,47 @@ def test_a_rabbitmq_broker_is_its_own_claim_store_by_default(broker: str, store:
     settings = CelerySettings.from_app(make_app(broker=broker))
     assert settings.store_url == store
     assert settings.two_phase_reason == "the broker is not Redis"
+
+
+@pytest.mark.parametrize(
+    ("broker", "options", "store"),
+    [
+        (
+            "sentinel://:m%40ster@s1:26379/2;sentinel://s2/2",
+            {"master_name": "orders", "sentinel_kwargs": {"password": "s&nt"}},
+            "redis+sentinel://:m%40ster@s1:26379,s2/orders/2?sentinel_password=s%26nt",
+        ),
+        (
+            ["sentinel://s1:26380", "sentinel://s2:26381"],
+            {"master_name": "my orders"},
+            "redis+sentinel://s1:26380,s2:26381/my%20orders/0",
+        ),
+    ],
+)
+def test_a_sentinel_broker_gives_the_sentinel_store_of_its_master(
+    broker: Any, options: dict[str, Any], store: str
+) -> None:
+    settings = CelerySettings.from_app(make_app(broker=broker, broker_transport_options=options))
+    assert settings.store_url == store
+    assert settings.two_phase_reason is not None
+    assert settings.two_phase_reason.startswith("the broker is Redis Sentinel")
+    assert "m@ster" not in repr(settings)
+    assert "s&nt" not in repr(settings)
+    opened = open_store(settings.store_url, namespace=settings.namespace)
+    pool = opened.client.connection_pool  # type: ignore[attr-defined]
+    assert pool.service_name == options["master_name"]
+    assert pool.sentinel_manager.sentinel_kwargs.get("password") == options.get(
+        "sentinel_kwargs", {}
+    ).get("password")
+    opened.close()
+
+
+def test_a_sentinel_broker_without_its_master_name_says_what_to_set() -> None:
+    app = make_app(broker="sentinel://:secret@s1:26379/0")
+    with pytest.raises(ConfigError, match="transport_options has no 'master_name'") as caught:
+        CelerySettings.from_app(app)
+    assert "beatless_store_url to 'redis+sentinel://host:26379" in str(caught.value)
+    assert "secret" not in str(caught.value)
 
 
 def test_a_store_beside_another_broker_is_two_phase() -> None:

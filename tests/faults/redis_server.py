@@ -21,7 +21,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -211,3 +211,120 @@ def admin_client(server: RedisServer) -> Iterator[Any]:
         yield client
     finally:
         client.close()
+
+
+class RedisSentinel(PrivateServer):
+    """One private Redis Sentinel (``redis-server sentinel.conf --sentinel``) watching the
+    primary at ``primary`` as ``service``, alone (quorum 1): it finds the primary's
+    replicas itself. ``down_after_ms`` is how long the primary may not answer before the
+    sentinel fails over; at 2 s or more a sentinel just started does not think it down
+    while its first ``PING`` is on its way."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        primary: tuple[str, int],
+        *,
+        service: str = "beatless",
+        down_after_ms: int = 2_000,
+        name: str = "sentinel",
+    ) -> None:
+        super().__init__(workdir, name)
+        self.primary = primary
+        self.service = service
+        self.down_after_ms = down_after_ms
+
+    def answers(self) -> bool:
+        return ping(self.port)
+
+    def start(self) -> RedisSentinel:
+        """Write the sentinel's config (it rewrites it as it learns) and start it."""
+        binary = redis_server_binary()
+        if binary is None:
+            raise RuntimeError("redis-server is not installed")
+        self.starts += 1
+        log = self.workdir / f"{self.name}.log"
+        config = self.workdir / f"{self.name}.conf"
+        host, port = self.primary
+        config.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndaemonize no\n"
+            f'dir "{self.workdir}"\nlogfile "{log}"\n'
+            f"sentinel monitor {self.service} {host} {port} 1\n"
+            f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}\n"
+            f"sentinel failover-timeout {self.service} 10000\n"
+        )
+        self.process = subprocess.Popen(
+            [binary, str(config), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self._wait_ready(log)
+        return self
+
+    def url(self, db: int = 0) -> str:
+        """The ``redis+sentinel://`` store URL of the service."""
+        return f"redis+sentinel://127.0.0.1:{self.port}/{self.service}/{db}"
+
+    def log(self) -> str:
+        """The end of the sentinel's log, for a failure message."""
+        path = self.workdir / f"{self.name}.log"
+        return path.read_text(errors="replace")[-3_000:] if path.exists() else ""
+
+    def ask(self, *args: str) -> Any:
+        """One ``SENTINEL`` command, its reply parsed by redis-py."""
+        import redis
+
+        client = redis.Redis(port=self.port, decode_responses=True, socket_timeout=5)
+        try:
+            return client.execute_command("SENTINEL", *args)
+        finally:
+            client.close()
+
+    def master_port(self) -> int:
+        """The port of the master the sentinel names now."""
+        _host, port = self.ask("GET-MASTER-ADDR-BY-NAME", self.service)
+        return int(port)
+
+    def knows_a_good_replica(self) -> bool:
+        """Whether the sentinel would fail over now: the master is up and a replica in
+        sync was heard from lately (``SENTINEL FAILOVER`` answers ``NOGOODSLAVE`` before)."""
+        import redis
+
+        client = redis.Redis(port=self.port, decode_responses=True, socket_timeout=5)
+        try:
+            master = client.sentinel_master(self.service)
+            replicas = client.sentinel_slaves(self.service)
+        finally:
+            client.close()
+        return "s_down" not in str(master.get("flags", "")) and any(
+            r.get("master-link-status") == "ok" and int(r.get("info-refresh", 1e9)) < 5_000
+            for r in replicas
+        )
+
+    def wait_until(self, done: Callable[[], bool], what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name}: {what} after {timeout} s:\n{self.log()}")
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def sentinel_group(
+    workdir: Path, *, service: str = "beatless", ready_s: float = START_TIMEOUT_S
+) -> Iterator[tuple[RedisServer, RedisServer, RedisSentinel]]:
+    """A primary, its replica and a sentinel watching them as ``service``, once the
+    sentinel could fail over; every process killed by its pid at the end."""
+    primary = RedisServer(workdir / "primary", "primary")
+    replica = RedisServer(workdir / "replica", "replica", replica_of=primary.address)
+    sentinel = RedisSentinel(workdir / "sentinel", primary.address, service=service)
+    try:
+        primary.start()
+        replica.start()
+        replica.wait_in_sync(ready_s)
+        sentinel.start()
+        sentinel.wait_until(sentinel.knows_a_good_replica, "no replica found", ready_s)
+        yield primary, replica, sentinel
+    finally:
+        for server in (sentinel, replica, primary):
+            server.kill()

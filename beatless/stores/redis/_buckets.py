@@ -144,13 +144,17 @@ def cluster_options(
     }
 
 
-def host_port(node: str, where: str) -> tuple[str, int]:
+def host_port(
+    node: str, where: str, *, default: int = 6379, store: str = "redis cluster store"
+) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port``; ``default`` when the port is left out) of a node
+    that ``store``'s URL ``where`` names."""
     host, colon, port = node.strip().rpartition(":")
     if not colon or host.endswith(":"):
-        host, port = node.strip(), "6379"
+        host, port = node.strip(), str(default)
     host = host.strip("[]")
     if not host or not port.isdigit() or not 0 < int(port) < 65_536:
-        raise ConfigError(f"redis cluster store: bad node {node!r} in {where}: write host:port")
+        raise ConfigError(f"{store}: bad node {node!r} in {where}: write host:port")
     return host, int(port)
 
 

@@ -14,6 +14,7 @@ from beatless.core._drivers import driver
 from beatless.core.durations import DurationLike, as_timedelta
 from beatless.core.urls import mask_url, scrub
 from beatless.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
+from beatless.stores.redis import _sentinel
 from beatless.stores.redis._facts import is_oom
 
 if TYPE_CHECKING:
@@ -101,15 +102,17 @@ def client_from_url(
     driver: ModuleType, url: str, socket_timeout: DurationLike, where: str
 ) -> redis_module.Redis:
     scheme = urlsplit(url).scheme.lower()
-    if scheme not in SCHEMES:
+    if scheme not in (*SCHEMES, _sentinel.SCHEME):
         raise ConfigError(
             f"redis store: unknown URL scheme {scheme!r} in {where}: use redis://host:port/db, "
-            f"rediss://host:port/db or unix:///path/to/redis.sock"
+            f"rediss://host:port/db, unix:///path/to/redis.sock or {_sentinel.FORM}"
         )
     timeout = as_timedelta(socket_timeout, name="redis store: socket_timeout").total_seconds()
     if timeout <= 0:
         raise ConfigError(f"redis store: socket_timeout must be positive, got {socket_timeout!r}")
     retry = driver.retry.Retry(driver.backoff.NoBackoff(), 1)
+    if scheme == _sentinel.SCHEME:
+        return _sentinel.sentinel_client(driver, url, timeout, retry, where)
     try:
         client: redis_module.Redis = driver.Redis.from_url(
             url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=retry
@@ -120,11 +123,15 @@ def client_from_url(
 
 
 def secrets_of_client(client: redis_module.Redis) -> list[str]:
+    if _sentinel.is_sentinel(client):
+        return _sentinel.describe(client)[1]
     password = client.connection_pool.connection_kwargs.get("password")
     return [str(password)] if password else []
 
 
 def describe_client(client: redis_module.Redis) -> str:
+    if _sentinel.is_sentinel(client):
+        return _sentinel.describe(client)[0]
     kwargs = client.connection_pool.connection_kwargs
     db = kwargs.get("db", 0)
     if kwargs.get("path"):

@@ -49,7 +49,7 @@ from beatless.stores.base import (
     Outcome,
     StoreFacts,
 )
-from beatless.stores.redis import _kept
+from beatless.stores.redis import _kept, _sentinel
 from beatless.stores.redis._client import (
     DEFAULT_SOCKET_TIMEOUT,
     DEFAULT_WAIT_TIMEOUT,
@@ -113,9 +113,14 @@ class RedisStore(ClaimStore):
     """Claims in Redis, shared by every node that points at the same server and prefix.
 
     ``client_or_url`` is a ``redis.Redis`` client, left open by :meth:`close`, or a
-    ``redis://``, ``rediss://`` or ``unix://`` URL, whose client the store creates and
-    closes. A created client waits ``socket_timeout`` (seconds, ``"2s"``, ``timedelta``;
-    a ``socket_timeout`` in the URL wins) to connect and for each reply, and retries a
+    ``redis://``, ``rediss://``, ``unix://`` or ``redis+sentinel://`` URL (Redis
+    Sentinel: :mod:`beatless.stores.redis._sentinel`), whose client the store creates
+    and closes. A client through Sentinel (a URL's, or one of ``master_for`` passed in)
+    follows a failover to the promoted master, where the claim script finds the change
+    of identity, as it finds a promoted replica's.
+
+    A created client waits ``socket_timeout`` (seconds, ``"2s"``, ``timedelta``; a
+    ``socket_timeout`` in the URL wins) to connect and for each reply, and retries a
     broken connection once with no pause: the scheduler loop retries on its own until
     the firing is late. A client passed in keeps its own timeouts and retry policy.
 
@@ -163,6 +168,7 @@ class RedisStore(ClaimStore):
                 f"{type(client_or_url).__name__}"
             )
         self.wait, self.wait_timeout_ms = checked_wait(self._client, wait, wait_timeout)
+        self._follow = _sentinel.MasterWatch(self._client)
         self._driver = driver
         self._lost = (driver.exceptions.RedisError, OSError)
         self._noscript = driver.exceptions.NoScriptError
@@ -465,7 +471,7 @@ class RedisStore(ClaimStore):
             return
         self._closed = True
         if self._owns_client:
-            self._client.close()
+            _sentinel.close(self._client)
 
     # -- reading, for ``beatless status`` ------------------------------------------------
 
@@ -585,6 +591,7 @@ class RedisStore(ClaimStore):
             raise StoreError(f"redis store {self._where}: cannot {what}: the store is closed")
         try:
             with driver_errors(self._driver, f"redis store {self._where}", what, self._secrets):
+                self._follow()
                 yield
         except StoreFull as exc:
             raise self._full(exc) from None
