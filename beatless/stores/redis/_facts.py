@@ -32,6 +32,17 @@ def told_full(exc: StoreFull, usage: str | None, warned: WarnEvery) -> StoreFull
     return StoreFull(told, usage=usage, kept=exc.kept)
 
 
+def read_usage(client: Any, lost: tuple[type[BaseException], ...]) -> str | None:
+    """How full Redis is (``INFO memory``, :func:`usage_of`); ``None`` when it cannot be
+    read, tried twice: the first connection may be the one a refused call left unusable."""
+    for _ in range(2):
+        try:
+            return usage_of(client.info("memory"))
+        except lost:
+            continue
+    return None
+
+
 SETTINGS = ("maxmemory-policy", "maxmemory", "appendonly", "save")
 """The settings :meth:`RedisStore.facts` reads with ``CONFIG GET``."""
 INFO_SECTIONS = ("memory", "persistence", "replication")

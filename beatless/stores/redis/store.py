@@ -11,9 +11,8 @@ by its script (the first, when there are several), after its claims; the notes o
 is ``TIME``: it decides whether a new claim is late and whether a lease is alive, so
 skew between nodes changes nothing.
 
-The keys, their records and the scripts are described in
-:mod:`beatless.stores.redis._wire`; the server's settings are judged in
-:mod:`beatless.stores.redis._facts`.
+Keys, records and scripts: :mod:`beatless.stores.redis._wire`; the server's settings,
+judged: :mod:`beatless.stores.redis._facts`.
 """
 
 from __future__ import annotations
@@ -71,8 +70,8 @@ from beatless.stores.redis._facts import (
     policy_fact,
     read_policy,
     read_settings,
+    read_usage,
     told_full,
-    usage_of,
     with_wait,
 )
 from beatless.stores.redis._wire import (
@@ -597,10 +596,5 @@ class RedisStore(ClaimStore):
             raise self._full(exc) from None
 
     def _full(self, exc: StoreFull) -> StoreFull:
-        """``exc`` with how full Redis is (``INFO memory``), said at WARNING at most once
-        per ``FULL_WARN_EVERY_MS``."""
-        try:
-            usage = usage_of(self._client.info("memory"))
-        except self._lost:
-            usage = None
-        return told_full(exc, usage, self._full_warned)
+        """``exc`` with how full Redis is, said at WARNING at most once a minute."""
+        return told_full(exc, read_usage(self._client, self._lost), self._full_warned)
