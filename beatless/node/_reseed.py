@@ -83,22 +83,23 @@ class Ring:
 
     def __init__(self, limit: int = RING_LIMIT) -> None:
         self.limit = limit
-        self._kept: dict[str, tuple[int, ClaimRequest]] = {}
-        """By firing id, in the order sent: until when, and the claim to write back."""
+        self._kept: dict[str, tuple[int, Firing]] = {}
+        """By firing id, in the order sent: until when, and the firing (its claim to write
+        back is built only when one is written back: the ring is on every send's path)."""
 
     def add(self, firing: Firing) -> None:
         if firing.id in self._kept:
             return
         until = firing.occurrence_ms + firing.entry.max_late_ms + TOLERANCE_MS
-        self._kept[firing.id] = (until, claim_request(firing))
-        while len(self._kept) > self.limit:
+        self._kept[firing.id] = (until, firing)
+        if len(self._kept) > self.limit:
             del self._kept[next(iter(self._kept))]
 
     def requests(self, now_ms: int) -> list[ClaimRequest]:
-        """The firings still claimable by the store's rule, oldest first."""
+        """The claims of the firings still claimable by the store's rule, oldest first."""
         for id_ in [i for i, (until, _) in self._kept.items() if until < now_ms]:
             del self._kept[id_]
-        return [request for _, request in self._kept.values()]
+        return [claim_request(firing) for _, firing in self._kept.values()]
 
     def __len__(self) -> int:
         return len(self._kept)

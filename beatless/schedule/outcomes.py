@@ -99,8 +99,14 @@ class DecisionOutcome(StrEnum):
     def of_claim(cls, outcome: Outcome) -> DecisionOutcome:
         """The decision a claim's answer makes: the same word, but a store's ``late`` is
         ``late_store`` (the node's own clock decides ``late``)."""
-        return cls.LATE_STORE if outcome is Outcome.LATE else cls(outcome.value)
+        return _OF_CLAIM[outcome]
 
+
+_OF_CLAIM = {
+    o: DecisionOutcome.LATE_STORE if o is Outcome.LATE else DecisionOutcome(o.value)
+    for o in Outcome
+}
+"""What :meth:`DecisionOutcome.of_claim` answers, made once (it is on every claim's path)."""
 
 DecisionOutcome.SENT = frozenset({DecisionOutcome.WON, DecisionOutcome.TAKEOVER})
 DecisionOutcome.CLAIM_DECIDED = DecisionOutcome.SENT | {
