@@ -37,8 +37,8 @@ def test_the_quick_live_bench_applies_every_edit_on_every_node_and_one_change_al
     # A read every second, and the loop woken by it: well under the 2 s fence, even on a
     # loaded machine (the goal, p99 ≤ 1.5 s, is measured by the full bench).
     assert 0 < row["applied_p50_s"] <= row["applied_p99_s"] < 2.0
-    one = result["one_change"]
-    assert one["entries"] == 500
-    assert one["node_start_s"] < 10
-    assert one["memory_per_entry_bytes"] > 0
-    assert one["one_change_ms"] < 1_000
+    assert [one["entries"] for one in result["one_change"]] == [100, 500]
+    for one in result["one_change"]:
+        assert one["node_start_s"] < 10
+        assert one["memory_per_entry_bytes"] > 0
+        assert one["one_change_ms"] < 1_000

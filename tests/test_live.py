@@ -15,14 +15,15 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from stores import StoreFactory
+from stores import ManualClock, StoreFactory
 
 from beatless.core.triggers import Cron, Every
-from beatless.errors import ConfigError, ScheduleError, StaleRevision
+from beatless.errors import ConfigError, ScheduleError, StaleRevision, StoreError
 from beatless.live import Live, entry_to_json
 from beatless.live.revisions import canonical_json
 from beatless.schedule.entry import Entry, canonical
-from beatless.stores.base import NOTE_VALUE_LIMIT, ClaimStore
+from beatless.stores.base import NOTE_VALUE_LIMIT, ClaimStore, KeptNote
+from beatless.stores.memory import MemoryStore
 from beatless.stores.sqlite import SQLiteStore
 
 HALF_PAST = datetime(1970, 1, 1, 0, 30, tzinfo=UTC)
@@ -134,6 +135,62 @@ def test_a_batch_over_one_note_is_split_and_read_back_whole(store_factory: Store
     reader = Live(api.store, namespace=api.namespace)
     assert reader.history()[0].hash == revision.hash
     assert len(reader.list()) == len(big)
+
+
+def test_a_split_batch_builds_all_but_its_first_note_before_its_commit_instant(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The work that grows with a batch (its JSON, hash and notes) is done before the
+    writer reads the store's clock: after it, only the first note is built, so 100,000
+    entries fit in the 250 ms a writer has from its commit instant to its write."""
+    store = MemoryStore()
+    api = Live(store, namespace="split")
+    events: list[str] = []  # "clock", or the key of a note built
+    time_ms = store.time_ms
+
+    def reading_the_clock() -> int:
+        events.append("clock")
+        return time_ms()
+
+    class Recorded(KeptNote):
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            events.append(self.key)
+
+    monkeypatch.setattr(store, "time_ms", reading_the_clock)
+    monkeypatch.setattr("beatless.live._ledger.KeptNote", Recorded)
+    big = [
+        report(f"e{i}", kwargs={"pad": "x" * 2_000}) for i in range(4 * NOTE_VALUE_LIMIT // 2_000)
+    ]
+
+    api.put_many(big)
+
+    assert len(store.read_kept(api._ledger.revisions_kind)) > 3  # split
+    first = events.index("1")
+    assert events[first - 1] == "clock"  # the commit instant, then only the first note
+    assert "1.3" in events[:first]
+    assert len(Live(store, namespace="split").list()) == len(big)
+
+
+def test_a_write_just_after_the_store_lost_its_memory_is_refused_and_burns_no_number() -> None:
+    """Within the store's tolerance after a restart empty, a revision number may have
+    been claimed before it: the writer is refused, and the number stays free. (Claimed
+    as a firing is, it was written committed with no revision, and every later write was
+    answered ``lost`` for the 30 days the store remembers it.)"""
+    clock = ManualClock()
+    store = MemoryStore(clock=clock)
+    api = Live(store.view(), namespace="restart")
+    api.put(report(args=(1,)))
+    clock.advance(60_000)
+    store.lose_memory()  # the kept notes, the revisions, stay
+
+    with pytest.raises(StoreError, match="lost its memory"):
+        api.put(report(args=(2,)))
+    clock.advance(11_000)
+    revision = api.put(report(args=(3,)))
+
+    assert revision.number == 2
+    assert [r.number for r in Live(store.view(), namespace="restart").revisions()] == [1, 2]
 
 
 def test_two_editors_never_both_win_a_revision_number(store_factory: StoreFactory) -> None:

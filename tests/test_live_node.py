@@ -353,3 +353,31 @@ def test_claims_carry_the_nodes_live_revision_and_none_with_live_off(clock: Cloc
         claims.clear()
         Node(store, clock, code=[every("code")], live=live).run(15)
         assert {revision for address, revision in claims if address in firings} == carried
+
+
+def test_a_node_whose_clock_is_ahead_never_takes_an_old_read_for_a_fresh_one(
+    clock: Clock,
+) -> None:
+    """A node 3 s ahead of the store releases an occurrence 3 s early on the store's
+    clock; it claims it only after a read that began, on the store's clock (its own plus
+    its measured offset), less than 1.5 s before the occurrence, so it never runs an
+    occurrence past a fence under the old definition, its first one included."""
+    store = MemoryStore(clock=clock)
+    live = Live(store.view(), namespace=NS)
+    live.put(every("report", seconds=1, args=(1,)))
+    clock.ms += 3_000  # revision 1 in force
+    sent: list[Firing] = []
+    ahead = Scheduler(
+        Schedule([], namespace=NS),
+        store=store.view(),
+        enqueue=sent.append,
+        clock=lambda: clock() + 3,
+        node="ahead",
+    )
+    edit = live.put(every("report", seconds=1, args=(2,)))
+    for _ in range(60):
+        clock.ms += 100
+        ahead.tick()
+    late = [(f.occurrence_ms, f.entry.args) for f in sent if f.occurrence_ms >= edit.fence_ms]
+    assert late
+    assert all(args == (2,) for _, args in late), late

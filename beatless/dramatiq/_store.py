@@ -240,6 +240,11 @@ class Borrowed(ClaimStore):
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
         return self.store.claim(requests, node=node, lease_ms=lease_ms)
 
+    def claim_held_off(
+        self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int
+    ) -> list[Outcome]:
+        return self.store.claim_held_off(requests, node=node, lease_ms=lease_ms)
+
     def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
         return self.store.commit(ids, node=node, notes=notes)
 

@@ -47,6 +47,7 @@ from beatless.stores._fences import revisions_kind
 from beatless.stores.base import (
     NEVER_LATE_MS,
     NOTE_VALUE_LIMIT,
+    TOLERANCE_MS,
     ClaimRequest,
     ClaimStore,
     KeptNote,
@@ -169,6 +170,13 @@ class Ledger:
                     node=node,
                     claimed=claimed,
                 )
+            if outcome is Outcome.RESEEDING:
+                raise StoreError(
+                    f"live entries of {self.namespace!r}: the store lost its memory (a restart "
+                    f"empty) less than {TOLERANCE_MS // 1_000} s ago, so revision {number} "
+                    f"may have been claimed before it; nothing was written, try again in a "
+                    f"few seconds"
+                )
             if outcome not in (Outcome.HELD, Outcome.LOST):
                 raise StoreError(
                     f"live entries of {self.namespace!r}: claiming revision {number} was "
@@ -192,7 +200,9 @@ class Ledger:
             memory_ms=REVISION_MEMORY_MS,
             release_ms=now,
         )
-        return self.store.claim([request], node=node, lease_ms=LEASE_MS)[0]
+        # Held off: a number the store forgot is never written committed without a
+        # revision (which would refuse it to every writer for REVISION_MEMORY_MS).
+        return self.store.claim_held_off([request], node=node, lease_ms=LEASE_MS)[0]
 
     def _write(
         self,
@@ -208,13 +218,22 @@ class Ledger:
     ) -> Revision:
         previous = self.read([number - 1]) if number > 1 else []
         last_fence = previous[0].fence_ms if previous else 0
-        texts = [dumps(change.to_json()) for change in changes]  # before the clock is read
+        # Everything that grows with the changes is done before the clock is read: their
+        # JSON, their hash and how they are split into notes (100,000 entries take seconds).
+        changes = tuple(changes)
+        texts = [dumps(change.to_json()) for change in changes]
         digest = content_hash(changes)
+        sketch = Revision(number, (), -(10**15), -(10**15), writer, host, note, "0" * 64)
+        parts = self._split(sketch, changes, texts)
+        rest = [
+            KeptNote(self.revisions_kind, f"{number}.{index}", '{"changes":[' + part + "]}")
+            for index, part in enumerate(parts[1:], start=1)
+        ]
         read_at = time.monotonic()
         now = self.store.time_ms()
         revision = Revision(
             number=number,
-            changes=tuple(changes),
+            changes=changes,
             committed_ms=now,
             fence_ms=max(int(fence(now)), last_fence, now + PROPAGATION_MS),
             writer=writer,
@@ -222,7 +241,7 @@ class Ledger:
             note=note,
             hash=digest,
         )
-        notes = self._notes(revision, texts)
+        notes = [self._first_note(revision, parts), *rest]
         if time.monotonic() - claimed > LEASE_MS / 2_000:
             self.store.release([self.claim_id(number)], node=node)
             raise StoreError(
@@ -246,16 +265,21 @@ class Ledger:
         self.store.keep_notes([KeptNote(self.head_kind, "head", head)])
         return revision
 
-    def _notes(self, revision: Revision, texts: Sequence[str]) -> list[KeptNote]:
-        """The revision's note, or notes when one would be over ``NOTE_VALUE_LIMIT``;
-        ``texts`` are its changes as JSON, written before the commit instant was read."""
-        whole = dumps(revision.meta_json())[:-1] + ',"changes":[' + ",".join(texts) + "]}"
-        if len(whole.encode()) <= NOTE_VALUE_LIMIT:
-            return [KeptNote(self.revisions_kind, str(revision.number), whole)]
+    def _split(
+        self, sketch: Revision, changes: Sequence[Change], texts: Sequence[str]
+    ) -> list[str]:
+        """The changes' JSON ``texts``, joined into the parts of a revision's notes, each
+        under ``NOTE_VALUE_LIMIT`` with the revision's other fields as ``sketch`` has
+        them (its instants longer than any the clock gives): one part when the whole
+        revision fits in one note."""
+        widest = sketch.meta_json() | {"parts": 99999}
+        room = NOTE_VALUE_LIMIT - len(dumps(widest).encode())
+        whole = sum(len(text.encode()) + 1 for text in texts)
+        if whole + len(',"changes":[]') <= room:
+            return [",".join(texts)]
         parts: list[list[str]] = [[]]
-        room = NOTE_VALUE_LIMIT - len(dumps(revision.meta_json() | {"parts": 99999}).encode())
         size = len('{"changes":[]}')
-        for change, text in zip(revision.changes, texts, strict=True):
+        for change, text in zip(changes, texts, strict=True):
             cost = len(text.encode()) + 1
             if cost + size > room:
                 if not parts[-1]:
@@ -267,10 +291,11 @@ class Ledger:
                 size = len('{"changes":[]}')
             parts[-1].append(text)
             size += cost
-        head = dumps(revision.meta_json() | {"parts": len(parts)})[:-1]
-        first = head + ',"changes":[' + ",".join(parts[0]) + "]}"
-        notes = [KeptNote(self.revisions_kind, str(revision.number), first)]
-        for index, part in enumerate(parts[1:], start=1):
-            key = f"{revision.number}.{index}"
-            notes.append(KeptNote(self.revisions_kind, key, '{"changes":[' + ",".join(part) + "]}"))
-        return notes
+        return [",".join(part) for part in parts]
+
+    def _first_note(self, revision: Revision, parts: Sequence[str]) -> KeptNote:
+        """The revision's note (its first, with ``"parts": n``, when its changes were
+        split by :meth:`_split`; the notes ``{number}.{part}`` hold the others)."""
+        meta = revision.meta_json() | ({"parts": len(parts)} if len(parts) > 1 else {})
+        text = dumps(meta)[:-1] + ',"changes":[' + parts[0] + "]}"
+        return KeptNote(self.revisions_kind, str(revision.number), text)

@@ -41,7 +41,7 @@ from beatless.core._logtext import shown
 from beatless.errors import BeatlessError
 from beatless.live._ledger import PROPAGATION_MS, READ_SLACK_MS, Ledger
 from beatless.live.codec import entry_from_json
-from beatless.live.revisions import Revision, canonical_json, fold
+from beatless.live.revisions import Revision, canonical_json
 from beatless.schedule.entry import Entry, Schedule
 from beatless.stores.base import ClaimStore
 
@@ -90,8 +90,11 @@ class LiveView:
     """One node's live revisions and the spans they make (see the module docstring).
 
     ``offset_ms`` gives the node's measured offset to the store's clock (``None``: not
-    measured yet, taken as 0). With ``enabled`` false, every entry is current and every
-    occurrence confirmed: the node runs its code entries only."""
+    measured yet; a read made then is not placed on the store's clock, so it confirms no
+    occurrence: a node whose clock is ahead would otherwise take an old read for a fresh
+    one, and claim an occurrence past a fence it has not read). With ``enabled`` false,
+    every entry is current and every occurrence confirmed: the node runs its code entries
+    only."""
 
     def __init__(
         self,
@@ -102,8 +105,12 @@ class LiveView:
         now_ms: Callable[[], int],
         offset_ms: Callable[[], int | None],
         arrived: Callable[[], None] = lambda: None,
+        refusing: Callable[[], bool] = lambda: False,
     ) -> None:
         self.enabled = enabled
+        self._refusing = refusing
+        """Whether the node claims nothing (its clock is off the store's): its firings are
+        decided ``clock_skew``, not held for a read."""
         self._arrived = arrived
         """Called when a read finds a revision the loop has not applied: it wakes the
         loop, so a revision is applied within a read of its commit, not a read and a
@@ -116,7 +123,10 @@ class LiveView:
         self._code = {e.name: e for e in schedule.entries}
         self._spans: dict[str, list[Span]] = {}
         self._starts: dict[str, list[int]] = {}
-        self._state: dict[str, Mapping[str, Any]] = {}
+        self._names: set[str] = set()
+        """The names of the live entries now (their JSON is not kept: the spans hold their
+        entries, the digest their hashes)."""
+        self._overridden: set[str] = set()
         self._digests = StateDigest()
         self._lock = threading.Lock()
         self._pending: dict[int, Revision] = {}
@@ -159,9 +169,11 @@ class LiveView:
         missing = [n for n in range(known + 1, last + 1) if n not in found]
         for revision in self._ledger.read(missing):
             found[revision.number] = revision
+        offset = self._offset_ms()
         with self._lock:
             self._pending.update(found)
-            self._read_ms = began_node_ms + (self._offset_ms() or 0)
+            if offset is not None:  # else the read's instant on the store's clock is unknown
+                self._read_ms = began_node_ms + offset
         if found:
             self._arrived()
 
@@ -206,15 +218,21 @@ class LiveView:
             spans.append(Span(revision.fence_ms, entry, revision.number))
             self._starts.setdefault(change.name, [s.start_ms for s in spans[:-1]])
             self._starts[change.name].append(revision.fence_ms)
-        self._state = fold(self._state, revision.changes)
-        for change in revision.changes:
+        for change in revision.changes:  # work per change, not per entry
             self._digests.change(change.name, change.entry)
+            if change.entry is None:
+                self._names.discard(change.name)
+                self._overridden.discard(change.name)
+            else:
+                self._names.add(change.name)
+                if change.name in self._code:
+                    self._overridden.add(change.name)
         self.revision = revision.number
         self.fence_ms, self.committed_ms = revision.fence_ms, revision.committed_ms
         now = self._now_ms() + (self._offset_ms() or 0)
         self.applied_lag_ms = max(now - revision.committed_ms, 0)
         self.state_hash = self._digests.hexdigest()
-        self.overrides = tuple(sorted(set(self._state) & set(self._code)))
+        self.overrides = tuple(sorted(self._overridden))
         logger.debug("live revision %d applied (fence %d)", revision.number, revision.fence_ms)
         return fresh
 
@@ -274,7 +292,7 @@ class LiveView:
 
     def confirms(self, occurrence_ms: int) -> bool:
         """Whether this node knows every revision in force at ``occurrence_ms``."""
-        if not self.enabled:
+        if not self.enabled or self._refusing():
             return True
         return self.confirmed_ms is not None and self.confirmed_ms > occurrence_ms - CONFIRM_MS
 
@@ -311,4 +329,4 @@ class LiveView:
 
     def live_entries(self) -> Sequence[str]:
         """The names of the live entries now."""
-        return tuple(sorted(self._state))
+        return tuple(sorted(self._names))

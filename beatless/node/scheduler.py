@@ -231,6 +231,7 @@ class Scheduler:
             now_ms=self.now_ms,
             offset_ms=lambda: self.clockwatch.offset_ms,
             arrived=self._alarm.set,
+            refusing=lambda: self.clockwatch.refusing,
         )
         """The live entries this node knows, and which definition is in force when
         (:mod:`beatless.node._live`); ``live=False``: code entries only."""
@@ -318,9 +319,10 @@ class Scheduler:
         self.preference.adopt(now)
         self._follow_live(now)
         self.timeline.run_now(self.board.take_run_now(), now)
+        skewed = self.clockwatch.refusing  # what the live view's confirms() went by
         due = self.timeline.pop_due(now, self.wake.decide)
         due = self._drop_paused(self._prefer(due, now), now)
-        if due and not self.clockwatch.check(now):
+        if due and (not self.clockwatch.check(now) or skewed):
             for firing in due:
                 self.wake.decide(firing, DecisionOutcome.CLOCK_SKEW)
         elif due:
@@ -345,6 +347,8 @@ class Scheduler:
             return
         wake = self.timeline.next_wake_ms()
         if wake is not None and wake <= now and live.needs_read(now):
+            if self.clockwatch.offset_ms is None:
+                self.clockwatch.check(now)  # a read is placed on the store's clock by it
             try:
                 live.read()
             except StoreError as exc:

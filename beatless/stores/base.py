@@ -289,6 +289,18 @@ class ClaimStore(ABC):
             self.commit(won, node=node)
         return outcomes
 
+    def claim_held_off(
+        self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int
+    ) -> list[Outcome]:
+        """:meth:`claim`, holding off whatever :attr:`holds_off` says: a request that
+        would be :attr:`Outcome.FORGOTTEN` is :attr:`Outcome.RESEEDING`, and nothing is
+        written. For a claim that must never be written committed without its winner, a
+        live revision number (:mod:`beatless.live._ledger`); a store that does not re-seed
+        claims as :meth:`claim` does."""
+        if not self.reseeds:
+            return self.claim(requests, node=node, lease_ms=lease_ms)
+        return self._claim_judged(requests, node=node, lease_ms=lease_ms, hold_off=True)
+
     def _claim_judged(
         self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int, hold_off: bool
     ) -> list[Outcome]:

@@ -25,17 +25,15 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
+import live_edits as edits
 import pytest
 from harness import Fleet, next_whole_second, sleep_until
 from proxy import Proxy
 from redis_server import RedisServer
 
-from beatless import Entry, Every
-from beatless.live import Live, entry_in_force
-from beatless.live.codec import entry_from_json
+from beatless.live import Live
 from beatless.live.revisions import Revision
 from beatless.stores import open_store
 
@@ -48,45 +46,12 @@ ProxyFactory = Callable[[tuple[str, int]], Proxy]
 NAMESPACE = "faults"
 NAMES = ("a", "b", "c", "d", "e")
 EDITING_S = 30
-MAX_LATE_S = 8
+MAX_LATE_S = edits.MAX_LATE_S
 GRACE_S = 4
 
 
-def live_entry(name: str, rng: random.Random, edit: int) -> Entry:
-    """A definition of ``name``: every 1, 2 or 3 s (with jitter inside its window at
-    times), args naming the edit that wrote it."""
-    every_s = rng.choice((1, 2, 3))
-    jitter_ms = rng.choice((0, 0, 200, 400 * every_s))
-    return Entry(
-        name=name,
-        task=f"faults.live.{name}",
-        trigger=Every(every_s),
-        args=(edit, name),
-        jitter=timedelta(milliseconds=min(jitter_ms, 499 * every_s)),
-        max_late=f"{MAX_LATE_S}s",
-    )
-
-
 def edit(live: Live, rng: random.Random, number: int, present: set[str]) -> Revision:
-    """One random revision: put (new or changed), delete, or a batch of puts and deletes."""
-    how: dict[str, Any] = {"note": f"edit {number}"}
-    if rng.random() < 0.3:
-        how["effective_in"] = f"{rng.choice((2.5, 3, 4))}s"
-    roll = rng.random()
-    if roll < 0.2 and len(present) > 1:
-        gone = rng.sample(sorted(present), rng.randint(1, min(2, len(present))))
-        revision = live.delete_many(gone, **how)
-        present -= set(gone)
-        return revision
-    if roll < 0.4:
-        names = rng.sample(NAMES, rng.randint(2, 4))
-        revision = live.put_many([live_entry(n, rng, number) for n in names], **how)
-        present |= set(names)
-        return revision
-    name = rng.choice(NAMES)
-    revision = live.put(live_entry(name, rng, number), **how)
-    present.add(name)
-    return revision
+    return edits.edit(live, rng, number, present, names=NAMES, prefix="faults.live")
 
 
 def test_random_edits_under_a_frozen_node_and_a_paused_link_run_each_occurrence_once_as_in_force(
@@ -160,13 +125,6 @@ def test_random_edits_under_a_frozen_node_and_a_paused_link_run_each_occurrence_
 def misrun(revisions: list[Revision], send: dict[str, Any]) -> str | None:
     """Why ``send`` is not the definition in force at its occurrence (``None``: it is)."""
     occurrence = int(send["occurrence_ms"])
-    data = entry_in_force(revisions, send["entry"], occurrence)
-    said = f"{send['entry']}@{occurrence} by {send['node']} (args {send['args']})"
-    if data is None:
-        return f"{said}: no such live entry in force then (before its fence, or deleted)"
-    entry = entry_from_json(dict(data))
-    if next(iter(entry.trigger.after(occurrence - 1))) != occurrence:
-        return f"{said}: not an occurrence of {entry.trigger.describe()}, the trigger in force"
-    if send["task"] != entry.task or send["args"] != list(entry.args):
-        return f"{said}: the revision in force sends {entry.task} with args {list(entry.args)}"
-    return None
+    return edits.misrun(
+        revisions, send["entry"], occurrence, send["task"], send["args"], by=send["node"]
+    )
