@@ -65,12 +65,35 @@ def test_close_closes_idle_connections_at_once_and_one_in_use_when_its_call_ends
     with pool.take() as busy:
         with pool.take() as idle:
             pass
-        pool.close()
+        pool.close(wait_s=0)  # from inside a call: nothing to wait for but itself
         assert made.closed == [idle]
     assert made.closed == [idle, busy]
     assert pool.count == 0
     with pytest.raises(StoreError, match="test store is closed"), pool.take():
         pass
+
+
+def test_close_waits_for_the_calls_under_way_in_other_threads() -> None:
+    """What follows a close (a test's schema dropped, a server stopped) must not race a
+    call still under way on another thread."""
+    made = Made()
+    pool = made.pool()
+    taken, release = threading.Event(), threading.Event()
+
+    def call() -> None:
+        with pool.take():
+            taken.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    assert taken.wait(5)
+    threading.Timer(0.2, release.set).start()
+    pool.close()
+    assert release.is_set()  # close returned only once the call had ended
+    assert made.closed == [0]
+    assert pool.count == 0
+    thread.join(5)
 
 
 def test_a_child_process_forgets_the_parent_s_connections_and_makes_its_own() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Generic, TypeVar
@@ -22,19 +23,24 @@ from beatless.errors import StoreError
 T = TypeVar("T")
 
 
+CLOSE_WAIT_S = 10.0
+"""How long :meth:`Pool.close` waits for the calls under way to end."""
+
+
 class Pool(Generic[T]):
     """The connections of one store object, made by ``make`` and closed by ``close``.
 
-    :meth:`take` lends a call the connection used last that no other call is using, or a
-    new one when every one is busy; the call gives it back when it ends. ``limit`` caps
-    how many there are (``None``: no cap): a call past it waits for one to come back.
-    What ``make`` returns is the store's holder of a connection, which it opens at first
-    use and opens again after a failure: making one never fails. ``name`` names the store
-    in the error of a closed one (``"postgres store postgresql://..."``).
+        :meth:`take` lends a call the connection used last that no other call is using, or a
+        new one when every one is busy; the call gives it back when it ends. ``limit`` caps
+        how many there are (``None``: no cap): a call past it waits for one to come back.
+        What ``make`` returns is the store's holder of a connection, which it opens at first
+        use and opens again after a failure: making one never fails. ``name`` names the store
+        in the error of a closed one (``"postgres store postgresql://..."``).
 
-    :meth:`close` closes the idle connections; one in use is closed when its call ends. A
-    child process that inherits the pool forgets every connection without closing it:
-    their sockets belong to the parent. Thread-safe.
+        :meth:`close` closes the idle connections; one in use is closed when its call ends,
+    which :meth:`close` waits for (up to :data:`CLOSE_WAIT_S`). A
+        child process that inherits the pool forgets every connection without closing it:
+        their sockets belong to the parent. Thread-safe.
     """
 
     def __init__(
@@ -82,16 +88,23 @@ class Pool(Generic[T]):
         finally:
             self._give_back(item)
 
-    def close(self) -> None:
-        """Close the idle connections, and each one in use once its call ends."""
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Close the idle connections, and each one in use once its call ends; wait up to
+        ``wait_s`` for those calls, so that what follows a close (a schema dropped, a
+        server stopped) does not race a call still under way."""
         with self._cond:
             self._closed = True
             idle, self.idle = self.idle, []
             self._count -= len(idle)
             self._cond.notify_all()
-        if self._pid == os.getpid():
-            for item in idle:
-                self._close(item)
+        if self._pid != os.getpid():
+            return
+        for item in idle:
+            self._close(item)
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while self._count > 0 and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
 
     def _give_back(self, item: T) -> None:
         with self._cond:
@@ -99,8 +112,10 @@ class Pool(Generic[T]):
                 self.idle.append(item)
                 self._cond.notify()
                 return
-            self._count -= 1
         self._close(item)
+        with self._cond:
+            self._count -= 1
+            self._cond.notify_all()
 
     def _forget(self) -> None:
         self._cond = threading.Condition()
