@@ -11,6 +11,9 @@
 * Before a deploy: ``beatless check --celery proj.celery:app`` (:func:`check_app`).
 * At run time: ``beatless.celery.live(app).put(name, beat_schedule_item)`` writes a live
   entry (:mod:`beatless.celery._live`; RedBeat's ``entry.save()``, ported).
+* Moving from RedBeat: ``beatless.celery.import_redbeat(app, "redbeat://host:6379/0")``
+  writes RedBeat's entries as live entries, one revision (:mod:`beatless.celery._redbeat`;
+  ``beatless schedule import`` on the command line).
 * In production: ``celery -A proj beatless status`` (the fleet, from the claim store) and
   ``celery -A proj inspect beatless`` (each worker's scheduler, over remote control).
 
@@ -26,6 +29,7 @@ from beatless.celery import _control as control  # noqa: F401 - registers `celer
 from beatless.celery._beat import BeatScheduler, Scheduler
 from beatless.celery._live import CeleryLive, live
 from beatless.celery._messages import occurrence, task_firing_id, tenant
+from beatless.celery._redbeat import RedBeatImport, import_redbeat
 from beatless.celery._schedule import (
     CeleryScheduler,
     build_scheduler,
@@ -41,9 +45,11 @@ __all__ = [
     "CeleryLive",
     "CeleryScheduler",
     "CelerySettings",
+    "RedBeatImport",
     "Scheduler",
     "build_scheduler",
     "check_app",
+    "import_redbeat",
     "install",
     "live",
     "occurrence",

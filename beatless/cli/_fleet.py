@@ -32,6 +32,8 @@ class Fleet:
     schedule: Schedule | None
     opener: Callable[[], ClaimStore] | None
     """``None`` when no store is named."""
+    app: Any = None
+    """The Celery app, when the fleet is named by ``--celery``."""
 
     @property
     def has_store(self) -> bool:
@@ -110,7 +112,7 @@ def celery_fleet(app: Any, url: str | None = None) -> Fleet:
 
     settings = CelerySettings.from_app(app)
     schedule = check_app(app, settings).schedule
-    return Fleet(settings.namespace, schedule, partial(open_claim_store, settings, url))
+    return Fleet(settings.namespace, schedule, partial(open_claim_store, settings, url), app)
 
 
 def _dramatiq_fleet(names: Sequence[str], url: str | None) -> Fleet:

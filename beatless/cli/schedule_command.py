@@ -1,13 +1,16 @@
 """``beatless schedule``: read and change a fleet's live entries (:mod:`beatless.live`).
 
 ``list | get NAME | put FILE.toml | delete NAME | plan FILE.toml | apply FILE.toml |
-history [NAME] | revert --to R | export``, the fleet named as for ``status`` (``--store``
-with ``--namespace``, ``--celery``, ``--dramatiq``), ``--json`` everywhere. A TOML file is
+history [NAME] | revert --to R | export | import --from redbeat://HOST:PORT/DB``, the
+fleet named as for ``status`` (``--store`` with ``--namespace``, ``--celery``,
+``--dramatiq``), ``--json`` everywhere. A TOML file is
 read as a schedule file (``[[entry]]`` tables); ``put`` writes its entries, ``plan`` and
 ``apply`` make the live entries equal to them. ``export`` writes the live entries as a
 TOML schedule file that ``put`` and the code's loader read back (``--format toml``, the
 default) or as JSON (``--format json``, or ``--json``), for backups and for promoting an
-entry to code.
+entry to code. ``import`` reads RedBeat's entries from its Redis
+(:mod:`beatless.celery._redbeat`) and adds them as one revision, the other live entries
+left as they are; ``--dry-run`` prints the plan and writes nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +26,18 @@ from beatless.cli._toml import schedule_toml
 from beatless.live import Live, Revision, entry_to_json
 from beatless.live.plan import Plan
 
-ACTIONS = ("list", "get", "put", "delete", "plan", "apply", "history", "revert", "export")
+ACTIONS = (
+    "list",
+    "get",
+    "put",
+    "delete",
+    "plan",
+    "apply",
+    "history",
+    "revert",
+    "export",
+    "import",
+)
 
 
 def add_parser(commands: Any, fleet_source: Callable[[argparse.ArgumentParser, str], None]) -> None:
@@ -49,6 +63,32 @@ def add_parser(commands: Any, fleet_source: Callable[[argparse.ArgumentParser, s
         choices=("toml", "json"),
         help="export: a TOML schedule file (the default) or JSON (the default with --json)",
     )
+    _import_options(schedule)
+
+
+def _import_options(schedule: argparse.ArgumentParser) -> None:
+    schedule.add_argument(
+        "--from",
+        dest="from_url",
+        metavar="URL",
+        help="import: RedBeat's Redis, redbeat://HOST:PORT/DB (redbeats:// for TLS)",
+    )
+    schedule.add_argument(
+        "--prefix", help="import: RedBeat's redbeat_key_prefix (the app's, else redbeat:)"
+    )
+    schedule.add_argument(
+        "--timezone",
+        metavar="ZONE",
+        help="import: the zone of RedBeat's crontabs (default: the Celery app's timezone)",
+    )
+    schedule.add_argument(
+        "--dry-run", action="store_true", help="import: print the plan, write nothing"
+    )
+    schedule.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="import: leave out the entries that cannot be read (default: refuse the import)",
+    )
 
 
 def cmd_schedule(
@@ -64,7 +104,10 @@ def cmd_schedule(
         needs = {"get": "NAME", "delete": "NAME", "put": "FILE", "plan": "FILE", "apply": "FILE"}
         if args.action in needs and not args.operand:
             raise ConfigError(f"schedule {args.action}: give {needs[args.action]}")
-        result = _ACTIONS[args.action](live, args)
+        if args.action == "import":
+            result = _import(fleet, live, args)
+        else:
+            result = _ACTIONS[args.action](live, args)
     _print(result, args.json)
     return 0
 
@@ -142,6 +185,61 @@ def _export(live: Live, args: argparse.Namespace) -> Any:
         "revision": head,
         "entries": [entry_to_json(e) for e in entries],
     }
+
+
+def _import(fleet: Any, live: Live, args: argparse.Namespace) -> Any:
+    """RedBeat's entries into the live entries, as one revision (``--dry-run``: the plan)."""
+    from beatless.celery._redbeat import app_prefix, import_into, read_redbeat, with_zone
+    from beatless.celery._settings import CelerySettings
+    from beatless.core.triggers import zone as check_zone
+    from beatless.errors import ConfigError
+
+    if not args.from_url:
+        raise ConfigError("schedule import: give --from redbeat://HOST:PORT/DB")
+    zone = args.timezone or getattr(fleet.schedule, "timezone", None)
+    if args.timezone:
+        check_zone(args.timezone)
+    if fleet.app is not None:
+        settings = with_zone(CelerySettings.from_app(fleet.app), args.timezone)
+    else:
+        settings = CelerySettings(
+            store_url="memory://",
+            broker_url="memory://",
+            namespace=fleet.namespace,
+            timezone=zone or "UTC",
+        )
+    prefix = args.prefix or (app_prefix(fleet.app) if fleet.app is not None else None)
+    read = read_redbeat(
+        args.from_url,
+        settings,
+        prefix=prefix or "redbeat:",
+        code=live.code,
+        skip_bad=args.skip_bad,
+        zone_known=fleet.app is not None or zone is not None,
+    )
+    done = import_into(
+        live,
+        read,
+        dry_run=args.dry_run,
+        note=args.note,
+        window=args.window,
+        effective_in=args.effective_in,
+    )
+    return done.to_json() if args.json else _import_text(done, args.dry_run)
+
+
+def _import_text(done: Any, dry_run: bool) -> str:
+    read = done.read
+    lines = [f"RedBeat {read.url}, prefix {read.prefix!r}: {len(read.entries)} entries read"]
+    if read.statics:
+        lines.append(f"  left to the code (statics, code-owned): {', '.join(read.statics)}")
+    lines += [f"  skipped {name}: {why}" for name, why in read.skipped]
+    lines.append(_plan_text(done.plan))
+    if done.revision is not None:
+        lines.append(_revision_line(done.revision))
+    elif dry_run:
+        lines.append("dry run: nothing written")
+    return "\n".join(lines) + "\n"
 
 
 _ACTIONS: dict[str, Callable[[Live, argparse.Namespace], Any]] = {

@@ -188,14 +188,18 @@ class Live:
         start_ms: int | None = None,
         effective_in: DurationLike | None = None,
         override: bool = False,
+        merge: bool = False,
     ) -> Plan:
         """What making the live entries equal to ``entries`` would do over ``window``
         from the fence (see :mod:`beatless.live.plan`); writes nothing. ``start_ms``
-        (default: the store's clock) makes it reproducible."""
+        (default: the store's clock) makes it reproducible. ``merge=True``: the live
+        entries ``entries`` does not name stay as they are (a plan that only adds and
+        changes, as an import makes)."""
         self._check_names([e.name for e in entries], override)
         head = self.head()
         current = state(self.revisions(), head)
-        target = {e.name: entry_to_json(e) for e in entries}
+        target = dict(current) if merge else {}
+        target.update({e.name: entry_to_json(e) for e in entries})
         start = self.store.time_ms() if start_ms is None else start_ms
         fence = start + _delay_ms(effective_in)
         end = fence + to_ms(as_timedelta(window, name="window"))
