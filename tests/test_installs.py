@@ -163,7 +163,7 @@ def _imported_distributions(package: Path) -> dict[str, set[str]]:
 
 @pytest.mark.parametrize(
     ("package", "extras"),
-    [("celery", ("celery", "redis")), ("dramatiq", ("dramatiq", "redis", "rabbitmq"))],
+    [("celery", ("celery", "redis", "redbeat")), ("dramatiq", ("dramatiq", "redis", "rabbitmq"))],
 )
 def test_every_package_an_integration_imports_is_declared_by_its_extras(
     package: str, extras: tuple[str, ...]

@@ -4,9 +4,9 @@
 RedBeat keeps each entry as a hash ``PREFIX + name`` (``definition``, ``meta``) listed in
 the sorted set ``PREFIX + ":schedule"``, and the names that came from ``beat_schedule``
 in the set ``PREFIX + ":statics"`` (``PREFIX`` is ``redbeat_key_prefix``, ``"redbeat:"``
-by default). Each definition is decoded by RedBeat's own decoder (``celery-redbeat``
-must be installed where the import runs), then read as a node reads a ``beat_schedule``
-item (:func:`beatless.celery._schedule.read_entry`):
+by default). Each definition is decoded by RedBeat's own decoder (``celery-redbeat``,
+the ``redbeat`` extra, must be installed where the import runs), then read as a node
+reads a ``beat_schedule`` item (:func:`beatless.celery._schedule.read_entry`):
 
 * ``crontab``: a :class:`~beatless.core.triggers.Cron` with Celery's AND day rule, in
   the app's time zone (RedBeat stores none: its beat evaluates crontabs in the app's);
@@ -64,10 +64,6 @@ BEAT_DEFAULTS = {
     "at each start and beatless does not add: declare it in beat_schedule if you use it"
 }
 """Entries beat adds by itself (not statics in RedBeat's set): skipped, with why."""
-NEEDS_REDBEAT = (
-    "reading RedBeat's entries needs RedBeat's own decoder: pip install celery-redbeat "
-    "(the version the beat ran)"
-)
 
 
 @dataclass(frozen=True)
@@ -234,11 +230,9 @@ class _Past(Exception):
 
 
 def _decoder() -> type[json.JSONDecoder]:
-    try:
-        from redbeat.decoder import RedBeatJSONDecoder
-    except ImportError as exc:
-        raise ConfigError(f"{NEEDS_REDBEAT} ({exc})") from None
-    decoder: type[json.JSONDecoder] = RedBeatJSONDecoder
+    """RedBeat's own JSON decoder, so that an entry reads as RedBeat's beat reads it."""
+    redbeat = driver("redbeat.decoder", "reading RedBeat's entries (with its own decoder)")
+    decoder: type[json.JSONDecoder] = redbeat.decoder.RedBeatJSONDecoder
     return decoder
 
 

@@ -5,6 +5,7 @@ own), read back as live entries whose occurrences are compared with RedBeat's ow
 from __future__ import annotations
 
 import json
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -289,3 +290,14 @@ def test_the_command_with_a_celery_app_takes_its_zone_prefix_and_code_names(
     assert done["prefix"] == f"{prefix}:"  # the app's redbeat_key_prefix
     assert done["statics"] == ["static-cleanup", "weekdays"]  # RedBeat's, and the app's code
     assert entry["trigger"]["timezone"] == "Europe/Paris"
+
+
+def test_without_celery_redbeat_the_import_names_the_extra(
+    redbeat_app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = redbeat_app("UTC")
+    monkeypatch.setitem(sys.modules, "redbeat", None)  # as in a venv without it
+    monkeypatch.setitem(sys.modules, "redbeat.decoder", None)
+
+    with pytest.raises(ConfigError, match=r"pip install 'beatless\[redbeat\]'"):
+        import_redbeat(app, SOURCE, store=MemoryStore())
