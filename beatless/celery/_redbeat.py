@@ -35,6 +35,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from itertools import islice
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -261,10 +262,8 @@ def _fetch(url: str, shown: str, prefix: str) -> tuple[list[tuple[str, Any, Any]
 
 
 def _nothing_under(client: Any, shown: str, prefix: str, schedule_key: str) -> str:
-    others = [
-        key[: -len(":schedule")]
-        for key in client.scan_iter(match="*:schedule", count=1_000, _type="zset")
-    ][:5]
+    found = client.scan_iter(match="*:schedule", count=1_000, _type="zset")
+    others = [key[: -len(":schedule")] for key in islice(found, 5)]
     hint = f"; sorted sets that look like RedBeat's are under {others}" if others else ""
     return (
         f"no RedBeat entries under prefix {prefix!r} in {shown}: the sorted set "
