@@ -22,6 +22,7 @@ EXTRAS = {
     "psycopg": ("psycopg", "postgres"),
     "nats": ("nats-py", "nats"),
     "prometheus_client": ("prometheus-client", "metrics"),
+    "ephem": ("ephem", "solar"),
 }
 """Per driver module: the package that provides it, and the beatless extra that installs
 it (``pyproject.toml``)."""

@@ -348,7 +348,7 @@ def _next(view: EntryView, now_ms: int, count: int) -> list[dict[str, Any]]:
                 }
             )
             continue
-        offset = offset_ms(view.address, occurrence, view.jitter_ms)
+        offset = offset_ms(view.address, view.key(occurrence), view.jitter_ms)
         upcoming.append(
             {
                 "occurrence": iso(occurrence),
