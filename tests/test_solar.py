@@ -4,8 +4,10 @@ float arithmetic, nothing on polar days, and a clear error without ephem."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from itertools import islice, pairwise
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -13,10 +15,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from beatless import Entry, Schedule, Solar
+from beatless.cli.loader import load_toml
 from beatless.core.solar import EVENTS, MIN_GAP_MS
 from beatless.core.triggers import occurrence_key
-from beatless.errors import ConfigError
+from beatless.errors import ConfigError, ScheduleError
+from beatless.fleet._notes import NodeRecord, drift, trigger_of, trigger_spec
+from beatless.live.codec import entry_from_json, entry_to_json
+from beatless.node.scheduler import Scheduler
 from beatless.schedule.firing import Firing, firing_id, from_datetime, iso
+from beatless.stores.memory import MemoryStore
 
 ephem = pytest.importorskip("ephem")
 celery_schedules = pytest.importorskip("celery.schedules")
@@ -191,3 +198,61 @@ def test_without_ephem_a_solar_trigger_names_the_extra(monkeypatch: pytest.Monke
         Solar("sunrise", *BERLIN)
     assert "the solar trigger needs the ephem package" in str(caught.value)
     assert "pip install 'beatless[solar]'" in str(caught.value)
+
+
+# -- every front end, the notes and the registry -----------------------------------------
+
+
+def test_a_toml_entry_takes_solar_with_lat_and_lon(tmp_path: Path) -> None:
+    path = tmp_path / "schedule.toml"
+    path.write_text(
+        '[[entry]]\nname = "lights"\ntask = "garden.lights"\nsolar = "sunset"\n'
+        "lat = 52.52\nlon = 13.405\n"
+        '[[entry]]\nname = "odd"\ntask = "t"\nsolar = "sunset"\nlat = 52.52\n'
+        '[[entry]]\nname = "zoned"\ntask = "t"\nsolar = "dawn_civil"\nlat = 1\nlon = 2\n'
+        'timezone = "UTC"\n'
+    )
+    with pytest.raises(ScheduleError) as caught:
+        load_toml(path)
+    assert caught.value.errors == [
+        "entry 'odd': 'solar' needs 'lon' in degrees",
+        "entry 'zoned': 'timezone' does not apply to 'solar' (the sun keeps no time zone)",
+    ]
+    path.write_text(path.read_text().split('[[entry]]\nname = "odd"')[0])
+    (entry,) = load_toml(path).entries
+    assert entry.trigger == Solar("sunset", 52.52, 13.405)
+
+
+def test_a_dramatiq_actor_declares_a_solar_periodic() -> None:
+    from beatless.dramatiq import solar
+
+    declared = solar("sunrise", *BERLIN, jitter="1m")
+    assert declared.trigger == Solar("sunrise", *BERLIN)
+    assert declared.problems == ()
+    assert solar("noon", 0, 0).problems == (
+        "solar: unknown event 'noon'; use one of " + ", ".join(EVENTS),
+    )
+
+
+def test_a_solar_entry_is_kept_live_and_published_as_itself() -> None:
+    entry = Entry(name="lights", task="t", trigger=Solar("dusk_civil", *BERLIN), jitter="30s")
+    data = entry_to_json(entry)
+    assert data["v"] == 2
+    assert data["trigger"] == {"solar": "dusk_civil", "lat": 52.52, "lon": 13.405}
+    back = entry_from_json(data)
+    assert back.trigger == entry.trigger
+    assert entry_to_json(back) == data
+    assert trigger_of(trigger_spec(entry.trigger)) == entry.trigger
+
+
+def test_the_registry_records_the_ephem_version_and_status_names_a_difference() -> None:
+    entry = Entry(name="lights", task="t", trigger=Solar("sunset", *BERLIN))
+    node = Scheduler(Schedule([entry]), store=MemoryStore(), node="a", enqueue=print)
+    record = node.board.node_record(node.now_ms())
+    assert record.ephem == ephem.__version__
+    assert NodeRecord.parse(record.to_json()).ephem == ephem.__version__
+    other = replace(record, node="b", ephem="4.1.4")
+    without = replace(record, node="c", ephem=None)  # a node with no solar entry needs none
+    assert drift([record, other, without]) == [
+        f"live nodes run different ephem versions: 4.1.4 on b; {ephem.__version__} on {record.node}"
+    ]
