@@ -122,27 +122,42 @@ def check_app(app: Any, settings: CelerySettings | None = None) -> Checked:
     missing = _missing_driver(settings, app)
     if missing is not None:
         problems.append(missing)
-    entries = []
+    whole = bool(problems)  # a problem of the whole schedule: no part of it is usable
+    entries, left_out = [], []
     for name, spec in beat_schedule.items():
         entry = collect(partial(read_entry, name, spec, settings), problems)
-        if entry is not None:
+        found = [] if entry is None else argument_problems_of(app, entry)
+        problems.extend(found)
+        if entry is None or found:
+            left_out.append(name)
+        else:
             entries.append(entry)
-            problems.extend(argument_problems_of(app, entry))
-    return checked(entries, problems, namespace=settings.namespace, timezone=settings.timezone)
+    return checked(
+        entries,
+        problems,
+        namespace=settings.namespace,
+        timezone=settings.timezone,
+        left_out=None if whole else left_out,
+    )
 
 
 FOREIGN_SCHEDULERS = {
     "django_celery_beat.schedulers.DatabaseScheduler": (
         "django-celery-beat's DatabaseScheduler",
         "in the database (its PeriodicTask rows)",
+        "turn on the django-celery-beat bridge (app.conf.beatless_django = True: every node "
+        "then schedules the rows, and the Django admin keeps editing them; see "
+        "docs/migrating-from-django-celery-beat.md)",
     ),
     "redbeat.RedBeatScheduler": (
         "RedBeat's RedBeatScheduler",
         "in Redis (with the entries saved there at run time)",
+        "import its entries once with `beatless schedule import --from "
+        "redbeat://HOST:PORT/DB` (they become live entries; see docs/migrating-from-redbeat.md)",
     ),
 }
 """The beat schedulers whose schedule lives outside ``beat_schedule``: by class path,
-what it is and where its schedule lives."""
+what it is, where its schedule lives, and what moves that schedule to beatless."""
 MIGRATING = "docs/migrating-from-beat.md, 'From django-celery-beat or RedBeat: what to do now'"
 _SCHEDULER_ALIASES = {
     "django": "django_celery_beat.schedulers.DatabaseScheduler",
@@ -166,13 +181,13 @@ def foreign_scheduler(app: Any, entries: int) -> str | None:
     name = _SCHEDULER_ALIASES.get(name, name)
     if name not in FOREIGN_SCHEDULERS:
         return None
-    what, where = FOREIGN_SCHEDULERS[name]
+    what, where, move = FOREIGN_SCHEDULERS[name]
     return (
         f"beat_scheduler {value!r} is {what}: its schedule lives {where}, and beatless does "
-        f"not load it; beatless reads only beat_schedule ({entries} entr"
-        f"{'y' if entries == 1 else 'ies'} here), which that scheduler sends as well. Move "
-        f"the periodic tasks you need into beat_schedule and remove the beat_scheduler "
-        f"setting: see {MIGRATING}"
+        f"not load it: this node would schedule only beat_schedule ({entries} entr"
+        f"{'y' if entries == 1 else 'ies'} here), which that scheduler sends as well. To "
+        f"move that schedule, {move}, or move the periodic tasks into beat_schedule; then "
+        f"remove the beat_scheduler setting and stop celery beat. See {MIGRATING}"
     )
 
 
