@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from beatless.core._logtext import shown
 from beatless.core.triggers import Every, Trigger
 from beatless.errors import ConfigError, ScheduleError
 from beatless.schedule.entry import Entry, Schedule
@@ -181,9 +182,9 @@ def report_left_out(logger: logging.Logger, found: Checked, *, consume_with: str
     kept = 0 if found.usable is None else len(found.usable.entries)
     for name in found.left_out:
         logger.warning(
-            "beatless: entry %r is left out of this node's schedule: %s; the %d other "
+            "beatless: entry %s is left out of this node's schedule: %s; the %d other "
             "entr%s scheduled (%s)",
-            name,
+            shown(name),
             "; ".join(found.problems_of(name)) or "it has a problem",
             kept,
             "y is" if kept == 1 else "ies are",
