@@ -22,6 +22,7 @@ from beatless.errors import (
 )
 
 if TYPE_CHECKING:
+    from beatless.core.solar import Solar
     from beatless.node.dispatch import Dispatcher
     from beatless.node.scheduler import Scheduler
     from beatless.schedule.entry import Entry, Schedule
@@ -46,6 +47,7 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "Scheduler",
+    "Solar",
     "StoreError",
     "StoreUnavailable",
     "Trigger",
@@ -64,6 +66,7 @@ _LAZY = {
     "RedisStore": "beatless.stores.redis.store",
     "SQLiteStore": "beatless.stores.sqlite",
     "Scheduler": "beatless.node.scheduler",
+    "Solar": "beatless.core.solar",
     "firing_id": "beatless.schedule.firing",
     "offset_ms": "beatless.schedule.firing",
     "open_store": "beatless.stores",

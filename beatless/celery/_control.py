@@ -41,4 +41,6 @@ def beatless_status(state: Any) -> dict[str, Any]:
     record = scheduler.board.node_record(scheduler.now_ms())
     answer: dict[str, Any] = json.loads(record.to_json())
     answer.update(scheduling=True, health=record.health() or "ok")
+    if step.schedule_problems:  # entries left out, each for a problem of its own
+        answer["schedule_problems"] = list(step.schedule_problems)
     return answer

@@ -12,7 +12,12 @@ Celery beat reads them. The trigger:
   :class:`~beatless.core.triggers.Every` anchored to the Unix epoch. Stock beat anchors an
   interval to the entry's last run instead, which differs from process to process;
   the epoch is the same instant on every node, so every node agrees on every slot.
-* ``solar`` is not supported, and any other schedule is refused, naming the entry.
+* ``solar(event, lat, lon)`` is a :class:`~beatless.core.solar.Solar` (the ``solar``
+  extra: ``ephem``, which Celery's own ``solar`` needs too), computed as Celery computes
+  it; its firings are keyed by event and local solar date.
+* django-celery-beat's ``clocked(clocked_time)`` is an :class:`~beatless.core.triggers.At`:
+  one firing at that instant, claimed once across nodes and restarts.
+* any other schedule is refused, naming the entry.
 
 * a beatless trigger (``beatless.At(...)`` for a one-off, ``beatless.Every``,
   ``beatless.Cron``) is taken as it is. Stock beat cannot run one: an entry holding it
@@ -43,7 +48,7 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from functools import partial
 from numbers import Real
-from typing import Any
+from typing import Any, TypeVar
 
 from celery.schedules import crontab, solar
 from celery.schedules import schedule as interval_schedule
@@ -54,6 +59,7 @@ from beatless.celery._sending import Sender
 from beatless.celery._settings import CelerySettings, normalise_redis_url, zone_name
 from beatless.core._logtext import shown
 from beatless.core.durations import to_ms
+from beatless.core.solar import Solar
 from beatless.core.triggers import At, Cron, Every, Trigger
 from beatless.core.urls import mask_url
 from beatless.errors import ConfigError, ScheduleError, StoreError
@@ -73,6 +79,7 @@ from beatless.stores import missing_driver, open_store, probed
 from beatless.stores.base import ClaimStore
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ENTRY_SETTINGS = (*NAMES, "tenants")
 """The keys allowed in an entry's ``options["beatless"]``."""
@@ -115,27 +122,43 @@ def check_app(app: Any, settings: CelerySettings | None = None) -> Checked:
     missing = _missing_driver(settings, app)
     if missing is not None:
         problems.append(missing)
-    entries = []
+    whole = bool(problems)  # a problem of the whole schedule: no part of it is usable
+    entries, left_out = [], []
     for name, spec in beat_schedule.items():
         entry = collect(partial(read_entry, name, spec, settings), problems)
-        if entry is not None:
+        found = [] if entry is None else argument_problems_of(app, entry)
+        problems.extend(found)
+        if entry is None or found:
+            left_out.append(name)
+        else:
             entries.append(entry)
-            problems.extend(argument_problems_of(app, entry))
-    return checked(entries, problems, namespace=settings.namespace, timezone=settings.timezone)
+    return checked(
+        entries,
+        problems,
+        namespace=settings.namespace,
+        timezone=settings.timezone,
+        left_out=None if whole else left_out,
+    )
 
 
 FOREIGN_SCHEDULERS = {
     "django_celery_beat.schedulers.DatabaseScheduler": (
         "django-celery-beat's DatabaseScheduler",
         "in the database (its PeriodicTask rows)",
+        "turn on the django-celery-beat bridge (app.conf.beatless_django = True: every node "
+        "then schedules the rows, and the Django admin keeps editing them; see "
+        "docs/migrating-from-django-celery-beat.md)",
     ),
     "redbeat.RedBeatScheduler": (
         "RedBeat's RedBeatScheduler",
         "in Redis (with the entries saved there at run time)",
+        "import its entries once with `beatless schedule import --from "
+        "redbeat://HOST:PORT/DB` (they become live entries; see docs/migrating-from-beat.md,"
+        ' "Importing RedBeat\'s entries")',
     ),
 }
 """The beat schedulers whose schedule lives outside ``beat_schedule``: by class path,
-what it is and where its schedule lives."""
+what it is, where its schedule lives, and what moves that schedule to beatless."""
 MIGRATING = "docs/migrating-from-beat.md, 'From django-celery-beat or RedBeat: what to do now'"
 _SCHEDULER_ALIASES = {
     "django": "django_celery_beat.schedulers.DatabaseScheduler",
@@ -159,13 +182,13 @@ def foreign_scheduler(app: Any, entries: int) -> str | None:
     name = _SCHEDULER_ALIASES.get(name, name)
     if name not in FOREIGN_SCHEDULERS:
         return None
-    what, where = FOREIGN_SCHEDULERS[name]
+    what, where, move = FOREIGN_SCHEDULERS[name]
     return (
         f"beat_scheduler {value!r} is {what}: its schedule lives {where}, and beatless does "
-        f"not load it; beatless reads only beat_schedule ({entries} entr"
-        f"{'y' if entries == 1 else 'ies'} here), which that scheduler sends as well. Move "
-        f"the periodic tasks you need into beat_schedule and remove the beat_scheduler "
-        f"setting: see {MIGRATING}"
+        f"not load it: this node would schedule only beat_schedule ({entries} entr"
+        f"{'y' if entries == 1 else 'ies'} here), which that scheduler sends as well. To "
+        f"move that schedule, {move}, or move the periodic tasks into beat_schedule; then "
+        f"remove the beat_scheduler setting and stop celery beat. See {MIGRATING}"
     )
 
 
@@ -300,33 +323,52 @@ def _guess(key: Any) -> str:
 
 def trigger_of(name: str, value: Any, timezone: str) -> Trigger:
     """The beatless trigger of a Celery schedule value (a beatless trigger as it is)."""
-    if isinstance(value, At | Every | Cron):
+    if isinstance(value, At | Every | Cron | Solar):
         return value
     if isinstance(value, crontab):
         return cron_of(value, timezone, name)
     if isinstance(value, solar):
-        raise ScheduleError(
-            f"entry {name!r}: solar schedules are not supported by beatless: use a crontab "
-            f"at the times you need, or keep this entry on stock celery beat"
-        )
+        return _named(name, lambda: Solar(value.event, value.lat, value.lon))
+    if _is_clocked(value):
+        return _named(name, lambda: At(value.clocked_time))
+    return _every(name, _interval(name, value))
+
+
+def _interval(name: str, value: Any) -> timedelta:
+    """The interval of ``schedule(run_every)``, a ``timedelta`` or a number of seconds;
+    any other value is refused, naming the entry."""
     if isinstance(value, interval_schedule):
-        return _every(name, value.run_every)
+        return value.run_every  # type: ignore[no-any-return]
     if isinstance(value, timedelta):
-        return _every(name, value)
+        return value
     if isinstance(value, bool):
         raise ScheduleError(f"entry {name!r}: schedule {value!r} is not a number of seconds")
     if isinstance(value, Real):
-        return _every(name, timedelta(seconds=float(value)))
+        return timedelta(seconds=float(value))
     raise ScheduleError(
         f"entry {name!r}: unsupported schedule {value!r} ({type(value).__name__}): use "
-        f"crontab(...), schedule(timedelta), a timedelta, a number of seconds or "
-        f"beatless.At(instant) for a one-off"
+        f"crontab(...), schedule(timedelta), a timedelta, a number of seconds, solar(...), "
+        f"clocked(...) or beatless.At(instant) for a one-off"
     )
 
 
+CLOCKED = ("django_celery_beat.clockedschedule", "clocked")
+"""django-celery-beat's one-off schedule, by module and class: recognised without
+importing django-celery-beat (which needs Django)."""
+
+
+def _is_clocked(value: Any) -> bool:
+    return any((c.__module__, c.__qualname__) == CLOCKED for c in type(value).__mro__)
+
+
 def _every(name: str, interval: timedelta) -> Every:
+    return _named(name, lambda: Every(interval))
+
+
+def _named(name: str, build: Callable[[], T]) -> T:
+    """``build()``, its :class:`~beatless.errors.ConfigError` said as the entry's."""
     try:
-        return Every(interval)
+        return build()
     except ConfigError as exc:
         raise ScheduleError(f"entry {name!r}: {exc}") from None
 

@@ -26,8 +26,10 @@ schedule.check_app`), then opens the claim store and probes it. With problems, o
 store that cannot be reached or refuses the credentials, the worker does not start: it
 exits with :data:`~beatless.schedule.problems.EXIT_REFUSED` after one CRITICAL message listing
 every problem (for the store, one line naming it, its URL masked), with no traceback.
-With ``beatless_on_schedule_error = "consume"`` it starts, consumes tasks, schedules
-nothing, says so once at ERROR, and keeps the problems in
+With ``beatless_on_schedule_error = "consume"`` it starts and consumes tasks; when each
+problem is one entry's, it schedules the other entries and names each one left out in a
+WARNING (and in its registry record, which ``beatless status`` reads); otherwise it
+schedules nothing and says so once at ERROR. It keeps the problems in
 :attr:`BeatlessStep.schedule_problems` (``celery inspect beatless`` shows them).
 """
 
@@ -59,6 +61,7 @@ from beatless.schedule.problems import (
     one_line,
     refusal,
     report_consuming,
+    report_left_out,
     report_store_consuming,
     store_refusal,
 )
@@ -99,7 +102,8 @@ class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.enabled = not without_beatless
         self.scheduler: CeleryScheduler | None = None
         self.schedule_problems: tuple[str, ...] = ()
-        """What keeps this node from scheduling (``"consume"`` only); empty otherwise."""
+        """The problems of this node's schedule (``"consume"`` only): what keeps it from
+        scheduling, or the entries it leaves out; empty otherwise."""
         self.runs: RunGate | None = find_gate(getattr(worker, "app", None))
         """The run checks of this worker (``None`` without :func:`install`): its
         :meth:`~beatless.celery._gate.RunGate.counts` are those of the main process, where
@@ -123,17 +127,21 @@ class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
         app = worker.app
         mode = on_schedule_error_of(app)
         found = check_app(app)
-        if found.schedule is None:
+        schedule = found.schedule
+        if schedule is None and mode != REFUSE and found.usable and found.usable.entries:
+            schedule = found.usable  # "consume": the sound entries, the others left out
+            self.schedule_problems = found.problems
+            report_left_out(logger, found, consume_with=CONSUME_WITH)
+        if schedule is None:
             self._schedule_problems(mode, found.problems)
             return
-        for warning in unregistered_tasks(app, found.schedule):
+        for warning in unregistered_tasks(app, schedule):
             logger.warning("beatless: %s", shown(warning, quoted=False, limit=ERROR_LIMIT))
         node = f"{worker.hostname}:{os.getpid()}"
         try:
             settings = CelerySettings.from_app(app)
-            self.scheduler = build_scheduler(
-                app, node=node, settings=settings, schedule=found.schedule
-            )
+            self.scheduler = build_scheduler(app, node=node, settings=settings, schedule=schedule)
+            self.scheduler.board.leave_out(found.left_out)
         except ScheduleError as exc:  # what the claim store refuses, known once it is open
             self._schedule_problems(mode, exc.errors)
             return

@@ -27,7 +27,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     for warning in found.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if found.schedule is None:
-        return _print_problems(label, found.problems)
+        code = _print_problems(label, found.problems)
+        if found.usable is not None:
+            count = len(found.usable.entries)
+            print(
+                f"with on_schedule_error = 'consume', a node schedules the {count} other "
+                f"entr{'y' if count == 1 else 'ies'} and leaves out "
+                f"{', '.join(map(repr, found.left_out))}",
+                file=sys.stderr,
+            )
+        return code
     schedule = found.schedule
     offset: Sample | None = None
     facts: StoreFacts | None = None

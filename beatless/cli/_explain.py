@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from beatless.cli._common import EXIT_PROBLEMS, instant_ms, tenant_of
 from beatless.cli._fleet import fleet_from_args
 from beatless.core.durations import describe
+from beatless.core.triggers import occurrence_key
 from beatless.errors import StoreError
 from beatless.live import Live, codec
 from beatless.live.revisions import Revision, in_force, state
@@ -159,8 +160,9 @@ def what_happened(
 def explanation(schedule: Schedule, entry: Entry, tenant: str | None, at_ms: int) -> list[str]:
     """Each step from the entry to the release, with the numbers to recompute it by hand."""
     address = schedule.address(entry, tenant)
-    text = f"{address}@{at_ms}"
-    d = digest(address, at_ms)
+    key = occurrence_key(entry.trigger, at_ms)
+    text = f"{address}@{key}"
+    d = digest(address, key)
     firing = Firing.of(entry, tenant, address, at_ms)
     lead53 = int.from_bytes(d[:8], "big") >> 11
     window = entry.jitter_ms

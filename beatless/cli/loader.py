@@ -34,6 +34,13 @@ A TOML schedule file looks like this::
     task = "ops.migrate"
     at = 2027-01-01T09:00:00Z         # one occurrence: a one-off
 
+    [[entry]]
+    name = "lights-on"
+    task = "garden.lights"
+    solar = "sunset"                  # Celery's solar events; needs beatless[solar]
+    lat = 52.52
+    lon = 13.405
+
 Every problem in the file is collected and reported at once in one
 :class:`~beatless.errors.ScheduleError`; a file that cannot be read or parsed, and a
 module that cannot be imported, raise :class:`~beatless.errors.ConfigError`.
@@ -51,6 +58,7 @@ from typing import Any
 
 from beatless.core._logtext import shown
 from beatless.core._time import as_datetime, as_instant
+from beatless.core.solar import Solar
 from beatless.core.triggers import At, Cron, Every, Trigger, zone
 from beatless.errors import ConfigError, ScheduleError
 from beatless.fleet.limits import limits
@@ -61,7 +69,8 @@ from beatless.schedule.problems import STAND_IN_TRIGGER, entry_of, keep
 TOP_KEYS = ("namespace", "timezone", *SHARED_NAMES, "entry")
 """The keys of the top level: the options there are the defaults of every entry (all
 but an entry's window: ``start_at``, ``end_at``, ``enabled``)."""
-TRIGGER_KEYS = ("cron", "every", "at")
+TRIGGER_KEYS = ("cron", "every", "at", "solar")
+SOLAR_KEYS = ("lat", "lon")
 ENTRY_KEYS = (
     "name",
     "task",
@@ -69,6 +78,7 @@ ENTRY_KEYS = (
     "anchor",
     "timezone",
     "day_and",
+    *SOLAR_KEYS,
     *NAMES,
     "tenants",
     "args",
@@ -262,9 +272,14 @@ def _unknown(keys: Iterable[str], allowed: Sequence[str]) -> str:
 def _trigger(table: Mapping[str, Any]) -> Trigger:
     if sum(key in table for key in TRIGGER_KEYS) != 1:
         raise ConfigError(
-            "give exactly one of 'cron' (an expression), 'every' (a duration) or 'at' (an "
-            "instant, for a one-off)"
+            "give exactly one of 'cron' (an expression), 'every' (a duration), 'at' (an "
+            "instant, for a one-off) or 'solar' (an event, with 'lat' and 'lon')"
         )
+    if "solar" in table:
+        return _solar(table)
+    for key in SOLAR_KEYS:
+        if key in table:
+            raise ConfigError(f"{key!r} applies to 'solar' only")
     if "at" in table:
         for key in ("anchor", "timezone", "day_and"):
             if key in table:
@@ -286,6 +301,16 @@ def _trigger(table: Mapping[str, Any]) -> Trigger:
         if key in table:
             raise ConfigError(f"{key!r} applies to 'cron' only, not to 'every'")
     return Every(table["every"], anchor=_anchor(table.get("anchor")))
+
+
+def _solar(table: Mapping[str, Any]) -> Solar:
+    for key in ("anchor", "timezone", "day_and"):
+        if key in table:
+            raise ConfigError(f"{key!r} does not apply to 'solar' (the sun keeps no time zone)")
+    missing = [key for key in SOLAR_KEYS if key not in table]
+    if missing:
+        raise ConfigError(f"'solar' needs {' and '.join(map(repr, missing))} in degrees")
+    return Solar(_text(table["solar"], "solar"), table["lat"], table["lon"])
 
 
 def _anchor(value: Any) -> datetime | None:

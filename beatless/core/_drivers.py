@@ -23,6 +23,7 @@ EXTRAS = {
     "nats": ("nats-py", "nats"),
     "prometheus_client": ("prometheus-client", "metrics"),
     "redbeat": ("celery-redbeat", "redbeat"),
+    "ephem": ("ephem", "solar"),
 }
 """Per driver module: the package that provides it, and the beatless extra that installs
 it (``pyproject.toml``)."""

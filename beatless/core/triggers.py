@@ -1,7 +1,8 @@
 """Triggers: immutable values that turn an instant into the next occurrences.
 
 :class:`Every` and :class:`Cron` recur; :class:`At` has one occurrence (a one-off); a
-:class:`Windowed` trigger keeps another's occurrences within a window.
+:class:`Windowed` trigger keeps another's occurrences within a window;
+:class:`~beatless.core.solar.Solar` (a sibling module: it needs ``ephem``) follows the sun.
 
 An occurrence is a pure function of the trigger and the instant, in integer Unix epoch
 milliseconds (UTC). Two nodes started at different times agree on every occurrence.
@@ -207,6 +208,9 @@ class Windowed:
     def min_gap_ms(self) -> int:
         return self.trigger.min_gap_ms()
 
+    def key(self, occurrence_ms: int) -> int | str:
+        return occurrence_key(self.trigger, occurrence_ms)
+
     def describe(self) -> str:
         text = self.trigger.describe()
         if self.start_ms is not None:
@@ -214,6 +218,15 @@ class Windowed:
         if self.end_ms is not None:
             text += f" until {iso(self.end_ms)}"
         return text
+
+
+def occurrence_key(trigger: Trigger, occurrence_ms: int) -> int | str:
+    """What the firing id of an occurrence is derived from: the occurrence itself, or, for
+    a trigger with a ``key`` method (:class:`~beatless.core.solar.Solar`: its event and
+    local solar date), that key, so that nodes whose arithmetic places the occurrence a
+    millisecond apart still derive one id."""
+    key = getattr(trigger, "key", None)
+    return occurrence_ms if key is None else key(occurrence_ms)
 
 
 def tzdata_version() -> str:

@@ -32,7 +32,7 @@ from beatless.dramatiq._messages import (
     tenant,
 )
 from beatless.dramatiq._middleware import Beatless, ScheduleRefused
-from beatless.dramatiq._periodic import Periodic, at, cron, every
+from beatless.dramatiq._periodic import Periodic, at, cron, every, solar
 
 __all__ = [
     "ADDRESS_OPTION",
@@ -47,5 +47,6 @@ __all__ = [
     "every",
     "message_for",
     "occurrence",
+    "solar",
     "tenant",
 ]

@@ -18,6 +18,7 @@ from typing import Any
 
 from beatless.core._time import InstantLike
 from beatless.core.durations import DurationLike
+from beatless.core.solar import Solar
 from beatless.core.triggers import At, Cron, Every, Trigger
 from beatless.errors import ConfigError
 from beatless.schedule.entry import Entry, Tenants
@@ -118,6 +119,15 @@ def at(instant: InstantLike, **declared: Any) -> Periodic:
     ``max_late`` (an hour unless set), still sends it. ``declared`` is as for
     :func:`cron`."""
     return _declare(lambda: At(instant), **declared)
+
+
+def solar(event: str, lat: float, lon: float, **declared: Any) -> Periodic:
+    """Run the actor at a solar ``event`` (Celery's names: ``"sunrise"``, ``"sunset"``,
+    ``"solar_noon"``, ``"dawn_civil"`` ...) at latitude ``lat`` and longitude ``lon``,
+    each day it happens: ``periodic=solar("sunset", 52.52, 13.405)``. Needs
+    ``pip install 'beatless[solar]'``; without it this entry alone is a problem, naming
+    the extra. ``declared`` is as for :func:`cron`."""
+    return _declare(lambda: Solar(event, lat, lon), **declared)
 
 
 def _declare(

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
-from beatless.core.triggers import Trigger
+from beatless.core.triggers import Trigger, occurrence_key
 from beatless.errors import StoreError
 from beatless.fleet._notes import (
     SYNC_EVERY_MS,
@@ -67,6 +67,12 @@ class EntryView:
     """``None``, or how the fan-out is declared (``callable``, ``N tenants``)."""
     enabled: bool = True
     """``False``: the entry is known but schedules nothing (nothing of it is missed)."""
+
+    def key(self, occurrence_ms: int) -> int | str:
+        """What the firing id of an occurrence is derived from (its trigger's key)."""
+        return (
+            occurrence_ms if self.trigger is None else occurrence_key(self.trigger, occurrence_ms)
+        )
 
     @classmethod
     def of(cls, note: Mapping[str, Any]) -> EntryView:
@@ -135,7 +141,7 @@ def missed_occurrences(
     for occurrence in view.trigger.after(start - 1):
         if occurrence > settled:
             break
-        if firing_id(view.address, occurrence) not in known and not any(
+        if firing_id(view.address, view.key(occurrence)) not in known and not any(
             i.covers(occurrence) for i in spans
         ):
             missed.add(occurrence)
@@ -169,7 +175,7 @@ def sweep_missed(
         return []
     requests = [
         ClaimRequest(
-            id=missed_id(firing_id(view.address, occurrence)),
+            id=missed_id(firing_id(view.address, view.key(occurrence))),
             address=view.address,
             occurrence_ms=occurrence,
             max_late_ms=NEVER_LATE_MS,

@@ -45,6 +45,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from beatless.core._logtext import shown
+from beatless.core.solar import Solar
 from beatless.core.triggers import At, Cron, Every, Trigger, Windowed
 from beatless.fleet._controls import json_text
 from beatless.fleet._schema import (
@@ -175,6 +176,13 @@ class NodeRecord:
     live_overrides: str | None = None
     """Live entries written over a code entry's name, comma-separated: drift until the
     code catches up."""
+    ephem: str | None = None
+    """The ``ephem`` version the node computes solar events with (``None``: not
+    installed). Nodes whose versions differ claim the same solar firings (keyed by day),
+    released a little apart."""
+    left_out: str | None = None
+    """Entries of the node's schedule it does not run because each has a problem
+    (``on_schedule_error = "consume"``), comma-separated."""
 
     def to_json(self) -> str:
         return json_text(asdict(self))
@@ -356,6 +364,8 @@ def trigger_spec(trigger: Trigger) -> dict[str, Any]:
         return {"cron": trigger.expr, "tz": trigger.tz, "day_and": trigger.day_and}
     if isinstance(trigger, At):
         return {"at_ms": trigger.instant_ms}
+    if isinstance(trigger, Solar):
+        return {"solar": trigger.event, "lat": trigger.lat, "lon": trigger.lon}
     return {"describe": trigger.describe()}
 
 
@@ -371,6 +381,8 @@ def trigger_of(spec: Mapping[str, Any]) -> Trigger | None:
             return Cron(str(spec["cron"]), spec.get("tz"), day_and=spec.get("day_and"))
         if "at_ms" in spec:
             return At(int(spec["at_ms"]))
+        if "solar" in spec:  # without ephem here: None, as for a trigger it cannot rebuild
+            return Solar(str(spec["solar"]), float(spec["lat"]), float(spec["lon"]))
     except Exception:
         return None
     return None
@@ -512,6 +524,7 @@ def drift(records: Iterable[NodeRecord]) -> list[str]:
     for what, values in (
         ("schedule fingerprint", {r.node: r.fingerprint for r in records}),
         ("tzdata version", {r.node: r.tzdata for r in records}),
+        ("ephem version", {r.node: r.ephem for r in records if r.ephem is not None}),
     ):
         groups: dict[str, list[str]] = {}
         for node, value in values.items():
@@ -531,6 +544,12 @@ def drift(records: Iterable[NodeRecord]) -> list[str]:
             f"override=True): drift until the code catches up"
         )
     for record in records:
+        if record.left_out:
+            problems.append(
+                f"node {shown(record.node, quoted=False)}: entries left out of its schedule, "
+                f"each with a problem (`beatless check` lists them): "
+                f"{shown(record.left_out, quoted=False)}"
+            )
         offset = record.clock_offset_ms
         if offset is not None and abs(offset) > OFFSET_WARN_MS:
             problems.append(

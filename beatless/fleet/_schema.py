@@ -277,6 +277,8 @@ NODE_RECORD = schema(
     live_hash=optional(nullable(NAME)),
     live_lag_ms=optional(nullable(COUNT)),
     live_overrides=optional(nullable(TEXT)),
+    ephem=optional(nullable(NAME)),
+    left_out=optional(nullable(TEXT)),
 )
 """A node's registry record (:class:`beatless.fleet._notes.NodeRecord`)."""
 

@@ -9,7 +9,7 @@ run: every problem at once (see :mod:`beatless.schedule.problems`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from beatless.core._logtext import shown
 from beatless.fleet._controls import audit_kind, controls_kind, json_text, run_now_kind
@@ -26,17 +26,41 @@ from beatless.stores.base import NOT_IN_NAMES, NOTE_NAME_LIMIT, NOTE_VALUE_LIMIT
 
 
 def checked(
-    entries: Iterable[Entry], problems: list[str], *, namespace: str, timezone: str
+    entries: Iterable[Entry],
+    problems: list[str],
+    *,
+    namespace: str,
+    timezone: str,
+    left_out: Sequence[str] | None = None,
 ) -> Checked:
     """The schedule of ``entries`` with the rules that need them all (unique names, jitter
     against each trigger's gaps, the :func:`limits` of names), added to ``problems``
-    found before; sound or not."""
+    found before; sound or not.
+
+    ``left_out``: the names of entries already refused, when each problem found before is
+    one of those entries'; then a schedule with problems also has its
+    :attr:`~beatless.schedule.problems.Checked.usable` part, the entries that pass every
+    rule on their own. ``None``: a problem is the whole schedule's, nothing is usable."""
+    entries = list(entries)
     schedule = collect(lambda: Schedule(entries, namespace=namespace, timezone=timezone), problems)
     if schedule is not None:
         problems.extend(limits(schedule))
-    if problems:
+    if not problems:
+        return Checked(schedule)
+    if left_out is None or _namespace_limits(namespace):
         return Checked(None, tuple(problems))
-    return Checked(schedule)
+    kept = [entry for entry in entries if _sound_alone(entry, namespace, timezone)]
+    usable = collect(lambda: Schedule(kept, namespace=namespace, timezone=timezone), [])
+    if usable is None:  # names given twice: no part is sound on its own
+        return Checked(None, tuple(problems))
+    dropped = [*left_out, *(e.name for e in entries if e not in kept)]
+    return Checked(None, tuple(problems), usable=usable, left_out=tuple(dropped))
+
+
+def _sound_alone(entry: Entry, namespace: str, timezone: str) -> bool:
+    """Whether ``entry`` passes every rule of a schedule in a schedule of its own."""
+    alone = collect(lambda: Schedule([entry], namespace=namespace, timezone=timezone), [])
+    return alone is not None and not _entry_limits(alone, alone.entries[0])
 
 
 NAME_SHOWN = 60

@@ -18,11 +18,13 @@ objects with text keys): what a broker carries. A tuple comes back as a list, as
 on the wire. Fan-out takes a fixed list of tenants only: a callable cannot be stored.
 
 Version 2 is written for an entry that a version-1 reader would run wrongly: a one-off
-(``{"at": ISO 8601 in UTC}``), a window (``"start_at"``, ``"end_at"``: ISO 8601 in UTC or
-``null``) or ``"enabled": false``. Its ``max_late_us`` is ``null`` while ``max_late`` is
-the trigger's default (a one-off's is fitted to the store by each node). A node that
-reads version 1 only refuses such an entry (logged, not scheduled) rather than fire it
-outside its window; every other entry stays version 1, byte for byte as before.
+(``{"at": ISO 8601 in UTC}``), a solar event (``{"solar": "sunset", "lat": 52.52,
+"lon": 13.405}``, read only where ``ephem`` is installed), a window (``"start_at"``,
+``"end_at"``: ISO 8601 in UTC or ``null``) or ``"enabled": false``. Its ``max_late_us``
+is ``null`` while ``max_late`` is the trigger's default (a one-off's is fitted to the
+store by each node). A node that reads version 1 only refuses such an entry (logged, not
+scheduled) rather than fire it outside its window; every other entry stays version 1,
+byte for byte as before.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from beatless.core._time import from_datetime, iso
+from beatless.core.solar import Solar
 from beatless.core.triggers import At, Cron, Every, Trigger
 from beatless.errors import ConfigError
 from beatless.schedule.entry import Entry
@@ -53,7 +56,7 @@ def entry_to_json(entry: Entry) -> dict[str, Any]:
         raise ConfigError(
             f"entry {entry.name!r}: a live entry needs a fixed list of tenants, not a callable"
         )
-    newer = isinstance(entry.trigger, At) or any(
+    newer = isinstance(entry.trigger, At | Solar) or any(
         getattr(entry, name) != BY_NAME[name].default for name in WINDOW
     )
     data: dict[str, Any] = {
@@ -118,7 +121,11 @@ def trigger_to_json(trigger: Trigger) -> dict[str, Any]:
         return {"every_us": _micros(trigger.interval), "anchor": trigger.anchor.isoformat()}
     if isinstance(trigger, At):
         return {"at": iso(trigger.instant_ms)}
-    raise ConfigError(f"a live entry's trigger must be a Cron, an Every or an At, got {trigger!r}")
+    if isinstance(trigger, Solar):
+        return {"solar": trigger.event, "lat": trigger.lat, "lon": trigger.lon}
+    raise ConfigError(
+        f"a live entry's trigger must be a Cron, an Every, an At or a Solar, got {trigger!r}"
+    )
 
 
 def trigger_from_json(data: Any) -> Trigger:
@@ -130,7 +137,11 @@ def trigger_from_json(data: Any) -> Trigger:
         return Every(timedelta(microseconds=_int(data, "every_us")), at)
     if isinstance(data, dict) and isinstance(data.get("at"), str):
         return At(data["at"])
-    raise ConfigError(f"a stored trigger must be a cron, an every or an at, got {data!r:.80}")
+    if isinstance(data, dict) and isinstance(data.get("solar"), str):
+        return Solar(data["solar"], data.get("lat"), data.get("lon"))  # type: ignore[arg-type]
+    raise ConfigError(
+        f"a stored trigger must be a cron, an every, an at or a solar, got {data!r:.80}"
+    )
 
 
 def dumps(value: Any) -> str:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from beatless.core._dst import DstNote, dst_notes
-from beatless.core.triggers import Cron
+from beatless.core.triggers import Cron, occurrence_key
 from beatless.live.codec import entry_from_json
 from beatless.live.revisions import Change, State, diff
 from beatless.schedule.entry import Entry, address_segment, canonical, tenant_address
@@ -181,7 +181,8 @@ def _straddling(
         if occurrence >= fence_ms:
             break
         for address in addresses:
-            release = occurrence + offset_ms(address, occurrence, window)
+            key = occurrence_key(entry.trigger, occurrence)
+            release = occurrence + offset_ms(address, key, window)
             if release >= fence_ms:
                 yield entry.name, occurrence, release
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from beatless._version import __version__
 from beatless.core._logtext import ERROR_LIMIT, WarnEvery, shown
+from beatless.core.solar import ephem_version
 from beatless.core.triggers import tzdata_version
 from beatless.errors import StoreError
 from beatless.fleet._controls import (
@@ -160,12 +161,20 @@ class Board:
         self.started_ms = loop.now_ms()
         self.version = __version__
         self.tzdata = tzdata_version()
+        self.ephem = ephem_version()
+        self.left_out: tuple[str, ...] = ()
+        """Entries of the schedule this node does not run, each with a problem."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.store_facts: StoreFacts | None = None
         """The store's settings as the last sync read them (:meth:`watch_store`)."""
         self._facts_ms: int | None = None
         self._full_seen = 0
+
+    def leave_out(self, names: Sequence[str]) -> None:
+        """Told which entries of the schedule this node leaves out, each for a problem;
+        shown in the registry record, so that ``beatless status`` names them."""
+        self.left_out = tuple(names)
 
     def restarted(self, count: int, last: str | None, last_ms: int | None) -> None:
         """Told by the supervisor that started this node's process again: how often, and
@@ -352,6 +361,8 @@ class Board:
             store=self.store.name,
             fingerprint=loop.schedule.fingerprint,
             tzdata=self.tzdata,
+            ephem=self.ephem,
+            left_out=",".join(self.left_out) or None,
             clock_offset_ms=loop.clockwatch.offset_ms,
             last_wake_ms=self.last_wake_ms,
             posted_ms=now_ms,

@@ -70,6 +70,10 @@ class BoardView(Protocol):
         """The node's registry record, as it would be posted at ``now_ms``."""
         ...
 
+    def leave_out(self, names: Sequence[str]) -> None:
+        """Told which entries of the schedule the node leaves out, each for a problem."""
+        ...
+
     def restarted(self, count: int, last: str | None, last_ms: int | None) -> None:
         """Told by a supervisor that started the node's process again: how often, and
         why and when it last died; shown in the registry record."""

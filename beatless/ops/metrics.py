@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from beatless.core._drivers import missing
 from beatless.core._logtext import ERROR_LIMIT, shown
-from beatless.core.triggers import Trigger
+from beatless.core.triggers import Trigger, occurrence_key
 from beatless.errors import ConfigError
 from beatless.node.stats import BUCKETS_MS, EntryStats, Histogram
 from beatless.schedule.entry import Entry, Schedule
@@ -274,7 +274,8 @@ def _next_release(schedule: Schedule, entry: Entry, near: list[int], now_ms: int
     address = schedule.address(entry)
     for occurrence in near:
         if entry.tenants is None:
-            release = occurrence + offset_ms(address, occurrence, entry.jitter_ms)
+            key = occurrence_key(entry.trigger, occurrence)
+            release = occurrence + offset_ms(address, key, entry.jitter_ms)
         else:
             release = occurrence
         if release > now_ms:

@@ -254,6 +254,7 @@ def _node(record: NodeRecord, now_ms: int) -> dict[str, Any]:
         "store": record.store,
         "fingerprint": record.fingerprint,
         "tzdata": record.tzdata,
+        "ephem": record.ephem,
         "clock_offset_ms": record.clock_offset_ms,
         "last_wake": None if record.last_wake_ms is None else iso(record.last_wake_ms),
         "last_seen_s": round((now_ms - record.posted_ms) / 1_000, 1),
@@ -348,7 +349,7 @@ def _next(view: EntryView, now_ms: int, count: int) -> list[dict[str, Any]]:
                 }
             )
             continue
-        offset = offset_ms(view.address, occurrence, view.jitter_ms)
+        offset = offset_ms(view.address, view.key(occurrence), view.jitter_ms)
         upcoming.append(
             {
                 "occurrence": iso(occurrence),
@@ -379,7 +380,9 @@ def render(status: Mapping[str, Any]) -> str:
         lines.append(
             f"  {e(node['node'])}  {e(node['framework'])} on {e(node['host'])} pid "
             f"{e(node['pid'])}  beatless {e(node['version'])}  schedule "
-            f"{e(node['fingerprint'])}  tzdata {e(node['tzdata'])}  offset "
+            f"{e(node['fingerprint'])}  tzdata {e(node['tzdata'])}"
+            + (f"  ephem {e(node['ephem'])}" if node.get("ephem") else "")
+            + "  offset "
             f"{'?' if offset is None else f'{offset:+d}ms'}  last wake "
             f"{e(node['last_wake'] or 'never')}  {e(node['health'], LONG)}"
             + (f"  store {e(node['store_verdict'])}" if node.get("store_verdict") else "")

@@ -35,6 +35,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from beatless.core.triggers import occurrence_key
 from beatless.schedule.entry import Entry, tenant_address
 from beatless.schedule.firing import Firing, digest, offset_from_digest
 
@@ -58,7 +59,7 @@ def prepare_ahead_ms(tenants: int) -> int:
 def release_keys(
     base: str,
     tenants: Sequence[str],
-    occurrence_ms: int,
+    occurrence: int | str,
     window_ms: int,
     *,
     index_bits: int = INDEX_BITS,
@@ -67,7 +68,7 @@ def release_keys(
     out, so that ordering the keys orders the firings by release (ties by their place in
     the list), without a :class:`Firing` per tenant."""
     for index in range(len(tenants)):
-        d = digest(tenant_address(base, tenants[index]), occurrence_ms)
+        d = digest(tenant_address(base, tenants[index]), occurrence)
         yield (offset_from_digest(d, window_ms) << index_bits) | index
 
 
@@ -85,7 +86,8 @@ def earliest(
     if count <= 0 or not tenants:
         return []
     bits = max(INDEX_BITS, len(tenants).bit_length())
-    keys = release_keys(base, tenants, occurrence_ms, entry.jitter_ms, index_bits=bits)
+    key = occurrence_key(entry.trigger, occurrence_ms)
+    keys = release_keys(base, tenants, key, entry.jitter_ms, index_bits=bits)
     mask = (1 << bits) - 1
     chosen = heapq.nsmallest(count, keys)
     return [_firing(entry, base, tenants[key & mask], occurrence_ms) for key in chosen]
@@ -211,7 +213,7 @@ class FanOut:
             self.entry.jitter_ms,
             self.base,
             self.tenants,
-            self.occurrence_ms,
+            occurrence_key(self.entry.trigger, self.occurrence_ms),
         )
         lanes = [lane.buckets for lane in self.lanes]
         spread = len(lanes[0])

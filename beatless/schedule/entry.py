@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from beatless.core._time import InstantLike, from_datetime
 from beatless.core.durations import DurationLike, describe, to_ms
+from beatless.core.solar import Solar
 from beatless.core.triggers import At, Cron, Every, Trigger, Windowed, zone
 from beatless.errors import ConfigError, ScheduleError
 from beatless.schedule.options import (
@@ -256,7 +257,7 @@ def _task(label: str, task: object) -> str:
     return task
 
 
-_TRIGGERS = (Cron, Every, At)
+_TRIGGERS = (Cron, Every, At, Solar)
 """The triggers beatless makes, known at once (a node reading 100,000 live entries checks
 each)."""
 
@@ -265,7 +266,9 @@ def _trigger(label: str, trigger: object) -> Trigger:
     if type(trigger) in _TRIGGERS:
         return trigger  # type: ignore[return-value]
     if not isinstance(trigger, Trigger):  # a protocol check: slow, for other triggers
-        raise ConfigError(f"{label}: trigger must be a Cron, an Every or an At, got {trigger!r}")
+        raise ConfigError(
+            f"{label}: trigger must be a Cron, an Every, an At or a Solar, got {trigger!r}"
+        )
     return trigger
 
 

@@ -10,6 +10,11 @@ For an address ``A`` and an occurrence at ``T`` integer Unix epoch milliseconds:
 
 The id, the claim key and the occurrence handed to the task never depend on the jitter
 window; only the release does. Changing a jitter therefore never re-fires anything.
+
+A trigger whose occurrences come from floating-point astronomy
+(:class:`~beatless.core.solar.Solar`) gives each occurrence a key (``sunrise/2026-06-21``)
+that stands for ``T`` in the digest (:func:`~beatless.core.triggers.occurrence_key`):
+nodes that compute the instant a millisecond apart derive the same id and offset.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from beatless.core._time import EPOCH, from_datetime, iso, to_datetime
+from beatless.core.triggers import occurrence_key
 from beatless.stores.base import ClaimRequest
 
 if TYPE_CHECKING:
@@ -43,14 +49,16 @@ __all__ = [
 ]
 
 
-def digest(address: str, occurrence_ms: int) -> bytes:
-    """SHA-256 of ``"{address}@{occurrence_ms}"``: the material of the id and the offset."""
-    return hashlib.sha256(f"{address}@{occurrence_ms}".encode()).digest()
+def digest(address: str, occurrence: int | str) -> bytes:
+    """SHA-256 of ``"{address}@{occurrence}"``: the material of the id and the offset.
+    ``occurrence`` is the occurrence in epoch ms, or its key where its trigger gives one
+    (:func:`~beatless.core.triggers.occurrence_key`)."""
+    return hashlib.sha256(f"{address}@{occurrence}".encode()).digest()
 
 
-def firing_id(address: str, occurrence_ms: int) -> str:
+def firing_id(address: str, occurrence: int | str) -> str:
     """The firing id: the first 16 bytes of the digest, written as a UUID."""
-    return id_from_digest(digest(address, occurrence_ms))
+    return id_from_digest(digest(address, occurrence))
 
 
 def run_lease_id(address: str) -> str:
@@ -88,9 +96,9 @@ def offset_from_digest(d: bytes, window_ms: int) -> int:
     return (window_ms * lead53) >> 53
 
 
-def offset_ms(address: str, occurrence_ms: int, window_ms: int) -> int:
+def offset_ms(address: str, occurrence: int | str, window_ms: int) -> int:
     """The release offset of one firing inside a jitter window of ``window_ms``."""
-    return offset_from_digest(digest(address, occurrence_ms), window_ms)
+    return offset_from_digest(digest(address, occurrence), window_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +116,7 @@ class Firing:
 
     @classmethod
     def of(cls, entry: Entry, tenant: str | None, address: str, occurrence_ms: int) -> Firing:
-        d = digest(address, occurrence_ms)
+        d = digest(address, occurrence_key(entry.trigger, occurrence_ms))
         return cls(
             entry=entry,
             tenant=tenant,

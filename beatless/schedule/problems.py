@@ -6,9 +6,13 @@ broken, a task that is unknown where that can be known, arguments the serializer
 refuses. It never stops at the first.
 
 * ``"refuse"`` (the default): the node does not start; one error lists every problem.
-* ``"consume"``: the node starts, consumes tasks as any worker does, and schedules
-  nothing. It says so once at ERROR with the whole list, and keeps the list in
-  ``schedule_problems`` for a status or health check to read.
+* ``"consume"``: the node starts and consumes tasks as any worker does. When every
+  problem belongs to an entry, it schedules the other entries and leaves those out,
+  each named in a WARNING with its problems and in its registry record (``beatless
+  status`` lists them); when a problem is the whole schedule's (a setting, the claim
+  store, a scheduler that keeps the schedule elsewhere), it schedules nothing and says so
+  once at ERROR. Either way the list is kept in ``schedule_problems`` for a status or
+  health check to read.
 
 ``beatless check --celery`` and ``beatless check --dramatiq`` run the same collection,
 so a CI job finds before a deploy what a node would refuse at start.
@@ -24,6 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from beatless.core._logtext import shown
 from beatless.core.triggers import Every, Trigger
 from beatless.errors import ConfigError, ScheduleError
 from beatless.schedule.entry import Entry, Schedule
@@ -48,6 +53,15 @@ class Checked:
     schedule: Schedule | None
     problems: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    usable: Schedule | None = None
+    """With problems that each belong to an entry: the schedule of the other entries,
+    which a node with ``on_schedule_error = "consume"`` runs; ``None`` otherwise."""
+    left_out: tuple[str, ...] = ()
+    """The names of the entries :attr:`usable` leaves out, each for a problem of its own."""
+
+    def problems_of(self, name: str) -> list[str]:
+        """The problems that name the entry ``name``."""
+        return [p for p in self.problems if p.startswith(f"entry {name!r}")]
 
     @property
     def is_sound(self) -> bool:
@@ -161,6 +175,21 @@ def report_store_consuming(logger: logging.Logger, error: Exception, *, consume_
         one_line(str(error)),
         consume_with,
     )
+
+
+def report_left_out(logger: logging.Logger, found: Checked, *, consume_with: str) -> None:
+    """Say at WARNING, once per entry, that this node leaves it out, with its problems."""
+    kept = 0 if found.usable is None else len(found.usable.entries)
+    for name in found.left_out:
+        logger.warning(
+            "beatless: entry %s is left out of this node's schedule: %s; the %d other "
+            "entr%s scheduled (%s)",
+            shown(name),
+            "; ".join(found.problems_of(name)) or "it has a problem",
+            kept,
+            "y is" if kept == 1 else "ies are",
+            consume_with,
+        )
 
 
 def report_consuming(logger: logging.Logger, problems: Iterable[str], *, consume_with: str) -> None:

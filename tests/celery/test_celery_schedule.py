@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from celery import Celery
 from celery.beat import Scheduler as StockScheduler
-from celery.schedules import crontab, schedule, solar
+from celery.schedules import crontab, schedule
 from kombu import Queue
 
 from beatless.celery import (
@@ -137,14 +137,6 @@ def test_numbers_timedeltas_and_schedules_become_every_anchored_to_the_epoch() -
         "schedule-number": Every(10),
     }
     assert all(t.anchor == EPOCH for t in triggers.values())  # type: ignore[attr-defined]
-
-
-def test_solar_schedule_is_refused_naming_the_entry() -> None:
-    # A solar schedule needs the ephem package to be built; the type is what is read.
-    sunrise = solar.__new__(solar)
-    app = make_app(entry("sunrise", sunrise))
-    with pytest.raises(ScheduleError, match=r"entry 'sunrise': solar schedules are not supported"):
-        read_schedule(app)
 
 
 def test_an_unknown_schedule_type_is_refused_naming_the_entry() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import logging
 import re
-import time
 from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
@@ -21,6 +20,7 @@ from beatless.celery._schedule import check_app
 from beatless.celery._worker import DISABLE_OPTION, StartRefused
 from beatless.cli import command as cli
 from beatless.errors import ConfigError
+from beatless.fleet._notes import drift
 from beatless.schedule.firing import firing_id, from_datetime
 from beatless.schedule.problems import EXIT_REFUSED
 
@@ -98,6 +98,92 @@ def test_in_consume_mode_the_step_schedules_nothing_and_says_so_once(
     assert "This node schedules nothing: it consumes tasks only" in said.getMessage()
     assert all(p in said.getMessage() for p in step.schedule_problems)
     step.stop(worker)
+
+
+def test_in_consume_mode_only_the_bad_entries_are_left_out_each_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = bad_app(beatless_on_schedule_error="consume")
+    app.conf.beat_schedule = {**BAD_SCHEDULE, "tick": {"task": "proj.work", "schedule": 60}}
+    worker = SimpleNamespace(app=app, hostname="w")
+    step = BeatlessStep(worker)
+    with caplog.at_level(logging.INFO, logger="beatless"):
+        step.start(worker)
+    try:
+        assert step.scheduler is not None
+        assert [e.name for e in step.scheduler.schedule.entries] == ["tick"]
+        assert len(step.schedule_problems) == 3
+        said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        for name in ("odd", "tight", "opaque"):
+            (line,) = [m for m in said if m.startswith(f"beatless: entry {name!r} is left out")]
+            assert "the 1 other entry are scheduled" not in line
+            assert "; the 1 other entr" in line
+            assert all(p in line for p in step.schedule_problems if f"entry {name!r}" in p)
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        record = step.scheduler.board.node_record(step.scheduler.now_ms())
+        assert record.left_out == "odd,opaque,tight"  # refused when read, then by a timing rule
+        assert drift([record]) == [
+            f"node {record.node}: entries left out of its schedule, each with a problem "
+            "(`beatless check` lists them): odd,opaque,tight"
+        ]
+    finally:
+        step.stop(worker)
+
+
+@pytest.mark.parametrize(
+    "conf",
+    [
+        {"beat_scheduler": "django_celery_beat.schedulers:DatabaseScheduler"},
+        {"beatless_jitter": "soon"},
+    ],
+)
+def test_in_consume_mode_a_problem_of_the_whole_schedule_schedules_nothing(
+    conf: dict[str, Any],
+) -> None:
+    app = bad_app(beatless_on_schedule_error="consume", **conf)
+    app.conf.beat_schedule = {**BAD_SCHEDULE, "tick": {"task": "proj.work", "schedule": 60}}
+    found = check_app(app)
+    assert found.usable is None
+    worker = SimpleNamespace(app=app, hostname="w")
+    step = BeatlessStep(worker)
+    step.start(worker)
+    assert step.scheduler is None
+    assert step.schedule_problems
+
+
+def check_module(
+    tmp_path: Any, monkeypatch: Any, capsys: pytest.CaptureFixture[str], name: str, line: str
+) -> tuple[int, str, str]:
+    """``beatless check --celery`` of a module whose app has ``line`` configured."""
+    (tmp_path / f"{name}.py").write_text(
+        "from celery import Celery\n"
+        "app = Celery('proj', broker='memory://')\n"
+        "app.conf.beatless_store_url = 'memory://'\n" + line + "\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = cli.main(["check", "--celery", f"{name}:app"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_beatless_check_says_which_entries_a_consuming_node_leaves_out(
+    tmp_path: Any, monkeypatch: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = check_module(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        "bt_partial_app",
+        "app.conf.beat_schedule = {'tick': {'task': 'proj.work', 'schedule': 60}, "
+        "'odd': {'task': 'proj.work', 'schedule': 'every day'}}",
+    )
+    assert code == 1
+    assert "bt_partial_app:app: 1 problem(s)" in err
+    assert "entry 'odd': unsupported schedule" in err
+    assert (
+        "with on_schedule_error = 'consume', a node schedules the 1 other entry and leaves "
+        "out 'odd'"
+    ) in err
 
 
 def test_a_bad_on_schedule_error_setting_stops_the_worker_whatever_the_schedule() -> None:
@@ -238,6 +324,13 @@ def test_a_beat_scheduler_whose_schedule_lives_elsewhere_is_named_at_check_and_s
     assert "beatless does not load it" in problem
     assert "beat_schedule (1 entry here)" in problem
     assert "docs/migrating-from-beat.md" in problem
+    if "django" in said:  # what moves the schedule over, and its guide
+        assert "turn on the django-celery-beat bridge (app.conf.beatless_django = True" in problem
+        assert "docs/migrating-from-django-celery-beat.md" in problem
+    else:
+        assert "`beatless schedule import --from redbeat://HOST:PORT/DB`" in problem
+        assert "docs/migrating-from-beat.md" in problem
+    assert "remove the beat_scheduler setting and stop celery beat" in problem
     worker = SimpleNamespace(app=app, hostname="w")
     with caplog.at_level(logging.INFO, logger="beatless"), pytest.raises(StartRefused) as caught:
         BeatlessStep(worker).start(worker)
@@ -254,15 +347,14 @@ def test_other_beat_schedulers_are_not_taken_for_a_schedule_elsewhere(scheduler:
 def test_beatless_check_says_the_schedule_lives_in_the_database_not_sound_with_0_entries(
     tmp_path: Any, monkeypatch: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (tmp_path / "bt_django_app.py").write_text(
-        "from celery import Celery\n"
-        "app = Celery('proj', broker='memory://')\n"
-        "app.conf.beatless_store_url = 'memory://'\n"
-        "app.conf.beat_scheduler = 'django_celery_beat.schedulers:DatabaseScheduler'\n"
+    code, out, err = check_module(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        "bt_django_app",
+        "app.conf.beat_scheduler = 'django_celery_beat.schedulers:DatabaseScheduler'",
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert cli.main(["check", "--celery", "bt_django_app:app"]) == 1
-    out, err = capsys.readouterr()
+    assert code == 1
     assert "sound" not in out
     assert "bt_django_app:app: 1 problem(s)" in err
     assert "its schedule lives in the database" in err
@@ -327,7 +419,7 @@ def test_a_worker_whose_store_refuses_its_password_exits_with_one_line_naming_th
 
 
 @pytest.mark.slow
-def test_a_worker_in_consume_mode_runs_tasks_and_schedules_nothing(
+def test_a_worker_in_consume_mode_schedules_the_sound_entries_and_names_the_one_left_out(
     project: Any, redis_client: Any
 ) -> None:
     project.configure(
@@ -341,16 +433,18 @@ def test_a_worker_in_consume_mode_runs_tasks_and_schedules_nothing(
     try:
         assert project.wait_for(lambda: "ready." in node.output(), timeout=30), node.output()
         _send_record(project, "by hand")
-        assert project.wait_for(lambda: len(project.runs(redis_client)) >= 1, timeout=15)
-        time.sleep(2)  # a scheduling node would have fired 'tick' by now
+        assert project.wait_for(
+            lambda: {"by hand", "tick"} <= {r["args"][0] for r in project.runs(redis_client)},
+            timeout=15,
+        ), node.output()
     finally:
         code = node.stop()
     log = node.output()
     assert code == 0, log
-    assert [r["args"] for r in project.runs(redis_client)] == [["by hand"]]
-    assert log.count("This node schedules nothing") == 1, log
+    assert "This node schedules nothing" not in log
+    assert log.count("beatless: entry 'odd' is left out of this node's schedule") == 1, log
     assert "entry 'odd': unsupported schedule" in log
-    assert "beatless node" not in log
+    assert "the 1 other entry is scheduled" in log
 
 
 def _send_record(project: Any, *args: str) -> None:
