@@ -207,6 +207,26 @@ def test_a_pending_claim_is_a_versioned_value_whose_lease_ends_on_the_server_clo
     assert stamp - 1_000 <= int(until) - LEASE_MS <= stamp
 
 
+def test_a_claim_value_with_a_revision_reads_as_another_nodes_claim_to_an_earlier_beatless(
+    store: NATSStore, bucket: str
+) -> None:
+    live, plain = dataclasses.replace(firing(store.time_ms()), revision=41), firing(store.time_ms())
+    assert store.claim([live, plain], node="a", lease_ms=LEASE_MS) == [Outcome.WON] * 2
+    assert store.commit([live.id], node="a") == [True]
+    # An earlier beatless splits the value in six and requires v=1: its node is then a
+    # name none of its nodes has, so it judges the claim another node's, as it is.
+    value, _ = value_of(bucket, f"claim.{live.id}")
+    version, state, _until, _memory, _tag, node = value.split("|", 5)
+    assert (version, state, node) == ("v=1", "committed", "a\x1f41")
+    value, _ = value_of(bucket, f"claim.{plain.id}")
+    assert value.split("|", 5)[5] == "a"  # no revision: written as an earlier one did
+    records = store.claim_records([live.id, plain.id])
+    assert {i: (r.node, r.revision) for i, r in records.items()} == {
+        live.id: ("a", 41),
+        plain.id: ("a", None),
+    }
+
+
 def test_commit_keeps_the_claim_for_its_memory_and_release_ends_the_lease_at_once(
     store: NATSStore, bucket: str
 ) -> None:
