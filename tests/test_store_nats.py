@@ -315,6 +315,27 @@ def test_a_holder_s_reclaim_renews_its_lease_to_lease_ms_from_the_call_on_the_se
         assert other.claim([request], node="b", lease_ms=LEASE_MS) == [Outcome.HELD]
 
 
+def test_reading_kept_notes_by_key_costs_one_request_a_key_whatever_the_kind_holds(
+    store: NATSStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from beatless.stores.base import KeptNote
+    from beatless.stores.nats._jetstream import NoteStream
+
+    store.keep_notes([KeptNote("revisions", str(n), f"value {n}") for n in range(1, 301)])
+    store.delete_kept("revisions", ["7"])
+    assert len(store.read_kept("revisions")) == 299
+
+    async def whole_kind(*_args: object) -> None:
+        raise AssertionError("read every note of the kind to find a few keys")
+
+    # A node's sync asks for the head's next revisions only: not the 300 the kind holds
+    # (a read that grew with every revision made 1,000 edits too slow for ten nodes).
+    monkeypatch.setattr(NoteStream, "snapshot", whole_kind)
+    sent = store.requests
+    assert store.read_kept("revisions", ["300", "7", "301", "300"]) == {"300": "value 300"}
+    assert store.requests - sent == 3  # one per distinct key asked; deleted or absent: none
+
+
 def test_a_firing_whose_address_runs_is_committed_for_its_memory_at_one_read_more(
     store: NATSStore, bucket: str
 ) -> None:

@@ -131,6 +131,7 @@ from beatless.stores.nats._notes import (
     NOTES_MAX_AGE,
     NotesOnStreams,
     _check_notes,
+    _kept_keys,
     _kept_of,
     _token,
 )
@@ -355,8 +356,9 @@ class NATSStore(BucketChecks, NotesOnStreams, ClaimStore):
             self._call("keep notes", lambda kv: self._keep(kv.kept, notes), notes=True)
 
     def read_kept(self, kind: str, keys: Sequence[str] | None = None) -> dict[str, str]:
-        found = self._call("read kept notes", lambda kv: _kept_of(kv.kept, kind), notes=True)
-        return found if keys is None else {key: found[key] for key in keys if key in found}
+        if keys is None:
+            return self._call("read kept notes", lambda kv: _kept_of(kv.kept, kind), notes=True)
+        return self._call("read kept notes", lambda kv: _kept_keys(kv.kept, kind, keys), notes=True)
 
     def delete_kept(self, kind: str, keys: Sequence[str]) -> None:
         subjects = [f"{_token(kind)}.{_token(key)}" for key in dict.fromkeys(keys)]
