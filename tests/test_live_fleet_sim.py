@@ -8,10 +8,11 @@ of puts and deletes, each with the default fence (commit + 2 s) or a later one. 
 through, the store is restarted where this process can do it: the memory store loses
 its claims and notes (a restart empty; the revisions, kept notes, stay), every SQLite
 connection is closed and opened again, the server ends every PostgreSQL connection of
-the test, every Redis and NATS client reconnects.
+the test, every Redis, Redis Cluster and NATS client reconnects.
 
 The memory, SQLite and PostgreSQL stores run on a manual clock (the nodes' clocks follow
-it, offset): the simulated minutes take seconds. Redis and NATS judge on their server's
+it, offset): the simulated minutes take seconds. Redis, Redis Cluster (the test's local
+cluster, a key prefix of its own) and NATS (a bucket of its own) judge on their server's
 clock, so their fleet runs in real time, the edits packed closer.
 
 Asserted, from every firing the nodes sent and the revisions in the store:
@@ -43,10 +44,14 @@ from typing import Any
 
 import pytest
 from live_edits import MAX_LATE_S, edit, misrun
+from service_check import require_service
 from stores import (
+    NATS,
+    NATS_URL,
     POSTGRES_URL,
     REDIS,
     ManualClock,
+    delete_nats_bucket,
     delete_redis_prefix,
     drop_postgres_schema,
 )
@@ -186,11 +191,70 @@ def redis_fleet(_tmp: Path) -> Iterator[Fleet]:
         delete_redis_prefix(prefix)
 
 
+@contextmanager
+def redis_cluster_fleet(_tmp: Path) -> Iterator[Fleet]:
+    from redis_cluster import ClusterTestStore, delete_prefix, new_prefix, shared_cluster
+
+    from beatless.stores.redis.cluster import RedisClusterStore
+
+    cluster = shared_cluster()  # started now if this process has none yet
+    prefix = new_prefix()
+
+    def restart(clients: Sequence[ClaimStore]) -> None:
+        for client in clients:
+            assert isinstance(client, RedisClusterStore)
+            if client._client is not None:
+                client._client.disconnect_connection_pools()
+
+    try:
+        yield Fleet(
+            lambda: ClusterTestStore(cluster.url, prefix=prefix),
+            lambda: round(time.time() * 1_000),
+            _wait,
+            restart,
+            15_000,
+        )
+    finally:
+        delete_prefix(prefix)
+
+
+@contextmanager
+def nats_fleet(_tmp: Path) -> Iterator[Fleet]:
+    pytest.importorskip("nats", reason="the nats store needs: pip install 'beatless[nats]'")
+    import asyncio
+
+    from beatless.stores.nats.store import NATSStore
+
+    require_service(*NATS)
+    bucket = f"beatless_sim_{uuid.uuid4().hex[:12]}"
+
+    def restart(clients: Sequence[ClaimStore]) -> None:
+        for client in clients:  # every connection closed: the next call connects again
+            assert isinstance(client, NATSStore)
+            for link in (client._link, client._notes_link):
+                if link._loop is not None:
+                    closing = asyncio.run_coroutine_threadsafe(link._disconnect(), link._loop)
+                    closing.result(timeout=10)
+
+    try:
+        yield Fleet(
+            lambda: NATSStore(NATS_URL, bucket=bucket),
+            lambda: round(time.time() * 1_000),
+            _wait,
+            restart,
+            15_000,
+        )
+    finally:
+        delete_nats_bucket(bucket)
+
+
 FLEETS: dict[str, Callable[[Path], Any]] = {
     "memory": memory_fleet,
     "sqlite": sqlite_fleet,
     "postgres": postgres_fleet,
     "redis": redis_fleet,
+    "redis-cluster": redis_cluster_fleet,
+    "nats": nats_fleet,
 }
 
 

@@ -276,6 +276,34 @@ def test_a_key_of_another_type_fails_only_its_own_firing_as_corrupt(
     store.close()
 
 
+# The claim record parser of the beatless before claim records kept revisions (prelude.lua).
+EARLIER_READ = """
+local v, state, until_ms, memory, tag, node =
+  string.match(redis.call('GET', KEYS[1]), '^v=(%d+)|(%a+)|(%d+)|(%d+)|(%x*)|(.*)$')
+return {v, state, node}
+"""
+
+
+def test_a_record_with_a_revision_reads_as_another_nodes_claim_to_an_earlier_beatless(
+    client: redis.Redis, prefix: str
+) -> None:
+    store = RedisStore(URL, prefix=prefix)
+    now = server_now_ms(client)
+    live, plain = dataclasses.replace(firing(now), revision=41), firing(now)
+    assert store.claim([live, plain], node="a", lease_ms=LEASE_MS) == [Outcome.WON] * 2
+    assert store.commit([live.id], node="a") == [True]
+    # The earlier parser reads version 2 (not corrupt), its state, and a node name no
+    # node of its own has, so it judges the claim another node's: lost, as it is.
+    key = f"{prefix}claim:{live.id}"
+    assert client.eval(EARLIER_READ, 1, key) == ["2", "committed", "a\x1f41"]
+    # A record an earlier beatless wrote (no revision) reads as not recorded.
+    assert client.eval(EARLIER_READ, 1, f"{prefix}claim:{plain.id}") == ["2", "pending", "a"]
+    records = store.claim_records([live.id, plain.id])
+    assert (records[live.id].revision, records[plain.id].revision) == (41, None)
+    assert records[live.id].node == records[plain.id].node == "a"
+    store.close()
+
+
 def test_a_version_1_record_written_by_an_earlier_beatless_is_read_as_untagged(
     client: redis.Redis, prefix: str
 ) -> None:
@@ -300,12 +328,12 @@ def test_a_version_1_record_written_by_an_earlier_beatless_is_read_as_untagged(
 
 def test_a_claim_request_sends_its_tag_and_run_lease_in_the_one_argument_it_already_had() -> None:
     now = 1_800_000_000_000
-    tagged, untagged = firing(now), ClaimRequest("u", "x|y", now, 1, 2, now)
+    tagged, untagged = firing(now), ClaimRequest("u", "x|y", now, 1, 2, now, revision=7)
 
     assert claim_arg(tagged, 0) == (
-        f"{now}|{MAX_LATE_MS}|{MEMORY_MS}|{now}|{TAG}|0||{tagged.address}"
+        f"{now}|{MAX_LATE_MS}|{MEMORY_MS}|{now}|{TAG}|0|||{tagged.address}"
     )
-    assert claim_arg(untagged, 3, "1:8") == f"{now}|1|2|{now}||3|1:8|x|y"
+    assert claim_arg(untagged, 3, "1:8") == f"{now}|1|2|{now}||3|1:8|7|x|y"
 
 
 def test_release_keeps_the_record_with_its_lease_ended_and_its_memory_as_expiry(

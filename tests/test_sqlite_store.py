@@ -244,29 +244,55 @@ OLD_WRITE = (
 """How such a beatless writes a claim: its columns named, so a table with more takes it."""
 
 
+def old_write(path: Path, id_: str, committed: int, now: int, *, made: bool = True) -> None:
+    """A claim row as a beatless before task tags writes it, in a file it made (unless
+    ``made`` is false: the file is made first, as that beatless made it)."""
+    with sqlite3.connect(path) as raw:
+        if not made:
+            raw.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            raw.execute("INSERT INTO meta VALUES ('version', '1')")
+            raw.execute(OLD_CLAIMS)
+        row = (id_, f"sqlite/{id_}", now, "old", committed, now + 60_000, MEMORY_MS, now)
+        raw.execute(OLD_WRITE, row)
+    raw.close()
+
+
 def test_a_file_made_before_task_tags_gains_the_column_and_keeps_its_claims(
     path: Path, clock: ManualClock
 ) -> None:
     now = clock.now_ms()
-    with sqlite3.connect(path) as raw:
-        raw.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        raw.execute("INSERT INTO meta VALUES ('version', '1')")
-        raw.execute(OLD_CLAIMS)
-        raw.execute(OLD_WRITE, ("x", "sqlite/x", now, "old", 0, now + 60_000, MEMORY_MS, now))
-    raw.close()
+    old_write(path, "x", 0, now, made=False)
 
     store = SQLiteStore(path, clock=clock)
     # The old row has no tag: held, never foreign, for a tagged request.
     assert store.claim([request("x", now, tag="ab")], node="new", lease_ms=1_000) == [Outcome.HELD]
     # A beatless without tags still writes the file, its rows untagged.
-    with sqlite3.connect(path) as raw:
-        raw.execute(OLD_WRITE, ("y", "sqlite/y", now, "old", 1, now + 60_000, MEMORY_MS, now))
-        assert raw.execute("SELECT tag FROM claims WHERE id = 'y'").fetchone() == ("",)
-    raw.close()
+    old_write(path, "y", 1, now)
+    assert _row(path, "y")[-2] == ""
     assert store.claim([request("y", now, tag="ab")], node="new", lease_ms=1_000) == [Outcome.LOST]
     assert store.claim([request("z", now, tag="ab")], node="new", lease_ms=1_000) == [Outcome.WON]
-    assert _row(path, "z")[-1] == "ab"
+    assert _row(path, "z")[-2:] == ("ab", None)  # the tag; no live revision
     assert meta(path, "version") == "1"
+    store.close()
+
+
+def test_a_file_made_before_claim_records_kept_revisions_gains_the_column_read_as_none(
+    path: Path, clock: ManualClock
+) -> None:
+    now = clock.now_ms()
+    old_write(path, "x", 1, now, made=False)
+
+    store = SQLiteStore(path, clock=clock)
+    live = dataclasses.replace(request("z", now), revision=9)
+    assert store.claim([live], node="new", lease_ms=1_000) == [Outcome.WON]
+    # A beatless that does not know the column names its columns: NULL, not recorded.
+    old_write(path, "y", 1, now)
+    records = store.claim_records(["x", "y", "z"])
+    assert {i: (r.node, r.committed, r.revision) for i, r in records.items()} == {
+        "x": ("old", True, None),
+        "y": ("old", True, None),
+        "z": ("new", False, 9),
+    }
     store.close()
 
 

@@ -207,6 +207,26 @@ def test_a_pending_claim_is_a_versioned_value_whose_lease_ends_on_the_server_clo
     assert stamp - 1_000 <= int(until) - LEASE_MS <= stamp
 
 
+def test_a_claim_value_with_a_revision_reads_as_another_nodes_claim_to_an_earlier_beatless(
+    store: NATSStore, bucket: str
+) -> None:
+    live, plain = dataclasses.replace(firing(store.time_ms()), revision=41), firing(store.time_ms())
+    assert store.claim([live, plain], node="a", lease_ms=LEASE_MS) == [Outcome.WON] * 2
+    assert store.commit([live.id], node="a") == [True]
+    # An earlier beatless splits the value in six and requires v=1: its node is then a
+    # name none of its nodes has, so it judges the claim another node's, as it is.
+    value, _ = value_of(bucket, f"claim.{live.id}")
+    version, state, _until, _memory, _tag, node = value.split("|", 5)
+    assert (version, state, node) == ("v=1", "committed", "a\x1f41")
+    value, _ = value_of(bucket, f"claim.{plain.id}")
+    assert value.split("|", 5)[5] == "a"  # no revision: written as an earlier one did
+    records = store.claim_records([live.id, plain.id])
+    assert {i: (r.node, r.revision) for i, r in records.items()} == {
+        live.id: ("a", 41),
+        plain.id: ("a", None),
+    }
+
+
 def test_commit_keeps_the_claim_for_its_memory_and_release_ends_the_lease_at_once(
     store: NATSStore, bucket: str
 ) -> None:
@@ -293,6 +313,27 @@ def test_a_holder_s_reclaim_renews_its_lease_to_lease_ms_from_the_call_on_the_se
     assert int(until) > int(first.split("|")[2])
     with NATSStore(NATS_URL, bucket=bucket) as other:
         assert other.claim([request], node="b", lease_ms=LEASE_MS) == [Outcome.HELD]
+
+
+def test_reading_kept_notes_by_key_costs_one_request_a_key_whatever_the_kind_holds(
+    store: NATSStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from beatless.stores.base import KeptNote
+    from beatless.stores.nats._jetstream import NoteStream
+
+    store.keep_notes([KeptNote("revisions", str(n), f"value {n}") for n in range(1, 301)])
+    store.delete_kept("revisions", ["7"])
+    assert len(store.read_kept("revisions")) == 299
+
+    async def whole_kind(*_args: object) -> None:
+        raise AssertionError("read every note of the kind to find a few keys")
+
+    # A node's sync asks for the head's next revisions only: not the 300 the kind holds
+    # (a read that grew with every revision made 1,000 edits too slow for ten nodes).
+    monkeypatch.setattr(NoteStream, "snapshot", whole_kind)
+    sent = store.requests
+    assert store.read_kept("revisions", ["300", "7", "301", "300"]) == {"300": "value 300"}
+    assert store.requests - sent == 3  # one per distinct key asked; deleted or absent: none
 
 
 def test_a_firing_whose_address_runs_is_committed_for_its_memory_at_one_read_more(

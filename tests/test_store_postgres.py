@@ -312,6 +312,7 @@ def test_the_first_call_creates_the_schema_with_its_version_and_functions(
         "claim_v2",
         "claim_v3",
         "claim_v4",
+        "claim_v5",
         "commit_v1",
         "keep_v1",
         "post_v1",
@@ -363,6 +364,8 @@ def test_a_version_1_schema_is_brought_up_in_place_keeping_its_claims_epoch_and_
     execute(conn, schema, "DROP FUNCTION {s}.claim_v2")
     execute(conn, schema, "DROP FUNCTION {s}.claim_v3")
     execute(conn, schema, "DROP FUNCTION {s}.claim_v4")
+    execute(conn, schema, "DROP FUNCTION {s}.claim_v5")
+    execute(conn, schema, "ALTER TABLE {s}.claims DROP COLUMN revision")
     execute(conn, schema, "CREATE FUNCTION {s}." + CLAIM_V1 + " RETURNS void LANGUAGE sql AS ''")
     execute(conn, schema, "UPDATE {s}.version SET version = 1")
 
@@ -384,6 +387,7 @@ def test_a_version_1_schema_is_brought_up_in_place_keeping_its_claims_epoch_and_
         "claim_v2",
         "claim_v3",
         "claim_v4",
+        "claim_v5",
         "commit_v1",
         "keep_v1",
         "post_v1",
@@ -412,6 +416,48 @@ def test_a_schema_made_before_live_checks_gains_claim_v4_and_claim_v3_still_answ
         (now, now),
     ).fetchone()
     assert row == ("W",)
+    store.close()
+
+
+def test_a_schema_made_before_claim_records_kept_revisions_gains_the_column_in_place(
+    conn: psycopg.Connection[Any], schema: str
+) -> None:
+    PostgresStore(url_of(schema)).probe()
+    # As a beatless before revisions in records left it: no column, no claim_v5, and a row.
+    execute(conn, schema, "DROP FUNCTION {s}.claim_v5")
+    execute(conn, schema, "ALTER TABLE {s}.claims DROP COLUMN revision")
+    now = server_now_ms(conn)
+    execute(
+        conn,
+        schema,
+        "INSERT INTO {s}.claims (until_ms, forget_ms, memory_ms, claimed_ms, occurrence_ms,"
+        " format, committed, namespace, id, tag, node, address)"
+        " VALUES (%s, %s, 80000, %s, %s, 1, true, 'ns', 'old', '', 'n0', 'ns/e')",
+        now + 80_000,
+        now + 80_000,
+        now,
+        now,
+    )
+    store = PostgresStore(url_of(schema), namespace="ns")
+    live = dataclasses.replace(firing(now), revision=3)
+    assert store.claim([live], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
+    # An earlier beatless still calls claim_v4, which records no revision.
+    row = conn.execute(
+        sql.SQL(
+            "SELECT outcomes FROM {}.claim_v4('ns', 'old', 1000, 10000, '', NULL, 't', 0,"
+            " ARRAY['x'], ARRAY['ns/e'], ARRAY[%s]::bigint[], ARRAY[60000]::bigint[],"
+            " ARRAY[80000]::bigint[], ARRAY[%s]::bigint[], ARRAY['']::text[],"
+            " ARRAY['']::text[], '{{}}', '{{}}', '{{}}', false, NULL)"
+        ).format(sql.Identifier(schema)),
+        (now, now),
+    ).fetchone()
+    assert row == ("W",)
+    records = store.claim_records(["old", live.id, "x"])
+    assert {id_: (r.node, r.revision) for id_, r in records.items()} == {
+        "old": ("n0", None),
+        live.id: ("a", 3),
+        "x": ("old", None),
+    }
     store.close()
 
 

@@ -25,6 +25,7 @@ from beatless.schedule.outcomes import DecisionOutcome
 if TYPE_CHECKING:
     from beatless.cli._fleet import Fleet
     from beatless.core.triggers import Trigger
+    from beatless.fleet._notes import HistoryItem
     from beatless.stores import ClaimStore
 
 
@@ -57,6 +58,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if fleet.has_store:
         with fleet.open() as store:
             print(f"{'  happened':<13} {what_happened(store, schedule, entry, tenant, at_ms)}")
+            print(f"{'  claim':<13} {claim_line(store, schedule, entry, tenant, at_ms)}")
     return 0 if why_not is None else EXIT_PROBLEMS
 
 
@@ -93,13 +95,44 @@ def revision_line(revision: Revision) -> str:
     )
 
 
-def what_happened(
+def claim_line(
     store: ClaimStore, schedule: Schedule, entry: Entry, tenant: str | None, at_ms: int
 ) -> str:
-    """What the fleet did with one firing, as its address's history says."""
+    """The firing's claim record, as the store still holds it: who claimed it, whether it
+    is committed, and the live revision the claim carried, against the history's."""
+    if not store.reads_claims:
+        return f"not read: the {store.name} store cannot read a claim without disturbing it"
+    firing = Firing.of(entry, tenant, schedule.address(entry, tenant), at_ms)
+    try:
+        record = store.claim_records([firing.id]).get(firing.id)
+    except StoreError as exc:
+        return f"could not be read: {exc}"
+    if record is None:
+        return (
+            f"not in the store: a claim is remembered {describe(entry.memory_needed)} after "
+            "its commit (or never made)"
+        )
+    state = "committed" if record.committed else f"pending until {iso(record.until_ms)}"
+    said = f"by node {record.node}, {state}, "
+    said += (
+        f"under live revision {record.revision}"
+        if record.revision is not None
+        else "revision not recorded (a claim without a live revision, or one made by an "
+        "earlier beatless)"
+    )
+    item, _ = _history(store, schedule, firing, at_ms)
+    noted = None if item is None else item.revision
+    if noted is not None and noted != record.revision:
+        said += f"; differs from the history, which names live revision {noted}"
+    return said
+
+
+def _history(
+    store: ClaimStore, schedule: Schedule, firing: Firing, at_ms: int
+) -> tuple[HistoryItem | None, list[HistoryItem]]:
+    """The firing's strongest history item (``None``: none), and the kept items of its
+    address (and of its occurrence's batch notes, for a tenant)."""
     from beatless.fleet._notes import (
-        HISTORY_KEEP,
-        HISTORY_TTL_MS,
         HistoryItem,
         batch_items,
         fan_out_history_kind,
@@ -107,7 +140,7 @@ def what_happened(
         strongest,
     )
 
-    firing = Firing.of(entry, tenant, schedule.address(entry, tenant), at_ms)
+    entry, tenant = firing.entry, firing.tenant
     kinds = [history_kind(firing.address)]
     if tenant is not None:  # a fan-out: the tenant's firing may be in a batch note
         kinds.append(fan_out_history_kind(schedule.address(entry), at_ms))
@@ -120,6 +153,17 @@ def what_happened(
     # Every note of the firing (nodes may disagree: one sent it, one found it paused);
     # the history tells its strongest outcome.
     item = next((i for i in strongest(kept) if i.id == firing.id), None)
+    return item, kept
+
+
+def what_happened(
+    store: ClaimStore, schedule: Schedule, entry: Entry, tenant: str | None, at_ms: int
+) -> str:
+    """What the fleet did with one firing, as its address's history says."""
+    from beatless.fleet._notes import HISTORY_KEEP, HISTORY_TTL_MS
+
+    firing = Firing.of(entry, tenant, schedule.address(entry, tenant), at_ms)
+    item, kept = _history(store, schedule, firing, at_ms)
     into = [i for i in kept if i.covers(at_ms)]
     if item is None and into:
         return (

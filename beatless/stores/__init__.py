@@ -9,10 +9,11 @@ from urllib.parse import urlsplit
 from beatless.core._drivers import missing
 from beatless.core.urls import ambiguous_user_part, mask_url, scrub
 from beatless.errors import BeatlessError, ConfigError, StoreError, StoreUnavailable
-from beatless.stores.base import ClaimRequest, ClaimStore, Outcome
+from beatless.stores.base import ClaimRecord, ClaimRequest, ClaimStore, Outcome
 from beatless.stores.memory import MemoryStore
 
 __all__ = [
+    "ClaimRecord",
     "ClaimRequest",
     "ClaimStore",
     "MemoryStore",

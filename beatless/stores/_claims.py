@@ -208,6 +208,22 @@ def _judge_live(request: ClaimRequest, held: Held, node: str) -> Outcome:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimRecord:
+    """What a store holds for one firing's claim, as :meth:`~beatless.stores.base.ClaimStore.
+    claim_records` reads it: who claimed it, whether it is committed, until when it lives
+    (the end of the lease, or of the memory once committed, on the store's clock), and the
+    live revision its claim carried."""
+
+    node: str
+    committed: bool
+    until_ms: int
+    revision: int | None = None
+    """The :attr:`ClaimRequest.revision` of the claim that wrote the record (the last
+    renewal's, for a renewed one); ``None``: not recorded (a claim without a revision, or
+    a record written by a beatless that did not record it)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Epoch:
     """The identity of a store's memory: changes when the store loses what it knew."""
 

@@ -15,7 +15,7 @@ from typing import Any
 from beatless.errors import StoreError
 from beatless.stores._epoch import new_token
 from beatless.stores._fences import fence_of, live_checks
-from beatless.stores.base import ClaimRequest, Epoch, Note, Outcome, judge
+from beatless.stores.base import ClaimRecord, ClaimRequest, Epoch, Note, Outcome, judge
 
 NOTES_SWEEP_MIN = 200
 """Expired notes each post may delete, at least; twice the batch when larger, so that
@@ -31,7 +31,8 @@ _SCHEMA = (
         until_ms INTEGER NOT NULL,
         memory_ms INTEGER NOT NULL,
         claimed_ms INTEGER NOT NULL,
-        tag TEXT NOT NULL DEFAULT ''
+        tag TEXT NOT NULL DEFAULT '',
+        revision INTEGER
     ) WITHOUT ROWID""",
     "CREATE INDEX IF NOT EXISTS claims_until_ms ON claims (until_ms)",
     # A rowid table, as a value may be 16 kB: SQLite keeps large rows better in one.
@@ -54,9 +55,12 @@ _SCHEMA = (
 # A file made before claims carried a task tag gains the column in place. A beatless
 # without it names its columns, so it reads and writes the file as before (tag '').
 _ADD_TAG = "ALTER TABLE claims ADD COLUMN tag TEXT NOT NULL DEFAULT ''"
+# And the live revision a claim carried (added within schema version 1): a beatless
+# without it names its columns, so it writes NULL there (not recorded) and never reads it.
+_ADD_REVISION = "ALTER TABLE claims ADD COLUMN revision INTEGER"
 _WRITE = (
     "INSERT OR REPLACE INTO claims (id, address, occurrence_ms, node, committed, until_ms,"
-    " memory_ms, claimed_ms, tag) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " memory_ms, claimed_ms, tag, revision) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 # Commit and release change only rows this version can read (see ``_parse_held``).
 _COMMIT = (
@@ -74,6 +78,7 @@ _RELEASE = (
 _EPOCH = "SELECT value FROM meta WHERE key = 'epoch'"
 _NEW_EPOCH = "INSERT OR IGNORE INTO meta VALUES ('epoch', ?)"
 _HELD = "SELECT id, node, committed, until_ms, memory_ms, claimed_ms, tag FROM claims WHERE id IN"
+_RECORDS = "SELECT id, node, committed, until_ms, revision FROM claims WHERE id IN"
 _POST = "INSERT OR REPLACE INTO notes (kind, key, value, until_ms) VALUES (?, ?, ?, ?)"
 # The notes of a kind past its ``keep``, those that expire first.
 _TRIM = (
@@ -196,7 +201,19 @@ def _row(
         request.memory_ms,
         claimed_ms,
         request.tag,
+        request.revision,
     )
+
+
+def _record(values: Sequence[object]) -> ClaimRecord | None:
+    """A row's ``node, committed, until_ms, revision`` as a record; ``None`` for a row
+    this version cannot read."""
+    node, committed, until_ms, revision = values
+    if not (isinstance(node, str) and committed in (0, 1) and isinstance(until_ms, int)):
+        return None
+    if not (revision is None or isinstance(revision, int)):
+        return None
+    return ClaimRecord(node, committed == 1, until_ms, revision)
 
 
 def _write_notes(conn: sqlite3.Connection, now: int, notes: Sequence[Note]) -> None:

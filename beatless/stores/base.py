@@ -89,6 +89,18 @@ node, whose next claim of it renews it). NATS and RabbitMQ do not check (never
 ``STALE``): there the nodes' propagation rule alone holds rule 6. A request without a
 revision is never stale and costs no read.
 
+**Claim records.** :meth:`ClaimStore.claim_records` reads what the store holds for some
+firings, without judging or changing anything: the node that claimed each, whether it is
+committed, until when, and the live revision the claim carried (:class:`ClaimRecord`),
+so that ``beatless explain --store`` can say which revision a firing ran under. A record
+is there while the store remembers the claim (its ``memory_ms`` past the commit, longer
+where the store sweeps lazily), whatever its lease; a record the store cannot read is
+left out. A record written by a beatless that did not keep the revision reads with
+``revision`` ``None``, and such a beatless reads a record with one as it always did: the
+revision sits where it never looks (see each store). A store that cannot read a claim
+without disturbing it (RabbitMQ) says so (:attr:`ClaimStore.reads_claims` false) and
+reads none.
+
 **Renewal.** A node that claims a firing it holds pending gets ``WON`` with its lease
 renewed: it lasts ``lease_ms`` from this claim. Run leases are built on this; a store
 whose renewal leaves a gap in which another node could win says so
@@ -184,6 +196,7 @@ from beatless.stores._claims import (
     STORE_TOLERANCE,
     TAG_LENGTH,
     TOLERANCE_MS,
+    ClaimRecord,
     ClaimRequest,
     Epoch,
     Held,
@@ -218,6 +231,7 @@ __all__ = [
     "TAG_LENGTH",
     "TOLERANCE_MS",
     "UNKNOWN",
+    "ClaimRecord",
     "ClaimRequest",
     "ClaimStore",
     "Epoch",
@@ -417,6 +431,18 @@ class ClaimStore(ABC):
         :class:`~beatless.errors.StoreUnavailable` when the store cannot be reached; then
         no claim of the batch may be assumed won.
         """
+
+    reads_claims: bool = False
+    """Whether :meth:`claim_records` reads the claims (see "Claim records" in the module
+    docstring); a store that cannot read one without disturbing it reads none."""
+
+    def claim_records(self, ids: Sequence[str]) -> dict[str, ClaimRecord]:
+        """The claim records the store holds for ``ids``, ``{id: record}``: an id without
+        one (never claimed, forgotten, or unreadable) is left out. Reads only; one round
+        trip where the store allows. Raises :class:`~beatless.errors.StoreUnavailable`
+        when the store cannot be reached. This default, for a store that does not read
+        claims (:attr:`reads_claims` false), finds none."""
+        return {}
 
     @abstractmethod
     def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:

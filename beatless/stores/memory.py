@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from beatless.stores._epoch import adopt, horizon_ms, new_token
 from beatless.stores._fences import fence_of, live_checks
 from beatless.stores.base import (
+    ClaimRecord,
     ClaimRequest,
     ClaimStore,
     Epoch,
@@ -34,6 +35,7 @@ class _Claim:
     until_ms: int
     memory_ms: int
     tag: str
+    revision: int | None = None
 
 
 @dataclass(slots=True)
@@ -155,10 +157,12 @@ class MemoryStore(ClaimStore):
             hold_off=hold_off,
             next_fence_ms=fence,
         )
+        revision = request.revision
         if outcome.is_won:
-            claim = _Claim(node, False, now + lease_ms, request.memory_ms, request.tag)
+            claim = _Claim(node, False, now + lease_ms, request.memory_ms, request.tag, revision)
         elif outcome in (Outcome.OVERLAP, Outcome.FORGOTTEN):
-            claim = _Claim(node, True, now + request.memory_ms, request.memory_ms, request.tag)
+            until = now + request.memory_ms
+            claim = _Claim(node, True, until, request.memory_ms, request.tag, revision)
         else:
             return outcome
         self._claims[request.id] = claim
@@ -175,6 +179,17 @@ class MemoryStore(ClaimStore):
             value = self._kept.get(kind, {}).get(key)
             fences.append(None if value is None else fence_of(value))
         return [fences[number] for number in numbers]
+
+    reads_claims = True
+
+    def claim_records(self, ids: Sequence[str]) -> dict[str, ClaimRecord]:
+        with self._lock:
+            held = ((id_, self._claims.get(id_)) for id_ in ids)
+            return {
+                id_: ClaimRecord(c.node, c.committed, c.until_ms, c.revision)
+                for id_, c in held
+                if c is not None
+            }
 
     def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
         with self._lock:

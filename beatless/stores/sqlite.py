@@ -53,6 +53,7 @@ from beatless.errors import ConfigError, StoreError, StoreUnavailable
 from beatless.stores._epoch import adopt, horizon_ms, new_token
 from beatless.stores._pool import Pool
 from beatless.stores._sqlite_rows import (
+    _ADD_REVISION,
     _ADD_TAG,
     _COMMIT,
     _DELETE_KEPT,
@@ -63,6 +64,7 @@ from beatless.stores._sqlite_rows import (
     _NEW_EPOCH,
     _NOTES,
     _RECENT,
+    _RECORDS,
     _RELEASE,
     _SCHEMA,
     _WRITE,
@@ -72,10 +74,12 @@ from beatless.stores._sqlite_rows import (
     _fences,
     _Held,
     _parse_held,
+    _record,
     _Unreadable,
     _write_notes,
 )
 from beatless.stores.base import (
+    ClaimRecord,
     ClaimRequest,
     ClaimStore,
     KeptNote,
@@ -342,6 +346,21 @@ class SQLiteStore(ClaimStore):
         that call ends."""
         self._pool.close()
 
+    reads_claims = True
+
+    def claim_records(self, ids: Sequence[str]) -> dict[str, ClaimRecord]:
+        unique = list(dict.fromkeys(ids))
+        found = {}
+        with self._reading() as conn:
+            for start in range(0, len(unique), _CHUNK):
+                chunk = unique[start : start + _CHUNK]
+                sql = f"{_RECORDS} ({','.join('?' * len(chunk))})"
+                for id_, *values in conn.execute(sql, chunk):
+                    record = _record(values)
+                    if record is not None:
+                        found[id_] = record
+        return found
+
     # -- reading, for ``beatless status`` ------------------------------------------------
 
     def recent(self, limit: int = 20) -> list[dict[str, Any]]:
@@ -412,6 +431,8 @@ class SQLiteStore(ClaimStore):
             columns = {column[1] for column in conn.execute("PRAGMA table_info(claims)")}
             if "tag" not in columns:
                 conn.execute(_ADD_TAG)
+            if "revision" not in columns:
+                conn.execute(_ADD_REVISION)
             if row is None:
                 conn.execute("INSERT INTO meta VALUES ('version', ?)", (str(SCHEMA_VERSION),))
             conn.execute(_NEW_EPOCH, (_epoch_value(self._now_ms(), new_token()),))

@@ -438,6 +438,21 @@ class NoteStream:
             if exc.err_code != MESSAGE_GONE:
                 raise
 
+    async def last(self, subject: str) -> bytes | None:
+        """The body of the last message of ``prefix + subject`` (``None``: it has none, or
+        the stream is missing): one request, whatever the stream holds besides."""
+        try:
+            response = await self._api(
+                f"STREAM.MSG.GET.{self.name}", {"last_by_subj": self.prefix + subject}
+            )
+        except BucketMissing:
+            return None
+        except JetStreamError as exc:
+            if exc.err_code == NO_MESSAGE_FOUND:
+                return None
+            raise
+        return base64.b64decode(response["message"].get("data") or "")
+
     async def purge(self, subject: str) -> None:
         """Delete every message of ``prefix + subject`` (nothing, if the stream is missing)."""
         with contextlib.suppress(BucketMissing):

@@ -108,17 +108,30 @@ async def _kept_of(stream: NoteStream, kind: str) -> dict[str, str]:
         snapshot = await stream.snapshot(f"{_token(kind)}.*")
     except BucketMissing:  # nothing was ever kept
         return {}
-    found: dict[str, str] = {}
-    for stored in snapshot.messages:
-        try:
-            body = json.loads(stored.data)
-        except ValueError:
-            continue
-        if isinstance(body, dict) and body.get("v") == NOTE_FORMAT and body.get("kind") == kind:
-            key, value = body.get("key"), body.get("value")
-            if isinstance(key, str) and isinstance(value, str):
-                found[key] = value
-    return found
+    found = (_kept_item(stored.data, kind) for stored in snapshot.messages)
+    return dict(item for item in found if item is not None)
+
+
+async def _kept_keys(stream: NoteStream, kind: str, keys: Sequence[str]) -> dict[str, str]:
+    """The kept notes of ``kind`` named by ``keys`` (those that exist): one request per
+    key, all at once, so the read costs what it asks, not what the kind holds."""
+    unique = list(dict.fromkeys(keys))
+    bodies = await _together(stream.last(f"{_token(kind)}.{_token(key)}") for key in unique)
+    found = (_kept_item(body, kind) for body in bodies if body is not None)
+    return {key: value for key, value in (i for i in found if i is not None) if key in unique}
+
+
+def _kept_item(data: bytes, kind: str) -> tuple[str, str] | None:
+    """A kept note's key and value from a message body; ``None`` for another form."""
+    try:
+        body = json.loads(data)
+    except ValueError:
+        return None
+    if isinstance(body, dict) and body.get("v") == NOTE_FORMAT and body.get("kind") == kind:
+        key, value = body.get("key"), body.get("value")
+        if isinstance(key, str) and isinstance(value, str):
+            return key, value
+    return None
 
 
 class NotesOnStreams:

@@ -21,7 +21,8 @@ that starts after the read is refused by the worker's own run-lease check.
 The value is ``v=1|{state}|{until_ms}|{memory_ms}|{tag}|{node}``: ``pending`` or
 ``committed``, the end of the lease or of the memory in epoch milliseconds on the
 server's clock, the memory the claim asked for, the task tag and the node (last, so
-that a node name may hold ``|``). Any other value fails its own firing as ``CORRUPT``
+that a node name may hold ``|``), the live revision the claim carried after it
+(:mod:`beatless.stores._records`). Any other value fails its own firing as ``CORRUPT``
 and is never overwritten.
 
 **The store's clock.** NATS has no time call, but the server stamps every message it
@@ -78,7 +79,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import re
 import secrets
 import threading
 from collections import Counter
@@ -94,6 +94,7 @@ from beatless.core.durations import DurationLike, to_ms
 from beatless.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
 from beatless.stores._epoch import adopt, horizon_ms
 from beatless.stores.base import (
+    ClaimRecord,
     ClaimRequest,
     ClaimStore,
     Epoch,
@@ -105,7 +106,6 @@ from beatless.stores.nats._facts import BucketChecks
 from beatless.stores.nats._jetstream import (
     ATTEMPTS,
     CONCURRENCY,
-    WRONG_LAST_SEQUENCE,
     Bucket,
     BucketMissing,
     ConnectFailed,
@@ -117,8 +117,10 @@ from beatless.stores.nats._jetstream import (
     is_full,
 )
 from beatless.stores.nats._judge import (
+    _claim_key,
     _Decision,
     _decode,
+    _raise_unless_wrong_last,
     _Record,
     _Settle,
     _State,
@@ -129,6 +131,7 @@ from beatless.stores.nats._notes import (
     NOTES_MAX_AGE,
     NotesOnStreams,
     _check_notes,
+    _kept_keys,
     _kept_of,
     _token,
 )
@@ -151,7 +154,6 @@ CALL_TIMEOUTS = 3
 OPTIONS = ("bucket", "ttl", "timeout", "replicas")
 WRITTEN_KEPT = 100_000
 """Claims a store object remembers having written, for a commit without a read."""
-_KEY = re.compile(r"[-/_=.a-zA-Z0-9]+")
 
 
 class _Contended(Exception):
@@ -324,6 +326,18 @@ class NATSStore(BucketChecks, NotesOnStreams, ClaimStore):
 
     notes_live_ms = to_ms(NOTES_MAX_AGE)
 
+    reads_claims = True
+
+    def claim_records(self, ids: Sequence[str]) -> dict[str, ClaimRecord]:
+        unique = list(dict.fromkeys(ids))
+
+        async def read(kv: Bucket) -> list[Message]:
+            return await _together(kv.get(_claim_key(i), direct=self._direct) for i in unique)
+
+        found = zip(unique, self._call("read claim records", read) if unique else [], strict=True)
+        decoded = ((id_, _decode(message.value)) for id_, message in found)
+        return {id_: r.as_record() for id_, r in decoded if isinstance(r, _Record)}
+
     def post(self, notes: Sequence[Note]) -> None:
         _check_notes(notes)
         if notes:
@@ -342,8 +356,9 @@ class NATSStore(BucketChecks, NotesOnStreams, ClaimStore):
             self._call("keep notes", lambda kv: self._keep(kv.kept, notes), notes=True)
 
     def read_kept(self, kind: str, keys: Sequence[str] | None = None) -> dict[str, str]:
-        found = self._call("read kept notes", lambda kv: _kept_of(kv.kept, kind), notes=True)
-        return found if keys is None else {key: found[key] for key in keys if key in found}
+        if keys is None:
+            return self._call("read kept notes", lambda kv: _kept_of(kv.kept, kind), notes=True)
+        return self._call("read kept notes", lambda kv: _kept_keys(kv.kept, kind, keys), notes=True)
 
     def delete_kept(self, kind: str, keys: Sequence[str]) -> None:
         subjects = [f"{_token(kind)}.{_token(key)}" for key in dict.fromkeys(keys)]
@@ -578,19 +593,6 @@ class NATSStore(BucketChecks, NotesOnStreams, ClaimStore):
         """The store, as its warnings name it."""
         where = shown(self._where, quoted=False, limit=ERROR_LIMIT)
         return f"nats store {where}, bucket {shown(self.bucket)}"
-
-
-def _raise_unless_wrong_last(exc: JetStreamError) -> None:
-    if exc.err_code != WRONG_LAST_SEQUENCE:
-        raise exc
-
-
-def _claim_key(id_: str) -> str:
-    if not isinstance(id_, str) or not _KEY.fullmatch(id_):
-        raise ConfigError(
-            f"nats store: firing id {id_!r} cannot be a key: use letters, digits and -/_=."
-        )
-    return f"claim.{id_}"
 
 
 def _driver() -> ModuleType:

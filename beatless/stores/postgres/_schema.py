@@ -33,6 +33,9 @@ FUNCTIONS = (
     "claim_v4(text, text, bigint, bigint, text, bigint, text, integer, text[], text[],"
     " bigint[], bigint[], bigint[], bigint[], text[], text[], integer[], bytea[], bytea[],"
     " boolean, bigint)",
+    "claim_v5(text, text, bigint, bigint, text, bigint, text, integer, text[], text[],"
+    " bigint[], bigint[], bigint[], bigint[], text[], text[], integer[], bytea[], bytea[],"
+    " bigint[], boolean, bigint)",
     "commit_v1(text, text, text[], bigint)",
     "release_v1(text, text, text[], bigint)",
     "post_v1(text, bytea[], bytea[], text[], text[], bytea[], bigint[], integer[], integer,"
@@ -56,10 +59,10 @@ class Statements:
             return sql.SQL(text).format(s=name)
 
         self.claim = q(
-            "SELECT outcomes, epoch_token, epoch_started_ms FROM {s}.claim_v4("
+            "SELECT outcomes, epoch_token, epoch_started_ms FROM {s}.claim_v5("
             "%s, %s, %s, %s, %s, %s, %s, %s, %s::text[], %s::text[], %s::bigint[], "
             "%s::bigint[], %s::bigint[], %s::bigint[], %s::text[], %s::text[], %s::integer[], "
-            "%s::bytea[], %s::bytea[], %s::boolean, %s::bigint)"
+            "%s::bytea[], %s::bytea[], %s::bigint[], %s::boolean, %s::bigint)"
         )
         commit = q("{s}.commit_v1(%s, %s, %s::text[], %s::bigint)")
         post = q(
@@ -108,6 +111,10 @@ class Statements:
             "SELECT id, address, occurrence_ms, node, committed, until_ms, claimed_ms"
             " FROM {s}.claims WHERE namespace = %s AND format = 1"
             " ORDER BY claimed_ms DESC, id LIMIT %s"
+        )
+        self.records = q(
+            "SELECT id, node, committed, until_ms, revision FROM {s}.claims"
+            " WHERE namespace = %s AND id = ANY (%s::text[]) AND format = 1"
         )
         self.count = q("SELECT count(*) FROM {s}.claims")
         self.probe_write = q(

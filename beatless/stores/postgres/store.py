@@ -73,6 +73,7 @@ from beatless.stores._fences import live_checks
 from beatless.stores.base import (
     OUTCOME_LETTERS,
     TOLERANCE_MS,
+    ClaimRecord,
     ClaimRequest,
     ClaimStore,
     Epoch,
@@ -345,6 +346,17 @@ class PostgresStore(ServerWatch, KeptNotes, ClaimStore):
         keys = ("id", "address", "occurrence_ms", "node", "committed", "until_ms", "claimed_ms")
         return [dict(zip(keys, row, strict=True)) for row in rows]
 
+    reads_claims = True
+
+    def claim_records(self, ids: Sequence[str]) -> dict[str, ClaimRecord]:
+        args = (self.namespace, list(dict.fromkeys(ids)))
+        query = self._statements.records
+        rows = self._call("read claim records", lambda c: c.execute(query, args).fetchall())
+        return {
+            id_: ClaimRecord(node, committed, until, rev)
+            for id_, node, committed, until, rev in rows
+        }
+
     def __len__(self) -> int:
         """How many claim rows the schema holds now, every namespace, expired ones not yet
         swept included."""
@@ -380,6 +392,7 @@ class PostgresStore(ServerWatch, KeptNotes, ClaimStore):
             numbers,
             [digest(kind) for kind, _ in notes],
             [digest(key) for _, key in notes],
+            [r.revision for r in requests],
             hold_off,
             self._now_ms(),
         )

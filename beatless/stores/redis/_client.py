@@ -221,3 +221,26 @@ def run_acknowledged(
         client.script_load(script.script)
         todo = missing
     return replies, int(acked)
+
+
+def run_scripts(
+    client: Any,
+    script: Script,
+    calls: list[tuple[list[str], list[str | int]]],
+    *,
+    noscript: type[BaseException],
+) -> list[Any]:
+    """Run ``script`` once per call: one EVALSHA, or several pipelined in one round trip;
+    a call answered ``NOSCRIPT`` is run again through ``script``, which loads it."""
+    if len(calls) <= 1:
+        return [script(keys, args) for keys, args in calls]
+    pipe = client.pipeline(transaction=False)
+    for keys, args in calls:
+        pipe.evalsha(script.sha, len(keys), *keys, *args)
+    replies: list[Any] = pipe.execute(raise_on_error=False)
+    for index, reply in enumerate(replies):
+        if isinstance(reply, noscript):
+            replies[index] = script(*calls[index])
+        elif isinstance(reply, Exception):
+            raise reply
+    return replies

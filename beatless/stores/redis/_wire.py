@@ -22,6 +22,9 @@ so two apps on one Redis never collide:
     form (another version, another program's value or type) fails its own firing as
     ``corrupt`` and is never overwritten; so does a version 2 record for a beatless that
     reads version 1 only: upgrade every node of a namespace together.
+    A claim that carries a live revision writes it after the node, as ``\x1f{revision}``
+    (:mod:`beatless.stores._records`); a beatless that does not know it reads it as part
+    of another node's name.
 ``{prefix}claim:{run id}``
     The run lease of an address (:func:`~beatless.schedule.firing.run_lease_id`): a claim record
     like any other, held pending by a worker while a run of the address is in progress
@@ -78,9 +81,11 @@ from beatless.core._logtext import shown
 from beatless.errors import ConfigError, StoreError
 from beatless.stores._epoch import NEW
 from beatless.stores._fences import live_checks
+from beatless.stores._records import split_revision
 from beatless.stores.base import (
     ITEM_TAIL_LIMIT,
     NOTE_VALUE_LIMIT,
+    ClaimRecord,
     ClaimRequest,
     Epoch,
     Note,
@@ -198,7 +203,8 @@ def claim_arg(request: ClaimRequest, run: int, live: str = "") -> str:
             f"max_late_ms not negative, got {r.memory_ms} and {r.max_late_ms}"
         )
     numbers = f"{r.occurrence_ms}|{r.max_late_ms}|{r.memory_ms}|{r.release_ms}"
-    return f"{numbers}|{r.tag}|{run}|{live}|{r.address}"
+    revision = "" if r.revision is None else r.revision
+    return f"{numbers}|{r.tag}|{run}|{live}|{revision}|{r.address}"
 
 
 def claim_args(
@@ -263,6 +269,23 @@ def live_notes(fields: dict[Any, Any], now_ms: int) -> dict[str, str]:
         if readable and int(expires_ms) >= now_ms:
             live[as_text(key)] = value
     return live
+
+
+def claim_record(record: Any) -> ClaimRecord | None:
+    """A claim record (``v=2|{state}|{until_ms}|{memory_ms}|{tag}|{node}``, or ``v=1``
+    without the tag) as :meth:`~beatless.stores.base.ClaimStore.claim_records` reads it;
+    ``None`` for none, or one this version cannot read."""
+    if record is None:
+        return None
+    parts = as_text(record).split("|", 5)
+    if parts[0] == "v=1":
+        parts.insert(4, "")
+    if len(parts) != 6 or parts[0] not in READ_VERSIONS or not parts[2].isdigit():
+        return None
+    if parts[1] not in ("pending", "committed"):
+        return None
+    node, revision = split_revision(parts[5])
+    return ClaimRecord(node, parts[1] == "committed", int(parts[2]), revision)
 
 
 def state_of(record: Any) -> tuple[str | None, int | None]:

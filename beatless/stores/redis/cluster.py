@@ -114,6 +114,7 @@ from beatless.stores._fences import found_stale, live_checks
 from beatless.stores.base import (
     OUTCOME_LETTERS,
     TOLERANCE_MS,
+    ClaimRecord,
     ClaimRequest,
     ClaimStore,
     Epoch,
@@ -139,6 +140,7 @@ from beatless.stores.redis._buckets import (
     Call,
     Lua,
     Unreachable,
+    bucket_of,
     chunks,
     cluster_options,
     describe_client,
@@ -168,6 +170,7 @@ from beatless.stores.redis._wire import (
     PROBE_TTL_MS,
     as_text,
     claim_arg,
+    claim_record,
     commit_without_room,
     epoch_cause,
     live_notes,
@@ -365,6 +368,15 @@ class RedisClusterStore(ClaimStore):
         if calls:
             with self._errors("release"):
                 self._run(RELEASE_LUA, calls)
+
+    reads_claims = True
+
+    def claim_records(self, ids: Sequence[str]) -> dict[str, ClaimRecord]:
+        keys = [self._claim_key(bucket_of(id_), id_) for id_ in ids]
+        with self._errors("read claim records"):
+            values = self._connected().mget_nonatomic(keys) if keys else []
+        found = ((id_, claim_record(value)) for id_, value in zip(ids, values, strict=True))
+        return {id_: record for id_, record in found if record is not None}
 
     def post(self, notes: Sequence[Note]) -> None:
         by_kind: dict[str, list[Note]] = {}

@@ -40,6 +40,7 @@ from beatless.stores._epoch import (
 from beatless.stores.base import (
     OUTCOME_LETTERS,
     TOLERANCE_MS,
+    ClaimRecord,
     ClaimRequest,
     ClaimStore,
     KeptNote,
@@ -61,6 +62,7 @@ from beatless.stores.redis._client import (
     key_prefix,
     redis_driver,
     run_acknowledged,
+    run_scripts,
     secrets_of_client,
     server_identity,
     wait_in_url,
@@ -90,6 +92,7 @@ from beatless.stores.redis._wire import (
     as_text,
     claim_args,
     claim_note_args,
+    claim_record,
     commit_without_room,
     epoch_cause,
     last_row,
@@ -358,6 +361,14 @@ class RedisStore(ClaimStore):
         with self._errors("release"):
             self._run(self._release, calls)
 
+    reads_claims = True
+
+    def claim_records(self, ids: Sequence[str]) -> dict[str, ClaimRecord]:
+        with self._errors("read claim records"):
+            values = self._client.mget([self._claim_key(i) for i in ids]) if ids else []
+        found = ((id_, claim_record(value)) for id_, value in zip(ids, values, strict=True))
+        return {id_: record for id_, record in found if record is not None}
+
     def post(self, notes: Sequence[Note]) -> None:
         keys, kinds = self._kinds(notes)
         if not keys:
@@ -571,18 +582,7 @@ class RedisStore(ClaimStore):
         A script the server does not know (``NOSCRIPT``, after a restart or ``SCRIPT
         FLUSH``) is loaded and run again; redis-py's ``Script`` does it for a single call.
         """
-        if len(calls) <= 1:
-            return [script(keys, args) for keys, args in calls]
-        pipe = self._client.pipeline(transaction=False)
-        for keys, args in calls:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
-        replies = pipe.execute(raise_on_error=False)
-        for index, reply in enumerate(replies):
-            if isinstance(reply, self._noscript):
-                replies[index] = script(*calls[index])
-            elif isinstance(reply, Exception):
-                raise reply
-        return replies
+        return run_scripts(self._client, script, calls, noscript=self._noscript)
 
     @contextmanager
     def _errors(self, what: str) -> Iterator[None]:

@@ -25,7 +25,10 @@
 -- runs this file again and gains them in place; a beatless that does not know notes
 -- never touches them, and uses the schema as before. claim_v3 came later within version
 -- 2 too, in the same way: claim_v2 with p_hold_off (re-seeding), which claim_v2 now calls;
--- and claim_v4 after it: claim_v3 with live checks (the S outcome), which claim_v3 calls.
+-- and claim_v4 after it: claim_v3 with live checks (the S outcome), which claim_v3 calls;
+-- and claim_v5: claim_v4 that keeps each claim's live revision in the column revision of
+-- claims (added in place, nullable), which claim_v4 now calls with none. A beatless that
+-- calls claim_v4 writes NULL there (not recorded) and never reads the column.
 
 CREATE TABLE IF NOT EXISTS version (
     only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
@@ -66,6 +69,15 @@ CREATE TABLE IF NOT EXISTS claims (
     PRIMARY KEY (namespace, id)
 ) WITH (fillfactor = 80);
 CREATE INDEX IF NOT EXISTS claims_forget_ms ON claims (forget_ms);
+-- The live revision the claim carried (the last renewal's); NULL: none, or not recorded.
+-- Added only where it is missing: ALTER TABLE locks the table against every claim even
+-- when it changes nothing, and this file runs again while other nodes claim.
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'claims'::regclass
+            AND attname = 'revision' AND NOT attisdropped) THEN
+        ALTER TABLE claims ADD COLUMN revision bigint;
+    END IF;
+END $$;
 
 -- One row per note: what nodes show each other beside their claims (the registry, the
 -- history, the controls), keyed by namespace, kind and key. A kind or key may be up to
@@ -86,7 +98,7 @@ CREATE TABLE IF NOT EXISTS notes (
 );
 CREATE INDEX IF NOT EXISTS notes_until_ms ON notes (until_ms);
 
--- claim_v4: judge and write a batch of claims; one call is one transaction.
+-- claim_v5: judge and write a batch of claims; one call is one transaction.
 --
 -- Each request is judged by the contract's rules (beatless/stores/base.py), in the
 -- order of its id (then its place in the batch), against the row as it stands once
@@ -117,14 +129,17 @@ CREATE INDEX IF NOT EXISTS notes_until_ms ON notes (until_ms);
 -- stale), a claim that would be won or renewed is answered S and nothing is written; a
 -- live claim of another node decides first, and late and early come before it.
 --
+-- p_revisions holds, per request, the live revision it carries (NULL: none): every row
+-- a request writes (won, renewed, taken over, forgotten, overlap) keeps it in revision.
+--
 -- Afterwards, at most p_sweep rows past their forget_ms are deleted, skipping rows
 -- another call has locked.
-CREATE OR REPLACE FUNCTION claim_v4(
+CREATE OR REPLACE FUNCTION claim_v5(
     p_namespace text, p_node text, p_lease_ms bigint, p_tolerance_ms bigint,
     p_seen text, p_horizon bigint, p_new_token text, p_sweep integer,
     p_ids text[], p_addresses text[], p_occurrences bigint[], p_max_lates bigint[],
     p_memories bigint[], p_releases bigint[], p_tags text[], p_run_ids text[],
-    p_lives integer[], p_live_kinds bytea[], p_live_keys bytea[],
+    p_lives integer[], p_live_kinds bytea[], p_live_keys bytea[], p_revisions bigint[],
     p_hold_off boolean, p_now_ms bigint
 ) RETURNS TABLE (outcomes text, epoch_token text, epoch_started_ms bigint)
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
@@ -161,9 +176,9 @@ BEGIN
 
     FOR r IN
         SELECT q.* FROM unnest(p_ids, p_addresses, p_occurrences, p_max_lates, p_memories,
-            p_releases, p_tags, p_run_ids, p_lives) WITH ORDINALITY
+            p_releases, p_tags, p_run_ids, p_lives, p_revisions) WITH ORDINALITY
             AS q(id, address, occurrence_ms, max_late_ms, memory_ms, release_ms, tag, run_id,
-                live, ord)
+                live, revision, ord)
         ORDER BY q.id COLLATE "C", q.ord
     LOOP
         tries := 0;
@@ -200,12 +215,13 @@ BEGIN
                 -- Won: pending for the lease; forgotten or overlap: committed for memory.
                 IF letter <> 'R' THEN
                     INSERT INTO claims (until_ms, forget_ms, memory_ms, claimed_ms,
-                        occurrence_ms, format, committed, namespace, id, tag, node, address)
+                        occurrence_ms, format, committed, namespace, id, tag, node, address,
+                        revision)
                         VALUES (
                         now_ms + CASE WHEN letter = 'W' THEN p_lease_ms ELSE r.memory_ms END,
                         now_ms + r.memory_ms + CASE WHEN letter = 'W' THEN p_lease_ms ELSE 0 END,
                         r.memory_ms, now_ms, r.occurrence_ms, 1, letter <> 'W', p_namespace,
-                        r.id, r.tag, p_node, r.address)
+                        r.id, r.tag, p_node, r.address, r.revision)
                         ON CONFLICT DO NOTHING;
                     EXIT WHEN FOUND;
                 END IF;
@@ -233,7 +249,7 @@ BEGIN
                     letter := 'W';
                     UPDATE claims c SET until_ms = now_ms + p_lease_ms,
                         forget_ms = now_ms + p_lease_ms + r.memory_ms,
-                        memory_ms = r.memory_ms, tag = r.tag
+                        memory_ms = r.memory_ms, tag = r.tag, revision = r.revision
                         WHERE c.namespace = p_namespace AND c.id = r.id;
                 ELSE
                     letter := 'H';
@@ -249,7 +265,7 @@ BEGIN
                     forget_ms = greatest(c.forget_ms, now_ms + r.memory_ms),
                     memory_ms = r.memory_ms, claimed_ms = now_ms,
                     occurrence_ms = r.occurrence_ms, committed = true, tag = r.tag,
-                    node = p_node, address = r.address
+                    node = p_node, address = r.address, revision = r.revision
                     WHERE c.namespace = p_namespace AND c.id = r.id;
             ELSE
                 -- A record whose lease or memory ran out: free, whatever its tag; a win
@@ -258,7 +274,7 @@ BEGIN
                 UPDATE claims c SET until_ms = now_ms + p_lease_ms,
                     forget_ms = now_ms + p_lease_ms + r.memory_ms, memory_ms = r.memory_ms,
                     claimed_ms = now_ms, occurrence_ms = r.occurrence_ms, committed = false,
-                    tag = r.tag, node = p_node, address = r.address
+                    tag = r.tag, node = p_node, address = r.address, revision = r.revision
                     WHERE c.namespace = p_namespace AND c.id = r.id;
             END IF;
             EXIT;
@@ -275,6 +291,22 @@ BEGIN
     outcomes := array_to_string(letters, '');
     RETURN NEXT;
 END
+$$;
+
+-- claim_v4: claim_v5 without revisions (the function an earlier beatless calls).
+CREATE OR REPLACE FUNCTION claim_v4(
+    p_namespace text, p_node text, p_lease_ms bigint, p_tolerance_ms bigint,
+    p_seen text, p_horizon bigint, p_new_token text, p_sweep integer,
+    p_ids text[], p_addresses text[], p_occurrences bigint[], p_max_lates bigint[],
+    p_memories bigint[], p_releases bigint[], p_tags text[], p_run_ids text[],
+    p_lives integer[], p_live_kinds bytea[], p_live_keys bytea[],
+    p_hold_off boolean, p_now_ms bigint
+) RETURNS TABLE (outcomes text, epoch_token text, epoch_started_ms bigint)
+LANGUAGE sql SET search_path FROM CURRENT AS $$
+    SELECT * FROM claim_v5(p_namespace, p_node, p_lease_ms, p_tolerance_ms, p_seen,
+        p_horizon, p_new_token, p_sweep, p_ids, p_addresses, p_occurrences, p_max_lates,
+        p_memories, p_releases, p_tags, p_run_ids, p_lives, p_live_kinds, p_live_keys,
+        array_fill(NULL::bigint, ARRAY[coalesce(cardinality(p_ids), 0)]), p_hold_off, p_now_ms)
 $$;
 
 -- claim_v3: claim_v4 without live checks (the function an earlier beatless calls).

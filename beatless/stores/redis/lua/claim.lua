@@ -42,13 +42,15 @@
 -- ARGV[12]  n, the number of requests, or {n}|{L} with L live revision hashes
 -- ARGV[12 + i]      request i:
 --                   {occurrence_ms}|{max_late_ms}|{memory_ms}|{release_ms}|{tag}|{run}|
---                   {live}|{address}
+--                   {live}|{revision}|{address}
 --                   where run is j for the run-lease record KEYS[2 + n + j], 0 for none,
 --                   and -1 for a record in another slot that the caller read just before
 --                   this script (running.lua) and found held (Redis Cluster: see
 --                   redis_cluster.py); live is '' for no live check, else {l}:{field}:
 --                   the field of the l-th live revision hash holding the revision after
---                   the claim's own (see "Live revisions" below); one argument rather than
+--                   the claim's own (see "Live revisions" below); revision is the live
+--                   revision the claim carries, kept in the record ('' for none: see
+--                   prelude.lua); one argument rather than
 --                   eight makes a large batch cheaper to send
 -- ARGV[12 + n + i]  atomic only: the JSON list of commands that enqueue request i
 -- ARGV[13 + 2n]     notes only (atomic, and absent without notes, as are the notes'
@@ -183,12 +185,14 @@ end
 
 local function win(i, key, r)
   if not atomic then
-    return write(key, 'pending', now + lease, r.memory, r.tag, node, lease + r.memory)
+    return write(key, 'pending', now + lease, r.memory, r.tag, node, lease + r.memory,
+      r.revision)
   end
   for _, command in ipairs(cjson.decode(ARGV[12 + n + i])) do
     redis.call(unpack(command))
   end
-  return write(key, 'committed', now + r.memory, r.memory, r.tag, node, r.memory + SLACK)
+  return write(key, 'committed', now + r.memory, r.memory, r.tag, node, r.memory + SLACK,
+    r.revision)
 end
 
 -- Every record the batch reads (claims and run leases), updated as the batch writes.
@@ -233,11 +237,11 @@ local function decide_free(i, key, h, r)
   end
   if lost or (not h and forgot_before and r.release < forgot_before) then
     return 'F', write(key, 'committed', now + r.memory, r.memory, r.tag, node,
-      r.memory + SLACK)
+      r.memory + SLACK, r.revision)
   end
   if running(r) then
     return 'O', write(key, 'committed', now + r.memory, r.memory, r.tag, node,
-      r.memory + SLACK)
+      r.memory + SLACK, r.revision)
   end
   last[#last + 1] = r.address
   last[#last + 1] = string.format('v=1|%s|%d|%d|%s', string.sub(key, id_from), r.occurrence,
@@ -253,7 +257,8 @@ local function decide(i, key, h, r)
   if h.state == 'committed' then return 'L' end
   if h.node == node and not atomic then
     if stale(r) then return 'S' end
-    return 'W', write(key, 'pending', now + lease, r.memory, r.tag, node, lease + r.memory)
+    return 'W', write(key, 'pending', now + lease, r.memory, r.tag, node, lease + r.memory,
+      r.revision)
   end
   return 'H'
 end
@@ -311,11 +316,12 @@ local out = {}
 held = read_all(3, lives_from)
 for i = 1, n do
   local key = KEYS[i + 2]
-  local occurrence, max_late, memory, release, tag, run, live, address = string.match(
-    ARGV[12 + i], '^(%-?%d+)|(%d+)|(%d+)|(%-?%d+)|(%x*)|(%-?%d+)|([%d:]*)|(.*)$')
+  local occurrence, max_late, memory, release, tag, run, live, revision, address =
+    string.match(ARGV[12 + i],
+      '^(%-?%d+)|(%d+)|(%d+)|(%-?%d+)|(%x*)|(%-?%d+)|([%d:]*)|(%d*)|(.*)$')
   local r = {occurrence = tonumber(occurrence), max_late = tonumber(max_late),
     memory = tonumber(memory), release = tonumber(release), tag = tag, run = tonumber(run),
-    live = live, address = address}
+    live = live, revision = revision, address = address}
   local letter, written = decide(i, key, held[key], r)
   out[i] = letter
   if written then held[key] = written end

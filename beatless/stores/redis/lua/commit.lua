@@ -25,7 +25,7 @@ for i = 2, 1 + n do
   local h = held[KEYS[i]]
   if h and h ~= CORRUPT and h.node == node and h.until_ms >= now then
     held[KEYS[i]] = write(KEYS[i], 'committed', now + h.memory, h.memory, h.tag, h.node,
-      h.memory + SLACK)
+      h.memory + SLACK, h.revision)
     out[i - 1] = '1'
   else out[i - 1] = '0' end
 end

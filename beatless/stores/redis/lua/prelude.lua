@@ -9,6 +9,12 @@
 -- tag the task tag of the request that wrote it (hex digits, '' for none), and the node
 -- that holds it (last, so that a node name may contain '|'). A record of version 1,
 -- written by an earlier beatless, has no tag field and is read with tag ''.
+--
+-- The live revision a claim carried (beatless/stores/base.py, "Claim records") follows
+-- the node as \31{revision} (the byte 0x1f, then decimal digits); a claim without one
+-- writes nothing there, as an earlier beatless never did. A beatless that does not know
+-- it reads the record as before, the suffix as part of the node's name: a name no node of
+-- its own has, so it judges the claim another node's, which it is.
 
 if redis.replicate_commands then redis.replicate_commands() end
 local VERSION = ARGV[1]
@@ -34,14 +40,18 @@ local function read(key)
     tag = ''
   end
   if state ~= 'pending' and state ~= 'committed' then return CORRUPT end
+  local name, revision = string.match(node, '^(.*)\31(%d+)$')
   return {state = state, until_ms = tonumber(until_ms), memory = tonumber(memory), tag = tag,
-    node = node}
+    node = name or node, revision = revision or ''}
 end
 
-local function write(key, state, until_ms, memory, tag, node, ttl)
-  redis.call('SET', key, string.format('v=%s|%s|%d|%d|%s|%s', VERSION, state, until_ms, memory,
-    tag, node), 'PX', string.format('%d', math.max(1, ttl)))
-  return {state = state, until_ms = until_ms, memory = memory, tag = tag, node = node}
+-- Writes a claim record; revision is '' for none.
+local function write(key, state, until_ms, memory, tag, node, ttl, revision)
+  local suffix = revision ~= '' and ('\31' .. revision) or ''
+  redis.call('SET', key, string.format('v=%s|%s|%d|%d|%s|%s%s', VERSION, state, until_ms,
+    memory, tag, node, suffix), 'PX', string.format('%d', math.max(1, ttl)))
+  return {state = state, until_ms = until_ms, memory = memory, tag = tag, node = node,
+    revision = revision}
 end
 
 -- Every record from KEYS[first] to KEYS[last], each read once even if its key repeats.

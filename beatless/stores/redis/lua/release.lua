@@ -17,7 +17,7 @@ for i = 1, #KEYS do
   if h and h ~= CORRUPT and h.state == 'pending' and h.node == node then
     local until_ms = math.min(h.until_ms, now - 1)
     held[KEYS[i]] = write(KEYS[i], 'pending', until_ms, h.memory, h.tag, node,
-      until_ms + h.memory - now)
+      until_ms + h.memory - now, h.revision)
   end
 end
 return 0
