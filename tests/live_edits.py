@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from beatless import Entry, Every
+from beatless import Entry, Every, Firing
 from beatless.live import Live, entry_in_force
 from beatless.live.codec import entry_from_json
-from beatless.live.revisions import Revision
+from beatless.live.revisions import Revision, state
 
 MAX_LATE_S = 8
 
@@ -85,3 +85,26 @@ def misrun(
     if task != entry.task or args != list(entry.args):
         return f"{said}: the revision in force sends {entry.task} with args {list(entry.args)}"
     return None
+
+
+def firings_in_force(
+    revisions: Sequence[Revision], namespace: str, start_ms: int, end_ms: int
+) -> dict[str, Firing]:
+    """Every firing of a live entry whose occurrence is in ``[start_ms, end_ms]``, by id:
+    each occurrence of the definition in force at it (from one fence to the next, the
+    state at that revision)."""
+    ordered = sorted(revisions, key=lambda r: r.number)
+    fences = [r.fence_ms for r in ordered[1:]] + [end_ms + 1]
+    firings: dict[str, Firing] = {}
+    for revision, next_fence in zip(ordered, fences, strict=True):
+        lo, hi = max(revision.fence_ms, start_ms), min(next_fence - 1, end_ms)
+        if lo > hi:
+            continue
+        for name, data in state(ordered, revision.number).items():
+            entry = entry_from_json(dict(data))
+            for occurrence in entry.trigger.after(lo - 1):
+                if occurrence > hi:
+                    break
+                firing = Firing.of(entry, None, f"{namespace}/{name}", occurrence)
+                firings[firing.id] = firing
+    return firings

@@ -6,7 +6,8 @@ never outside ``[release - 10 s, occurrence + max_late]``.
 
 * **expected**: the firings whose occurrence lies in the run's window, enumerated
   with beatless's own triggers and :class:`~beatless.Firing` (so the ids are the ones
-  the nodes derive);
+  the nodes derive), and any the test adds (live entries: each occurrence of the
+  revision in force at it);
 * **duplicates**: firings sent more than once (every send counts, in or out of the
   window);
 * **misses**: expected firings that no node sent; **excused** if a fault covered the
@@ -28,7 +29,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,9 +213,11 @@ def analyse(
     failed_sends: int,
     summaries: Sequence[dict[str, Any]],
     faults: Sequence[Fault] = (),
+    also_expected: Mapping[str, Firing] | None = None,
 ) -> Report:
-    """Count what the run broke: see the module docstring for each figure."""
-    expected = expected_firings(schedule, *window_ms)
+    """Count what the run broke: see the module docstring for each figure;
+    ``also_expected``: firings the schedule does not name, by id, expected too."""
+    expected = expected_firings(schedule, *window_ms) | dict(also_expected or {})
     copies = Counter(send.id for send in sends)
     missed = [firing for key, firing in expected.items() if key not in copies]
     stale = [send for send in sends if send.is_stale]

@@ -72,13 +72,14 @@ def require_redis_server() -> None:
 
 
 @pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[Callable[[str], RedisServer]]:
-    """Starts private ``redis-server`` processes on free ports; kills them all at the end."""
+def redis_server(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
+    """Starts private ``redis-server`` processes on free ports (``appendonly=True``: one
+    whose restart keeps what it held); kills them all at the end."""
     require_redis_server()
     servers: list[RedisServer] = []
 
-    def start(name: str) -> RedisServer:
-        server = RedisServer(tmp_path / name, name)
+    def start(name: str, *, appendonly: bool = False) -> RedisServer:
+        server = RedisServer(tmp_path / name, name, appendonly=appendonly)
         servers.append(server)
         return server.start()
 

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from analysis import Fault, Report, analyse, read_records, read_summaries, recor
 from fault_node import build_schedule
 
 import beatless
+from beatless import Firing
 
 NODE_SCRIPT = Path(__file__).with_name("fault_node.py")
 CODE_ROOT = Path(beatless.__file__).resolve().parents[1]
@@ -153,9 +154,12 @@ class Fleet:
         items = [json.loads(line) for line in lines if line.endswith("}")]
         return [item for item in items if "commit" not in item]
 
-    def report(self, window_s: tuple[float, float]) -> Report:
-        """Count duplicates, misses, stale and early sends for occurrences in ``window_s``;
-        print the report and append it to the results file."""
+    def report(
+        self, window_s: tuple[float, float], also_expected: Mapping[str, Firing] | None = None
+    ) -> Report:
+        """Count duplicates, misses, stale and early sends for occurrences in ``window_s``
+        (and the firings ``also_expected`` by id); print the report and append it to the
+        results file."""
         sends, failed = read_records(self.record_path(n) for n in self.names)
         summaries = read_summaries(self.summary_path(n) for n in self.names)
         window_ms = (int(window_s[0] * 1_000), int(window_s[1] * 1_000))
@@ -168,6 +172,7 @@ class Fleet:
             failed_sends=failed,
             summaries=summaries,
             faults=self.faults,
+            also_expected=also_expected,
         )
         report.silent_nodes = [n for n in self.names if not self.summary_path(n).exists()]
         report.files = str(self.workdir)

@@ -4,7 +4,9 @@ The server listens on a free loopback port and keeps its JetStream store in a di
 of the test's own; it is stopped or killed by its pid. :meth:`NatsServer.restart` kills
 it (SIGKILL), deletes that store directory and starts a new server on the same port: a
 NATS whose JetStream storage was lost, so the claim store's bucket (and its epoch, the
-bucket's stream) is gone.
+bucket's stream) is gone. :meth:`NatsServer.kill` then :meth:`NatsServer.start` keeps that
+directory: a NATS killed and started again with what its JetStream wrote (each message
+is written to its file as it is stored, so a SIGKILL loses none).
 """
 
 from __future__ import annotations

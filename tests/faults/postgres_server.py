@@ -7,6 +7,10 @@ of their claims or their epoch. The fault tests do that for real, on a cluster o
 own: ``initdb`` in a temporary directory, ``postgres`` on a free loopback port, and
 :meth:`PostgresServer.restart` SIGKILLs the postmaster and its children by pid, deletes
 the data directory, runs ``initdb`` again and starts a new, empty server on the same port.
+:meth:`PostgresServer.kill` then :meth:`PostgresServer.start` keeps the data directory:
+the server recovers from its WAL, as a crashed PostgreSQL does (with the settings
+:data:`DURABLE`, each commit is in the kernel before it returns, so the SIGKILL loses no
+committed transaction).
 
 This is preferred to dropping the test's schema on the shared server (the other way to
 make the store forget) because it also cuts every node's connection, mid-call or idle,
@@ -41,7 +45,8 @@ INITDB_TIMEOUT_S = 60.0
 DEBIAN_ROOT = Path("/usr/lib/postgresql")
 SERVER_SETTINGS = {
     "listen_addresses": "127.0.0.1",
-    # Nothing it writes must survive it: the data directory is deleted at every restart.
+    # Nothing it writes must survive a crash of the machine (nor, but with DURABLE, of
+    # the server: a restart empty deletes the data directory anyway).
     "fsync": "off",
     "synchronous_commit": "off",
     "full_page_writes": "off",
@@ -49,6 +54,8 @@ SERVER_SETTINGS = {
     "dynamic_shared_memory_type": "mmap",
     "max_connections": "40",
 }
+DURABLE = {"synchronous_commit": "on"}
+"""Settings over :data:`SERVER_SETTINGS` for a server whose restart keeps its data."""
 
 
 def postgres_bindir() -> Path | None:

@@ -2,7 +2,10 @@
 
 Each server listens on a free loopback port, keeps nothing on disk (``--save ""``,
 ``--appendonly no``), and is stopped or killed by its pid. :meth:`RedisServer.restart`
-starts a new, empty server on the same port: a store that lost its memory.
+starts a new, empty server on the same port: a store that lost its memory. A server made
+with ``appendonly=True`` logs every write (``--appendonly yes``, written to the kernel
+before the reply, so a SIGKILL loses none), and a restart reloads it: a store restarted
+with what it held, as a production Redis with persistence is.
 
 A server started with ``replica_of`` (an address: the primary's, or a TCP proxy's in
 front of it) replicates it (``--replicaof``); :meth:`RedisServer.promote` makes it a
@@ -101,10 +104,16 @@ class RedisServer(PrivateServer):
     """One private ``redis-server``: :meth:`start`, :meth:`kill`, :meth:`restart`, :meth:`stop`."""
 
     def __init__(
-        self, workdir: Path, name: str = "redis", *, replica_of: tuple[str, int] | None = None
+        self,
+        workdir: Path,
+        name: str = "redis",
+        *,
+        replica_of: tuple[str, int] | None = None,
+        appendonly: bool = False,
     ) -> None:
         super().__init__(workdir, name)
         self.replica_of = replica_of
+        self.appendonly = appendonly
 
     @property
     def url(self) -> str:
@@ -127,7 +136,8 @@ class RedisServer(PrivateServer):
         command = [
             binary,
             *("--port", str(self.port), "--bind", "127.0.0.1"),
-            *("--save", "", "--appendonly", "no", "--daemonize", "no"),
+            *("--save", "", "--appendonly", "yes" if self.appendonly else "no"),
+            *("--daemonize", "no"),
             *("--dir", str(self.workdir), "--logfile", str(log)),
             *("--repl-diskless-sync-delay", "0"),  # a replica syncs at once, not in 5 s
         ]
@@ -141,7 +151,8 @@ class RedisServer(PrivateServer):
         return self
 
     def restart(self) -> None:
-        """Kill the server and start a new, empty one on the same port."""
+        """Kill the server and start a new one on the same port: empty, or with what its
+        append-only file logged (``appendonly``)."""
         self.kill()
         self.start()
 
