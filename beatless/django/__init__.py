@@ -17,6 +17,22 @@ publishes it as a revision; the others never touch that database.
 
 from __future__ import annotations
 
+from beatless.django._bridge import OWNER, Bridge, PollResult
+from beatless.django._duty import PollDuty
 from beatless.django._mapping import Row, RowRefused, entry_of_row, row_of
+from beatless.django._orm import DjangoRows, Probe
+from beatless.django._start import start_bridge
 
-__all__ = ["Row", "RowRefused", "entry_of_row", "row_of"]
+__all__ = [
+    "OWNER",
+    "Bridge",
+    "DjangoRows",
+    "PollDuty",
+    "PollResult",
+    "Probe",
+    "Row",
+    "RowRefused",
+    "entry_of_row",
+    "row_of",
+    "start_bridge",
+]

@@ -11,7 +11,7 @@ import getpass
 import os
 import socket
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Self
 
@@ -19,7 +19,7 @@ from beatless.core._time import from_datetime
 from beatless.core.durations import DurationLike, as_timedelta, to_ms
 from beatless.errors import ConfigError, ScheduleError
 from beatless.live._ledger import PROPAGATION_MS, Ledger
-from beatless.live.codec import entry_from_json, entry_to_json
+from beatless.live.codec import STORE_OWNER, entry_from_json, entry_to_json, owner_of
 from beatless.live.plan import Plan, make_plan
 from beatless.live.revisions import Change, Revision, diff, history, state
 from beatless.schedule.entry import Entry
@@ -29,6 +29,10 @@ DEFAULT_FENCE_MS = PROPAGATION_MS
 """A revision's fence when none is asked: its commit + 2 s on the store's clock (the
 least allowed: :data:`~beatless.live._ledger.PROPAGATION_MS`)."""
 DEFAULT_WINDOW = "7d"
+_WHERE = {
+    STORE_OWNER: "through beatless.live.Live or `beatless schedule`",
+    "django": "in the Django admin (its django-celery-beat row)",
+}
 
 
 class Live:
@@ -51,6 +55,7 @@ class Live:
         host: str | None = None,
         timezone: str = "UTC",
         owns_store: bool = False,
+        owner: str = STORE_OWNER,
     ) -> None:
         if not store.keeps_notes:
             raise store.cannot_keep()
@@ -65,6 +70,7 @@ class Live:
         self.host = host if host is not None else socket.gethostname()
         self.timezone = timezone
         self.owns_store = owns_store
+        self.owner = owner
         self._ledger = Ledger(store, namespace)
         self._known: dict[int, Revision] = {}
         self._node = f"live-writer:{self.host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -133,9 +139,14 @@ class Live:
         (:class:`~beatless.errors.StaleRevision`) unless it is the current revision.
         ``override``: allowed to write a name the code schedule owns. The fence is the
         commit + 2 s, or + ``effective_in``, or ``at`` (an instant not in the past)."""
-        self._check_names([e.name for e in entries], override)
-        changes = [Change(e.name, entry_to_json(e), e.name in self.code) for e in entries]
-        return self._commit(changes, if_revision, note, effective_in, at)
+        return self.change(
+            put=entries,
+            if_revision=if_revision,
+            note=note,
+            override=override,
+            effective_in=effective_in,
+            at=at,
+        )
 
     def delete(self, name: str, **how: Any) -> Revision:
         """Delete one entry as a new revision (no firing of it at or after the fence)."""
@@ -150,12 +161,55 @@ class Live:
         effective_in: DurationLike | None = None,
         at: datetime | int | None = None,
     ) -> Revision:
-        live = self.state()
-        unknown = [n for n in names if n not in live]
+        return self.change(
+            delete=names, if_revision=if_revision, note=note, effective_in=effective_in, at=at
+        )
+
+    def change(
+        self,
+        put: Sequence[Entry] = (),
+        delete: Sequence[str] = (),
+        *,
+        sources: Mapping[str, Any] | None = None,
+        if_revision: int | None = None,
+        note: str | None = None,
+        override: bool = False,
+        effective_in: DurationLike | None = None,
+        at: datetime | int | None = None,
+    ) -> Revision:
+        """Put ``put`` and delete ``delete`` as one revision, as :meth:`put_many` and
+        :meth:`delete_many` do. ``sources`` gives, by name, what a bridge keeps with an
+        entry it writes (stored as the entry's ``"source"``)."""
+        self._check_names([e.name for e in put], override)
+        live = self.state() if put or delete else {}
+        unknown = [n for n in delete if n not in live]
         if unknown:
             raise ConfigError(f"live entries of {self.namespace!r}: no live entry {unknown[0]!r}")
-        changes = [Change(name, None) for name in names]
+        foreign = [
+            (n, owner_of(live[n]))
+            for n in [*(e.name for e in put), *delete]
+            if n in live and owner_of(live[n]) != self.owner
+        ]
+        if foreign:
+            name, owner = foreign[0]
+            raise ScheduleError(
+                f"live entry {name!r} is owned by {owner!r}, not {self.owner!r} (a name lives "
+                f"in one source): change it {_WHERE.get(owner, 'where it is owned')}"
+            )
+        changes = [
+            Change(e.name, self._stored(e, (sources or {}).get(e.name)), e.name in self.code)
+            for e in put
+        ]
+        changes += [Change(name, None) for name in delete]
         return self._commit(changes, if_revision, note, effective_in, at)
+
+    def _stored(self, entry: Entry, source: Any) -> dict[str, Any]:
+        data = entry_to_json(entry)
+        if self.owner != STORE_OWNER:
+            data["owner"] = self.owner
+        if source is not None:
+            data["source"] = source
+        return data
 
     def revert(
         self,
