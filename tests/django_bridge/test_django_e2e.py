@@ -1,0 +1,195 @@
+"""Real Celery workers with the bridge on, rows edited through the ORM, on SQLite and on
+PostgreSQL: every node sends what the rows say, within seconds of each change."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from service_check import require_service
+
+from beatless.live import Live
+from beatless.stores import open_store
+
+REPO = Path(__file__).resolve().parents[2]
+REDIS_URL = "redis://127.0.0.1:6379/13"
+HASH_EVERY_S = 3
+
+APP = '''
+"""A Celery app of a Django project with the bridge on; its task notes each run."""
+
+import json
+import os
+import time
+
+import redis
+from celery import Celery
+
+import beatless.celery
+
+PREFIX = os.environ["BT_PREFIX"]
+app = Celery(PREFIX)
+app.conf.update(
+    broker_url=os.environ["BT_BROKER"],
+    broker_transport_options={"global_keyprefix": PREFIX + ":"},
+    task_default_queue=PREFIX,
+    worker_enable_remote_control=False,
+    beatless_namespace=PREFIX,
+    beatless_django=True,
+    beatless_django_hash_every=int(os.environ["BT_HASH_EVERY"]),
+)
+beatless.celery.install(app)
+_runs = redis.Redis.from_url(os.environ["BT_BROKER"])
+
+
+@app.task(bind=True, name="dj.record")
+def record(self, *args):
+    occurrence = beatless.celery.occurrence(self.request)
+    _runs.rpush(PREFIX + ":runs", json.dumps({
+        "id": self.request.id,
+        "args": list(args),
+        "occurrence": occurrence.timestamp() if occurrence else None,
+        "name": getattr(self.request, "periodic_task_name", None),
+        "at": time.time(),
+    }))
+'''
+
+
+@pytest.fixture
+def redis_client() -> Iterator[Any]:
+    require_service("Redis", "127.0.0.1", 6379)
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def fleet(
+    tmp_path: Path, database: str, django_project: dict[str, str], redis_client: Any
+) -> Iterator[dict[str, Any]]:
+    """Two worker nodes of one app, on the test's database; killed at the end."""
+    prefix = f"bltest-dj-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "dj_app.py").write_text(textwrap.dedent(APP))
+    env = {
+        **os.environ,
+        **django_project,
+        "BEATLESS_DJANGO_DB": database,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO / "tests"), str(REPO)]),
+        "BT_PREFIX": prefix,
+        "BT_BROKER": REDIS_URL,
+        "BT_HASH_EVERY": str(HASH_EVERY_S),
+    }
+    processes = []
+    for name in ("n1", "n2"):
+        with (tmp_path / f"{name}.log").open("wb") as out:
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "celery", "-A", "dj_app", "worker", "-n",
+                     f"{name}@%h", "-P", "solo", "-l", "INFO", "--without-mingle",
+                     "--without-gossip", "--without-heartbeat"],
+                    cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )  # fmt: skip
+    store = open_store(REDIS_URL, namespace=prefix)
+    try:
+        yield {"prefix": prefix, "live": Live(store, namespace=prefix), "dir": tmp_path}
+    finally:
+        for process in processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+        store.close()
+        for key in redis_client.scan_iter(match=f"*{prefix}*", count=1_000):
+            redis_client.delete(key)
+
+
+def runs(redis_client: Any, prefix: str) -> list[dict[str, Any]]:
+    return [json.loads(r) for r in redis_client.lrange(f"{prefix}:runs", 0, -1)]
+
+
+def wait_for(predicate: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return bool(predicate())
+
+
+def fence_of(live: Live, name: str, after: float) -> float:
+    """The fence (seconds) of the first revision of ``name`` committed after ``after``."""
+    for revision in live.history(name):
+        if revision.committed_ms / 1_000 >= after:
+            return revision.fence_ms / 1_000
+    raise AssertionError(f"no revision of {name!r} after {after}")
+
+
+@pytest.mark.slow
+def test_rows_edited_through_the_orm_run_on_every_node_as_they_say(
+    fleet: dict[str, Any], redis_client: Any
+) -> None:
+    from django_celery_beat.models import ClockedSchedule, IntervalSchedule, PeriodicTask
+
+    prefix, live = fleet["prefix"], fleet["live"]
+    every = IntervalSchedule.objects.create(every=1, period=IntervalSchedule.SECONDS)
+    tick = PeriodicTask.objects.create(name="tick", task="dj.record", interval=every, args="[1]")
+    assert wait_for(lambda: any(r["args"] == [1] for r in runs(redis_client, prefix)), 30), (
+        fleet["dir"] / "n1.log"
+    ).read_text()[-3_000:]
+
+    # An edit through save(): under the new definition from its fence, within 3 s.
+    edited = time.time()
+    tick.args = "[2]"
+    tick.save()
+    assert wait_for(lambda: any(r["args"] == [2] for r in runs(redis_client, prefix)), 10)
+    fence = fence_of(live, "tick", edited)
+    assert fence - edited <= 3.5
+    time.sleep(2)
+    ticks = [r for r in runs(redis_client, prefix) if r["name"] == "tick"]
+    assert all(r["args"] == ([2] if r["occurrence"] >= fence else [1]) for r in ticks)
+    first_new = min(r["occurrence"] for r in ticks if r["args"] == [2])
+    assert first_new - fence < 1.0  # the first occurrence at or after the fence
+
+    # queryset.update(): no signal, no date_changed; the full pass finds it.
+    updated = time.time()
+    PeriodicTask.objects.filter(name="tick").update(args="[3]")
+    limit = HASH_EVERY_S + 1 + 2 + 2  # a full pass, the poll's second, the fence, a margin
+    assert wait_for(lambda: any(r["args"] == [3] for r in runs(redis_client, prefix)), limit)
+    assert fence_of(live, "tick", updated) - updated <= HASH_EVERY_S + 3.5
+
+    # A clocked one-off runs once.
+    when = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=6)
+    clocked = ClockedSchedule.objects.create(clocked_time=when)
+    PeriodicTask.objects.create(name="once", task="dj.record", clocked=clocked, one_off=True,
+                                args='["once"]')  # fmt: skip
+    time.sleep(max(0.0, when.timestamp() - time.time()) + 3)
+
+    # A disabled row stops at its fence.
+    disabled = time.time()
+    tick.refresh_from_db()
+    tick.enabled = False
+    tick.save()
+    assert wait_for(lambda: live.get("tick") is not None and not live.get("tick").enabled, 10)
+    stop = fence_of(live, "tick", disabled)
+    time.sleep(3)
+    done = runs(redis_client, prefix)
+    assert [r["occurrence"] for r in done if r["name"] == "once"] == [when.timestamp()]
+    assert not [r for r in done if r["name"] == "tick" and r["occurrence"] >= stop]
+    assert len({r["id"] for r in done}) == len(done)  # no firing sent twice
+    for name in ("n1", "n2"):
+        assert "beatless node" in (fleet["dir"] / f"{name}.log").read_text()
