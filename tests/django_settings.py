@@ -19,7 +19,13 @@ from typing import Any
 SECRET_KEY = "beatless-tests-only"  # noqa: S105 - a test project, never served
 USE_TZ = True
 TIME_ZONE = "UTC"
-INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "django_celery_beat"]
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django.contrib.messages",
+    "django.contrib.admin",
+    "django_celery_beat",
+]
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 DATABASES: dict[str, dict[str, Any]] = {
     "default": {

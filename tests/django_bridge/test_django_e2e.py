@@ -139,6 +139,29 @@ def fence_of(live: Live, name: str, after: float) -> float:
     raise AssertionError(f"no revision of {name!r} after {after}")
 
 
+def run_selected(prefix: str, live: Live) -> None:
+    """A yearly row, run now through the admin's action of ``beatless.django.admin``."""
+    from celery import Celery
+    from django.contrib import admin
+    from django.test import RequestFactory
+    from django_celery_beat.models import CrontabSchedule, PeriodicTask
+
+    from beatless.django.admin import PeriodicTaskAdmin
+
+    yearly = CrontabSchedule.objects.create(minute="0", hour="0", day_of_month="1",
+                                            month_of_year="1")  # fmt: skip
+    PeriodicTask.objects.create(name="yearly", task="dj.record", crontab=yearly,
+                                args='["manual"]')  # fmt: skip
+    assert wait_for(lambda: live.get("yearly") is not None, 10)
+    app = Celery(prefix, broker=REDIS_URL, set_as_current=False)
+    app.conf.update(beatless_namespace=prefix)
+    model_admin = PeriodicTaskAdmin(PeriodicTask, admin.site)
+    model_admin.celery_app = app
+    request = RequestFactory().post("/")
+    request._messages = type("Said", (), {"add": lambda *a, **k: None})()
+    model_admin.run_tasks(request, PeriodicTask.objects.filter(name="yearly"))
+
+
 @pytest.mark.slow
 def test_rows_edited_through_the_orm_run_on_every_node_as_they_say(
     fleet: dict[str, Any], redis_client: Any
@@ -179,6 +202,9 @@ def test_rows_edited_through_the_orm_run_on_every_node_as_they_say(
                                 args='["once"]')  # fmt: skip
     time.sleep(max(0.0, when.timestamp() - time.time()) + 3)
 
+    # The admin's "Run selected tasks": one manual firing, claimed once by the fleet.
+    run_selected(prefix, live)
+
     # A disabled row stops at its fence.
     disabled = time.time()
     tick.refresh_from_db()
@@ -189,6 +215,7 @@ def test_rows_edited_through_the_orm_run_on_every_node_as_they_say(
     time.sleep(3)
     done = runs(redis_client, prefix)
     assert [r["occurrence"] for r in done if r["name"] == "once"] == [when.timestamp()]
+    assert [r["args"] for r in done if r["name"] == "yearly"] == [["manual"]]
     assert not [r for r in done if r["name"] == "tick" and r["occurrence"] >= stop]
     assert len({r["id"] for r in done}) == len(done)  # no firing sent twice
     for name in ("n1", "n2"):
