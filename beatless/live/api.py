@@ -185,23 +185,28 @@ class Live:
         unknown = [n for n in delete if n not in live]
         if unknown:
             raise ConfigError(f"live entries of {self.namespace!r}: no live entry {unknown[0]!r}")
-        foreign = [
-            (n, owner_of(live[n]))
-            for n in [*(e.name for e in put), *delete]
-            if n in live and owner_of(live[n]) != self.owner
-        ]
-        if foreign:
-            name, owner = foreign[0]
-            raise ScheduleError(
-                f"live entry {name!r} is owned by {owner!r}, not {self.owner!r} (a name lives "
-                f"in one source): change it {_WHERE.get(owner, 'where it is owned')}"
-            )
+        self._check_owners([*(e.name for e in put), *delete], live)
         changes = [
             Change(e.name, self._stored(e, (sources or {}).get(e.name)), e.name in self.code)
             for e in put
         ]
         changes += [Change(name, None) for name in delete]
         return self._commit(changes, if_revision, note, effective_in, at)
+
+    def _check_owners(self, names: Iterable[str], live: Mapping[str, Any]) -> None:
+        """Refuse ``names`` that another owner wrote in the live entries ``live``."""
+        foreign = [n for n in names if n in live and owner_of(live[n]) != self.owner]
+        if foreign:
+            owner = owner_of(live[foreign[0]])
+            raise ScheduleError(
+                f"live entry {foreign[0]!r} is owned by {owner!r}, not {self.owner!r} (a name "
+                f"lives in one source): change it {_WHERE.get(owner, 'where it is owned')}"
+            )
+
+    def _own(self, live: Mapping[str, Any]) -> dict[str, Any]:
+        """The entries of ``live`` this writer's owner wrote: the only ones its plans and
+        reverts change."""
+        return {name: data for name, data in live.items() if owner_of(data) == self.owner}
 
     def _stored(self, entry: Entry, source: Any) -> dict[str, Any]:
         data = entry_to_json(entry)
@@ -221,14 +226,15 @@ class Live:
         at: datetime | int | None = None,
     ) -> Revision:
         """A new revision whose state equals the state at revision ``to`` (0: no live
-        entry), refused if another revision comes first (based on the head it read)."""
+        entry) for this writer's owner's entries (another owner's stay as they are),
+        refused if another revision comes first (based on the head it read)."""
         revisions = self.revisions()
         head = revisions[-1].number if revisions else 0
         if not 0 <= to <= head:
             raise ConfigError(
                 f"live entries of {self.namespace!r}: no revision {to} (current: {head})"
             )
-        changes = diff(state(revisions), state(revisions, to))
+        changes = diff(self._own(state(revisions)), self._own(state(revisions, to)))
         base = head if if_revision is None else if_revision
         return self._commit(changes, base, note or f"revert to {to}", effective_in, at)
 
@@ -244,11 +250,15 @@ class Live:
         override: bool = False,
     ) -> Plan:
         """What making the live entries equal to ``entries`` would do over ``window``
-        from the fence (see :mod:`beatless.live.plan`); writes nothing. ``start_ms``
-        (default: the store's clock) makes it reproducible."""
+        from the fence (see :mod:`beatless.live.plan`); writes nothing. Only this
+        writer's owner's entries are compared and changed: those of another owner (the
+        django-celery-beat bridge's) stay, and a name of theirs in ``entries`` is
+        refused. ``start_ms`` (default: the store's clock) makes it reproducible."""
         self._check_names([e.name for e in entries], override)
         head = self.head()
-        current = state(self.revisions(), head)
+        live = state(self.revisions(), head)
+        self._check_owners([e.name for e in entries], live)
+        current = self._own(live)
         target = {e.name: entry_to_json(e) for e in entries}
         start = self.store.time_ms() if start_ms is None else start_ms
         fence = start + _delay_ms(effective_in)

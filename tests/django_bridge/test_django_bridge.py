@@ -207,3 +207,20 @@ def test_a_one_off_row_keeps_its_occurrence_when_other_rows_change(
     assert live_entries(store)["once"].trigger == before
     now = datetime.now(UTC)
     assert now < before.instant <= now + timedelta(seconds=64)
+
+
+def test_plans_and_reverts_by_hand_leave_the_bridges_entries_alone(
+    database: str, store: MemoryStore, settings: CelerySettings
+) -> None:
+    task("row", interval=every(10))
+    bridge_of(store, settings).poll()
+    by_hand = Live(store, namespace="proj")
+    by_hand.put(Entry(name="mine", task="proj.x", trigger=Every(60)))
+    plan = by_hand.plan([Entry(name="other", task="proj.x", trigger=Every(60))])
+    assert sorted(c.name for c in plan.changes) == ["mine", "other"]
+    by_hand.apply(plan)
+    assert set(live_entries(store)) == {"row", "other"}
+    by_hand.revert(to=0)
+    assert set(live_entries(store)) == {"row"}
+    with pytest.raises(ScheduleError, match="owned by 'django'"):
+        by_hand.plan([Entry(name="row", task="proj.x", trigger=Every(60))])
