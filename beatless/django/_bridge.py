@@ -39,6 +39,7 @@ from beatless.celery._settings import CelerySettings
 from beatless.core._logtext import shown
 from beatless.django._mapping import Row, RowRefused, entry_of_row
 from beatless.django._orm import Probe
+from beatless.errors import StaleRevision
 from beatless.live.api import Live
 from beatless.live.codec import owner_of
 from beatless.live.revisions import Revision, state
@@ -72,6 +73,9 @@ class PollResult:
     complete: bool = False
     revision: Revision | None = None
     refused: list[str] = field(default_factory=list)
+    stale: bool = False
+    """Another poller's revision came first: nothing written; the next poll compares the
+    rows again with it."""
 
 
 class Bridge:
@@ -107,7 +111,8 @@ class Bridge:
             unexplained = result.revision is None and probe.last_update != seen.last_update
             if gone or unexplained:
                 result = self._publish(self.rows.all(), complete=True)
-        self._probe = probe
+        if not result.stale:
+            self._probe = probe
         return result
 
     def _publish_counted(self, rows: list[Row]) -> tuple[PollResult, int]:
@@ -150,13 +155,16 @@ class Bridge:
             deletes |= {name for name in mine if name not in names}
         deletes -= set(sources)
         if puts or deletes:
-            result.revision = self.live.change(
-                puts,
-                sorted(deletes),
-                sources=sources,
-                if_revision=head,
-                note=_note(puts, deletes),
-            )
+            try:
+                result.revision = self.live.change(
+                    puts,
+                    sorted(deletes),
+                    sources=sources,
+                    if_revision=head,
+                    note=_note(puts, deletes),
+                )
+            except StaleRevision:  # another node's poll published first: compare again
+                result.stale = True
         return result
 
     def _entry(self, row: Row, current: Mapping[str, Any], fence_ms: int) -> Entry:

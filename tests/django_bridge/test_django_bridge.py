@@ -224,3 +224,33 @@ def test_plans_and_reverts_by_hand_leave_the_bridges_entries_alone(
     assert set(live_entries(store)) == {"row"}
     with pytest.raises(ScheduleError, match="owned by 'django'"):
         by_hand.plan([Entry(name="row", task="proj.x", trigger=Every(60))])
+
+
+def test_a_poll_that_loses_the_revision_race_writes_nothing_and_compares_again(
+    database: str, store: MemoryStore, settings: CelerySettings
+) -> None:
+    by_hand = Live(store, namespace="proj")
+
+    class Racing(Live):
+        """A writer whose first change comes just after another writer's revision."""
+
+        raced = False
+
+        def change(self, *args: Any, **kwargs: Any) -> Any:
+            if not self.raced:
+                self.raced = True
+                by_hand.put(Entry(name="first", task="proj.x", trigger=Every(60)))
+            return super().change(*args, **kwargs)
+
+    live = Racing(store, namespace="proj", owner="django")
+    bridge = Bridge(live, DjangoRows(), settings)
+    task("row", interval=every(10))
+    lost = bridge.poll()
+    assert lost is not None
+    assert lost.stale
+    assert lost.revision is None
+    assert set(live_entries(store)) == {"first"}
+    again = bridge.poll()  # the markers have not moved, but the last poll wrote nothing
+    assert again is not None
+    assert again.revision is not None
+    assert set(live_entries(store)) == {"first", "row"}
