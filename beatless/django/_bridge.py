@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from beatless.celery._settings import CelerySettings
 from beatless.core._logtext import shown
@@ -42,7 +42,7 @@ from beatless.django._orm import Probe
 from beatless.errors import StaleRevision
 from beatless.live.api import Live
 from beatless.live.codec import owner_of
-from beatless.live.revisions import Revision, state
+from beatless.live.revisions import Revision
 from beatless.schedule.entry import Entry
 
 logger = logging.getLogger(__name__)
@@ -76,6 +76,17 @@ class PollResult:
     stale: bool = False
     """Another poller's revision came first: nothing written; the next poll compares the
     rows again with it."""
+
+
+class _View(NamedTuple):
+    """The live entries a poll compares its rows with."""
+
+    head: int
+    current: dict[str, Any]
+    mine: dict[str, Any]
+    """The entries owned by ``django``."""
+    by_id: dict[Any, str]
+    """Their names, by row id."""
 
 
 class Bridge:
@@ -116,19 +127,18 @@ class Bridge:
         return result
 
     def _publish_counted(self, rows: list[Row]) -> tuple[PollResult, int]:
-        known = {source_of(d)[0] for d in self._mine(state(self.live.revisions())).values()}
-        new = sum(1 for row in rows if row.id not in known)
-        return self._publish(rows, complete=False), new
+        view = self._view()
+        new = sum(1 for row in rows if row.id not in view.by_id)
+        return self._publish(rows, complete=False, view=view), new
 
-    def _mine(self, current: Mapping[str, Any]) -> dict[str, Any]:
-        return {name: data for name, data in current.items() if owner_of(data) == OWNER}
-
-    def _publish(self, rows: list[Row], *, complete: bool) -> PollResult:
-        revisions = self.live.revisions()
-        head = revisions[-1].number if revisions else 0
-        current = state(revisions)
-        mine = self._mine(current)
+    def _view(self) -> _View:
+        head, current = self.live.snapshot()
+        mine = {name: data for name, data in current.items() if owner_of(data) == OWNER}
         by_id = {source_of(data)[0]: name for name, data in mine.items()}
+        return _View(head, current, mine, by_id)
+
+    def _publish(self, rows: list[Row], *, complete: bool, view: _View | None = None) -> PollResult:
+        head, current, mine, by_id = view or self._view()
         fence_ms = self.live.store.time_ms() + ONE_OFF_LEAD_MS
         result = PollResult(read=len(rows), complete=complete)
         puts: list[Entry] = []

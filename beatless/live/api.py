@@ -21,7 +21,7 @@ from beatless.errors import ConfigError, ScheduleError
 from beatless.live._ledger import PROPAGATION_MS, Ledger
 from beatless.live.codec import STORE_OWNER, entry_from_json, entry_to_json, owner_of
 from beatless.live.plan import Plan, make_plan
-from beatless.live.revisions import Change, Revision, diff, history, state
+from beatless.live.revisions import Change, Revision, diff, fold, history, state
 from beatless.schedule.entry import Entry
 from beatless.stores.base import ClaimStore
 
@@ -73,6 +73,10 @@ class Live:
         self.owner = owner
         self._ledger = Ledger(store, namespace)
         self._known: dict[int, Revision] = {}
+        self._current: dict[str, Any] = {}
+        """The state after the revisions folded so far (:meth:`state`)."""
+        self._folded = 0
+        """The revisions folded into it: 1 to this."""
         self._node = f"live-writer:{self.host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
     def __repr__(self) -> str:
@@ -103,9 +107,31 @@ class Live:
             self._known[revision.number] = revision
         return [self._known[n] for n in range(1, head + 1) if n in self._known]
 
+    def snapshot(self) -> tuple[int, dict[str, Any]]:
+        """The current revision number and the live entries at it, as :meth:`state`."""
+        revisions = self.revisions()
+        return (revisions[-1].number if revisions else 0), self._now(revisions)
+
     def state(self, at_revision: int | None = None) -> dict[str, Any]:
-        """The live entries as JSON at ``at_revision`` (``None``: now)."""
-        return state(self.revisions(), at_revision)
+        """The live entries as JSON at ``at_revision`` (``None``: now). The current state
+        is kept and advanced by the revisions read since: a change costs its own size,
+        not the number of entries times the number of revisions."""
+        revisions = self.revisions()
+        if at_revision is not None:
+            return state(revisions, at_revision)
+        return self._now(revisions)
+
+    def _now(self, revisions: Sequence[Revision]) -> dict[str, Any]:
+        """The state after ``revisions`` (every revision, in number order), kept between
+        calls and advanced by the newer ones."""
+        if revisions and revisions[-1].number != len(revisions):  # a revision unread: no cache
+            return state(revisions)
+        if len(revisions) < self._folded:  # the store forgot revisions
+            self._current, self._folded = {}, 0
+        for revision in revisions[self._folded :]:
+            fold(self._current, revision.changes, in_place=True)
+            self._folded = revision.number
+        return dict(self._current)
 
     def get(self, name: str) -> Entry | None:
         found = self.state().get(name)

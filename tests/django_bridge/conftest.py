@@ -44,11 +44,21 @@ def django_project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
         "BEATLESS_DJANGO_SQLITE": str(tmp_path_factory.mktemp("django") / "rows.db"),
         "BEATLESS_DJANGO_SCHEMA": schema,
     }
-    os.environ.update(env)
     _schema(schema, drop=False)
     try:
         if not settings.configured:
-            django.setup()
+            # The settings module reads its environment once, here; the environment is
+            # put back at once, so that no other test's subprocess inherits Django.
+            before = {name: os.environ.get(name) for name in env}
+            os.environ.update(env)
+            try:
+                django.setup()
+            finally:
+                for name, value in before.items():
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
         from django.core.management import call_command
 
         for alias in DATABASES:
