@@ -53,6 +53,7 @@ class PollDuty:
         clock: Callable[[], float] = time.time,
         hash_every_s: int = HASH_EVERY_S,
         close: Callable[[], None] = lambda: None,
+        each_second: Callable[[], object] = lambda: None,
     ) -> None:
         if not isinstance(hash_every_s, int) or hash_every_s < 1:
             raise ValueError(f"hash_every must be a whole number of seconds, got {hash_every_s!r}")
@@ -64,6 +65,9 @@ class PollDuty:
         self.clock = clock
         self.hash_every_s = hash_every_s
         self.close = close
+        self.each_second = each_second
+        """Called by the thread once a second, whether this node polled or not (the
+        write-back of :mod:`beatless.django._writeback`)."""
         """Called by the thread as it ends: closes its connections to the database."""
         self.polls = 0
         """Seconds this node won and polled."""
@@ -108,12 +112,18 @@ class PollDuty:
             second = (int(self.clock() * 1_000) // 1_000 + 1) * 1_000
             rank = self.rank(second)
             if rank > 1:
-                self._sleep_until(second + 1_000)
+                if self._sleep_until(second):
+                    return
+                try:
+                    self.each_second()
+                except Exception as exc:
+                    self._warn(exc)
                 continue
             if self._sleep_until(second + rank * BACKUP_MS):
                 return
             try:
                 self.turn(second)
+                self.each_second()
             except Exception as exc:  # a database or store error costs this second only
                 self._warn(exc)
 

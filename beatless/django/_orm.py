@@ -72,6 +72,23 @@ class DjangoRows:
         self._fresh()
         return [row_of(task) for task in self._tasks().select_related(*KINDS).order_by("id")]
 
+    def record_runs(self, runs: dict[str, tuple[datetime, int]]) -> None:
+        """Per row name, its latest run and how many more runs: ``last_run_at`` moved
+        forward only, ``total_run_count`` added to, one ``UPDATE`` per row in autocommit
+        (:mod:`beatless.django._writeback`)."""
+        from django.db.models import Case, DateTimeField, F, Q, Value, When
+
+        self._fresh()
+        for name, (last, count) in runs.items():
+            later = Q(last_run_at__isnull=True) | Q(last_run_at__lt=last)
+            self._tasks().filter(name=name).update(
+                total_run_count=F("total_run_count") + count,
+                last_run_at=Case(
+                    When(later, then=Value(last, output_field=DateTimeField())),
+                    default=F("last_run_at"),
+                ),
+            )
+
     def close(self) -> None:
         """Close this thread's connections to the database."""
         from django.db import connections

@@ -12,6 +12,10 @@ Celery's settings from its own with the ``CELERY`` namespace):
 ``beatless_django_hash_every``     Seconds between two full passes (every row read and
                                    compared), which find changes no marker shows:
                                    ``queryset.update()``, raw SQL. Default: 60.
+``beatless_django_write_back``     Write ``last_run_at`` and ``total_run_count`` of the rows
+                                   this node sent, once a second, with no row lock held
+                                   past one ``UPDATE`` (:mod:`beatless.django._writeback`).
+                                   Default: False.
 =================================  ==========================================================
 """
 
@@ -26,8 +30,10 @@ from beatless.core.durations import as_timedelta
 from beatless.django._bridge import OWNER, Bridge
 from beatless.django._duty import HASH_EVERY_S, PollDuty
 from beatless.django._orm import DjangoRows
+from beatless.django._writeback import WriteBack
 from beatless.errors import ConfigError
 from beatless.live.api import Live
+from beatless.schedule.firing import Decision
 
 
 def django_ready() -> Any:
@@ -68,6 +74,26 @@ def hash_every(app: Any) -> int:
     return int(seconds)
 
 
+def _write_back(app: Any, scheduler: CeleryScheduler, rows: DjangoRows) -> WriteBack | None:
+    """The write-back of ``beatless_django_write_back``, hooked to the scheduler's
+    decisions (after any hook it had), else ``None``."""
+    value = app.conf.get("beatless_django_write_back", False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"beatless_django_write_back must be True or False, got {value!r}")
+    if not value:
+        return None
+    write_back = WriteBack(rows)
+    before = scheduler.on_decision
+
+    def decided(decision: Decision) -> None:
+        if before is not None:
+            before(decision)
+        write_back.decided(decision)
+
+    scheduler.on_decision = decided
+    return write_back
+
+
 def start_bridge(app: Any, scheduler: CeleryScheduler, settings: CelerySettings) -> PollDuty:
     """Start the poll duty of this node (its thread), publishing into the node's claim
     store and namespace; stop it with :meth:`PollDuty.stop`."""
@@ -84,6 +110,7 @@ def start_bridge(app: Any, scheduler: CeleryScheduler, settings: CelerySettings)
     )
     tz_aware = bool(getattr(django_settings, "DJANGO_CELERY_BEAT_TZ_AWARE", True))
     preference = scheduler.preference
+    write_back = _write_back(app, scheduler, rows)
     duty = PollDuty(
         Bridge(live, rows, settings, tz_aware=tz_aware),
         scheduler.claim_store,
@@ -93,6 +120,7 @@ def start_bridge(app: Any, scheduler: CeleryScheduler, settings: CelerySettings)
         clock=scheduler.clock,
         hash_every_s=hash_every(app),
         close=rows.close,
+        each_second=write_back.flush if write_back is not None else lambda: None,
     )
     duty.start()
     return duty

@@ -1,5 +1,6 @@
-"""Real Celery workers with the bridge on, rows edited through the ORM, on SQLite and on
-PostgreSQL: every node sends what the rows say, within seconds of each change."""
+"""Real Celery workers with the bridge on (and its write-back), rows edited through the
+ORM, on SQLite and on PostgreSQL: every node sends what the rows say, within seconds of
+each change."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ app.conf.update(
     beatless_namespace=PREFIX,
     beatless_django=True,
     beatless_django_hash_every=int(os.environ["BT_HASH_EVERY"]),
+    beatless_django_write_back=True,
 )
 beatless.celery.install(app)
 _runs = redis.Redis.from_url(os.environ["BT_BROKER"])
@@ -218,5 +220,7 @@ def test_rows_edited_through_the_orm_run_on_every_node_as_they_say(
     assert [r["args"] for r in done if r["name"] == "yearly"] == [["manual"]]
     assert not [r for r in done if r["name"] == "tick" and r["occurrence"] >= stop]
     assert len({r["id"] for r in done}) == len(done)  # no firing sent twice
+    once = PeriodicTask.objects.get(name="once")  # written back by the node that sent it
+    assert (once.last_run_at, once.total_run_count) == (when, 1)
     for name in ("n1", "n2"):
         assert "beatless node" in (fleet["dir"] / f"{name}.log").read_text()
