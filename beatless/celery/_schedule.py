@@ -124,19 +124,27 @@ def check_app(app: Any, settings: CelerySettings | None = None) -> Checked:
     return checked(entries, problems, namespace=settings.namespace, timezone=settings.timezone)
 
 
+MIGRATING = "docs/migrating-from-beat.md, 'From django-celery-beat or RedBeat: what to do now'"
+_MOVE = (
+    "move the periodic tasks you need into beat_schedule and remove the beat_scheduler "
+    f"setting: see {MIGRATING}"
+)
 FOREIGN_SCHEDULERS = {
     "django_celery_beat.schedulers.DatabaseScheduler": (
         "django-celery-beat's DatabaseScheduler",
         "in the database (its PeriodicTask rows)",
+        "To keep the rows and the Django admin, remove the beat_scheduler setting and set "
+        "beatless_django = True: every worker node then schedules the rows (see "
+        "docs/migrating-from-beat.md, 'From django-celery-beat: the bridge'); or " + _MOVE,
     ),
     "redbeat.RedBeatScheduler": (
         "RedBeat's RedBeatScheduler",
         "in Redis (with the entries saved there at run time)",
+        "M" + _MOVE[1:],
     ),
 }
 """The beat schedulers whose schedule lives outside ``beat_schedule``: by class path,
-what it is and where its schedule lives."""
-MIGRATING = "docs/migrating-from-beat.md, 'From django-celery-beat or RedBeat: what to do now'"
+what it is, where its schedule lives and what to do."""
 _SCHEDULER_ALIASES = {
     "django": "django_celery_beat.schedulers.DatabaseScheduler",
     "redbeat.schedulers.RedBeatScheduler": "redbeat.RedBeatScheduler",
@@ -159,13 +167,12 @@ def foreign_scheduler(app: Any, entries: int) -> str | None:
     name = _SCHEDULER_ALIASES.get(name, name)
     if name not in FOREIGN_SCHEDULERS:
         return None
-    what, where = FOREIGN_SCHEDULERS[name]
+    what, where, advice = FOREIGN_SCHEDULERS[name]
     return (
         f"beat_scheduler {value!r} is {what}: its schedule lives {where}, and beatless does "
         f"not load it; beatless reads only beat_schedule ({entries} entr"
-        f"{'y' if entries == 1 else 'ies'} here), which that scheduler sends as well. Move "
-        f"the periodic tasks you need into beat_schedule and remove the beat_scheduler "
-        f"setting: see {MIGRATING}"
+        f"{'y' if entries == 1 else 'ies'} here), which that scheduler sends as well. "
+        f"{advice}"
     )
 
 

@@ -238,6 +238,7 @@ def test_a_beat_scheduler_whose_schedule_lives_elsewhere_is_named_at_check_and_s
     assert "beatless does not load it" in problem
     assert "beat_schedule (1 entry here)" in problem
     assert "docs/migrating-from-beat.md" in problem
+    assert ("set beatless_django = True" in problem) is said.startswith("django")
     worker = SimpleNamespace(app=app, hostname="w")
     with caplog.at_level(logging.INFO, logger="beatless"), pytest.raises(StartRefused) as caught:
         BeatlessStep(worker).start(worker)
