@@ -95,26 +95,42 @@ def fleet(
         "BT_BROKER": REDIS_URL,
         "BT_HASH_EVERY": str(HASH_EVERY_S),
     }
-    processes = []
-    for name in ("n1", "n2"):
-        with (tmp_path / f"{name}.log").open("wb") as out:
-            processes.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "celery", "-A", "dj_app", "worker", "-n",
-                     f"{name}@%h", "-P", "solo", "-l", "INFO", "--without-mingle",
-                     "--without-gossip", "--without-heartbeat"],
-                    cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )  # fmt: skip
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def start() -> None:
+        """Start both nodes (again), each appending to its log."""
+        for name in ("n1", "n2"):
+            with (tmp_path / f"{name}.log").open("ab") as out:
+                processes.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "celery", "-A", "dj_app", "worker", "-n",
+                         f"{name}@%h", "-P", "solo", "-l", "INFO", "--without-mingle",
+                         "--without-gossip", "--without-heartbeat"],
+                        cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )  # fmt: skip
+
+    def kill() -> None:
+        """SIGKILL every node's process group, each once (by its own pid)."""
+        for process in processes:
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+
+    start()
     store = open_store(REDIS_URL, namespace=prefix)
     try:
-        yield {"prefix": prefix, "live": Live(store, namespace=prefix), "dir": tmp_path}
+        yield {
+            "prefix": prefix,
+            "live": Live(store, namespace=prefix),
+            "dir": tmp_path,
+            "start": start,
+            "kill": kill,
+        }
     finally:
-        for process in processes:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
+        kill()
         store.close()
         for key in redis_client.scan_iter(match=f"*{prefix}*", count=1_000):
             redis_client.delete(key)
@@ -224,3 +240,30 @@ def test_rows_edited_through_the_orm_run_on_every_node_as_they_say(
     assert (once.last_run_at, once.total_run_count) == (when, 1)
     for name in ("n1", "n2"):
         assert "beatless node" in (fleet["dir"] / f"{name}.log").read_text()
+
+
+@pytest.mark.slow
+def test_clocked_one_offs_run_once_across_a_kill_and_a_restart_of_every_node(
+    fleet: dict[str, Any], redis_client: Any
+) -> None:
+    """One one-off runs before every node is killed (-9) and must not run again after the
+    restart; another falls while no node runs and runs once, after it."""
+    from django_celery_beat.models import ClockedSchedule, PeriodicTask
+
+    prefix, live = fleet["prefix"], fleet["live"]
+    soon = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=8)
+    down = soon + timedelta(seconds=6)
+    for name, when in (("before", soon), ("during", down)):
+        clocked = ClockedSchedule.objects.create(clocked_time=when)
+        PeriodicTask.objects.create(name=name, task="dj.record", clocked=clocked,
+                                    one_off=True, args=f'["{name}"]')  # fmt: skip
+    assert wait_for(lambda: live.get("during") is not None, 20)
+    ran = lambda name: [r for r in runs(redis_client, prefix) if r["name"] == name]  # noqa: E731
+    assert wait_for(lambda: ran("before"), soon.timestamp() - time.time() + 10)
+    fleet["kill"]()
+    time.sleep(max(0.0, down.timestamp() - time.time()) + 2)
+    fleet["start"]()
+    assert wait_for(lambda: ran("during"), 30)
+    time.sleep(4)
+    assert [r["occurrence"] for r in ran("before")] == [soon.timestamp()]
+    assert [r["occurrence"] for r in ran("during")] == [down.timestamp()]
