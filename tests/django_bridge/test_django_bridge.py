@@ -3,6 +3,7 @@ claim store's live entries."""
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -254,3 +255,32 @@ def test_a_poll_that_loses_the_revision_race_writes_nothing_and_compares_again(
     assert again is not None
     assert again.revision is not None
     assert set(live_entries(store)) == {"first", "row"}
+
+
+def test_a_beatless_beat_runs_the_bridge_and_stops_it_on_close(
+    database: str, tmp_path: Any
+) -> None:
+    from beatless.celery import BeatScheduler
+
+    task("beat-row", interval=every(10))
+    app = Celery("proj", broker="memory://", set_as_current=False)
+    app.conf.update(
+        beatless_store_url=f"sqlite:///{tmp_path / 'claims.db'}",
+        beatless_django=True,
+        beatless_django_database=database,
+    )
+    beat = BeatScheduler(app=app)
+    try:
+        assert beat.bridge is not None
+        assert beat.bridge._thread.is_alive()
+        store = beat.beatless.claim_store  # type: ignore[union-attr]
+        polled = lambda: "beat-row" in {e.name for e in Live(store, namespace="proj").list()}  # noqa: E731
+        deadline = time.monotonic() + 10
+        while not polled() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert polled()
+        thread = beat.bridge._thread
+    finally:
+        beat.close()
+    assert beat.bridge is None
+    assert not thread.is_alive()
