@@ -28,8 +28,9 @@ arguments are changed through ``save()`` every second (at a random instant of it
 ``--seconds``. Printed: the
 nodes' start-up (from the workers' start to every tick row's first run), each edit's
 delay until its first run under the new arguments (by occurrence), the lateness of every
-tick run (the task's start minus its occurrence), and the tick occurrences missed or run
-twice; and when each edit took effect (its revision's fence, read from the store).
+tick run while the edits go on (the task's start minus its occurrence), the tick
+occurrences missed or run twice, and when each edit took effect (its revision's fence,
+read from the store).
 """
 
 from __future__ import annotations
@@ -292,7 +293,7 @@ def measure_fleet(
         under = [r["occurrence"] for r in done if r["name"] == name and r["args"] == [value]]
         if under:
             delays.append(min(under) - at)
-    lateness = [r["at"] - r["occurrence"] for r in done if r["occurrence"]]
+    lateness = [r["at"] - r["occurrence"] for r in done if (r["occurrence"] or 0) >= first]
     window = range(int(first) + 1, int(first) + seconds)
     sent = [(r["name"], r["occurrence"]) for r in done]
     expected = {(f"tick-{i}", float(s)) for i in range(TICKS) for s in window}
