@@ -163,7 +163,11 @@ def _imported_distributions(package: Path) -> dict[str, set[str]]:
 
 @pytest.mark.parametrize(
     ("package", "extras"),
-    [("celery", ("celery", "redis", "redbeat")), ("dramatiq", ("dramatiq", "redis", "rabbitmq"))],
+    [
+        ("celery", ("celery", "redis", "redbeat")),
+        ("dramatiq", ("dramatiq", "redis", "rabbitmq")),
+        ("django", ("django",)),
+    ],
 )
 def test_every_package_an_integration_imports_is_declared_by_its_extras(
     package: str, extras: tuple[str, ...]
@@ -175,7 +179,7 @@ def test_every_package_an_integration_imports_is_declared_by_its_extras(
 
 def test_the_test_group_installs_every_package_of_the_integration_extras() -> None:
     test_group = {_name(r) for r in _pyproject()["dependency-groups"]["test"] if isinstance(r, str)}
-    assert _declared("celery", "dramatiq", "redis", "rabbitmq") <= test_group
+    assert _declared("celery", "dramatiq", "redis", "rabbitmq", "django") <= test_group
 
 
 def test_every_driver_the_hint_names_is_what_its_extra_declares() -> None:

@@ -145,6 +145,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("beatless.node",),
     ("beatless.ops",),
     ("beatless.celery", "beatless.dramatiq"),
+    ("beatless.django",),
     ("beatless.cli",),
 )
 """The layers of the package, lowest first, each a tuple of packages (or modules). A

@@ -381,3 +381,37 @@ def test_a_node_whose_clock_is_ahead_never_takes_an_old_read_for_a_fresh_one(
     late = [(f.occurrence_ms, f.entry.args) for f in sent if f.occurrence_ms >= edit.fence_ms]
     assert late
     assert all(args == (2,) for _, args in late), late
+
+
+def test_a_read_made_while_a_revision_is_applied_does_not_hold_the_confirmation_back() -> None:
+    """The board may read the head while the loop applies a large revision (10,000 entries
+    take a while): that read sees the revision neither pending nor applied and reads it
+    again. Kept as a gap, it held every later read from confirming the head, so the node
+    never claimed a live firing again."""
+    now = [1_800_000_000.0]
+    store = MemoryStore(clock=lambda: now[0])
+    live = Live(store, namespace=NS)
+    view = LiveView(
+        store,
+        Schedule([], namespace=NS),
+        enabled=True,
+        now_ms=store.time_ms,
+        offset_ms=lambda: 0,
+        arrived=lambda: None,
+    )
+    live.put(every("live", 3600))
+    view.read()
+    applying = view._apply
+
+    def read_meanwhile(revision: Any) -> Any:
+        view.read()  # the board's sync, on its own thread, in the middle of the apply
+        return applying(revision)
+
+    view._apply = read_meanwhile  # type: ignore[method-assign]
+    view.apply()
+    view._apply = applying  # type: ignore[method-assign]
+    assert view.revision == 1
+    now[0] += 5
+    view.read()
+    view.apply()
+    assert view.confirmed_ms == store.time_ms()  # the later read confirms the head

@@ -10,6 +10,9 @@ names the same class, so configurations written with that name keep working.
 Beat's own default entries (``celery.backend_cleanup``) are not added: they would run
 on every beat host at once; declare the cleanup in ``beat_schedule`` if you need it.
 
+With ``beatless_django`` on, each beat process also runs the django-celery-beat bridge
+(:mod:`beatless.django`), as a worker node does.
+
 A schedule with problems stops beat at start with one error listing every problem,
 whatever ``beatless_on_schedule_error`` says: a beat process does nothing but schedule.
 """
@@ -23,7 +26,7 @@ from celery import beat
 
 from beatless.celery._schedule import CeleryScheduler, build_scheduler, check_app
 from beatless.celery._settings import CelerySettings
-from beatless.celery._worker import publish_metrics
+from beatless.celery._worker import publish_metrics, start_bridge
 from beatless.core.urls import mask_url
 from beatless.errors import ConfigError
 from beatless.ops import metrics
@@ -38,6 +41,8 @@ class BeatScheduler(beat.Scheduler):  # type: ignore[misc]
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         self.beatless: CeleryScheduler | None = None
+        self.bridge: Any = None
+        """The django-celery-beat bridge's poll duty (``beatless_django``), else ``None``."""
         super().__init__(app, *args, **kwargs)
 
     def setup_schedule(self) -> None:
@@ -65,12 +70,20 @@ class BeatScheduler(beat.Scheduler):  # type: ignore[misc]
         )
         scheduler.board.start()  # beat drives the loop's wakes; the registry runs beside it
         publish_metrics(scheduler, settings)
+        try:
+            self.bridge = start_bridge(self.app, scheduler, settings)
+        except BaseException:
+            scheduler.close()
+            raise
         return scheduler
 
     def sync(self) -> None:
         """Nothing to persist: the claims are the state, and they live in the store."""
 
     def close(self) -> None:
+        bridge, self.bridge = self.bridge, None
+        if bridge is not None:
+            bridge.stop()
         beatless, self.beatless = self.beatless, None
         if beatless is not None:
             metrics.unregister(beatless)

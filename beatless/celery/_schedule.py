@@ -141,13 +141,18 @@ def check_app(app: Any, settings: CelerySettings | None = None) -> Checked:
     )
 
 
+MIGRATING = "docs/migrating-from-beat.md, 'From django-celery-beat or RedBeat: what to do now'"
+_MOVE = (
+    "move the periodic tasks you need into beat_schedule and remove the beat_scheduler "
+    f"setting: see {MIGRATING}"
+)
 FOREIGN_SCHEDULERS = {
     "django_celery_beat.schedulers.DatabaseScheduler": (
         "django-celery-beat's DatabaseScheduler",
         "in the database (its PeriodicTask rows)",
         "turn on the django-celery-beat bridge (app.conf.beatless_django = True: every node "
         "then schedules the rows, and the Django admin keeps editing them; see "
-        "docs/migrating-from-django-celery-beat.md)",
+        "docs/migrating-from-beat.md, 'From django-celery-beat: the bridge')",
     ),
     "redbeat.RedBeatScheduler": (
         "RedBeat's RedBeatScheduler",

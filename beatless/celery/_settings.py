@@ -45,6 +45,9 @@
 ``beatless_live``                  Each worker node also schedules the live entries written
                                    in the store (``beatless.live``); off: code entries only.
                                    Default: True.
+``beatless_django``                Each worker node schedules django-celery-beat's rows too,
+                                   one node a second reading what changed
+                                   (:mod:`beatless.django`). Default: False.
 ``beatless_expires_from_lateness`` Give each message an ``expires`` at the end of its firing's
                                    lateness budget (jitter + max_late). Default: False.
 ``beatless_on_schedule_error``     ``"refuse"`` (default): a worker whose schedule has

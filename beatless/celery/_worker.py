@@ -43,6 +43,7 @@ from typing import Any, NoReturn
 import click
 from celery import bootsteps
 from celery.exceptions import WorkerShutdown
+from celery.utils.imports import symbol_by_name
 
 from beatless.celery._gate import RunGate, find_gate, gate_of
 from beatless.celery._schedule import (
@@ -71,6 +72,9 @@ logger = logging.getLogger(__name__)
 DISABLE_OPTION = "--without-beatless"
 STOP_TIMEOUT = 5.0
 """Seconds a warm shutdown waits for the wake in progress to end."""
+DJANGO_BRIDGE = "beatless.django:start_bridge"
+"""What ``beatless_django = True`` starts beside the scheduler, loaded by name as Celery
+loads a ``beat_scheduler``: the bridge is built on this package, not the other way."""
 
 
 class StartRefused(WorkerShutdown):  # type: ignore[misc]
@@ -101,6 +105,8 @@ class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
     def __init__(self, worker: Any, without_beatless: bool = False, **kwargs: Any) -> None:
         self.enabled = not without_beatless
         self.scheduler: CeleryScheduler | None = None
+        self.bridge: Any = None
+        """The django-celery-beat bridge's poll duty (``beatless_django``), else ``None``."""
         self.schedule_problems: tuple[str, ...] = ()
         """The problems of this node's schedule (``"consume"`` only): what keeps it from
         scheduling, or the entries it leaves out; empty otherwise."""
@@ -156,6 +162,11 @@ class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
             return
         self.scheduler.start()
         publish_metrics(self.scheduler, settings)
+        try:
+            self.bridge = start_bridge(app, self.scheduler, settings)
+        except ConfigError as exc:
+            self.stop(worker)
+            self._schedule_problems(mode, [one_line(str(exc))])
 
     def _schedule_problems(self, mode: str, problems: Sequence[str]) -> None:
         """Refuse to start with ``problems``, or (``"consume"``) keep them and say so once."""
@@ -165,6 +176,9 @@ class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
         report_consuming(logger, problems, consume_with=CONSUME_WITH)
 
     def stop(self, worker: Any) -> None:
+        bridge, self.bridge = self.bridge, None
+        if bridge is not None:
+            bridge.stop(STOP_TIMEOUT)
         scheduler, self.scheduler = self.scheduler, None
         if scheduler is not None:
             metrics.unregister(scheduler)
@@ -175,6 +189,17 @@ class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def terminate(self, worker: Any) -> None:
         self.stop(worker)
+
+
+def start_bridge(app: Any, scheduler: CeleryScheduler, settings: CelerySettings) -> Any:
+    """The django-celery-beat bridge of this node, started, when ``beatless_django`` is
+    on (:mod:`beatless.django`); ``None`` when it is off."""
+    value = app.conf.get("beatless_django")
+    if value is None or value is False:
+        return None
+    if value is not True:
+        raise ConfigError(f"beatless_django must be True or False, got {value!r}")
+    return symbol_by_name(DJANGO_BRIDGE)(app, scheduler, settings)
 
 
 def publish_metrics(scheduler: CeleryScheduler, settings: CelerySettings) -> None:

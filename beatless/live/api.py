@@ -11,7 +11,7 @@ import getpass
 import os
 import socket
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Self
 
@@ -19,9 +19,9 @@ from beatless.core._time import from_datetime
 from beatless.core.durations import DurationLike, as_timedelta, to_ms
 from beatless.errors import ConfigError, ScheduleError
 from beatless.live._ledger import PROPAGATION_MS, Ledger
-from beatless.live.codec import entry_from_json, entry_to_json
+from beatless.live.codec import STORE_OWNER, entry_from_json, entry_to_json, owner_of
 from beatless.live.plan import Plan, make_plan
-from beatless.live.revisions import Change, Revision, diff, history, state
+from beatless.live.revisions import Change, Revision, diff, fold, history, state
 from beatless.schedule.entry import Entry
 from beatless.stores.base import ClaimStore
 
@@ -29,6 +29,10 @@ DEFAULT_FENCE_MS = PROPAGATION_MS
 """A revision's fence when none is asked: its commit + 2 s on the store's clock (the
 least allowed: :data:`~beatless.live._ledger.PROPAGATION_MS`)."""
 DEFAULT_WINDOW = "7d"
+_WHERE = {
+    STORE_OWNER: "through beatless.live.Live or `beatless schedule`",
+    "django": "in the Django admin (its django-celery-beat row)",
+}
 
 
 class Live:
@@ -51,6 +55,7 @@ class Live:
         host: str | None = None,
         timezone: str = "UTC",
         owns_store: bool = False,
+        owner: str = STORE_OWNER,
     ) -> None:
         if not store.keeps_notes:
             raise store.cannot_keep()
@@ -65,8 +70,13 @@ class Live:
         self.host = host if host is not None else socket.gethostname()
         self.timezone = timezone
         self.owns_store = owns_store
+        self.owner = owner
         self._ledger = Ledger(store, namespace)
         self._known: dict[int, Revision] = {}
+        self._current: dict[str, Any] = {}
+        """The state after the revisions folded so far (:meth:`state`)."""
+        self._folded = 0
+        """The revisions folded into it: 1 to this."""
         self._node = f"live-writer:{self.host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
     def __repr__(self) -> str:
@@ -97,9 +107,31 @@ class Live:
             self._known[revision.number] = revision
         return [self._known[n] for n in range(1, head + 1) if n in self._known]
 
+    def snapshot(self) -> tuple[int, dict[str, Any]]:
+        """The current revision number and the live entries at it, as :meth:`state`."""
+        revisions = self.revisions()
+        return (revisions[-1].number if revisions else 0), self._now(revisions)
+
     def state(self, at_revision: int | None = None) -> dict[str, Any]:
-        """The live entries as JSON at ``at_revision`` (``None``: now)."""
-        return state(self.revisions(), at_revision)
+        """The live entries as JSON at ``at_revision`` (``None``: now). The current state
+        is kept and advanced by the revisions read since: a change costs its own size,
+        not the number of entries times the number of revisions."""
+        revisions = self.revisions()
+        if at_revision is not None:
+            return state(revisions, at_revision)
+        return self._now(revisions)
+
+    def _now(self, revisions: Sequence[Revision]) -> dict[str, Any]:
+        """The state after ``revisions`` (every revision, in number order), kept between
+        calls and advanced by the newer ones."""
+        if revisions and revisions[-1].number != len(revisions):  # a revision unread: no cache
+            return state(revisions)
+        if len(revisions) < self._folded:  # the store forgot revisions
+            self._current, self._folded = {}, 0
+        for revision in revisions[self._folded :]:
+            fold(self._current, revision.changes, in_place=True)
+            self._folded = revision.number
+        return dict(self._current)
 
     def get(self, name: str) -> Entry | None:
         found = self.state().get(name)
@@ -133,9 +165,14 @@ class Live:
         (:class:`~beatless.errors.StaleRevision`) unless it is the current revision.
         ``override``: allowed to write a name the code schedule owns. The fence is the
         commit + 2 s, or + ``effective_in``, or ``at`` (an instant not in the past)."""
-        self._check_names([e.name for e in entries], override)
-        changes = [Change(e.name, entry_to_json(e), e.name in self.code) for e in entries]
-        return self._commit(changes, if_revision, note, effective_in, at)
+        return self.change(
+            put=entries,
+            if_revision=if_revision,
+            note=note,
+            override=override,
+            effective_in=effective_in,
+            at=at,
+        )
 
     def delete(self, name: str, **how: Any) -> Revision:
         """Delete one entry as a new revision (no firing of it at or after the fence)."""
@@ -150,12 +187,60 @@ class Live:
         effective_in: DurationLike | None = None,
         at: datetime | int | None = None,
     ) -> Revision:
-        live = self.state()
-        unknown = [n for n in names if n not in live]
+        return self.change(
+            delete=names, if_revision=if_revision, note=note, effective_in=effective_in, at=at
+        )
+
+    def change(
+        self,
+        put: Sequence[Entry] = (),
+        delete: Sequence[str] = (),
+        *,
+        sources: Mapping[str, Any] | None = None,
+        if_revision: int | None = None,
+        note: str | None = None,
+        override: bool = False,
+        effective_in: DurationLike | None = None,
+        at: datetime | int | None = None,
+    ) -> Revision:
+        """Put ``put`` and delete ``delete`` as one revision, as :meth:`put_many` and
+        :meth:`delete_many` do. ``sources`` gives, by name, what a bridge keeps with an
+        entry it writes (stored as the entry's ``"source"``)."""
+        self._check_names([e.name for e in put], override)
+        live = self.state() if put or delete else {}
+        unknown = [n for n in delete if n not in live]
         if unknown:
             raise ConfigError(f"live entries of {self.namespace!r}: no live entry {unknown[0]!r}")
-        changes = [Change(name, None) for name in names]
+        self._check_owners([*(e.name for e in put), *delete], live)
+        changes = [
+            Change(e.name, self._stored(e, (sources or {}).get(e.name)), e.name in self.code)
+            for e in put
+        ]
+        changes += [Change(name, None) for name in delete]
         return self._commit(changes, if_revision, note, effective_in, at)
+
+    def _check_owners(self, names: Iterable[str], live: Mapping[str, Any]) -> None:
+        """Refuse ``names`` that another owner wrote in the live entries ``live``."""
+        foreign = [n for n in names if n in live and owner_of(live[n]) != self.owner]
+        if foreign:
+            owner = owner_of(live[foreign[0]])
+            raise ScheduleError(
+                f"live entry {foreign[0]!r} is owned by {owner!r}, not {self.owner!r} (a name "
+                f"lives in one source): change it {_WHERE.get(owner, 'where it is owned')}"
+            )
+
+    def _own(self, live: Mapping[str, Any]) -> dict[str, Any]:
+        """The entries of ``live`` this writer's owner wrote: the only ones its plans and
+        reverts change."""
+        return {name: data for name, data in live.items() if owner_of(data) == self.owner}
+
+    def _stored(self, entry: Entry, source: Any) -> dict[str, Any]:
+        data = entry_to_json(entry)
+        if self.owner != STORE_OWNER:
+            data["owner"] = self.owner
+        if source is not None:
+            data["source"] = source
+        return data
 
     def revert(
         self,
@@ -167,14 +252,15 @@ class Live:
         at: datetime | int | None = None,
     ) -> Revision:
         """A new revision whose state equals the state at revision ``to`` (0: no live
-        entry), refused if another revision comes first (based on the head it read)."""
+        entry) for this writer's owner's entries (another owner's stay as they are),
+        refused if another revision comes first (based on the head it read)."""
         revisions = self.revisions()
         head = revisions[-1].number if revisions else 0
         if not 0 <= to <= head:
             raise ConfigError(
                 f"live entries of {self.namespace!r}: no revision {to} (current: {head})"
             )
-        changes = diff(state(revisions), state(revisions, to))
+        changes = diff(self._own(state(revisions)), self._own(state(revisions, to)))
         base = head if if_revision is None else if_revision
         return self._commit(changes, base, note or f"revert to {to}", effective_in, at)
 
@@ -191,13 +277,17 @@ class Live:
         merge: bool = False,
     ) -> Plan:
         """What making the live entries equal to ``entries`` would do over ``window``
-        from the fence (see :mod:`beatless.live.plan`); writes nothing. ``start_ms``
-        (default: the store's clock) makes it reproducible. ``merge=True``: the live
-        entries ``entries`` does not name stay as they are (a plan that only adds and
-        changes, as an import makes)."""
+        from the fence (see :mod:`beatless.live.plan`); writes nothing. Only this
+        writer's owner's entries are compared and changed: those of another owner (the
+        django-celery-beat bridge's) stay, and a name of theirs in ``entries`` is
+        refused. ``merge=True``: this owner's live entries ``entries`` does not name stay
+        as they are too (a plan that only adds and changes, as an import makes).
+        ``start_ms`` (default: the store's clock) makes it reproducible."""
         self._check_names([e.name for e in entries], override)
         head = self.head()
-        current = state(self.revisions(), head)
+        live = state(self.revisions(), head)
+        self._check_owners([e.name for e in entries], live)
+        current = self._own(live)
         target = dict(current) if merge else {}
         target.update({e.name: entry_to_json(e) for e in entries})
         start = self.store.time_ms() if start_ms is None else start_ms

@@ -25,6 +25,11 @@ is ``null`` while ``max_late`` is the trigger's default (a one-off's is fitted t
 store by each node). A node that reads version 1 only refuses such an entry (logged, not
 scheduled) rather than fire it outside its window; every other entry stays version 1,
 byte for byte as before.
+
+An entry written by a bridge from another source of truth says so: ``"owner"`` (e.g.
+``"django"``; absent: ``"store"``, written through :class:`~beatless.live.Live` by hand)
+and ``"source"``, what the bridge needs to know the entry again (a row's id and digest).
+Readers of the entry ignore both: they say who may change it, not how it runs.
 """
 
 from __future__ import annotations
@@ -81,6 +86,16 @@ def entry_to_json(entry: Entry) -> dict[str, Any]:
             data[option.name] = value
     data["tenants"] = None if entry.tenants is None else list(entry.tenants)
     return data
+
+
+STORE_OWNER = "store"
+"""The owner of a live entry written by hand (:class:`~beatless.live.Live`'s default)."""
+
+
+def owner_of(data: Any) -> str:
+    """Who owns a stored entry: its ``"owner"``, else :data:`STORE_OWNER`."""
+    owner = data.get("owner") if isinstance(data, dict) else None
+    return owner if isinstance(owner, str) and owner else STORE_OWNER
 
 
 def entry_from_json(data: Any) -> Entry:

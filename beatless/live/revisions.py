@@ -166,9 +166,12 @@ def state_hash(state: State) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def fold(base: State, changes: Iterable[Change]) -> dict[str, Mapping[str, Any]]:
-    """``base`` with ``changes`` applied in order."""
-    result = dict(base)
+def fold(
+    base: State, changes: Iterable[Change], *, in_place: bool = False
+) -> dict[str, Mapping[str, Any]]:
+    """``base`` with ``changes`` applied in order: a copy, or ``base`` itself changed
+    (``in_place``, for a dict)."""
+    result = base if in_place and isinstance(base, dict) else dict(base)
     for change in changes:
         if change.entry is None:
             result.pop(change.name, None)

@@ -194,11 +194,16 @@ class LiveView:
         with self._lock:
             pending, read_ms = self._pending, self._read_ms
             self._pending = {}
+        pending = {n: r for n, r in pending.items() if n > self.revision}
         fresh: list[tuple[Entry, int]] = []
         number = self.revision + 1
         while number in pending:
             fresh += self._apply(pending.pop(number))
             number += 1
+        # A read made while this apply ran (the board's, which saw neither the revisions
+        # taken out above nor the new number yet) may have read them again: applied, they
+        # are no gap, and kept they would hold the confirmation back for good.
+        pending = {n: r for n, r in pending.items() if n > self.revision}
         if pending:  # a gap: kept for the next read to fill
             with self._lock:
                 self._pending.update(pending)

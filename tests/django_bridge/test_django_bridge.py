@@ -1,0 +1,286 @@
+"""The bridge's change detection and publishing, on SQLite and PostgreSQL rows and a
+claim store's live entries."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from celery import Celery
+
+from beatless.celery._settings import CelerySettings
+from beatless.core.triggers import Cron, Every
+from beatless.django import Bridge, DjangoRows
+from beatless.errors import ScheduleError
+from beatless.live import Live
+from beatless.schedule.entry import Entry
+from beatless.stores.memory import MemoryStore
+
+
+@pytest.fixture
+def settings() -> CelerySettings:
+    app = Celery("proj", broker="memory://", set_as_current=False)
+    app.conf.update(beatless_store_url="memory://")
+    return CelerySettings.from_app(app)
+
+
+@pytest.fixture
+def store() -> MemoryStore:
+    return MemoryStore()
+
+
+def bridge_of(store: MemoryStore, settings: CelerySettings, code: tuple[str, ...] = ()) -> Bridge:
+    live = Live(store, namespace="proj", code=code, owner="django", writer="django")
+    return Bridge(live, DjangoRows(), settings)
+
+
+def every(seconds: int) -> Any:
+    from django_celery_beat.models import IntervalSchedule
+
+    return IntervalSchedule.objects.get_or_create(every=seconds, period="seconds")[0]
+
+
+def task(name: str, **fields: Any) -> Any:
+    from django_celery_beat.models import PeriodicTask
+
+    return PeriodicTask.objects.create(name=name, task="proj.report", **fields)
+
+
+def live_entries(store: MemoryStore) -> dict[str, Entry]:
+    return {e.name: e for e in Live(store, namespace="proj").list()}
+
+
+def test_rows_are_published_once_and_then_only_what_changed(
+    database: str, store: MemoryStore, settings: CelerySettings
+) -> None:
+    from django_celery_beat.models import CrontabSchedule, PeriodicTask
+
+    bridge = bridge_of(store, settings)
+    task("ping", interval=every(10), args="[1]")
+    nightly = CrontabSchedule.objects.create(minute="0", hour="4", timezone=ZoneInfo("UTC"))
+    task("nightly", crontab=nightly)
+    first = bridge.poll()
+    assert first is not None
+    assert first.complete
+    assert first.revision is not None
+    assert sorted(first.revision.names) == ["nightly", "ping"]
+    assert bridge.poll() is None  # the markers have not moved: nothing else read
+
+    ping = PeriodicTask.objects.get(name="ping")
+    ping.args = "[2]"
+    ping.save()
+    edited = bridge.poll()
+    assert edited is not None
+    assert edited.revision is not None
+    assert (edited.read, edited.complete, edited.revision.names) == (1, False, ("ping",))
+    assert live_entries(store)["ping"].args == (2,)
+    assert live_entries(store)["nightly"].trigger == Cron("0 4 * * *", "UTC", day_and=True)
+
+    ping.enabled = False
+    ping.save()
+    bridge.poll()
+    assert live_entries(store)["ping"].enabled is False
+    # A full pass over unchanged rows reads them all and writes nothing.
+    again = bridge.poll(full=True)
+    assert again is not None
+    assert again.complete
+    assert again.revision is None
+
+
+def test_a_schedule_row_edit_a_delete_and_a_rename_are_found(
+    database: str, store: MemoryStore, settings: CelerySettings
+) -> None:
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    bridge = bridge_of(store, settings)
+    task("a", interval=every(10))
+    task("b", interval=every(20))
+    bridge.poll()
+    interval = IntervalSchedule.objects.get(every=10)
+    interval.every = 15  # its signal moves last_update; no task row's date_changed moves
+    interval.save()
+    found = bridge.poll()
+    assert found is not None
+    assert found.complete
+    assert found.revision is not None
+    assert live_entries(store)["a"].trigger == Every(timedelta(seconds=15))
+
+    PeriodicTask.objects.get(name="b").delete()
+    gone = bridge.poll()
+    assert gone is not None
+    assert gone.revision is not None
+    assert set(live_entries(store)) == {"a"}
+
+    row = PeriodicTask.objects.get(name="a")
+    row.name = "a2"
+    row.save()
+    bridge.poll()
+    assert set(live_entries(store)) == {"a2"}
+
+
+def test_an_update_without_save_is_found_by_the_full_pass(
+    database: str, store: MemoryStore, settings: CelerySettings
+) -> None:
+    from django_celery_beat.models import PeriodicTask
+
+    bridge = bridge_of(store, settings)
+    task("quiet", interval=every(10))
+    bridge.poll()
+    PeriodicTask.objects.filter(name="quiet").update(args="[7]")  # no signal, no date_changed
+    assert bridge.poll() is None
+    found = bridge.poll(full=True)
+    assert found is not None
+    assert found.revision is not None
+    assert live_entries(store)["quiet"].args == (7,)
+
+
+def test_a_writer_whose_clock_is_behind_is_not_missed(
+    database: str, store: MemoryStore, settings: CelerySettings
+) -> None:
+    from django_celery_beat.models import PeriodicTask, PeriodicTasks
+
+    bridge = bridge_of(store, settings)
+    row = task("late", interval=every(10))
+    bridge.poll()
+    behind = row.date_changed - timedelta(seconds=3)
+    PeriodicTask.objects.filter(pk=row.pk).update(args="[3]", date_changed=behind)
+    PeriodicTasks.objects.filter(ident=1).update(last_update=behind)
+    found = bridge.poll()
+    assert found is not None
+    assert found.complete
+    assert found.revision is not None
+    assert live_entries(store)["late"].args == (3,)
+
+
+def test_rows_the_bridge_cannot_run_are_refused_and_their_entry_removed(
+    database: str, store: MemoryStore, settings: CelerySettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    from django_celery_beat.models import PeriodicTask, SolarSchedule
+
+    Live(store, namespace="proj").put(Entry(name="by-hand", task="proj.x", trigger=Every(60)))
+    bridge = bridge_of(store, settings, code=("from-code",))
+    task("fine", interval=every(10))
+    task("bad", interval=every(10))
+    task("from-code", interval=every(10))
+    task("by-hand", interval=every(10))
+    solar = SolarSchedule.objects.create(event="sunset", latitude=10, longitude=10)
+    task("dusk", solar=solar)
+    first = bridge.poll()
+    assert first is not None
+    assert sorted(first.refused) == ["by-hand", "dusk", "from-code"]
+    assert set(live_entries(store)) == {"fine", "bad", "by-hand"}
+    assert live_entries(store)["by-hand"].task == "proj.x"  # the hand-written one stays
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "solar schedule (sunset" in said
+    assert "code schedule" in said
+    PeriodicTask.objects.filter(name="bad").update(kwargs="[not json")
+    bridge.poll(full=True)
+    assert set(live_entries(store)) == {"fine", "by-hand"}
+
+
+def test_a_name_lives_in_one_source(
+    database: str, store: MemoryStore, settings: CelerySettings
+) -> None:
+    task("row", interval=every(10))
+    bridge_of(store, settings).poll()
+    by_hand = Live(store, namespace="proj")
+    with pytest.raises(ScheduleError, match=r"owned by 'django'.*Django admin"):
+        by_hand.put(Entry(name="row", task="proj.x", trigger=Every(60)))
+    with pytest.raises(ScheduleError, match="owned by 'django'"):
+        by_hand.delete("row")
+
+
+def test_a_one_off_row_keeps_its_occurrence_when_other_rows_change(
+    database: str, store: MemoryStore, settings: CelerySettings
+) -> None:
+    from django_celery_beat.models import CrontabSchedule
+
+    bridge = bridge_of(store, settings)
+    minutely = CrontabSchedule.objects.create(minute="*", timezone=ZoneInfo("UTC"))
+    task("once", crontab=minutely, one_off=True)
+    bridge.poll()
+    before = live_entries(store)["once"].trigger
+    task("other", interval=every(10))
+    bridge.poll(full=True)
+    assert live_entries(store)["once"].trigger == before
+    now = datetime.now(UTC)
+    assert now < before.instant <= now + timedelta(seconds=64)
+
+
+def test_plans_and_reverts_by_hand_leave_the_bridges_entries_alone(
+    database: str, store: MemoryStore, settings: CelerySettings
+) -> None:
+    task("row", interval=every(10))
+    bridge_of(store, settings).poll()
+    by_hand = Live(store, namespace="proj")
+    by_hand.put(Entry(name="mine", task="proj.x", trigger=Every(60)))
+    plan = by_hand.plan([Entry(name="other", task="proj.x", trigger=Every(60))])
+    assert sorted(c.name for c in plan.changes) == ["mine", "other"]
+    by_hand.apply(plan)
+    assert set(live_entries(store)) == {"row", "other"}
+    by_hand.revert(to=0)
+    assert set(live_entries(store)) == {"row"}
+    with pytest.raises(ScheduleError, match="owned by 'django'"):
+        by_hand.plan([Entry(name="row", task="proj.x", trigger=Every(60))])
+
+
+def test_a_poll_that_loses_the_revision_race_writes_nothing_and_compares_again(
+    database: str, store: MemoryStore, settings: CelerySettings
+) -> None:
+    by_hand = Live(store, namespace="proj")
+
+    class Racing(Live):
+        """A writer whose first change comes just after another writer's revision."""
+
+        raced = False
+
+        def change(self, *args: Any, **kwargs: Any) -> Any:
+            if not self.raced:
+                self.raced = True
+                by_hand.put(Entry(name="first", task="proj.x", trigger=Every(60)))
+            return super().change(*args, **kwargs)
+
+    live = Racing(store, namespace="proj", owner="django")
+    bridge = Bridge(live, DjangoRows(), settings)
+    task("row", interval=every(10))
+    lost = bridge.poll()
+    assert lost is not None
+    assert lost.stale
+    assert lost.revision is None
+    assert set(live_entries(store)) == {"first"}
+    again = bridge.poll()  # the markers have not moved, but the last poll wrote nothing
+    assert again is not None
+    assert again.revision is not None
+    assert set(live_entries(store)) == {"first", "row"}
+
+
+def test_a_beatless_beat_runs_the_bridge_and_stops_it_on_close(
+    database: str, tmp_path: Any
+) -> None:
+    from beatless.celery import BeatScheduler
+
+    task("beat-row", interval=every(10))
+    app = Celery("proj", broker="memory://", set_as_current=False)
+    app.conf.update(
+        beatless_store_url=f"sqlite:///{tmp_path / 'claims.db'}",
+        beatless_django=True,
+        beatless_django_database=database,
+    )
+    beat = BeatScheduler(app=app)
+    try:
+        assert beat.bridge is not None
+        assert beat.bridge._thread.is_alive()
+        store = beat.beatless.claim_store  # type: ignore[union-attr]
+        polled = lambda: "beat-row" in {e.name for e in Live(store, namespace="proj").list()}  # noqa: E731
+        deadline = time.monotonic() + 10
+        while not polled() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert polled()
+        thread = beat.bridge._thread
+    finally:
+        beat.close()
+    assert beat.bridge is None
+    assert not thread.is_alive()
