@@ -65,6 +65,7 @@ from beatless.schedule.problems import (
     report_left_out,
     report_store_consuming,
     store_refusal,
+    to_run,
 )
 
 logger = logging.getLogger(__name__)
@@ -133,9 +134,8 @@ class BeatlessStep(bootsteps.StartStopStep):  # type: ignore[misc]
         app = worker.app
         mode = on_schedule_error_of(app)
         found = check_app(app)
-        schedule = found.schedule
-        if schedule is None and mode != REFUSE and found.usable and found.usable.entries:
-            schedule = found.usable  # "consume": the sound entries, the others left out
+        schedule = to_run(found, mode)
+        if schedule is not None and found.problems:  # "consume": the others left out
             self.schedule_problems = found.problems
             report_left_out(logger, found, consume_with=CONSUME_WITH)
         if schedule is None:

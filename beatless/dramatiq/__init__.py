@@ -15,7 +15,8 @@ each firing. The message id is the firing id, ``message_timestamp`` the occurren
 Before an actor runs a firing, its worker checks the entry's run policy (``overlap``,
 ``run_lease``, ``heartbeat``, ``once_only``) in the same claim store.
 A schedule with problems stops the worker with :class:`ScheduleRefused`, listing every
-problem (``on_schedule_error="consume"``: the node consumes and schedules nothing).
+problem (``on_schedule_error="consume"``: the node consumes, and schedules the entries
+without a problem of their own, or nothing when a problem is the whole schedule's).
 Before a deploy: ``beatless check --dramatiq myapp.broker myapp.tasks``.
 """
 

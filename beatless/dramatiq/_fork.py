@@ -8,8 +8,9 @@ the death at CRITICAL and starts a new one, after 1 s, doubling up to 60 s while
 come quickly. The node's workers are never touched. A configuration error (a bad
 schedule, an actor that does not exist) stops the supervisor at once, loudly, instead;
 the worker processes refuse such a schedule too, so the node does not start. With
-``on_schedule_error="consume"`` the scheduler process says once that the node schedules
-nothing, and the supervisor ends quietly.
+``on_schedule_error="consume"`` the scheduler process runs the entries without a problem
+of their own, naming each one left out; when no part of the schedule is usable it says
+once that the node schedules nothing, and the supervisor ends quietly.
 
 The scheduler process reads the broker and the modules from the command line, as a
 worker process does, finds the :class:`~beatless.dramatiq.Beatless` middleware and runs

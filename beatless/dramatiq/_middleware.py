@@ -12,8 +12,11 @@ refuses the credentials, stops the worker: said once at CRITICAL (for the store,
 naming it, its URL masked), then :class:`ScheduleRefused` ends ``Worker.start``, and a
 worker process of the ``dramatiq`` command exits with
 :data:`~beatless.schedule.problems.EXIT_REFUSED` and no traceback, so the command exits non-zero.
-With ``on_schedule_error="consume"`` the workers consume, the node schedules nothing, says
-so once at ERROR, and the problems are in :attr:`Beatless.schedule_problems`.
+With ``on_schedule_error="consume"`` the workers consume; when each problem is one
+entry's, the node schedules the other entries and names each one left out in a WARNING
+and in its registry record (as the Celery side does, through the same
+:func:`~beatless.schedule.problems.to_run`); otherwise it schedules nothing and says so
+once at ERROR. The problems are in :attr:`Beatless.schedule_problems`.
 
 Every worker thread checks a beatless message before its actor's body
 (``before_process_message``) against the run policy it carries, and ends the run when the
@@ -65,8 +68,10 @@ from beatless.schedule.problems import (
     one_line,
     refusal,
     report_consuming,
+    report_left_out,
     report_store_consuming,
     store_refusal,
+    to_run,
 )
 from beatless.stores.base import ClaimStore
 
@@ -115,7 +120,8 @@ class Beatless(Middleware):
     ``tenant_kwarg`` is the keyword argument a fan-out firing passes its tenant in
     (``None``: only in the message options). ``on_schedule_error`` is ``"refuse"`` (a
     schedule with problems stops the worker) or ``"consume"`` (the worker consumes and
-    the node schedules nothing; see :attr:`schedule_problems`).
+    the node schedules the entries without a problem of their own, or nothing when a
+    problem is the whole schedule's; see :attr:`schedule_problems`).
 
     ``metrics`` registers the node's scheduler, where it runs, in prometheus_client's
     default registry (``True``) or the ``CollectorRegistry`` given (:mod:`beatless.ops.metrics`);
@@ -198,7 +204,10 @@ class Beatless(Middleware):
         self.builder = SchedulerBuilder(self.settings)
         """What makes the node's scheduler and closes what it opened."""
         self.schedule_problems: tuple[str, ...] = ()
-        """What keeps this node from scheduling (``"consume"`` only); empty otherwise."""
+        """The problems of this node's schedule (``"consume"`` only): what keeps it from
+        scheduling, or the entries it leaves out; empty otherwise."""
+        self.left_out: tuple[str, ...] = ()
+        """The entries this node leaves out for a problem of their own (``"consume"``)."""
         self._under_cli = False
         self._reported = False
         self._scheduler: Scheduler | None = None
@@ -237,7 +246,7 @@ class Beatless(Middleware):
         self.checked_at_start(broker, report=not under_cli, probe=not under_cli or refuses)
 
     def after_worker_boot(self, broker: Broker, worker: Worker) -> None:
-        if self._under_cli or self.schedule_problems:
+        if self._under_cli or (self.schedule_problems and not self.left_out):
             return
         self.start(broker)
 
@@ -314,22 +323,29 @@ class Beatless(Middleware):
         """The schedule when it is sound and (with ``probe``) the claim store answers,
         accepts the credentials and remembers long enough (rule 5). Otherwise the node
         refuses to start, said at CRITICAL (:class:`ScheduleRefused`; the ``dramatiq``
-        command's worker processes exit), or, with ``on_schedule_error="consume"``,
-        ``None``: the problems go to :attr:`schedule_problems`, and to the log at ERROR
-        once if ``report``."""
+        command's worker processes exit), or, with ``on_schedule_error="consume"``: when
+        each problem is one entry's, the schedule of the others (each entry left out said
+        once at WARNING if ``report``, and named in the node's registry record); else
+        ``None``, said once at ERROR if ``report``. Either way the problems go to
+        :attr:`schedule_problems`."""
         found = self.check(broker)
+        schedule = to_run(found, self.settings.on_schedule_error)
         problems = list(found.problems)
         unusable: StoreError | None = None
-        if found.schedule is not None and probe:
+        if schedule is not None and probe:
             scheduler = self._scheduler
             try:
-                problems = store_problems(
-                    self.settings, broker, found.schedule, scheduler.store if scheduler else None
+                problems += store_problems(
+                    self.settings, broker, schedule, scheduler.store if scheduler else None
                 )
             except StoreError as exc:
                 unusable = exc
-        if found.schedule is not None and not problems and unusable is None:
-            return found.schedule
+        if schedule is not None and len(problems) == len(found.problems) and unusable is None:
+            self.schedule_problems, self.left_out = found.problems, found.left_out
+            if report and not self._reported and found.left_out:
+                self._reported = True
+                report_left_out(logger, found, consume_with=CONSUME_WITH)
+            return schedule
         if unusable is not None:
             problems = [one_line(str(unusable))]
         if self.settings.on_schedule_error == REFUSE:
@@ -364,6 +380,7 @@ class Beatless(Middleware):
                 if schedule is None:
                     return None
                 self._scheduler = self.scheduler(broker, schedule)
+                self._scheduler.board.leave_out(self.left_out)
                 self._scheduler.start()
                 _publish_metrics(self.settings, self._scheduler)
             return self._scheduler

@@ -28,7 +28,13 @@ from beatless.fleet.limits import checked
 from beatless.node.scheduler import Scheduler, send_deadline_s
 from beatless.schedule.entry import Entry, Schedule, address_segment
 from beatless.schedule.firing import Firing
-from beatless.schedule.problems import Checked, argument_problems, collect, one_line
+from beatless.schedule.problems import (
+    Checked,
+    argument_problems,
+    collect,
+    labelled,
+    one_line,
+)
 from beatless.stores import missing_driver
 
 if TYPE_CHECKING:
@@ -40,33 +46,57 @@ def check(settings: DramatiqSettings, broker: Broker) -> Checked:
     module doc). Connects to nothing."""
     problems: list[str] = []
     namespace = collect(lambda: settings.address_namespace, problems)
+    store = settings.store
+    missing = missing_driver(store) if isinstance(store, str) else None
+    whole = bool(problems) or missing is not None  # no part of the schedule is usable
+    left_out: list[str] = []
     found = list(settings.entries)
     for declaring in list(broker.actors.values()):
         value = declaring.options.get(OPTION)
         if value is not None:
-            found += _declared(settings, declaring, value, problems)
+            found += _declared(settings, declaring, value, problems, left_out)
     for entry in found:
-        named = collect(partial(actor, broker, entry.task, entry.name), problems)
+        own: list[str] = []
+        named = collect(partial(actor, broker, entry.task, entry.name), own)
         if named is not None:
-            problems += _message_problems(settings, entry, named, namespace or MEMORY_NAMESPACE)
-    store = settings.store
-    if isinstance(store, str) and (missing := missing_driver(store)) is not None:
-        problems.append(f"Beatless store {mask_url(store)}: {missing}")
+            own += _message_problems(settings, entry, named, namespace or MEMORY_NAMESPACE)
+        problems += own
+        if own:
+            left_out.append(entry.name)
+    if missing is not None:
+        problems.append(f"Beatless store {mask_url(str(store))}: {missing}")
     return checked(
-        found, problems, namespace=namespace or MEMORY_NAMESPACE, timezone=settings.timezone
+        found,
+        problems,
+        namespace=namespace or MEMORY_NAMESPACE,
+        timezone=settings.timezone,
+        left_out=None if whole else left_out,
     )
 
 
 def _declared(
-    settings: DramatiqSettings, declaring: Actor[Any, Any], value: object, problems: list[str]
+    settings: DramatiqSettings,
+    declaring: Actor[Any, Any],
+    value: object,
+    problems: list[str],
+    left_out: list[str],
 ) -> list[Entry]:
-    """The entries an actor declares; what is wrong with any goes to ``problems``."""
+    """The entries an actor declares; what is wrong with any goes to ``problems``, and
+    the name of each entry it keeps from being built to ``left_out`` (an actor's
+    ``periodic`` value that is wrong as a whole: the actor's name)."""
     entries: list[Entry] = []
     defaults = settings.entry_defaults()
-    for declared in collect(partial(declarations, declaring.actor_name, value), problems) or ():
-        entry = collect(partial(declared.entry, declaring.actor_name, **defaults), problems)
-        if entry is not None:
+    name = declaring.actor_name
+    found: list[str] = []
+    for declared in collect(partial(declarations, name, value), found) or ():
+        entry = collect(partial(declared.entry, name, **defaults), problems)
+        if entry is None:
+            left_out.append(declared.name or name)
+        else:
             entries.append(entry)
+    if found:
+        problems += [labelled(f"entry {name!r}", problem) for problem in found]
+        left_out.append(name)
     return entries
 
 

@@ -38,7 +38,8 @@ def checked(
     found before; sound or not.
 
     ``left_out``: the names of entries already refused, when each problem found before is
-    one of those entries'; then a schedule with problems also has its
+    one of those entries' (``entries`` may hold them: they are checked with the rest, so
+    that every problem is found, and never usable); then a schedule with problems also has its
     :attr:`~beatless.schedule.problems.Checked.usable` part, the entries that pass every
     rule on their own. ``None``: a problem is the whole schedule's, nothing is usable."""
     entries = list(entries)
@@ -49,11 +50,16 @@ def checked(
         return Checked(schedule)
     if left_out is None or _namespace_limits(namespace):
         return Checked(None, tuple(problems))
-    kept = [entry for entry in entries if _sound_alone(entry, namespace, timezone)]
+    refused = set(left_out)
+    kept = [
+        entry
+        for entry in entries
+        if entry.name not in refused and _sound_alone(entry, namespace, timezone)
+    ]
     usable = collect(lambda: Schedule(kept, namespace=namespace, timezone=timezone), [])
     if usable is None:  # names given twice: no part is sound on its own
         return Checked(None, tuple(problems))
-    dropped = [*left_out, *(e.name for e in entries if e not in kept)]
+    dropped = [*left_out, *(e.name for e in entries if e not in kept and e.name not in refused)]
     return Checked(None, tuple(problems), usable=usable, left_out=tuple(dropped))
 
 

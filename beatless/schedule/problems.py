@@ -177,6 +177,17 @@ def report_store_consuming(logger: logging.Logger, error: Exception, *, consume_
     )
 
 
+def to_run(found: Checked, mode: str) -> Schedule | None:
+    """The schedule a node runs: the whole one when sound; under ``"consume"``, when each
+    problem is one entry's and another entry is sound, the :attr:`~Checked.usable` part
+    (say the others with :func:`report_left_out`); otherwise ``None``: nothing."""
+    if found.schedule is not None:
+        return found.schedule
+    if mode != REFUSE and found.usable is not None and found.usable.entries:
+        return found.usable
+    return None
+
+
 def report_left_out(logger: logging.Logger, found: Checked, *, consume_with: str) -> None:
     """Say at WARNING, once per entry, that this node leaves it out, with its problems."""
     kept = 0 if found.usable is None else len(found.usable.entries)

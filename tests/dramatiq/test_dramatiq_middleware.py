@@ -474,6 +474,53 @@ def test_in_consume_mode_the_worker_consumes_schedules_nothing_and_says_so_once(
     assert "This node schedules nothing: it consumes tasks only" in said.getMessage()
 
 
+def test_in_consume_mode_the_worker_schedules_the_sound_entries_and_names_each_left_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ghost = Entry(name="ghost", task="nosuch", trigger=Every(60))
+    stub = bad_broker(on_schedule_error="consume", entries=[ghost])
+    dramatiq.actor(lambda: None, actor_name="tick", broker=stub, periodic=bd.every("1m"))
+    worker = Worker(stub, worker_timeout=50)
+    with caplog.at_level(logging.INFO, logger="beatless"):
+        worker.start()
+        try:
+            beat = middleware(stub)
+            scheduler = beat.start(stub)
+            assert scheduler is not None
+            assert [e.name for e in scheduler.schedule.entries] == ["tick"]
+            record = scheduler.board.node_record(scheduler.now_ms())
+        finally:
+            worker.stop()
+            stub.close()
+    assert [p.split(":")[0] for p in beat.schedule_problems] == [
+        "entry 'typo'",
+        "entry 'ghost'",
+        "entry 'wide'",
+    ]
+    assert record.left_out == "typo,ghost,wide"  # refused when read, then by a timing rule
+    warned = [r for r in ours(caplog.records) if r.levelno >= logging.WARNING]
+    said = [r.getMessage() for r in warned if r.name.startswith("beatless.dramatiq")]
+    assert len(said) == 3
+    for name in ("typo", "ghost", "wide"):
+        (line,) = [m for m in said if m.startswith(f"beatless: entry {name!r} is left out")]
+        assert "; the 1 other entry is scheduled" in line
+        assert all(p in line for p in beat.schedule_problems if f"entry {name!r}" in p)
+    assert not [r for r in ours(caplog.records) if r.levelno >= logging.ERROR]
+
+
+def test_in_consume_mode_a_wrong_periodic_value_leaves_out_only_that_actor() -> None:
+    stub = bad_broker(on_schedule_error="consume")
+    dramatiq.actor(lambda: None, actor_name="tick", broker=stub, periodic=bd.every("1m"))
+    dramatiq.actor(lambda: None, actor_name="odd", broker=stub, periodic="every minute")
+    found = middleware(stub).check(stub)
+    stub.close()
+    assert found.usable is not None
+    assert [e.name for e in found.usable.entries] == ["tick"]
+    assert found.left_out == ("typo", "odd", "wide")
+    (odd,) = found.problems_of("odd")
+    assert "actor 'odd': the periodic option takes cron(...)" in odd
+
+
 def test_under_the_cli_the_worker_processes_check_quietly_and_the_fork_reports(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
