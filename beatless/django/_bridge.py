@@ -22,10 +22,10 @@ One :meth:`Bridge.poll` (the node that won this second's poll runs it,
    (``if_revision``): two pollers never publish over each other's head; the loser
    publishes at a later poll what is still different.
 
-A row the bridge cannot run (a solar schedule, arguments that are not JSON, a name
-that the code schedule or a hand-written live entry already owns) is logged at WARNING
-once per definition, and its entry, if it had one, is deleted: it does not run under a
-definition the admin no longer shows.
+A row the bridge cannot run (a solar schedule without ``ephem`` installed, arguments
+that are not JSON, a name that the code schedule or a hand-written live entry already
+owns) is logged at WARNING once per definition, and its entry, if it had one, is
+deleted: it does not run under a definition the admin no longer shows.
 """
 
 from __future__ import annotations

@@ -16,7 +16,12 @@ makes the :class:`~beatless.schedule.entry.Entry` that runs it, or raises
                           an interval from the entry's last run instead, which moves with
                           every restart of beat; an anchor is the same on every node.
 ``clocked``               An :class:`~beatless.core.triggers.At` at ``clocked_time``.
-``solar``                 Refused: beatless has no solar trigger yet.
+``solar``                 A :class:`~beatless.core.solar.Solar` of the row's ``event``,
+                          ``latitude`` and ``longitude``, computed as Celery's ``solar``
+                          computes it; one firing per address, local solar date and
+                          event, whatever the float arithmetic of each node. It needs
+                          ``ephem`` (``pip install 'beatless[solar]'``): without it, only
+                          that row is refused, naming the extra.
 ``one_off``               Only the first occurrence at or after ``fence_ms`` (the instant
                           from which the bridge's revision is in force), as an ``At``.
 ``start_time``            The window's ``start_at`` (and the interval's anchor).
@@ -39,6 +44,7 @@ import hashlib
 import json
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from celery.schedules import crontab
@@ -47,6 +53,7 @@ from beatless.celery._messages import SETTINGS_OPTION
 from beatless.celery._schedule import cron_of, read_entry
 from beatless.celery._settings import CelerySettings, zone_name
 from beatless.core._time import from_datetime, iso
+from beatless.core.solar import Solar
 from beatless.core.triggers import At, Every, Trigger, Windowed
 from beatless.errors import ConfigError, ScheduleError
 from beatless.schedule.entry import Entry
@@ -195,15 +202,19 @@ def _trigger(row: Row, timezone: str, tz_aware: bool) -> Trigger:
     if row.kind == "clocked":
         return At(_aware(schedule["clocked_time"]))
     if row.kind == "solar":
-        raise ScheduleError(
-            f"solar schedule ({schedule['event']} at {schedule['latitude']}, "
-            f"{schedule['longitude']}) is not supported by beatless: this row is not "
-            f"scheduled; use a crontab at the times you need"
+        return Solar(
+            schedule["event"], _number(schedule["latitude"]), _number(schedule["longitude"])
         )
     kinds = schedule.get("kinds")
     if kinds:
         raise ScheduleError(f"sets {' and '.join(kinds)}: a row sets exactly one schedule")
     raise ScheduleError("sets no schedule (crontab, interval, clocked or solar)")
+
+
+def _number(value: Any) -> Any:
+    """A solar row's ``latitude`` or ``longitude`` (a ``Decimal`` column) as a float, as
+    Celery's ``solar`` reads it; anything else is left for :class:`Solar` to refuse."""
+    return float(value) if isinstance(value, Decimal) else value
 
 
 def _every(every: int, period: str, start: datetime | None) -> Every:

@@ -3,6 +3,7 @@ claim store's live entries."""
 
 from __future__ import annotations
 
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 from celery import Celery
 
 from beatless.celery._settings import CelerySettings
+from beatless.core.solar import Solar
 from beatless.core.triggers import Cron, Every
 from beatless.django import Bridge, DjangoRows
 from beatless.errors import ScheduleError
@@ -155,11 +157,32 @@ def test_a_writer_whose_clock_is_behind_is_not_missed(
     assert live_entries(store)["late"].args == (3,)
 
 
+def test_a_solar_row_is_published_as_a_solar_entry(
+    database: str, store: MemoryStore, settings: CelerySettings
+) -> None:
+    from django_celery_beat.models import SolarSchedule
+
+    pytest.importorskip("ephem")
+    solar = SolarSchedule.objects.create(event="sunset", latitude=10, longitude=10)
+    task("dusk", solar=solar)
+    found = bridge_of(store, settings).poll()
+    assert found is not None
+    assert found.refused == []
+    dusk = live_entries(store)["dusk"]
+    assert dusk.trigger == Solar("sunset", 10.0, 10.0)
+    assert dusk.options["headers"] == {"periodic_task_name": "dusk"}
+
+
 def test_rows_the_bridge_cannot_run_are_refused_and_their_entry_removed(
-    database: str, store: MemoryStore, settings: CelerySettings, caplog: pytest.LogCaptureFixture
+    database: str,
+    store: MemoryStore,
+    settings: CelerySettings,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from django_celery_beat.models import PeriodicTask, SolarSchedule
 
+    monkeypatch.setitem(sys.modules, "ephem", None)  # as if it were not installed
     Live(store, namespace="proj").put(Entry(name="by-hand", task="proj.x", trigger=Every(60)))
     bridge = bridge_of(store, settings, code=("from-code",))
     task("fine", interval=every(10))
@@ -174,7 +197,8 @@ def test_rows_the_bridge_cannot_run_are_refused_and_their_entry_removed(
     assert set(live_entries(store)) == {"fine", "bad", "by-hand"}
     assert live_entries(store)["by-hand"].task == "proj.x"  # the hand-written one stays
     said = " ".join(r.getMessage() for r in caplog.records)
-    assert "solar schedule (sunset" in said
+    assert "row 'dusk'" in said
+    assert "pip install 'beatless[solar]'" in said  # only that row, naming the extra
     assert "code schedule" in said
     PeriodicTask.objects.filter(name="bad").update(kwargs="[not json")
     bridge.poll(full=True)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from itertools import islice
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -12,9 +14,12 @@ from celery import Celery
 from celery.schedules import crontab
 
 from beatless.celery._settings import CelerySettings
-from beatless.core._time import from_datetime, to_datetime
+from beatless.core._time import from_datetime, iso, to_datetime
+from beatless.core.solar import Solar
 from beatless.core.triggers import At, Cron, Every
 from beatless.django import Row, RowRefused, entry_of_row, row_of
+from beatless.schedule.entry import Schedule
+from beatless.schedule.firing import Firing
 
 FENCE = from_datetime(datetime(2026, 6, 1, 12, 0, 0, 500_000, tzinfo=UTC))
 
@@ -217,12 +222,49 @@ def test_expire_seconds_disabled_rows_and_empty_columns(
     assert made.args == ()
 
 
-def test_a_solar_row_is_refused_with_its_reason(database: str, settings: CelerySettings) -> None:
+@pytest.mark.parametrize(
+    ("event", "lat", "lon"),
+    [("sunrise", "48.85", "2.35"), ("dusk_civil", "-33.868820", "151.209296")],
+)
+def test_a_solar_row_runs_where_celerys_solar_of_that_row_puts_it(
+    database: str, settings: CelerySettings, event: str, lat: str, lon: str
+) -> None:
+    from django_celery_beat.models import SolarSchedule
+
+    ephem = pytest.importorskip("ephem")
+    solar = SolarSchedule(event=event, latitude=Decimal(lat), longitude=Decimal(lon))
+    solar.full_clean()
+    solar.save()
+    row = admin_row(name="dawn", solar=solar)
+    made = entry(row, settings)
+    assert made.trigger == Solar(event, float(lat), float(lon))
+    theirs = row.solar.schedule  # django-celery-beat's own Celery solar of the row
+    start = datetime(2026, 3, 1, tzinfo=UTC)
+    found = [from_datetime(d) for d in after(made.trigger, start, 30)]
+    for occurrence in found:
+        search = to_datetime(occurrence - 3_600_000).replace(tzinfo=None)
+        celery = theirs._next_event(ephem.Date(search)).datetime().replace(tzinfo=UTC)
+        # ephem converges from where its search starts: the two agree within a second
+        assert abs(occurrence - from_datetime(celery)) <= 1_000, iso(occurrence)
+    # one firing per address, local solar date and event, whatever each node computes
+    address = Schedule([made], namespace="proj").address(made)
+    first = Firing.of(made, None, address, found[0])
+    assert made.trigger.key(found[0]) == f"{event}/2026-03-01"  # type: ignore[attr-defined]
+    assert Firing.of(made, None, address, found[0] + 1).id == first.id
+    assert Firing.of(made, None, address, found[1]).id != first.id
+
+
+def test_without_ephem_a_solar_row_is_refused_naming_the_extra(
+    database: str, settings: CelerySettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from django_celery_beat.models import SolarSchedule
 
     solar = SolarSchedule.objects.create(event="sunrise", latitude=48.85, longitude=2.35)
-    with pytest.raises(RowRefused, match=r"row 'dawn' \(id \d+\): solar schedule \(sunrise"):
-        entry(admin_row(name="dawn", solar=solar), settings)
+    row = admin_row(name="dawn", solar=solar)
+    monkeypatch.setitem(sys.modules, "ephem", None)  # as if it were not installed
+    with pytest.raises(RowRefused, match=r"row 'dawn' \(id \d+\): .*the solar trigger") as caught:
+        entry(row, settings)
+    assert "pip install 'beatless[solar]'" in str(caught.value)
 
 
 @pytest.mark.parametrize(
