@@ -576,8 +576,12 @@ def test_check_celery_exits_1_listing_every_problem_one_line_each(tmp_path: Path
     assert result.returncode == 1, result.stdout
     lines = result.stderr.splitlines()
     assert lines[0] == "shop_celery:app: 4 problem(s)"
-    named = sorted(line.strip().split(":")[0] for line in lines[1:])
+    named = sorted(line.strip().split(":")[0] for line in lines[1:-1])
     assert named == ["entry 'odd'", "entry 'opaque'", "entry 'tight'", "entry 'typo'"]
+    assert lines[-1] == (
+        "with on_schedule_error = 'consume', a node schedules the 1 other entry and leaves "
+        "out 'odd', 'typo', 'opaque', 'tight'"
+    )
     assert "entry 'opaque': args[0] (a object) cannot be encoded as JSON" in result.stderr
     assert result.stdout == ""
 

@@ -318,8 +318,8 @@ def _schedule(
         return _one_off(value, last_run_at, how.now)
     if isinstance(value, dict) and value.get("__type__") == "solar":
         raise ConfigError(
-            "solar schedules wait for beatless's solar extra (beatless[solar], to come): "
-            "keep the entry on RedBeat meanwhile, or express it as a crontab"
+            "a solar schedule, which RedBeat's encoder cannot write: put it as a live entry "
+            "with beatless's Solar trigger instead (the solar extra, beatless[solar])"
         )
     if isinstance(value, dict) and "__type__" in value:
         raise ConfigError(f"RedBeat's decoder does not know schedule type {value['__type__']!r}")

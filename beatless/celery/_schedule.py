@@ -142,10 +142,6 @@ def check_app(app: Any, settings: CelerySettings | None = None) -> Checked:
 
 
 MIGRATING = "docs/migrating-from-beat.md, 'From django-celery-beat or RedBeat: what to do now'"
-_MOVE = (
-    "move the periodic tasks you need into beat_schedule and remove the beat_scheduler "
-    f"setting: see {MIGRATING}"
-)
 FOREIGN_SCHEDULERS = {
     "django_celery_beat.schedulers.DatabaseScheduler": (
         "django-celery-beat's DatabaseScheduler",
@@ -164,7 +160,6 @@ FOREIGN_SCHEDULERS = {
 }
 """The beat schedulers whose schedule lives outside ``beat_schedule``: by class path,
 what it is, where its schedule lives, and what moves that schedule to beatless."""
-MIGRATING = "docs/migrating-from-beat.md, 'From django-celery-beat or RedBeat: what to do now'"
 _SCHEDULER_ALIASES = {
     "django": "django_celery_beat.schedulers.DatabaseScheduler",
     "redbeat.schedulers.RedBeatScheduler": "redbeat.RedBeatScheduler",
