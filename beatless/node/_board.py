@@ -54,6 +54,7 @@ from beatless.fleet._notes import (
     TEMPLATE_LATENESS,
     TEMPLATE_OUTCOME,
     TENANTS_PUBLISHED,
+    BatchMember,
     HistoryItem,
     MissedRecord,
     NodeRecord,
@@ -73,12 +74,16 @@ from beatless.fleet._notes import (
 from beatless.fleet._schema import family
 from beatless.node._reseed import reseeded_kind
 from beatless.node._view import LoopView
-from beatless.node.stats import SkippedNotes
+from beatless.node.stats import SkippedNotes, total_counts
 from beatless.schedule.firing import Decision, Firing, iso
 from beatless.schedule.outcomes import DecisionOutcome
 from beatless.stores.base import NOTE_VALUE_LIMIT, Note, NoteItem, StoreFacts
 
 logger = logging.getLogger("beatless.fleet")
+
+_Group = tuple[str, str, int, "tuple[int, int] | None", str]
+"""The firings of one batch note: the fan-out's address, entry, occurrence, what it
+coalesced and the node."""
 
 FACTS_EVERY_MS = 10_000
 """How often a node reads all of the store's settings (:meth:`ClaimStore.facts
@@ -219,16 +224,46 @@ class Board:
         history, but one batch note per fan-out occurrence and node for the items of
         :meth:`batched` tenants (more when one would pass ``NOTE_VALUE_LIMIT``)."""
         notes: list[Note] = []
-        groups: dict[tuple[str, str, int, tuple[int, int] | None, str], list[HistoryItem]] = {}
+        groups: dict[_Group, list[BatchMember]] = {}
         for address, item in items:
-            if self.batched(item.entry, item.tenant, item.manual) and item.tenant is not None:
-                base = address[: -len(item.tenant) - 1]
+            tenant = item.tenant
+            if tenant is not None and self.batched(item.entry, tenant, item.manual):
+                base = address[: -len(tenant) - 1]
                 group = (base, item.entry, item.occurrence_ms, item.coalesced, item.node)
-                groups.setdefault(group, []).append(item)
+                member = (item.id, tenant, item.outcome, item.lateness_ms, item.at_ms)
+                groups.setdefault(group, []).append(member)
             else:
                 notes.append(self.history_note(address, item))
+        notes.extend(self._batch_notes(groups))
+        return notes
+
+    def decision_notes(
+        self, decided: Iterable[tuple[Firing, str, tuple[int, int] | None]], now_ms: int
+    ) -> list[Note]:
+        """The notes of this node's decisions ``decided`` at ``now_ms`` (each firing with
+        its outcome and what it coalesced), as :meth:`history_notes` writes their items;
+        the firing of a batch note is written into it without an item of its own."""
+        node = self.loop.node
+        notes: list[Note] = []
+        groups: dict[_Group, list[BatchMember]] = {}
+        for firing, outcome, coalesced in decided:
+            tenant, entry = firing.tenant, firing.entry.name
+            lateness = now_ms - firing.release_ms
+            if tenant is not None and self.batched(entry, tenant, firing.manual):
+                base = firing.address[: -len(tenant) - 1]
+                group = (base, entry, firing.occurrence_ms, coalesced, node)
+                groups.setdefault(group, []).append((firing.id, tenant, outcome, lateness, now_ms))
+            else:
+                item = self.history_item(Decision(firing, outcome, node, lateness), coalesced)
+                notes.append(self.history_note(firing.address, item))
+        notes.extend(self._batch_notes(groups))
+        return notes
+
+    def _batch_notes(self, groups: dict[_Group, list[BatchMember]]) -> list[Note]:
+        """The batch notes of the ``groups`` of :meth:`history_notes`."""
+        notes: list[Note] = []
         for (base, entry, occurrence, coalesced, node), members in groups.items():
-            at = max(m.at_ms for m in members)
+            at = max(m[4] for m in members)
             head = f'{batch_head(entry, node, occurrence, coalesced)},"at_ms":{at},"items":['
             for first, texts in batch_chunks(members, NOTE_VALUE_LIMIT - len(head.encode()) - 2):
                 notes.append(
@@ -337,11 +372,7 @@ class Board:
 
     def node_record(self, now_ms: int) -> NodeRecord:
         loop = self.loop
-        counters: dict[str, int] = {}
-        for stats in list(loop.stats.values()):
-            for name, value in stats.as_dict().items():
-                if isinstance(value, int) and not name.startswith("lateness"):
-                    counters[name] = counters.get(name, 0) + value
+        counters = total_counts(list(loop.stats.values()))
         counters["skipped_notes"] = self.skipped.total
         return NodeRecord(
             node=loop.node,

@@ -59,13 +59,23 @@ class InFlight:
             flight = self._flights[firing.id] = Flight(firing)
         return flight
 
+    def get(self, firing: Firing) -> Flight | None:
+        """The record of ``firing``, if it has one (read only)."""
+        return self._flights.get(firing.id)
+
     def open(self, firings: list[Firing]) -> None:
         """A wake hands ``firings`` to the dispatcher: each is open until it is decided,
         retried or sent."""
-        self._wake = [self._of(firing) for firing in firings]
-        self._sent = []
-        for flight in self._wake:
-            flight.step = OPEN
+        flights = self._flights
+        opened: list[Flight] = []
+        self._wake, self._sent = opened, []
+        for firing in firings:  # as _of, on every firing's path
+            flight = flights.get(firing.id)
+            if flight is None:
+                flight = flights[firing.id] = Flight(firing, OPEN)
+            else:
+                flight.step = OPEN
+            opened.append(flight)
 
     def left_open(self) -> list[Firing]:
         """The firings of this wake still open: neither decided, retried nor sent."""
@@ -94,7 +104,9 @@ class InFlight:
 
     def sent(self, firing: Firing, outcome: str) -> None:
         """``firing`` was handed to the broker: from now on it is never retried."""
-        flight = self._of(firing)
+        flight = self._flights.get(firing.id)
+        if flight is None:
+            flight = self._flights[firing.id] = Flight(firing)
         if flight.step != SENT:
             self._sent.append(flight)
         flight.step, flight.sent_as = SENT, outcome

@@ -192,7 +192,7 @@ class Reseeder:
         return self.store.reseeds
 
     def sent(self, firing: Firing) -> None:
-        if self.enabled:
+        if self.store.reseeds:  # as :attr:`enabled`, on every send's path
             self.ring.add(firing)
 
     def step(self, now_ms: int) -> bool:
@@ -205,6 +205,12 @@ class Reseeder:
         if self._token is None:
             self._token = epoch.token  # a first sighting: nothing to write back
             return False
+        if (
+            epoch.token == self._token
+            and not self._notes()
+            and (self._since_ms is None or self.store.forgot_before_ms is None)
+        ):
+            return False  # nothing changed, no note, and nothing to settle (every wake)
         notes = self._read_notes()
         hinted = next((n.epoch for n in notes if self._is_news(n.epoch)), None)
         changed = epoch.token != self._token or hinted is not None
