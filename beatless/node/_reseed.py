@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -83,17 +84,26 @@ class Ring:
 
     def __init__(self, limit: int = RING_LIMIT) -> None:
         self.limit = limit
-        self._kept: dict[str, tuple[int, Firing]] = {}
+        self._kept: OrderedDict[str, tuple[int, Firing]] = OrderedDict()
         """By firing id, in the order sent: until when, and the firing (its claim to write
-        back is built only when one is written back: the ring is on every send's path)."""
+        back is built only when one is written back: the ring is on every send's path).
+        Ordered, so that the oldest go first in constant time."""
 
     def add(self, firing: Firing) -> None:
-        if firing.id in self._kept:
+        """Keep ``firing``; the oldest go when over the limit, and those the store refuses
+        as late by now: kept until more than the tolerance before ``firing``'s occurrence,
+        which is at most the tolerance ahead of the store's clock (a claim of it was won),
+        so the store's clock is past them whatever the node's says."""
+        kept = self._kept
+        if firing.id in kept:
             return
-        until = firing.occurrence_ms + firing.entry.max_late_ms + TOLERANCE_MS
-        self._kept[firing.id] = (until, firing)
-        if len(self._kept) > self.limit:
-            del self._kept[next(iter(self._kept))]
+        occurrence = firing.occurrence_ms
+        kept[firing.id] = (occurrence + firing.entry.max_late_ms + TOLERANCE_MS, firing)
+        if len(kept) > self.limit:
+            kept.popitem(last=False)
+        horizon = occurrence - TOLERANCE_MS
+        while next(iter(kept.values()))[0] < horizon:
+            kept.popitem(last=False)
 
     def requests(self, now_ms: int) -> list[ClaimRequest]:
         """The claims of the firings still claimable by the store's rule, oldest first."""
