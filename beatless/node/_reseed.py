@@ -88,6 +88,8 @@ class Ring:
         """By firing id, in the order sent: until when, and the firing (its claim to write
         back is built only when one is written back: the ring is on every send's path).
         Ordered, so that the oldest go first in constant time."""
+        self._front_ms: int | None = None
+        """Until when the oldest is kept (``None``: to be looked at)."""
 
     def add(self, firing: Firing) -> None:
         """Keep ``firing``; the oldest go when over the limit, and those the store refuses
@@ -101,14 +103,18 @@ class Ring:
         kept[firing.id] = (occurrence + firing.entry.max_late_ms + TOLERANCE_MS, firing)
         if len(kept) > self.limit:
             kept.popitem(last=False)
+            self._front_ms = None
         horizon = occurrence - TOLERANCE_MS
-        while next(iter(kept.values()))[0] < horizon:
-            kept.popitem(last=False)
+        if self._front_ms is None or self._front_ms < horizon:
+            while (front := next(iter(kept.values()))[0]) < horizon:
+                kept.popitem(last=False)
+            self._front_ms = front
 
     def requests(self, now_ms: int) -> list[ClaimRequest]:
         """The claims of the firings still claimable by the store's rule, oldest first."""
         for id_ in [i for i, (until, _) in self._kept.items() if until < now_ms]:
             del self._kept[id_]
+        self._front_ms = None
         return [claim_request(firing) for _, firing in self._kept.values()]
 
     def __len__(self) -> int:

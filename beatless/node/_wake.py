@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from beatless.node._ahead import BuildAhead
 from beatless.node._board import Board
-from beatless.node._inflight import Flight, InFlight
+from beatless.node._inflight import InFlight
 from beatless.node._judging import Judging
 from beatless.node._live import LiveView
 from beatless.node._prefer import Preference
@@ -97,31 +97,25 @@ class LoopWake:
         if outcome == "late" and self.flights.judging(firing):
             self._judging.add(firing)
             return
-        flight = self.flights.finish(firing)
+        flight, sent_as = self.flights.finish(firing)
         if flight is not None and flight.reseeding and outcome == DecisionOutcome.LATE:
             # held off until late: the fleet could not re-seed it
             outcome = DecisionOutcome.FORGOTTEN
-        if outcome in DecisionOutcome.SENT and (flight is None or not flight.sent_as):
+        if outcome in DecisionOutcome.SENT and not sent_as:
             self._reseeder.sent(firing)  # won without a send told (:meth:`sent` was not)
-        try:
-            self._record(firing, outcome, flight, recorded=recorded)
+        try:  # count, settle and report it
+            now = self.now_ms()
+            self._tally.count(firing, outcome, now, seen_held=flight is not None and flight.held)
+            self._settle(firing, outcome)
+            coalesced = None if flight is None else flight.coalesced
+            if outcome == "held":
+                self._recheck_held(firing, now, coalesced)
+                coalesced = None
+            self._report(
+                Decision(firing, outcome, self.node, now - firing.release_ms), coalesced, recorded
+            )
         except Exception as exc:
             self._tally.failed_step([firing], f"recording its outcome '{outcome}'", exc)
-
-    def _record(
-        self, firing: Firing, outcome: str, flight: Flight | None, *, recorded: bool
-    ) -> None:
-        """Count, settle and report one decision."""
-        now = self.now_ms()
-        self._tally.count(firing, outcome, now, seen_held=flight is not None and flight.held)
-        self._settle(firing, outcome)
-        coalesced = None if flight is None else flight.coalesced
-        if outcome == "held":
-            self._recheck_held(firing, now, coalesced)
-            coalesced = None
-        self._report(
-            Decision(firing, outcome, self.node, now - firing.release_ms), coalesced, recorded
-        )
 
     def _recheck_held(self, firing: Firing, now: int, coalesced: tuple[int, int] | None) -> None:
         """A firing another node holds pending is looked at again once the holder's lease
