@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from test_scheduler import T0, Clock
 from test_two_phase import monotonic_of
 
 from beatless import Entry, Every, Firing, Schedule
+from beatless.node import _reseed
 from beatless.node._reseed import Reseeded, Reseeder, Ring, gate_open, reseeded_kind
 from beatless.node.scheduler import Scheduler
 from beatless.schedule.firing import claim_request
@@ -133,6 +135,33 @@ def test_the_ring_keeps_a_firing_only_while_a_node_could_claim_it() -> None:
     ring.add(firing)
     assert [r.id for r in ring.requests(occurrence)] == [firing.id]
     assert ring.requests(occurrence + entry.max_late_ms + 10_001) == []
+
+
+def test_the_ring_drops_the_oldest_over_its_limit_and_what_a_later_send_shows_late(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_reseed, "PRUNE_EVERY", 4)  # the late ones go at every 4th send
+    clock = Clock(T0)
+    _, nodes, _ = fleet(clock, ("a",))
+    entry = nodes[0].schedule.entries[0]
+    start = round(T0 * 1_000)
+
+    def firing(tenant: str, occurrence: int) -> Firing:
+        return Firing.of(entry, tenant, nodes[0].schedule.address(entry, tenant), occurrence)
+
+    ring = Ring(limit=2)
+    first, second, third = firing("t0", start), firing("t1", start), firing("t2", start)
+    for sent in (first, second, third):
+        ring.add(sent)
+    assert [r.id for r in ring.requests(start)] == [second.id, third.id]
+    # A firing whose occurrence is past the others' max_late + twice the tolerance was
+    # won, so the store's clock is past theirs: they go, not at the next re-seed.
+    later = firing("t3", start + entry.max_late_ms + 20_001)
+    ring.add(later)
+    assert len(ring) == 1
+    assert [r.id for r in ring.requests(start)] == [later.id]
+    ring.add(firing("t4", start + entry.max_late_ms + 20_001))
+    assert len(ring) == 2  # nothing late to drop
 
 
 def test_a_node_posts_its_note_only_once_every_firing_it_sent_is_written_back() -> None:

@@ -38,10 +38,12 @@ and read back. The node's thread that posts and reads them is :mod:`beatless.nod
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from beatless.core._logtext import shown
@@ -267,6 +269,8 @@ class HistoryItem:
     def parse(cls, text: str) -> HistoryItem:
         """The item, checked against :data:`~beatless.fleet._schema.HISTORY_ITEM`; raises
         :class:`~beatless.fleet._schema.BadNote`."""
+        if cls is HistoryItem:
+            return _parsed_item(text)
         return cls(**HISTORY_ITEM.load(text))
 
     @classmethod
@@ -299,6 +303,16 @@ class HistoryItem:
             coalesced=coalesced,
             revision=revision,
         )
+
+
+PARSED_ITEMS_KEPT = 4_096
+"""History items kept parsed, by their note's text: each missed sweep (and each status
+page) reads the same notes again, and an item is immutable."""
+
+
+@functools.lru_cache(maxsize=PARSED_ITEMS_KEPT)
+def _parsed_item(text: str) -> HistoryItem:
+    return HistoryItem(**HISTORY_ITEM.load(text))
 
 
 def strongest(items: Iterable[HistoryItem]) -> list[HistoryItem]:
@@ -415,20 +429,25 @@ def batch_head(entry: str, node: str, occurrence_ms: int, coalesced: object) -> 
 
 
 def item_start(tenant: str) -> str:
-    return "[" + json.dumps(tenant)
+    return "[" + encode_basestring_ascii(tenant)  # as json.dumps(tenant)
 
 
-def batch_chunks(members: list[HistoryItem], room: int) -> Iterator[tuple[str, list[str]]]:
+BatchMember = tuple[str, str, str, int, int]
+"""One firing of a batch note, as :func:`batch_chunks` takes it: its id, tenant, outcome,
+lateness and when it was decided (``at_ms``)."""
+
+
+def batch_chunks(members: list[BatchMember], room: int) -> Iterator[tuple[str, list[str]]]:
     """The batch items of ``members`` in chunks of at most ``room`` bytes (commas
     included), each with the id of its first member."""
     chunk: list[str] = []
-    first, used = members[0].id, 0
-    for member in members:
-        text = f'{item_start(member.tenant or "")},"{member.outcome}",{member.lateness_ms}]'
-        size = len(text.encode()) + 1
+    first, used = members[0][0], 0
+    for id_, tenant, outcome, lateness_ms, _ in members:
+        text = f'[{encode_basestring_ascii(tenant)},"{outcome}",{lateness_ms}]'  # item_start
+        size = len(text) + 1  # ASCII only: as many bytes as characters
         if chunk and used + size > room:
             yield first, chunk
-            chunk, first, used = [], member.id, 0
+            chunk, first, used = [], id_, 0
         chunk.append(text)
         used += size
     yield first, chunk

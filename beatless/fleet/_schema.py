@@ -60,6 +60,17 @@ class Field:
     required: bool = True
 
 
+_QUICK: dict[Check, tuple[type, int, int, bool]] = {}
+"""The checks of a plain integer, string or boolean (or ``null``), and what a value that
+fits is: its type, the bounds of its value (an integer) or length (a string), and whether
+``null`` fits too. :meth:`Schema.check` keeps such a value without calling the check (it reads
+every note); any other value goes to the check, which accepts it or says why not."""
+
+
+class _Never:
+    """The type of no value read from JSON: a quick check that only ``null`` passes."""
+
+
 _JSON_TYPES = {str: "a string", bool: "a boolean", int: "an integer", float: "a number"}
 
 
@@ -83,6 +94,7 @@ def integer(low: int, high: int) -> Check:
             raise BadNote(f"{value} is out of range ({low} to {high})")
         return value
 
+    _QUICK[check] = (int, low, high, False)
     return check
 
 
@@ -96,6 +108,7 @@ def text(limit: int) -> Check:
             raise BadNote(f"a string of {len(value)} characters is over {limit}")
         return value
 
+    _QUICK[check] = (str, 0, limit, False)
     return check
 
 
@@ -114,9 +127,18 @@ def flag(value: Any) -> bool:
     return value
 
 
+_QUICK[flag] = (bool, 0, 0, False)
+
+
 def nullable(inner: Check) -> Check:
     """``null`` (read as ``None``), or what ``inner`` accepts."""
-    return lambda value: None if value is None else inner(value)
+
+    def check(value: Any) -> Any:
+        return None if value is None else inner(value)
+
+    kind, low, high, _ = _QUICK.get(inner, (_Never, 0, 0, False))
+    _QUICK[check] = (kind, low, high, True)
+    return check
 
 
 def listed(inner: Check, limit: int = LIST_LIMIT) -> Check:
@@ -161,6 +183,16 @@ class Schema:
     name: str
     """What a note of the kind is, as a message says it (``registry record``)."""
     fields: Mapping[str, Field] = field(default_factory=dict)
+    _plan: tuple[tuple[str, Check, bool, type | None, int, int, bool], ...] = field(
+        init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        plan = []
+        for name, spec in self.fields.items():
+            kind, low, high, null = _QUICK.get(spec.check, (None, 0, 0, False))
+            plan.append((name, spec.check, spec.required, kind, low, high, null))
+        object.__setattr__(self, "_plan", tuple(plan))
 
     def load(self, text: str) -> dict[str, Any]:
         """The fields of the note ``text``, checked; raises :class:`BadNote`."""
@@ -181,15 +213,22 @@ class Schema:
         if not isinstance(data, dict):
             raise BadNote(f"expected a JSON object, got {_got(data)}")
         fields = {}
-        for name, spec in self.fields.items():
+        for name, check, required, kind, low, high, null in self._plan:
             if name not in data:
-                if spec.required:
+                if required:
                     raise BadNote(f"field {name} is missing")
                 continue
-            try:
-                fields[name] = spec.check(data[name])
-            except BadNote as exc:
-                raise BadNote(f"field {name}: {exc}") from None
+            value = data[name]
+            typed = type(value) is kind
+            if typed and (kind is bool or low <= (value if kind is int else len(value)) <= high):
+                fields[name] = value  # what the check keeps, unchecked again (see _QUICK)
+            elif value is None and null:
+                fields[name] = None
+            else:
+                try:
+                    fields[name] = check(value)
+                except BadNote as exc:
+                    raise BadNote(f"field {name}: {exc}") from None
         return fields
 
 

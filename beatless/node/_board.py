@@ -1,10 +1,10 @@
 """The node's thread that keeps its notes in the claim store (:mod:`beatless.fleet._notes`).
 
-Every second it posts the history waiting, the registry record and the entries when due,
-reads the controls, the run-now requests, the preferred claimers' progress and the
-registry, and sweeps the history for missed firings. It WARNs (rate-limited) when live
-nodes disagree on the schedule fingerprint or the tzdata version, or when a node's clock
-is more than ``OFFSET_WARN_MS`` from the store's.
+Every second it posts the history waiting (written by :mod:`beatless.node._history`), the
+registry record and the entries when due, reads the controls, the run-now requests, the
+preferred claimers' progress and the registry, and sweeps the history for missed firings.
+It WARNs (rate-limited) when live nodes disagree on the schedule fingerprint or the tzdata
+version, or when a node's clock is more than ``OFFSET_WARN_MS`` from the store's.
 
 The board reads its node through :class:`~beatless.node._view.LoopView`, a small view of
 the scheduler loop, not the loop's class: the loop owns a board, and the board imports
@@ -18,8 +18,7 @@ import os
 import socket
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from beatless._version import __version__
 from beatless.core._logtext import ERROR_LIMIT, WarnEvery, shown
@@ -29,7 +28,6 @@ from beatless.errors import StoreError
 from beatless.fleet._controls import (
     RUN_NOW_TTL_MS,
     Control,
-    capped_ttl,
     controls_kind,
     json_text,
     read_controls,
@@ -39,54 +37,35 @@ from beatless.fleet._controls import (
 )
 from beatless.fleet._missed import sweep_missed
 from beatless.fleet._notes import (
-    BATCH_ITEM_LIMIT,
     ENTRIES_EVERY_MS,
     ENTRIES_TTL_MS,
-    HISTORY_KEEP,
-    HISTORY_TTL_MS,
-    MIN_HISTORY_TTL_MS,
-    MISSED_KEEP,
-    MISSED_LIFE_MS,
-    MISSED_PER_NOTE,
     REGISTRY_EVERY_MS,
     REGISTRY_TTL_MS,
     SYNC_EVERY_MS,
-    TEMPLATE_AT,
-    TEMPLATE_LATENESS,
-    TEMPLATE_OUTCOME,
-    TENANTS_PUBLISHED,
     HistoryItem,
-    MissedRecord,
     NodeRecord,
-    batch_chunks,
-    batch_head,
     drift,
     entries_kind,
     entry_note,
-    fan_out_history_kind,
-    history_key,
-    history_kind,
-    item_start,
-    missed_kind,
     nodes_kind,
     read_registry,
 )
 from beatless.fleet._schema import family
+from beatless.node._history import HistoryWriter
 from beatless.node._reseed import reseeded_kind
 from beatless.node._view import LoopView
-from beatless.node.stats import SkippedNotes
+from beatless.node.stats import SkippedNotes, total_counts
 from beatless.schedule.firing import Decision, Firing, iso
 from beatless.schedule.outcomes import DecisionOutcome
-from beatless.stores.base import NOTE_VALUE_LIMIT, Note, NoteItem, StoreFacts
+from beatless.stores.base import Note, StoreFacts
 
 logger = logging.getLogger("beatless.fleet")
+
 
 FACTS_EVERY_MS = 10_000
 """How often a node reads all of the store's settings (:meth:`ClaimStore.facts
 <beatless.stores.base.ClaimStore.facts>`); at the other syncs it reads only those that can
 make a running store lose claims (:meth:`~beatless.stores.base.ClaimStore.quick_facts`)."""
-HISTORY_BUFFER = 20_000
-"""At most this many history items wait for a post; beyond, the oldest are dropped."""
 SEEN_KEPT_MS = 3_600_000
 """How long a node read in the registry is remembered (for re-seeding, :mod:`beatless._reseed`)."""
 MISSED_SWEEP_EVERY_MS = 30_000
@@ -96,8 +75,9 @@ SKIPPED_WARN_EVERY_MS = 300_000
 """A note skipped for not fitting its schema is told at most this often per kind and key."""
 
 
-class Board:
-    """One node's side of the notes: registry, entries, history, drift warnings.
+class Board(HistoryWriter):
+    """One node's side of the notes: registry, entries, history (written by
+    :class:`~beatless.node._history.HistoryWriter`), drift warnings.
 
     :meth:`sync` does what is due; :meth:`start` runs it every second in a thread of its
     own, so that the registry shows a node whose loop died or hangs as such.
@@ -110,31 +90,10 @@ class Board:
         framework: str = "standalone",
         loop_alive: Callable[[], bool] | None = None,
     ) -> None:
-        self.loop = loop
-        self.store = loop.store
+        super().__init__(loop)
         self.framework = framework
         self.namespace = loop.schedule.namespace
         self._loop_alive = loop_alive or (lambda: True)
-        self._pending: deque[tuple[str, HistoryItem]] = deque(maxlen=HISTORY_BUFFER)
-        """History items to post at the next sync, each with its address."""
-        self._pending_missed: list[Note] = []
-        """Missed-count notes to post at the next sync, with the history."""
-        entries = loop.schedule.entries
-        self._shown = {
-            e.name: frozenset(e.tenants[:TENANTS_PUBLISHED])
-            for e in entries
-            if e.tenants is not None and not callable(e.tenants)
-        }
-        """The tenants of each fan-out that keep a history of their own (status shows them)."""
-        self._batch_life = {
-            e.name: min(HISTORY_TTL_MS, HISTORY_KEEP * max(e.trigger.min_gap_ms(), 1))
-            for e in entries
-            if e.tenants is not None
-        }
-        """How long after its occurrence a fan-out's batch notes live: its last
-        ``HISTORY_KEEP`` occurrences, at most ``HISTORY_TTL_MS``."""
-        self._templates: dict[tuple[str, int, tuple[int, int] | None], Note] = {}
-        self._lock = threading.Lock()
         self._registry_ms: int | None = None
         self._swept_ms: int | None = None
         self._entries_ms: int | None = None
@@ -185,172 +144,9 @@ class Board:
         """The loop calls this at every wake."""
         self.last_wake_ms = now_ms
 
-    def record(self, decision: Decision, coalesced: tuple[int, int] | None = None) -> None:
-        """Keep a decision for the history, if it is one this node writes."""
-        if decision.outcome in DecisionOutcome.HISTORY:
-            sent = decision.outcome in DecisionOutcome.SENT
-            item = self.history_item(decision, coalesced if sent else None)
-            self.record_item(decision.firing.address, item)
-        if decision.outcome == DecisionOutcome.MISSED:
-            # Counted for the hour as the sweep's finds are, whatever the history keeps.
-            firing = decision.firing
-            decided_ms = firing.release_ms + decision.lateness_ms
-            notes = self.missed_notes(firing.address, [firing.occurrence_ms], decided_ms)
-            with self._lock:
-                self._pending_missed.extend(notes)
-
-    def history_item(
-        self, decision: Decision, coalesced: tuple[int, int] | None = None
-    ) -> HistoryItem:
-        """The history item of ``decision``, with the live revision its firing ran under
-        (the loop's thread only: it reads the loop's live spans)."""
-        firing = decision.firing
-        revision = self.loop.live.revision_at(firing.entry, firing.occurrence_ms)
-        return HistoryItem.of(decision, coalesced, revision)
-
-    def record_item(self, address: str, item: HistoryItem) -> None:
-        """Post ``item`` at the next sync."""
-        with self._lock:
-            self._pending.append((address, item))
-
-    def batched(self, entry: str, tenant: str | None, manual: bool = False) -> bool:
-        """Whether a firing's history goes into its occurrence's batch notes: a fan-out
-        tenant that ``status`` does not show, in a scheduled (not manual) firing."""
-        return (
-            tenant is not None
-            and not manual
-            and tenant not in self._shown.get(entry, ())
-            and len(tenant) <= BATCH_ITEM_LIMIT
-        )
-
-    def history_notes(self, items: Iterable[tuple[str, HistoryItem]]) -> list[Note]:
-        """The notes of ``items`` (each with its address): a note each in its address's
-        history, but one batch note per fan-out occurrence and node for the items of
-        :meth:`batched` tenants (more when one would pass ``NOTE_VALUE_LIMIT``)."""
-        notes: list[Note] = []
-        groups: dict[tuple[str, str, int, tuple[int, int] | None, str], list[HistoryItem]] = {}
-        for address, item in items:
-            if self.batched(item.entry, item.tenant, item.manual) and item.tenant is not None:
-                base = address[: -len(item.tenant) - 1]
-                group = (base, item.entry, item.occurrence_ms, item.coalesced, item.node)
-                groups.setdefault(group, []).append(item)
-            else:
-                notes.append(self.history_note(address, item))
-        for (base, entry, occurrence, coalesced, node), members in groups.items():
-            at = max(m.at_ms for m in members)
-            head = f'{batch_head(entry, node, occurrence, coalesced)},"at_ms":{at},"items":['
-            for first, texts in batch_chunks(members, NOTE_VALUE_LIMIT - len(head.encode()) - 2):
-                notes.append(
-                    self._batch(
-                        entry,
-                        base,
-                        occurrence,
-                        at_ms=at,
-                        key=f"{occurrence}.{node}.{first}",
-                        value=head + ",".join(texts) + "]}",
-                    )
-                )
-        return notes
-
-    def _batch(
-        self, entry: str, base: str, occurrence_ms: int, *, at_ms: int, key: str, value: str
-    ) -> Note:
-        """A batch note of ``entry``'s occurrence, posted at ``at_ms``."""
-        life = self._batch_life.get(entry, HISTORY_TTL_MS)
-        ttl = max(occurrence_ms + life - at_ms, MIN_HISTORY_TTL_MS)
-        return Note(fan_out_history_kind(base, occurrence_ms), key, value, self._ttl(ttl))
-
-    def history_note(self, address: str, item: HistoryItem, text: str | None = None) -> Note:
-        """The note of ``item`` in the history of ``address`` (its value ``text`` if given,
-        the item's JSON otherwise), under its :func:`history_key`."""
-        value = item.to_json() if text is None else text
-        key = history_key(item.id, item.outcome)
-        return self._history_note(address, key, item.occurrence_ms, item.at_ms, value)
-
-    def _history_note(
-        self, address: str, key: str, occurrence_ms: int, at_ms: int, value: str
-    ) -> Note:
-        # Living from the occurrence, not the post, the notes of an address expire in the
-        # order of their occurrences, so its bound keeps the latest HISTORY_KEEP of them
-        # (a firing recorded missed long after its occurrence does not outlive later ones).
-        ttl = max(occurrence_ms + HISTORY_TTL_MS - at_ms, MIN_HISTORY_TTL_MS)
-        return Note(history_kind(address), key, value, self._ttl(ttl), HISTORY_KEEP)
-
-    def missed_notes(self, address: str, occurrences: Sequence[int], now_ms: int) -> list[Note]:
-        """The missed-count notes of ``occurrences`` of ``address``, found missed by this
-        node at ``now_ms`` (:class:`MissedRecord`)."""
-        ordered = sorted(occurrences)
-        notes = []
-        for start in range(0, len(ordered), MISSED_PER_NOTE):
-            chunk = tuple(ordered[start : start + MISSED_PER_NOTE])
-            ttl = max(chunk[-1] + MISSED_LIFE_MS - now_ms, MIN_HISTORY_TTL_MS)
-            value = MissedRecord(self.loop.node, chunk).to_json()
-            key = f"{chunk[0]}.{self.loop.node}"
-            notes.append(Note(missed_kind(address), key, value, self._ttl(ttl), MISSED_KEEP))
-        return notes
-
-    def history_template(
-        self, firing: Firing, now_ms: int, coalesced: tuple[int, int] | None = None
-    ) -> Note | NoteItem:
-        """The history note of ``firing`` for a claim script to complete: its value has
-        ``{{outcome}}``, ``{{at_ms}}`` and ``{{lateness_ms}}`` where the script's decision
-        goes (:meth:`beatless.stores.redis.store.RedisStore.claim_and_push`); for a
-        :meth:`batched` tenant, its item in the batch note of its occurrence. ``coalesced``
-        is kept whatever the script decides: it is only read from a sent firing's item."""
-        if self.batched(firing.entry.name, firing.tenant, firing.manual):
-            return NoteItem(
-                self._batch_template(firing, now_ms, coalesced), item_start(firing.tenant or "")
-            )
-        item = HistoryItem(
-            id=firing.id,
-            entry=firing.entry.name,
-            tenant=firing.tenant,
-            occurrence_ms=firing.occurrence_ms,
-            release_ms=firing.release_ms,
-            node=self.loop.node,
-            outcome=TEMPLATE_OUTCOME,
-            lateness_ms=TEMPLATE_LATENESS,
-            at_ms=TEMPLATE_AT,
-            manual=firing.manual,
-            coalesced=coalesced,
-            revision=self.loop.live.revision_at(firing.entry, firing.occurrence_ms),
-        )
-        text = (
-            item.to_json()
-            .replace(f'"at_ms":{TEMPLATE_AT}', '"at_ms":{{at_ms}}')
-            .replace(f'"lateness_ms":{TEMPLATE_LATENESS}', '"lateness_ms":{{lateness_ms}}')
-        )
-        return self._history_note(firing.address, firing.id, firing.occurrence_ms, now_ms, text)
-
-    def _batch_template(
-        self, firing: Firing, now_ms: int, coalesced: tuple[int, int] | None
-    ) -> Note:
-        """The batch note of ``firing``'s occurrence for a claim script to fill in: the
-        same object for every firing of the occurrence, so a script writes one."""
-        tenant = firing.tenant or ""
-        base = firing.address[: -len(tenant) - 1]
-        cached = (base, firing.occurrence_ms, coalesced)
-        template = self._templates.get(cached)
-        if template is None:
-            if len(self._templates) >= 64:
-                self._templates.clear()
-            node = self.loop.node
-            head = batch_head(firing.entry.name, node, firing.occurrence_ms, coalesced)
-            value = head + ',"at_ms":{{at_ms}},"items":[{{items}}]}'
-            key = f"{firing.occurrence_ms}.{node}"
-            template = self._batch(
-                firing.entry.name, base, firing.occurrence_ms, at_ms=now_ms, key=key, value=value
-            )
-            self._templates[cached] = template
-        return template
-
     def node_record(self, now_ms: int) -> NodeRecord:
         loop = self.loop
-        counters: dict[str, int] = {}
-        for stats in list(loop.stats.values()):
-            for name, value in stats.as_dict().items():
-                if isinstance(value, int) and not name.startswith("lateness"):
-                    counters[name] = counters.get(name, 0) + value
+        counters = total_counts(list(loop.stats.values()))
         counters["skipped_notes"] = self.skipped.total
         return NodeRecord(
             node=loop.node,
@@ -383,10 +179,7 @@ class Board:
         history kept for the next sync."""
         now = self.loop.now_ms() if now_ms is None else now_ms
         self.watch_store(now)
-        with self._lock:
-            history = list(self._pending)
-            self._pending.clear()
-            missed, self._pending_missed = self._pending_missed, []
+        history, missed = self.take_pending()
         notes = self.history_notes(history) + missed
         registry_due = self._registry_ms is None or now - self._registry_ms >= REGISTRY_EVERY_MS
         if registry_due:
@@ -413,7 +206,7 @@ class Board:
                 self._swept_ms = now
                 self._sweep_missed(now)
         except StoreError as exc:
-            self._requeue(history, missed)
+            self.requeue(history, missed)
             if self._may_warn("store", 60_000, now):
                 logger.warning(
                     "node %s: registry and history not written to the claim store (%s); "
@@ -450,16 +243,6 @@ class Board:
                 shown(self.loop.node, quoted=False),
                 self.store_facts.summary(),
             )
-
-    def _ttl(self, ttl_ms: int) -> int:
-        return capped_ttl(ttl_ms, self.store.notes_live_ms)
-
-    def _requeue(self, history: list[tuple[str, HistoryItem]], missed: list[Note]) -> None:
-        """Put the history and missed counts of a failed post back, before what came
-        since."""
-        with self._lock:
-            self._pending.extendleft(reversed(history))
-            self._pending_missed[:0] = missed
 
     def _entry_notes(self) -> list[Note]:
         schedule = self.loop.schedule

@@ -1,4 +1,4 @@
-"""What a node knows of each firing between its release and its decision: one record.
+"""What a node knows of each firing between its release and its decision, kept in one place.
 
 A firing can be handed to the dispatcher in this wake (*open*), handed to the broker and
 not decided yet (*sent*), refused by a full or refusing store (*unjudged*), seen held by
@@ -7,10 +7,12 @@ where this node ranks for it), or be the catch-up firing that coalesced earlier
 occurrences (*coalesced*). Once late, an unjudged or held firing is not decided ``late``:
 the store is asked who holds it first (:mod:`beatless.node._judging`).
 
-All of it lives in one :class:`Flight` per firing, kept only while one of these is so,
-and there is one clean-up rule: the record goes at the firing's decision
-(:meth:`InFlight.finish`); a firing decided ``held`` starts a new one, since this node
-looks at it again (:meth:`InFlight.hold`).
+A firing of this wake, open or sent, is one entry of the wake's maps; the rest lives in
+one :class:`Flight` per firing, made when one of these is first so (or when the firing
+is tried again), since most firings are decided in the wake that opened them. There is
+one clean-up rule: all of a firing goes at its decision (:meth:`InFlight.finish`); a
+firing decided ``held`` starts a new record, since this node looks at it again
+(:meth:`InFlight.hold`).
 """
 
 from __future__ import annotations
@@ -20,19 +22,12 @@ from dataclasses import dataclass
 from beatless.node._prefer import Ranked
 from beatless.schedule.firing import Firing
 
-IDLE, OPEN, SENT = 0, 1, 2
-"""Where a firing stands in the wake: not in it, handed to the dispatcher, sent."""
-
 
 @dataclass(slots=True)
 class Flight:
     """One firing between its release and its decision."""
 
     firing: Firing
-    step: int = IDLE
-    sent_as: str = ""
-    """``won`` or ``takeover``: the outcome of a sent firing, decided so if the
-    dispatcher leaves it undecided."""
     unjudged: bool = False
     reseeding: bool = False
     """Held off by the store while the nodes re-seed it (:mod:`._reseed`): ``forgotten``
@@ -48,10 +43,13 @@ class InFlight:
 
     def __init__(self) -> None:
         self._flights: dict[str, Flight] = {}
-        self._wake: list[Flight] = []
-        """The firings handed to the dispatcher in this wake, in its order."""
-        self._sent: list[Flight] = []
-        """The firings sent in this wake, in the order of their sends."""
+        self._open: dict[str, Firing] = {}
+        """The firings handed to the dispatcher in this wake and neither decided, tried
+        again nor sent, in the wake's order."""
+        self._sent: dict[str, tuple[Firing, str]] = {}
+        """The firings sent and not decided, in the order of their sends, each with the
+        outcome it is decided as if the dispatcher leaves it undecided (``won`` or
+        ``takeover``)."""
 
     def _of(self, firing: Firing) -> Flight:
         flight = self._flights.get(firing.id)
@@ -59,27 +57,27 @@ class InFlight:
             flight = self._flights[firing.id] = Flight(firing)
         return flight
 
+    def get(self, firing: Firing) -> Flight | None:
+        """The record of ``firing``, if it has one (read only)."""
+        return self._flights.get(firing.id)
+
     def open(self, firings: list[Firing]) -> None:
         """A wake hands ``firings`` to the dispatcher: each is open until it is decided,
         retried or sent."""
-        self._wake = [self._of(firing) for firing in firings]
-        self._sent = []
-        for flight in self._wake:
-            flight.step = OPEN
+        self._open = {firing.id: firing for firing in firings}
 
     def left_open(self) -> list[Firing]:
         """The firings of this wake still open: neither decided, retried nor sent."""
-        return [flight.firing for flight in self._wake if flight.step == OPEN]
+        return list(self._open.values())
 
     def left_sent(self) -> list[tuple[Firing, str]]:
-        """The firings of this wake sent and not decided, each with its outcome."""
-        return [(flight.firing, flight.sent_as) for flight in self._sent if flight.step == SENT]
+        """The firings sent and not decided, each with its outcome."""
+        return list(self._sent.values())
 
     def unjudged(self) -> None:
         """The store refused the claims of the open firings (full, or its settings)."""
-        for flight in self._wake:
-            if flight.step == OPEN:
-                flight.unjudged = True
+        for firing in self._open.values():
+            self._of(firing).unjudged = True
 
     def judging(self, firing: Firing) -> bool:
         """Whether ``firing``, gone late, is unjudged or was seen held by another node, and
@@ -89,33 +87,33 @@ class InFlight:
         flight = self._flights.get(firing.id)
         if flight is None or not (flight.unjudged or flight.held):
             return False
-        flight.step = IDLE
+        self._open.pop(firing.id, None)
+        self._sent.pop(firing.id, None)
         return True
 
     def sent(self, firing: Firing, outcome: str) -> None:
         """``firing`` was handed to the broker: from now on it is never retried."""
-        flight = self._of(firing)
-        if flight.step != SENT:
-            self._sent.append(flight)
-        flight.step, flight.sent_as = SENT, outcome
+        self._open.pop(firing.id, None)
+        self._sent[firing.id] = (firing, outcome)
 
     def retried(self, firing: Firing) -> bool:
-        """``firing`` leaves this wake to be tried again; ``False`` if it was sent, and so
-        is not."""
-        flight = self._flights.get(firing.id)
-        if flight is None:
-            return True
-        if flight.step == SENT:
+        """``firing`` leaves this wake to be tried again, keeping a record until its
+        decision; ``False`` if it was sent, and so is not."""
+        id_ = firing.id
+        if id_ in self._sent:
             return False
-        flight.step = IDLE
+        self._open.pop(id_, None)
+        if id_ not in self._flights:
+            self._flights[id_] = Flight(firing)
         return True
 
-    def finish(self, firing: Firing) -> Flight | None:
-        """``firing`` is decided: its record goes (the one clean-up), and is returned."""
-        flight = self._flights.pop(firing.id, None)
-        if flight is not None:
-            flight.step = IDLE
-        return flight
+    def finish(self, firing: Firing) -> tuple[Flight | None, str]:
+        """``firing`` is decided: all of it goes (the one clean-up); its record is
+        returned, with the outcome it was sent as (empty: not sent)."""
+        id_ = firing.id
+        self._open.pop(id_, None)
+        sent = self._sent.pop(id_, None)
+        return self._flights.pop(id_, None), "" if sent is None else sent[1]
 
     def hold(self, firing: Firing, coalesced: tuple[int, int] | None) -> None:
         """``firing``, decided ``held``, is looked at again: seen held, keeping what it
@@ -158,4 +156,5 @@ class InFlight:
         self._of(firing).ranked = ranked
 
     def __len__(self) -> int:
-        return len(self._flights)
+        """How many firings are between their release and their decision."""
+        return len(self._flights.keys() | self._open.keys() | self._sent.keys())

@@ -191,6 +191,8 @@ class LiveView:
         definitions the timeline must plan (each from its fence)."""
         if not self.enabled:
             return []
+        if not self._pending and self._read_ms in (None, self.confirmed_ms):
+            return []  # nothing read since the last wake (the board's next read waits)
         with self._lock:
             pending, read_ms = self._pending, self._read_ms
             self._pending = {}

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -57,6 +58,8 @@ GRACE_MS = 2_000
 of nodes it did not know (each sync reads them, every second) to arrive."""
 RING_LIMIT = 200_000
 """At most this many firings in a node's ring; the oldest go first."""
+PRUNE_EVERY = 1_024
+"""The ring drops what the store refuses as late once per this many firings sent."""
 CHUNK = 1_000
 """Firings per re-seed call."""
 HELD_TRIES = 3
@@ -76,6 +79,11 @@ def reseeded_kind(namespace: str) -> str:
     return f"beatless/{namespace}/reseeded"
 
 
+def _until_ms(firing: Firing) -> int:
+    """Until when a node could claim ``firing``: then the store refuses it as late."""
+    return firing.occurrence_ms + firing.entry.max_late_ms + TOLERANCE_MS
+
+
 class Ring:
     """The firings this node sent (or won atomically) that a node could still claim: each
     kept until its occurrence is more than ``max_late`` + the tolerance behind the node's
@@ -83,23 +91,41 @@ class Ring:
 
     def __init__(self, limit: int = RING_LIMIT) -> None:
         self.limit = limit
-        self._kept: dict[str, tuple[int, Firing]] = {}
-        """By firing id, in the order sent: until when, and the firing (its claim to write
-        back is built only when one is written back: the ring is on every send's path)."""
+        self._kept: OrderedDict[str, Firing] = OrderedDict()
+        """By firing id, in the order sent (its claim to write back is built only when one
+        is written back: the ring is on every send's path). Ordered, so that the oldest
+        go first in constant time."""
+        self._added = 0
+        """Firings added since the ring last dropped those the store refuses as late."""
 
     def add(self, firing: Firing) -> None:
-        if firing.id in self._kept:
+        """Keep ``firing``; the oldest go when over the limit, and every ``PRUNE_EVERY``
+        sends those the store refuses as late by now (:meth:`_prune`)."""
+        kept = self._kept
+        if firing.id in kept:
             return
-        until = firing.occurrence_ms + firing.entry.max_late_ms + TOLERANCE_MS
-        self._kept[firing.id] = (until, firing)
-        if len(self._kept) > self.limit:
-            del self._kept[next(iter(self._kept))]
+        kept[firing.id] = firing
+        if len(kept) > self.limit:
+            kept.popitem(last=False)
+        self._added += 1
+        if self._added >= PRUNE_EVERY:
+            self._prune(firing.occurrence_ms - TOLERANCE_MS)
+
+    def _prune(self, horizon_ms: int) -> None:
+        """Drop the oldest firings whose claim window ended before ``horizon_ms``: the
+        tolerance before the occurrence of a firing just sent, which is at most the
+        tolerance ahead of the store's clock (a claim of it was won), so the store's clock
+        is past them, and it refuses them as late whatever the node's clock says."""
+        self._added = 0
+        kept = self._kept
+        while kept and _until_ms(next(iter(kept.values()))) < horizon_ms:
+            kept.popitem(last=False)
 
     def requests(self, now_ms: int) -> list[ClaimRequest]:
         """The claims of the firings still claimable by the store's rule, oldest first."""
-        for id_ in [i for i, (until, _) in self._kept.items() if until < now_ms]:
+        for id_ in [i for i, firing in self._kept.items() if _until_ms(firing) < now_ms]:
             del self._kept[id_]
-        return [claim_request(firing) for _, firing in self._kept.values()]
+        return [claim_request(firing) for firing in self._kept.values()]
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -192,7 +218,7 @@ class Reseeder:
         return self.store.reseeds
 
     def sent(self, firing: Firing) -> None:
-        if self.enabled:
+        if self.store.reseeds:  # as :attr:`enabled`, on every send's path
             self.ring.add(firing)
 
     def step(self, now_ms: int) -> bool:
@@ -205,6 +231,12 @@ class Reseeder:
         if self._token is None:
             self._token = epoch.token  # a first sighting: nothing to write back
             return False
+        if (
+            epoch.token == self._token
+            and not self._notes()
+            and (self._since_ms is None or self.store.forgot_before_ms is None)
+        ):
+            return False  # nothing changed, no note, and nothing to settle (every wake)
         notes = self._read_notes()
         hinted = next((n.epoch for n in notes if self._is_news(n.epoch)), None)
         changed = epoch.token != self._token or hinted is not None

@@ -70,6 +70,8 @@ class Trouble:
 
     def settled(self, now: int) -> list[tuple[tuple[str, str, int], int]]:
         """The counts to tell now, each forgotten once told."""
+        if not self._counts:
+            return []
         ready = [
             key
             for key, (_, first, last) in self._counts.items()
@@ -107,7 +109,7 @@ class Tally:
     def count(self, firing: Firing, outcome: str, now: int, *, seen_held: bool) -> None:
         """Add one decision (or retry) of ``firing``; ``seen_held`` when this node saw it
         held by another node before, so that it is counted lost once."""
-        stats = self.of(firing.entry.name)
+        stats = self.stats.get(firing.entry.name) or self.of(firing.entry.name)
         if outcome in ("won", "takeover"):
             stats.lateness.observe(now - firing.release_ms)
         if outcome in ("lost", "held", "foreign") and not seen_held:

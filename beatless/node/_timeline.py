@@ -410,8 +410,11 @@ class Timeline:
         """Prepare one chunk of a fan-out, or take the firings it has released by now."""
         if not self._fan_out_in_force(fan, now, later):
             return
-        waited = self._went_stale(_fan_key(fan), fan.occurrence_ms, fan.entry.max_late_ms)
-        self._waited.pop(_fan_key(fan), None)
+        waited = False
+        if self._waited:  # else nothing waited for the live head (every wake with due)
+            key = _fan_key(fan)
+            waited = self._went_stale(key, fan.occurrence_ms, fan.entry.max_late_ms)
+            self._waited.pop(key, None)
         if now - fan.occurrence_ms > fan.entry.max_late_ms:
             count = fan.drop()  # dropped whole: no decision per firing, one WARNING
             if count > 0:

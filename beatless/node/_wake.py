@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from beatless.node._ahead import BuildAhead
 from beatless.node._board import Board
-from beatless.node._inflight import Flight, InFlight
+from beatless.node._inflight import InFlight
 from beatless.node._judging import Judging
 from beatless.node._live import LiveView
 from beatless.node._prefer import Preference
@@ -61,7 +61,8 @@ class LoopWake:
         live: LiveView,
     ) -> None:
         self.node = node
-        self._now_ms = now_ms
+        self.now_ms = now_ms
+        """The node's clock, in epoch milliseconds rounded down (never early)."""
         self.lease_ms = lease_ms
         self.flights = flights
         self._tally = tally
@@ -79,15 +80,12 @@ class LoopWake:
         """The live revision the loop applied, which its claims carry (``None``: off)."""
         return self._live.revision if self._live.enabled else None
 
-    def now_ms(self) -> int:
-        """The node's clock, in epoch milliseconds rounded down (never early)."""
-        return self._now_ms()
-
     def is_late(self, firing: Firing, ahead_ms: int = 0) -> bool:
         return self.now_ms() + ahead_ms - firing.occurrence_ms > firing.entry.max_late_ms
 
     def was_held(self, firing: Firing) -> bool:
-        return self.flights.was_held(firing)
+        flight = self.flights.get(firing)
+        return flight is not None and flight.held
 
     def decide(self, firing: Firing, outcome: str, *, recorded: bool = False) -> None:
         """Record this node's final decision for ``firing``; ``recorded`` when its history
@@ -99,31 +97,25 @@ class LoopWake:
         if outcome == "late" and self.flights.judging(firing):
             self._judging.add(firing)
             return
-        flight = self.flights.finish(firing)
+        flight, sent_as = self.flights.finish(firing)
         if flight is not None and flight.reseeding and outcome == DecisionOutcome.LATE:
             # held off until late: the fleet could not re-seed it
             outcome = DecisionOutcome.FORGOTTEN
-        if outcome in DecisionOutcome.SENT:
-            self._reseeder.sent(firing)
-        try:
-            self._record(firing, outcome, flight, recorded=recorded)
+        if outcome in DecisionOutcome.SENT and not sent_as:
+            self._reseeder.sent(firing)  # won without a send told (:meth:`sent` was not)
+        try:  # count, settle and report it
+            now = self.now_ms()
+            self._tally.count(firing, outcome, now, seen_held=flight is not None and flight.held)
+            self._settle(firing, outcome)
+            coalesced = None if flight is None else flight.coalesced
+            if outcome == "held":
+                self._recheck_held(firing, now, coalesced)
+                coalesced = None
+            self._report(
+                Decision(firing, outcome, self.node, now - firing.release_ms), coalesced, recorded
+            )
         except Exception as exc:
             self._tally.failed_step([firing], f"recording its outcome '{outcome}'", exc)
-
-    def _record(
-        self, firing: Firing, outcome: str, flight: Flight | None, *, recorded: bool
-    ) -> None:
-        """Count, settle and report one decision."""
-        now = self.now_ms()
-        self._tally.count(firing, outcome, now, seen_held=flight is not None and flight.held)
-        self._settle(firing, outcome)
-        coalesced = None if flight is None else flight.coalesced
-        if outcome == "held":
-            self._recheck_held(firing, now, coalesced)
-            coalesced = None
-        self._report(
-            Decision(firing, outcome, self.node, now - firing.release_ms), coalesced, recorded
-        )
 
     def _recheck_held(self, firing: Firing, now: int, coalesced: tuple[int, int] | None) -> None:
         """A firing another node holds pending is looked at again once the holder's lease
@@ -178,15 +170,13 @@ class LoopWake:
     def history_notes(self, decided: Sequence[tuple[Firing, str]]) -> list[Note]:
         """The history notes of this node's outcomes for ``decided``, written with the
         commit that makes them so (the two-phase path)."""
-        now = self.now_ms()
-        items = []
-        for firing, outcome in decided:
-            if outcome not in DecisionOutcome.HISTORY:
-                continue
-            decision = Decision(firing, outcome, self.node, now - firing.release_ms)
-            coalesced = self.flights.coalesced(firing) if outcome in DecisionOutcome.SENT else None
-            items.append((firing.address, self._board.history_item(decision, coalesced)))
-        return self._board.history_notes(items)
+        history, sent, flights = DecisionOutcome.HISTORY, DecisionOutcome.SENT, self.flights
+        written = [
+            (firing, outcome, flights.coalesced(firing) if outcome in sent else None)
+            for firing, outcome in decided
+            if outcome in history
+        ]
+        return self._board.decision_notes(written, self.now_ms())
 
     def history_template(self, firing: Firing) -> Note | NoteItem | None:
         """The history note of ``firing`` for the atomic path's claim script to complete."""

@@ -327,9 +327,10 @@ class TwoPhase(Dispatcher):
 
     def _sub_batch(self, firings: list[Firing], wake: Wake) -> None:
         claimed_at = self.monotonic()
-        requests = [claim_request(f, wake.live_revision) for f in firings]
+        revision = wake.live_revision
+        requests = [claim_request(f, revision) for f in firings]
         outcomes = self.store.claim(requests, node=wake.node, lease_ms=self.lease_ms)
-        sent: list[tuple[Firing, Outcome]] = []
+        sent: list[tuple[Firing, DecisionOutcome]] = []
         unsent: list[Firing] = []
         forgotten: list[Firing] = []
         first_sent = 0.0
@@ -341,9 +342,15 @@ class TwoPhase(Dispatcher):
             elif self.uncommitted:  # a commit of this sub-batch failed: send nothing more
                 wake.retry(firing, DecisionOutcome.COMMIT_FAILED)
                 unsent.append(firing)
-            elif self._send_one(firing, outcome, claimed_at, wake, began := self.monotonic()):
+            elif self._send_one(
+                firing,
+                decided := DecisionOutcome.of_claim(outcome),
+                claimed_at,
+                wake,
+                began := self.monotonic(),
+            ):
                 first_sent = first_sent if sent else began
-                sent.append((firing, outcome))
+                sent.append((firing, decided))
                 if self.monotonic() - first_sent >= COMMIT_EVERY_S:
                     self._after_send(sent, wake, claimed_at)  # what is sent is soon committed
                     sent = []
@@ -354,10 +361,10 @@ class TwoPhase(Dispatcher):
         self._release(unsent, wake.node)
 
     def _send_one(
-        self, firing: Firing, outcome: Outcome, claimed_at: float, wake: Wake, now: float
+        self, firing: Firing, outcome: DecisionOutcome, claimed_at: float, wake: Wake, now: float
     ) -> bool:
-        """Send one won firing if its claim is still young and it is not late; once sent,
-        it is :meth:`Wake.sent` before anything else."""
+        """Send one won firing (``outcome``: ``won`` or ``takeover``) if its claim is still
+        young and it is not late; once sent, it is :meth:`Wake.sent` before anything else."""
         age_ms = (now - claimed_at) * 1_000
         if age_ms >= self.lease_ms / 2:
             wake.retry(firing, DecisionOutcome.STALE_CLAIM)
@@ -374,7 +381,7 @@ class TwoPhase(Dispatcher):
             self._warn_failed(firing, exc)
             wake.retry(firing, DecisionOutcome.ENQUEUE_FAILED)
             return False
-        wake.sent(firing, DecisionOutcome.of_claim(outcome))
+        wake.sent(firing, outcome)
         took = self.monotonic() - began
         self.rate.observe(took)
         if took > send_deadline_s(self.lease_ms):
@@ -408,7 +415,7 @@ class TwoPhase(Dispatcher):
         self._failure_warned, self._failures = now, 0
 
     def _after_send(
-        self, sent: list[tuple[Firing, Outcome]], wake: Wake, claimed_at: float
+        self, sent: list[tuple[Firing, DecisionOutcome]], wake: Wake, claimed_at: float
     ) -> None:
         """Every step after a send, in one place that never raises: commit the sent
         firings with their history notes, and decide each. A step that fails is counted
@@ -417,11 +424,11 @@ class TwoPhase(Dispatcher):
         if not sent:
             return
         firings = [f for f, _ in sent]
-        notes = self._history(wake, [(f, DecisionOutcome.of_claim(o)) for f, o in sent])
+        notes = self._history(wake, sent)
         kept, recorded = self._commit(firings, wake, notes, claimed_at)
         self._tell_taken_over(firings, kept, wake)
-        for firing, outcome in sent:
-            decide_claimed(wake, firing, outcome, recorded=recorded)
+        for firing, outcome in sent:  # won or takeover: decided as is (decide_claimed)
+            wake.decide(firing, outcome, recorded=recorded)
 
     def _tell_taken_over(self, firings: list[Firing], kept: list[bool], wake: Wake) -> None:
         """Sent firings whose commit found them taken over: each said at WARNING, and
@@ -515,7 +522,7 @@ class TwoPhase(Dispatcher):
         for firing in firings:
             wake.decide(firing, DecisionOutcome.FORGOTTEN, recorded=recorded)
 
-    def _history(self, wake: Wake, decided: list[tuple[Firing, str]]) -> list[Note]:
+    def _history(self, wake: Wake, decided: Sequence[tuple[Firing, str]]) -> list[Note]:
         """The history notes to write with a commit: on a store that writes them in the
         commit's own operation; elsewhere the node posts them at its next sync, off the
         loop, since nothing would be gained by waiting for them here. Notes that cannot

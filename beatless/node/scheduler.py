@@ -318,7 +318,9 @@ class Scheduler:
         self.board.woke(now)
         self.preference.adopt(now)
         self._follow_live(now)
-        self.timeline.run_now(self.board.take_run_now(), now)
+        run_now = self.board.take_run_now()
+        if run_now:
+            self.timeline.run_now(run_now, now)
         skewed = self.clockwatch.refusing  # what the live view's confirms() went by
         due = self.timeline.pop_due(now, self.wake.decide)
         due = self._drop_paused(self._prefer(due, now), now)
@@ -333,7 +335,7 @@ class Scheduler:
             self.flights.forget_held()  # a node that sent one of them wrote it back
         self.judging.judge(now, self.wake.decide)
         self.timeline.say_catch_up()
-        self.preference.advance(now, self.next_wake_ms())
+        self.preference.advance(now, self.timeline.next_wake_ms())
         self.tally.tell(now, self.clockwatch.offset_ms)
         decisions, self._decisions = self._decisions, []
         return decisions
@@ -360,6 +362,8 @@ class Scheduler:
                         shown(str(exc), quoted=False, limit=ERROR_LIMIT),
                     )
         fresh = live.apply()
+        if not fresh:
+            return
         for entry, _fence in fresh:
             self._ladder[entry.name] = fits(entry.jitter_ms, entry.max_late_ms)
         self.timeline.plan_live(fresh)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from beatless.schedule.outcomes import DecisionOutcome
 
@@ -66,6 +68,17 @@ _COUNTERS: dict[str, str] = {
 }
 """The counter each decision adds to (a takeover is also a win). ``lost`` and ``held`` are
 counted by the loop, once per firing; a ``foreign`` firing is counted lost as well."""
+
+COUNTS = (
+    *dict.fromkeys(_COUNTERS.values()),
+    "post_send_errors",
+    "two_phase_window",
+    "takeovers",
+    "unscheduled",
+    "catch_up_skipped",
+)
+"""The counters of :meth:`EntryStats.counts`, in their order."""
+_counts_of = attrgetter(*COUNTS)
 
 
 @dataclass
@@ -143,19 +156,25 @@ class EntryStats:
         if name is not None:
             setattr(self, name, getattr(self, name) + 1)
 
+    def counts(self) -> dict[str, int]:
+        """The counters alone (:data:`COUNTS`), without the lateness figures."""
+        return dict(zip(COUNTS, _counts_of(self), strict=True))
+
     def as_dict(self) -> dict[str, int | None]:
-        counters = {name: getattr(self, name) for name in dict.fromkeys(_COUNTERS.values())}
         return {
-            **counters,
-            "post_send_errors": self.post_send_errors,
-            "two_phase_window": self.two_phase_window,
-            "takeovers": self.takeovers,
-            "unscheduled": self.unscheduled,
-            "catch_up_skipped": self.catch_up_skipped,
+            **self.counts(),
             "lateness_p50_ms": self.lateness.percentile(50),
             "lateness_p99_ms": self.lateness.percentile(99),
             "lateness_max_ms": self.lateness.max_ms,
         }
+
+
+def total_counts(stats: Iterable[EntryStats]) -> dict[str, int]:
+    """The counters of ``stats`` summed, by name (none without stats)."""
+    rows = [_counts_of(entry) for entry in stats]
+    if not rows:
+        return {}
+    return dict(zip(COUNTS, map(sum, zip(*rows, strict=True)), strict=True))
 
 
 SKIPPED_SEEN_LIMIT = 10_000

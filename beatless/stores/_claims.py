@@ -66,6 +66,11 @@ class Outcome(enum.Enum):
     def is_won(self) -> bool:
         return self in (Outcome.WON, Outcome.TAKEOVER)
 
+    # A member is equal to itself alone, so it hashes by identity: in C, where Enum's
+    # hash (of the member's name) is a Python call, and every claim's outcome is looked
+    # up by it (:meth:`~beatless.schedule.outcomes.DecisionOutcome.of_claim`).
+    __hash__ = object.__hash__
+
 
 OUTCOME_LETTERS = {
     "W": Outcome.WON,

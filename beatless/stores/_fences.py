@@ -34,6 +34,11 @@ def revisions_kind(namespace: str) -> str:
     return f"beatless.live/{namespace}/revisions"
 
 
+def is_revisions_kind(kind: str) -> bool:
+    """Whether ``kind`` is the :func:`revisions_kind` of a namespace."""
+    return kind.startswith("beatless.live/") and kind.endswith("/revisions")
+
+
 def next_revision(request: ClaimRequest) -> tuple[str, str] | None:
     """The kept note (kind, key) of the revision after the claim's, ``None`` without one.
     The namespace is the first segment of the address (a namespace holds no ``/``)."""
@@ -47,10 +52,20 @@ def live_checks(requests: Sequence[ClaimRequest]) -> tuple[list[tuple[str, str]]
     """The distinct notes a batch's claims need (:func:`next_revision`), and for each
     request the number of its note among them, from 1 (``0``: none)."""
     notes: dict[tuple[str, str], int] = {}
+    seen: dict[tuple[str, int], int] = {}
+    """The number of each (namespace, revision) met: a batch builds each note once."""
     numbers = []
     for request in requests:
-        note = next_revision(request)
-        numbers.append(0 if note is None else notes.setdefault(note, len(notes) + 1))
+        revision = request.revision
+        if revision is None:
+            numbers.append(0)
+            continue
+        namespace = request.address.split("/", 1)[0]  # as next_revision
+        number = seen.get((namespace, revision))
+        if number is None:
+            note = (revisions_kind(namespace), str(revision + 1))
+            number = seen[namespace, revision] = notes.setdefault(note, len(notes) + 1)
+        numbers.append(number)
     return list(notes), numbers
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from beatless.stores._epoch import adopt, horizon_ms, new_token
-from beatless.stores._fences import fence_of, live_checks
+from beatless.stores._fences import fence_of, is_revisions_kind, live_checks
 from beatless.stores.base import (
     ClaimRecord,
     ClaimRequest,
@@ -173,6 +173,8 @@ class MemoryStore(ClaimStore):
 
     def _fences(self, requests: Sequence[ClaimRequest]) -> list[int | None]:
         """Per request, the fence of the live revision after its own (``None``: none)."""
+        if not any(is_revisions_kind(kind) for kind in self._kept):
+            return [None] * len(requests)  # no revision kept: none is newer than a claim's
         notes, numbers = live_checks(requests)
         fences: list[int | None] = [None]
         for kind, key in notes:

@@ -80,7 +80,9 @@ Keys, under ``beatless:{namespace}:`` unless ``prefix`` says otherwise (a prefix
 contain ``{`` or ``}``, which would change the hash tags):
 
 The keys, and the buckets they are filed under, are described in
-:mod:`beatless.stores.redis._buckets`.
+:mod:`beatless.stores.redis._buckets`; the store's connection is in
+:mod:`beatless.stores.redis._cluster_client`, its epochs per bucket in
+:mod:`beatless.stores.redis._cluster_epochs`.
 
 The store's clock, for :meth:`time_ms`, is ``TIME`` on the client's default node; the
 claims of a bucket are judged on its master's clock. Keep the masters' clocks in step
@@ -89,27 +91,17 @@ claims of a bucket are judged on its master's clock. Keep the masters' clocks in
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from beatless.core._logtext import WarnEvery, shown
+from beatless.core._logtext import WarnEvery
 from beatless.core.durations import DurationLike
 from beatless.core.urls import mask_url, secrets_of
 from beatless.errors import ConfigError, StoreError, StoreFull
-from beatless.stores._epoch import (
-    FAILOVER,
-    describe_change,
-    describe_failover,
-    has_changed,
-    horizon_ms,
-    new_token,
-)
+from beatless.stores._epoch import new_token
 from beatless.stores._fences import found_stale, live_checks
 from beatless.stores.base import (
     OUTCOME_LETTERS,
@@ -130,7 +122,6 @@ from beatless.stores.redis._buckets import (
     BUCKETS,
     CLAIM_LUA,
     COMMIT_LUA,
-    EPOCHS_LUA,
     HELD_RUN,
     POST_LUA,
     READ_NOTES_LUA,
@@ -139,28 +130,23 @@ from beatless.stores.redis._buckets import (
     SCHEMES,
     Call,
     Lua,
-    Unreachable,
     bucket_of,
     chunks,
     cluster_options,
     describe_client,
-    digest,
     first_of_each_master,
-    pipelined,
 )
 from beatless.stores.redis._client import (
     DEFAULT_SOCKET_TIMEOUT,
-    driver_errors,
     key_prefix,
     redis_driver,
 )
+from beatless.stores.redis._cluster_epochs import BucketEpochs, Changed
 from beatless.stores.redis._facts import (
     judge_settings,
     policy_fact,
-    primaries_usage,
     read_policy,
     read_settings,
-    told_full,
 )
 from beatless.stores.redis._wire import (
     EXPIRY_SLACK_MS,
@@ -172,25 +158,17 @@ from beatless.stores.redis._wire import (
     claim_arg,
     claim_record,
     commit_without_room,
-    epoch_cause,
     live_notes,
     note_args,
-    parse_epoch,
 )
 
 if TYPE_CHECKING:
     from redis.cluster import RedisCluster
 
-logger = logging.getLogger(__name__)
-
-Changed = tuple[str, Epoch, Epoch, bool]
-"""A bucket whose epoch changed: the bucket, the epoch seen before, the new one, and
-whether a failover to a replica began it."""
-
 __all__ = ["BUCKETS", "SCHEMES", "RedisClusterStore"]
 
 
-class RedisClusterStore(ClaimStore):
+class RedisClusterStore(BucketEpochs, ClaimStore):
     """Claims in a Redis Cluster, shared by every node that points at the same cluster
     and prefix. See the module docstring for the layout and what is atomic.
 
@@ -499,80 +477,6 @@ class RedisClusterStore(ClaimStore):
 
     # -- internals ------------------------------------------------------------------------
 
-    def _key(self, bucket: str, name: str) -> str:
-        return f"{self.prefix}{{{bucket}}}:{name}"
-
-    def _claim_key(self, bucket: str, id_: str) -> str:
-        return f"{self.prefix}{{{bucket}}}:claim:{id_}"
-
-    def _notes_keys(self, kind: str) -> tuple[str, str]:
-        """The keys of a kind, in one slot: its notes hash and that hash's expiry index."""
-        notes = f"{self.prefix}{{notes:{hashlib.sha256(kind.encode()).hexdigest()}}}"
-        return notes, f"{notes}:expiry"
-
-    def _connected(self) -> Any:
-        """The cluster client (a ``RedisCluster``, typed loosely: redis-py types few of
-        its methods), created at the first call, since redis-py's connects at once."""
-        with self._lock:
-            if self._closed:
-                raise StoreError(f"redis cluster store {self._where}: the store is closed")
-            if self._client is None:
-                self._client = self._driver.cluster.RedisCluster(**self._options)
-            return self._client
-
-    def _read_epochs(self) -> None:
-        """At a store object's first call: read every bucket's epoch, writing the absent."""
-        if self._epochs:
-            return
-        epochs = {bucket: epoch for bucket, epoch, _ in self._epoch_records()}
-        if not self._epochs:
-            self._epochs = epochs
-            self.epoch = digest(epochs)
-
-    def recheck_epoch(self) -> None:
-        """Read every bucket's epoch again (one pipeline), adopting each change with its
-        horizon as a claim in that bucket would: a node that learned of a change from
-        another node's note, or whose claim met one, then names every change so far."""
-        with self._errors("read the epochs"):
-            if not self._epochs:
-                self._read_epochs()
-                return
-            changed: list[Changed] = []
-            self._adopt_all(changed)
-        if changed:
-            self._warn_changed(changed)
-
-    def _adopt_all(self, changed: list[Changed]) -> None:
-        """Read every bucket's epoch and adopt each (``changed`` gets those that changed)."""
-        for bucket, epoch, failover in self._epoch_records():
-            self._adopt_epoch(bucket, epoch, failover, changed)
-        self.epoch = digest(self._epochs)
-
-    def _epoch_records(self) -> list[tuple[str, Epoch, bool]]:
-        """Every bucket's epoch, and whether a failover began it, in one pipeline
-        (``epochs.lua``, one call per slot), the absent written."""
-        from redis.crc import key_slot
-
-        by_slot: dict[int, list[str]] = {}
-        for bucket in BUCKETS:
-            by_slot.setdefault(key_slot(self._key(bucket, "epoch").encode()), []).append(bucket)
-        token = new_token()
-        calls: list[Call] = [
-            ([self._key(b, "epoch") for b in buckets], [token]) for buckets in by_slot.values()
-        ]
-        replies = self._run(EPOCHS_LUA, calls)
-        epochs = []
-        for buckets, records in zip(by_slot.values(), replies, strict=True):
-            for bucket, record in zip(buckets, map(as_text, records), strict=True):
-                epoch = parse_epoch(record)
-                if epoch is None:
-                    raise StoreError(
-                        f"redis cluster store {self._where}: unreadable epoch record at "
-                        f"{self._key(bucket, 'epoch')!r}: {record[:80]!r}"
-                    )
-                epochs.append((bucket, epoch, epoch_cause(record) == FAILOVER))
-        return epochs
-
     def _running(self, requests: Sequence[ClaimRequest]) -> set[str]:
         """The run leases named by ``requests`` that are held now, each read in its slot."""
         run_ids = list(dict.fromkeys(r.run_id for r in requests if r.run_id))
@@ -590,111 +494,3 @@ class RedisClusterStore(ClaimStore):
                 run_ids[i] for i, flag in zip(chunk, as_text(flags), strict=True) if flag == "1"
             }
         return held
-
-    @property
-    def forgot_before_ms(self) -> int | None:
-        """The latest horizon of any bucket (each bucket keeps its own)."""
-        return max(self._horizons.values(), default=None)
-
-    def settle(self, epoch: Epoch) -> bool:
-        """Drop every bucket's horizon, if ``epoch`` is still this object's digest of them."""
-        if self.epoch is None or self.epoch.token != epoch.token:
-            return False
-        self._horizons.clear()
-        return True
-
-    def _adopt(self, bucket: str, record: str, changed: list[Changed]) -> None:
-        """Adopt the epoch a bucket's claim saw (see :meth:`_adopt_epoch`)."""
-        epoch = parse_epoch(record)
-        if epoch is not None:
-            self._adopt_epoch(bucket, epoch, epoch_cause(record) == FAILOVER, changed)
-
-    def _adopt_epoch(
-        self, bucket: str, epoch: Epoch, failover: bool, changed: list[Changed]
-    ) -> None:
-        """Adopt a bucket's epoch, keeping the bucket's forgetting horizon; ``changed``
-        gets the bucket if its epoch changed (and whether a failover did it)."""
-        seen = self._epochs.get(bucket)
-        self._epochs[bucket] = epoch
-        horizon = horizon_ms(seen, epoch, self._horizons.get(bucket))
-        if horizon is not None:
-            self._horizons[bucket] = horizon
-        if seen is not None and has_changed(seen, epoch):
-            changed.append((bucket, seen, epoch, failover))
-
-    def _warn_changed(self, changed: list[Changed]) -> None:
-        """One WARNING per claim (or re-read) that found buckets with a new epoch, naming
-        their masters and whether a failover to a replica began it."""
-        self.epoch = digest(self._epochs)
-        masters = sorted({self._master_of(bucket) for bucket, *_ in changed})
-        _, seen, current, failover = changed[0]
-        logger.warning(
-            "redis cluster store %s: %d bucket(s) on master %s: %s",
-            shown(self._where, quoted=False),
-            len(changed),
-            ", ".join(masters),
-            describe_failover(seen, current, waits=False)
-            if failover
-            else describe_change(seen, current),
-        )
-
-    def _master_of(self, bucket: str) -> str:
-        exc = self._driver.exceptions
-        try:
-            return str(self._connected().get_node_from_key(self._key(bucket, "epoch")).name)
-        except (StoreError, exc.RedisError, exc.RedisClusterException):
-            return "unknown"
-
-    def _run(self, lua: Lua, calls: list[Call], reads: Sequence[tuple[str, str]] = ()) -> list[Any]:
-        """Run ``lua`` once per call, in one pipeline with the ``HGET`` of each of ``reads``
-        (their replies follow the calls'): redis-py sends each call to the master of its
-        keys' slot, every master at once. A script a master does not know (``NOSCRIPT``: a
-        new or restarted master) is loaded on every master and the calls it refused are
-        sent again."""
-        client = self._connected()
-        replies = pipelined(client, lua, calls, reads)
-        unknown = [i for i, reply in enumerate(replies) if isinstance(reply, self._noscript)]
-        if unknown:
-            client.script_load(lua.text)
-            again = pipelined(client, lua, [calls[i] for i in unknown])
-            for i, reply in zip(unknown, again, strict=True):
-                replies[i] = reply
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        return replies
-
-    @property
-    def _noscript(self) -> type[BaseException]:
-        return self._driver.exceptions.NoScriptError  # type: ignore[no-any-return]
-
-    @contextmanager
-    def _errors(self, what: str) -> Iterator[None]:
-        exc = self._driver.exceptions
-        down = (exc.ClusterDownError, exc.TryAgainError, exc.SlotNotCoveredError)
-        try:
-            with driver_errors(
-                self._driver,
-                f"redis cluster store {self._where}",
-                what,
-                self._secrets,
-                unavailable=(*down, Unreachable),
-                failed=(exc.RedisClusterException,),
-            ):
-                try:
-                    yield
-                except exc.RedisClusterException as error:
-                    if isinstance(error.__cause__, exc.ConnectionError | exc.TimeoutError):
-                        raise Unreachable(str(error)) from None
-                    raise
-        except StoreFull as full:
-            raise self._full(full) from None
-
-    def _full(self, exc: StoreFull) -> StoreFull:
-        """``exc`` with how full each primary is (``INFO memory``), said at WARNING at
-        most once per ``FULL_WARN_EVERY_MS``, as the Redis store says it."""
-        try:
-            usage = primaries_usage(self._connected())
-        except (self._driver.exceptions.RedisError, OSError, StoreError):
-            usage = None
-        return told_full(exc, usage, self._full_warned)
