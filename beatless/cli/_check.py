@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from beatless.cli._common import EXIT_PROBLEMS, print_table
 from beatless.cli.loader import load_schedule
+from beatless.core._bulk import paused_collection
 from beatless.core.durations import describe
 from beatless.core.triggers import tzdata_version
 from beatless.errors import ConfigError, ScheduleError
@@ -23,6 +24,11 @@ if TYPE_CHECKING:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    with paused_collection():  # a table of every entry: many objects (see core._bulk)
+        return _check(args)
+
+
+def _check(args: argparse.Namespace) -> int:
     label, found = _checked_target(args)
     for warning in found.warnings:
         print(f"warning: {warning}", file=sys.stderr)

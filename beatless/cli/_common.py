@@ -3,6 +3,7 @@ command names."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -18,8 +19,11 @@ EXIT_BAD_INPUT = 2
 def print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     """Print ``rows`` under ``header`` in columns as wide as their widest cell."""
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
-    for row in [header, *rows]:
-        print("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    lines = (
+        "  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    )
+    sys.stdout.write("".join(f"{line}\n" for line in lines))  # one write for many rows
 
 
 def tenant_of(entry: Entry, tenant: str | None) -> str | None:

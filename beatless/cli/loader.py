@@ -49,6 +49,7 @@ module that cannot be imported, raise :class:`~beatless.errors.ConfigError`.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
@@ -56,6 +57,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from beatless.core._bulk import paused_collection
 from beatless.core._logtext import shown
 from beatless.core._time import as_datetime, as_instant
 from beatless.core.solar import Solar
@@ -85,6 +87,7 @@ ENTRY_KEYS = (
     "kwargs",
     "options",
 )
+_ENTRY_KEY_SET = frozenset(ENTRY_KEYS)
 
 
 def load_schedule(target: str) -> Schedule:
@@ -95,8 +98,9 @@ def load_schedule(target: str) -> Schedule:
     schedule whose names break the store's :func:`~beatless.fleet.limits.limits` is a
     :class:`~beatless.errors.ScheduleError` listing them.
     """
-    schedule = _load(target)
-    errors = limits(schedule)
+    with paused_collection():
+        schedule = _load(target)
+        errors = limits(schedule)
     if errors:
         raise ScheduleError("; ".join(errors), errors)
     return schedule
@@ -167,7 +171,10 @@ MAX_DEPTH = 100
 
 def _too_deep(data: Mapping[str, Any]) -> str | None:
     """Where ``data`` nests over ``MAX_DEPTH`` levels (``entry[0].kwargs.k[0][0]...``),
-    found without recursion; ``None`` if nowhere."""
+    found without recursion; ``None`` if nowhere. Where it is, is only written out when
+    some value is that deep."""
+    if _depth(data) <= MAX_DEPTH:
+        return None
     stack: list[tuple[object, str, int]] = [(data, "", 0)]
     while stack:
         value, where, depth = stack.pop()
@@ -194,6 +201,21 @@ PATH_SHOWN = 60
 """Characters of the path to a value nested too deep that an error shows."""
 
 
+def _depth(data: Mapping[str, Any]) -> int:
+    """How many levels of tables and arrays ``data`` nests (itself the first), found
+    without recursion and without looking into anything else. (TOML reads tables as
+    ``dict`` and arrays as ``list``, nothing else.)"""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        deepest = max(deepest, depth)
+        for item in value.values() if type(value) is dict else value:
+            if type(item) is dict or type(item) is list:
+                stack.append((item, depth + 1))
+    return deepest
+
+
 def schedule_from_mapping(data: Mapping[str, Any], *, source: str = "schedule") -> Schedule:
     """Build a schedule from parsed TOML (or any mapping of the same shape)."""
     errors: list[str] = []
@@ -217,7 +239,7 @@ def schedule_from_mapping(data: Mapping[str, Any], *, source: str = "schedule") 
         errors.append("top level: no entries; add at least one [[entry]] table")
     entries = []
     for index, table in enumerate(tables, start=1):
-        entry = _collect(lambda t=table, i=index: _entry(t, i, defaults), errors)
+        entry = _collect(lambda t=table, i=index: _entry(t, i, defaults, timezone), errors)
         if entry is not None:
             entries.append(entry)
     if errors:
@@ -237,12 +259,15 @@ def _collect(build: Any, errors: list[str]) -> Any:
     return None
 
 
-def _entry(table: Mapping[str, Any], index: int, defaults: Mapping[str, Any]) -> Entry:
-    """The entry of one ``[[entry]]`` table; every problem of it at once."""
+def _entry(
+    table: Mapping[str, Any], index: int, defaults: Mapping[str, Any], timezone: str
+) -> Entry:
+    """The entry of one ``[[entry]]`` table; every problem of it at once. A cron that
+    names no zone is in ``timezone``, the file's, as the schedule would bind it."""
     name = table.get("name")
     label = f"entry {name!r}" if isinstance(name, str) and name else f"entry #{index}"
     found: list[str] = []
-    unknown = sorted(set(table) - set(ENTRY_KEYS))
+    unknown = sorted(table.keys() - _ENTRY_KEY_SET)
     if unknown:
         found.append(_unknown(unknown, ENTRY_KEYS))
     if not isinstance(name, str) or not name:
@@ -251,12 +276,18 @@ def _entry(table: Mapping[str, Any], index: int, defaults: Mapping[str, Any]) ->
         raise ScheduleError("; ".join(problems), problems)
     pieces: dict[str, Any] = {
         "task": keep(lambda: _text(table.get("task"), "task"), "?", found),
-        "trigger": keep(lambda: _trigger(table), STAND_IN_TRIGGER, found),
-        "args": keep(lambda: _typed(table, "args", list, []), [], found),
-        "kwargs": keep(lambda: _typed(table, "kwargs", dict, {}), {}, found),
-        "options": keep(lambda: _typed(table, "options", dict, {}), {}, found),
-        "tenants": keep(lambda: _tenants(table.get("tenants")), None, found),
+        "trigger": keep(lambda: _trigger(table, timezone), STAND_IN_TRIGGER, found),
     }
+    kinds: tuple[tuple[str, type[list[Any]] | type[dict[str, Any]]], ...] = (
+        ("args", list),
+        ("kwargs", dict),
+        ("options", dict),
+    )
+    for key, kind in kinds:
+        if key in table:  # else the entry's default
+            pieces[key] = keep(functools.partial(_typed, table, key, kind, kind()), kind(), found)
+    if "tenants" in table:
+        pieces["tenants"] = keep(lambda: _tenants(table["tenants"]), None, found)
     options = {key: table.get(key, defaults[key]) for key in NAMES}
     return entry_of(label, found, lambda: Entry(name=name, **pieces, **options))
 
@@ -269,7 +300,7 @@ def _unknown(keys: Iterable[str], allowed: Sequence[str]) -> str:
     return f"unknown key(s) {', '.join(named)}; allowed: {', '.join(allowed)}"
 
 
-def _trigger(table: Mapping[str, Any]) -> Trigger:
+def _trigger(table: Mapping[str, Any], timezone: str) -> Trigger:
     if sum(key in table for key in TRIGGER_KEYS) != 1:
         raise ConfigError(
             "give exactly one of 'cron' (an expression), 'every' (a duration), 'at' (an "
@@ -294,7 +325,7 @@ def _trigger(table: Mapping[str, Any]) -> Trigger:
         tz = table.get("timezone")
         return Cron(
             _text(table["cron"], "cron"),
-            None if tz is None else _text(tz, "timezone"),
+            timezone if tz is None else _text(tz, "timezone"),
             day_and=day_and,
         )
     for key in ("timezone", "day_and"):

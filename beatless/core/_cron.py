@@ -67,6 +67,8 @@ _NTH = -100  # day-of-week d#n is _NTH * n - d
 _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 _NAIVE_EPOCH = datetime(1970, 1, 1)
 _ONE_SECOND = timedelta(seconds=1)
+PARSED_KEPT = 65_536
+"""Expressions (and fields) whose parsed form is kept, for the next entry that uses one."""
 
 
 class CronError(ValueError):
@@ -226,7 +228,7 @@ class Days:
             year, month = (year + 1, 1) if month == 12 else (year, month + 1)
 
 
-@lru_cache(maxsize=8192)
+@lru_cache(maxsize=32_768)
 def _month_days(days: Days, month: int, first_weekday: int, length: int) -> tuple[int, ...]:
     """The matching days of a month of ``length`` days whose 1st is ``first_weekday``
     (Monday 0). Nothing else about a month decides which of its days match."""
@@ -293,24 +295,12 @@ class CronPattern:
 
     @classmethod
     def parse(cls, expr: str, day_and: bool | None = None) -> CronPattern:
-        """Read ``expr``; ``day_and`` None combines the day fields as Debian cron does."""
-        fields, has_seconds = _fields(expr)
-        dom, nearest = _take_nearest(fields[_DAY])
-        seconds, minutes, hours = (tuple(sorted(_parse(i, fields[i]))) for i in range(3))
-        month_days = _parse(_DAY, dom) if dom is not None else set()
-        months = _parse(_MONTH, fields[_MONTH])
-        if day_and is None:
-            day_and = fields[_DOW].startswith("*") or (not nearest and fields[_DAY].startswith("*"))
-        days = Days(
-            frozenset(months),
-            frozenset(month_days),
-            nearest,
-            frozenset(_parse(_DOW, fields[_DOW])),
-            day_and,
-        )
-        _check_days(days)
-        real_time = has_seconds or any(fields[i].startswith("*") for i in (_MINUTE, _HOUR))
-        return cls(seconds, minutes, hours, days, real_time, has_seconds)
+        """Read ``expr``; ``day_and`` None combines the day fields as Debian cron does.
+
+        Patterns are immutable: an expression read before gives the same pattern, and
+        equal fields of different expressions share one value (a schedule of 100,000
+        entries holds a few hundred distinct fields)."""
+        return _parsed(expr, day_and)
 
     def occurrences(
         self, after_ms: int, tz: ZoneInfo, until_ms: int | None = None
@@ -347,6 +337,40 @@ class CronPattern:
                         yield at + second
                 elif base + 59 >= lo:
                     yield from (midnight + base + s for s in seconds if base + s >= lo)
+
+
+@lru_cache(maxsize=PARSED_KEPT)
+def _parsed(expr: str, day_and: bool | None) -> CronPattern:
+    fields, has_seconds = _fields(expr)
+    dom, nearest = _take_nearest(fields[_DAY])
+    seconds, minutes, hours = (_times_of(i, fields[i]) for i in range(3))
+    if day_and is None:
+        day_and = fields[_DOW].startswith("*") or (not nearest and fields[_DAY].startswith("*"))
+    days = _days(dom, nearest, fields[_MONTH], fields[_DOW], day_and)
+    real_time = has_seconds or any(fields[i].startswith("*") for i in (_MINUTE, _HOUR))
+    return CronPattern(seconds, minutes, hours, days, real_time, has_seconds)
+
+
+@lru_cache(maxsize=PARSED_KEPT)
+def _times_of(field: int, text: str) -> tuple[int, ...]:
+    """The sorted values of a second, minute or hour field."""
+    return tuple(sorted(_parse(field, text)))
+
+
+@lru_cache(maxsize=PARSED_KEPT)
+def _values_of(field: int, text: str | None) -> frozenset[int]:
+    """The values of a day-of-month (``None``: no term left), month or weekday field."""
+    return frozenset() if text is None else frozenset(_parse(field, text))
+
+
+@lru_cache(maxsize=PARSED_KEPT)
+def _days(dom: str | None, nearest: frozenset[int], month: str, dow: str, day_and: bool) -> Days:
+    """The days of the three day fields (``dom`` without its ``nW`` terms, ``nearest``
+    their days), checked to match some date."""
+    month_days = _values_of(_DAY, dom)
+    days = Days(_values_of(_MONTH, month), month_days, nearest, _values_of(_DOW, dow), day_and)
+    _check_days(days)
+    return days
 
 
 def _check_days(days: Days) -> None:

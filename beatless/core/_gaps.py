@@ -23,20 +23,26 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import pairwise
 from zoneinfo import ZoneInfo
 
-from beatless.core._cron import CronPattern
+from beatless.core._cron import CronPattern, Days
 from beatless.core._time import next_change_s, offset_s
 
 SECOND_MS = 1_000
 HOUR_MS = 3_600_000
-DAY_MS = 86_400_000
+DAY_S = 86_400
+DAY_MS = DAY_S * SECOND_MS
 YEAR_MS = 366 * DAY_MS
 FIXED_TIME_MARGIN_MS = HOUR_MS
 """How far beyond the shifted wall-clock span a window reaches for fixed-time expressions."""
 REAL_TIME_MARGIN_MS = 10 * 60_000
 """How far either side of a transition a window reaches for expressions in real time."""
+PIECES_KEPT = 256
+"""Horizons (zone, start, end) whose cutting into pieces is kept."""
+DAYS_KEPT = 16_384
+"""Day patterns whose matching days over a piece are kept (many crons share them)."""
 
 
 def min_gap_ms(
@@ -58,7 +64,7 @@ def min_gap_ms(
     if best is not None and best <= _floor_ms(cron, pieces):
         return best
     runs = [
-        calm[i] if i in calm else _simulated(cron, tz, lo, hi)
+        calm[i] if i in calm else _simulated(pattern, tz, lo, hi)
         for i, (lo, hi, _) in enumerate(pieces)
     ]
     gap = _combine(runs)
@@ -89,14 +95,27 @@ def _combine(runs: Sequence[_Run | None]) -> int | None:
     return min(gaps, default=None)
 
 
+def floor_ms(
+    cron: CronPattern, tz: ZoneInfo, start_ms: int | None = None, *, horizon_ms: int = YEAR_MS
+) -> int:
+    """A gap that no two consecutive occurrences in ``(start, start + horizon]`` are
+    closer than, known without looking for the shortest (see :func:`min_gap_ms`, which
+    is never below it)."""
+    start = int(time.time() * 1000) if start_ms is None else start_ms
+    return _floor_ms(cron, _pieces(tz, start, start + horizon_ms, real_time=cron.real_time))
+
+
 def _floor_ms(cron: CronPattern, pieces: Sequence[tuple[int, int, int | None]]) -> int:
     """No gap can be shorter: 1 s, or 1 min for five fields in whole-minute offsets."""
     whole_minutes = all(off is None or off % 60_000 == 0 for _, _, off in pieces)
     return 60_000 if not cron.has_seconds and whole_minutes else SECOND_MS
 
 
-def _simulated(cron: CronPattern, tz: ZoneInfo, lo: int, hi: int) -> _Run | None:
+def _simulated(pattern: _DayPattern, tz: ZoneInfo, lo: int, hi: int) -> _Run | None:
     """The occurrences in ``(lo, hi]`` as the trigger produces them."""
+    if _no_wall_time(pattern, tz, lo, hi):
+        return None
+    cron = pattern.cron
     first = last = None
     gap: int | None = None
     for occurrence in cron.occurrences(lo, tz, hi):
@@ -113,13 +132,45 @@ def _simulated(cron: CronPattern, tz: ZoneInfo, lo: int, hi: int) -> _Run | None
     return _Run(first, last, gap)
 
 
+def _no_wall_time(pattern: _DayPattern, tz: ZoneInfo, lo: int, hi: int) -> bool:
+    """Whether a window ``(lo, hi]`` with one change of UTC offset surely has no
+    occurrence: no time of a matching day falls where the wall clock stands at an instant
+    of the window, with the offset before the change or after it. (A wall time skipped by
+    the change, which a fixed-time cron runs after the gap, is between the two.) Most
+    crons have none in the small hours of a change, and need no simulation there."""
+    walls = _window_walls(tz, lo, hi)
+    if walls is None:
+        return False
+    first, last = walls
+    for day in _matching_days(pattern.cron.days, first // DAY_S, last // DAY_S)[0]:
+        midnight = day * DAY_S
+        lo_s, hi_s = max(0, first - midnight), min(DAY_S - 1, last - midnight)
+        if next(pattern.times(lo_s, hi_s), None) is not None:
+            return False
+    return True
+
+
+@lru_cache(maxsize=PIECES_KEPT)
+def _window_walls(tz: ZoneInfo, lo: int, hi: int) -> tuple[int, int] | None:
+    """The wall times (in seconds) that instants of ``(lo, hi]`` may show, when it holds
+    one change of UTC offset (None otherwise)."""
+    lo_s, hi_s = lo // SECOND_MS, -(-hi // SECOND_MS)
+    change = next_change_s(tz, lo_s, hi_s)
+    if change is None or next_change_s(tz, change, hi_s) is not None:
+        return None
+    offsets = offset_s(tz, lo_s), offset_s(tz, change)
+    return lo_s + min(offsets), hi_s + max(offsets)
+
+
+@lru_cache(maxsize=PIECES_KEPT)
 def _pieces(
     tz: ZoneInfo, start: int, end: int, *, real_time: bool
-) -> list[tuple[int, int, int | None]]:
+) -> tuple[tuple[int, int, int | None], ...]:
     """``(lo, hi, offset)`` pieces covering ``(start, end]``; ``offset`` None for a window.
 
     In real time the occurrences change pattern at the transition itself; a fixed-time
     expression runs its skipped or repeated wall times within the shift either side.
+    Kept for the next cron in the same zone over the same horizon.
     """
     windows: list[list[int]] = []
     for moment, shift in _transitions(tz, start, end):
@@ -138,7 +189,7 @@ def _pieces(
         cursor = hi
     if end > cursor:
         pieces.append((cursor, end, _offset_ms(tz, end)))
-    return pieces
+    return tuple(pieces)
 
 
 def _transitions(tz: ZoneInfo, start: int, end: int) -> Iterator[tuple[int, int]]:
@@ -153,26 +204,24 @@ def _offset_ms(tz: ZoneInfo, instant_ms: int) -> int:
     return offset_s(tz, instant_ms // SECOND_MS) * SECOND_MS
 
 
-@dataclass(frozen=True, slots=True)
 class _DayPattern:
-    """The parsed fields of a cron: which local days match and the time-of-day set."""
+    """The parsed fields of a cron: which local days match and the time-of-day set, with
+    the first and last time of a day and the shortest gap within one."""
 
-    cron: CronPattern
-    hours: tuple[int, ...]
-    minutes: tuple[int, ...]
-    seconds: tuple[int, ...]
+    __slots__ = ("cron", "day_gap_ms", "first", "hours", "last", "minutes", "seconds")
+
+    def __init__(self, cron: CronPattern) -> None:
+        self.cron = cron
+        self.hours, self.minutes, self.seconds = cron.hours, cron.minutes, cron.seconds
+        self.first = self.hours[0] * 3600 + self.minutes[0] * 60 + self.seconds[0]
+        """The first time of a day, in seconds after its midnight."""
+        self.last = self.hours[-1] * 3600 + self.minutes[-1] * 60 + self.seconds[-1]
+        gap = self.day_gap()
+        self.day_gap_ms = None if gap is None else gap * SECOND_MS
 
     @classmethod
     def of(cls, cron: CronPattern) -> _DayPattern:
-        return cls(cron, cron.hours, cron.minutes, cron.seconds)
-
-    @property
-    def first(self) -> int:
-        return self.hours[0] * 3600 + self.minutes[0] * 60 + self.seconds[0]
-
-    @property
-    def last(self) -> int:
-        return self.hours[-1] * 3600 + self.minutes[-1] * 60 + self.seconds[-1]
+        return cls(cron)
 
     def day_gap(self) -> int | None:
         """The shortest gap between two times of one day, in seconds (None for one time)."""
@@ -201,6 +250,21 @@ class _DayPattern:
         return _CalmRun(self, lo + offset, hi + offset).collect(offset)
 
 
+@lru_cache(maxsize=DAYS_KEPT)
+def _matching_days(days: Days, first: int, last: int) -> tuple[tuple[int, ...], int | None]:
+    """The days from ``first`` to ``last`` (days since 1970-01-01) that ``days`` matches,
+    and the fewest days between two consecutive ones of them but the first and the last
+    (None when fewer than two are left)."""
+    found: list[int] = []
+    for index in days.from_day(first):
+        if index > last:
+            break
+        found.append(index)
+    inner = found[1:-1]
+    step = min((b - a for a, b in pairwise(inner)), default=None)
+    return tuple(found), step
+
+
 def _min_step(values: Sequence[int]) -> int:
     return min(b - a for a, b in pairwise(values))
 
@@ -210,20 +274,37 @@ class _CalmRun:
 
     def __init__(self, pattern: _DayPattern, lo: int, hi: int) -> None:
         self.pattern, self.lo, self.hi = pattern, lo, hi
-        self.day_gap_ms = None if (g := pattern.day_gap()) is None else g * SECOND_MS
+        self.day_gap_ms = pattern.day_gap_ms
         self.first: int | None = None
         self.last: int | None = None
         self.gap: int | None = None
 
     def collect(self, offset: int) -> _Run | None:
-        last_day = self.hi // DAY_MS
-        for index in self.pattern.cron.days.from_day(self.lo // DAY_MS):
-            if index > last_day:
-                break
-            self._day(index * DAY_MS)
+        days, inner_step = _matching_days(
+            self.pattern.cron.days, self.lo // DAY_MS, self.hi // DAY_MS
+        )
+        if not days:
+            return None
+        self._day(days[0] * DAY_MS)
+        if len(days) > 2:
+            self._whole_days(days[1], days[-2], inner_step)
+        if len(days) > 1:
+            self._day(days[-1] * DAY_MS)
         if self.first is None or self.last is None:
             return None
         return _Run(self.first - offset, self.last - offset, self.gap)
+
+    def _whole_days(self, first_day: int, last_day: int, step: int | None) -> None:
+        """Add the matching days from ``first_day`` to ``last_day``, each inside the piece
+        from its midnight to its end, consecutive ones at least ``step`` days apart (None:
+        one day): as :meth:`_day` for each, in one step."""
+        pattern = self.pattern
+        gap = self.day_gap_ms
+        if step is not None:
+            across = step * DAY_MS + (pattern.first - pattern.last) * SECOND_MS
+            gap = across if gap is None else min(gap, across)
+        self._add(first_day * DAY_MS, pattern.first, pattern.first, gap)
+        self.last = last_day * DAY_MS + pattern.last * SECOND_MS
 
     def _day(self, midnight: int) -> None:
         """Add one matching day: its times inside the piece, in whole seconds."""

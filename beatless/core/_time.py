@@ -7,11 +7,16 @@ seconds) and aware UTC datetimes; naive datetimes are refused.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from zoneinfo import ZoneInfo
 
 from beatless.errors import ConfigError
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+OFFSETS_KEPT = 4_096
+"""Instants whose UTC offset :func:`offset_s` keeps, per zone."""
+CHANGES_KEPT = 8_192
+"""Searches for a change of UTC offset whose answer :func:`next_change_s` keeps."""
 SAMPLE_S = 86_400
 """Offsets are sampled this often to find their changes. In the tz database two changes
 of a zone's UTC offset are always more than three days apart, so no change is missed."""
@@ -78,8 +83,10 @@ def iso(ms: int) -> str:
     return to_datetime(ms).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1_000:03d}Z"
 
 
+@lru_cache(maxsize=OFFSETS_KEPT)
 def offset_s(tz: ZoneInfo, instant_s: int) -> int:
-    """The UTC offset of ``tz`` at an instant (epoch seconds), in whole seconds."""
+    """The UTC offset of ``tz`` at an instant (epoch seconds), in whole seconds. Kept
+    for a while: a node asks it of the same few instants for each of its crons."""
     try:
         moment = datetime.fromtimestamp(instant_s, tz)
     except (OverflowError, OSError, ValueError):  # outside the platform's time_t
@@ -90,14 +97,30 @@ def offset_s(tz: ZoneInfo, instant_s: int) -> int:
 
 def next_change_s(tz: ZoneInfo, after_s: int, until_s: int) -> int | None:
     """The first second in ``(after_s, until_s]`` whose UTC offset differs from
-    ``after_s``'s, or None when the offset holds over the whole span."""
-    before, lo = offset_s(tz, after_s), after_s
+    ``after_s``'s, or None when the offset holds over the whole span.
+
+    What a search found is kept for the next that starts at the same instant in the same
+    zone, whatever its end: a node's crons all start from one instant, and a monthly one
+    looks a month ahead where an hourly one looks a day."""
+    key = (tz, after_s)
+    scanned, change = _changes.get(key, (after_s, None))
+    if change is not None or until_s <= scanned:
+        return change if change is not None and change <= until_s else None
+    before, lo = offset_s(tz, after_s), scanned
     while lo < until_s:
         hi = min(lo + SAMPLE_S, until_s)
         if offset_s(tz, hi) != before:
-            return _bisect_change(tz, lo, hi, before)
+            change = _bisect_change(tz, lo, hi, before)
+            break
         lo = hi
-    return None
+    if len(_changes) >= CHANGES_KEPT:
+        _changes.clear()
+    _changes[key] = (until_s, change)
+    return change
+
+
+_changes: dict[tuple[ZoneInfo, int], tuple[int, int | None]] = {}
+"""Per zone and start of a search: how far it looked, and the change it found there."""
 
 
 def _bisect_change(tz: ZoneInfo, lo: int, hi: int, before: int) -> int:

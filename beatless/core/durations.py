@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from datetime import timedelta
+from functools import lru_cache
 
 from beatless.errors import ConfigError
 
@@ -46,13 +47,33 @@ def _convert(value: DurationLike, name: str) -> timedelta:
             raise ConfigError(f"{name}: expected a finite number of seconds, got {value!r}")
         return timedelta(seconds=value)
     if isinstance(value, str):
-        return timedelta(milliseconds=_parse_ms(value.strip(), name))
+        delta = _text_delta(value.strip())
+        return timedelta(milliseconds=_parse_ms(value.strip(), name)) if delta is None else delta
     raise ConfigError(f"{name}: expected a duration, got {type(value).__name__} {value!r}")
 
 
 def _parse_ms(text: str, name: str) -> float:
     if not text:
         raise ConfigError(f"{name}: empty duration")
+    ms = _text_ms(text)
+    if ms is not None:
+        return ms
+    raise ConfigError(
+        f"{name}: cannot read duration {text!r}; write seconds (90), a compact form "
+        f"('90s', '2m', '1h30m', '500ms') or ISO 8601 ('PT120S')"
+    )
+
+
+@lru_cache(maxsize=1024)
+def _text_delta(text: str) -> timedelta | None:
+    """The duration a text says, or None when it cannot be read (or is empty). Kept: a
+    schedule writes the same few durations for many entries."""
+    ms = _text_ms(text) if text else None
+    return None if ms is None else timedelta(milliseconds=ms)
+
+
+def _text_ms(text: str) -> float | None:
+    """The milliseconds a duration's text says, or None when it cannot be read."""
     try:
         seconds = float(text)
     except ValueError:
@@ -71,10 +92,7 @@ def _parse_ms(text: str, name: str) -> float:
         pieces = _COMPACT.findall(lower)
         if pieces and "".join(n + u for n, u in pieces) == lower:
             return sum(float(n) * _UNITS_MS[u] for n, u in pieces)
-    raise ConfigError(
-        f"{name}: cannot read duration {text!r}; write seconds (90), a compact form "
-        f"('90s', '2m', '1h30m', '500ms') or ISO 8601 ('PT120S')"
-    )
+    return None
 
 
 def to_ms(delta: timedelta) -> int:
@@ -82,6 +100,7 @@ def to_ms(delta: timedelta) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000 + delta.microseconds // 1_000
 
 
+@lru_cache(maxsize=1024)
 def describe(delta: timedelta) -> str:
     """A short human form for messages: ``"90s"``, ``"2m"``, ``"1h30m"``, ``"250ms"``."""
     ms = to_ms(delta)

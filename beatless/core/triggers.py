@@ -15,8 +15,10 @@ expressions) follow real time. The evaluator is :mod:`beatless.core._cron`.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import itertools
+import time
 import zoneinfo
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,7 +28,7 @@ from typing import Protocol, runtime_checkable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from beatless.core._cron import CronError, CronPattern
-from beatless.core._gaps import min_gap_ms
+from beatless.core._gaps import floor_ms, min_gap_ms
 from beatless.core._time import EPOCH, InstantLike, as_instant, from_datetime, iso, to_datetime
 from beatless.core.durations import DurationLike, as_timedelta, describe, to_ms
 from beatless.errors import ConfigError, ScheduleError
@@ -137,17 +139,52 @@ class Cron:
 
     def bind(self, tz: str) -> Cron:
         """This cron in ``tz`` if it names no zone of its own."""
-        return self if self.tz is not None else Cron(self.expr, tz, day_and=self.day_and)
+        if self.tz is not None:
+            return self
+        zone(tz)
+        bound = object.__new__(Cron)  # the expression as read already: not parsed again
+        for name, value in (("expr", self.expr), ("tz", tz), ("day_and", self.day_and)):
+            object.__setattr__(bound, name, value)
+        object.__setattr__(bound, "pattern", self.pattern)
+        return bound
 
     def after(self, instant_ms: int) -> Iterator[int]:
         return self.pattern.occurrences(instant_ms, self.zone)
 
     def min_gap_ms(self) -> int:
-        return min_gap_ms(self.pattern, self.zone)
+        """Over the year from the current minute: the same for every entry with this
+        trigger, computed once a minute (a schedule repeats its triggers)."""
+        return _gap_from(self, _this_minute_ms())
+
+    def shortest_possible_ms(self) -> int:
+        """A gap no two occurrences are closer than, known from the expression and the
+        zone alone: a minute for five fields in a zone whose UTC offsets are whole
+        minutes, else a second (:func:`~beatless.core._gaps.floor_ms`)."""
+        return _floor_from(self, _this_minute_ms())
 
     def describe(self) -> str:
         text = f"cron {self.expr!r} in {self.tz or 'UTC'}"
         return text + (" (day-of-month AND day-of-week)" if self.day_and else "")
+
+
+GAPS_KEPT = 65_536
+"""Crons whose shortest gap is kept (for the minute it was computed in)."""
+
+
+def _this_minute_ms() -> int:
+    """The start of the current minute, in epoch milliseconds: where the year over which
+    a cron's gaps are measured starts."""
+    return int(time.time()) // 60 * 60_000
+
+
+@functools.lru_cache(maxsize=GAPS_KEPT)
+def _gap_from(cron: Cron, start_ms: int) -> int:
+    return min_gap_ms(cron.pattern, cron.zone, start_ms)
+
+
+@functools.lru_cache(maxsize=GAPS_KEPT)
+def _floor_from(cron: Cron, start_ms: int) -> int:
+    return floor_ms(cron.pattern, cron.zone, start_ms)
 
 
 NO_GAP_MS = 2**62

@@ -9,11 +9,13 @@ run: every problem at once (see :mod:`beatless.schedule.problems`).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Sequence
 
 from beatless.core._logtext import shown
 from beatless.fleet._controls import audit_kind, controls_kind, json_text, run_now_kind
 from beatless.fleet._notes import (
+    TENANTS_PUBLISHED,
     entries_kind,
     entry_note,
     fan_out_history_kind,
@@ -59,7 +61,11 @@ def checked(
     usable = collect(lambda: Schedule(kept, namespace=namespace, timezone=timezone), [])
     if usable is None:  # names given twice: no part is sound on its own
         return Checked(None, tuple(problems))
-    dropped = [*left_out, *(e.name for e in entries if e not in kept and e.name not in refused)]
+    sound = {id(entry) for entry in kept}  # not `in kept`: quadratic in a big schedule
+    dropped = [
+        *left_out,
+        *(e.name for e in entries if id(e) not in sound and e.name not in refused),
+    ]
     return Checked(None, tuple(problems), usable=usable, left_out=tuple(dropped))
 
 
@@ -82,12 +88,20 @@ def limits(schedule: Schedule) -> list[str]:
     entry's note of what the fleet shows of it (``NOTE_VALUE_LIMIT`` bytes at most).
     Tenants from a callable are known only when called; a firing sent for one whose
     note is refused is still sent once, and the refusal counted."""
+    known = _found.get(schedule)
+    if known is not None:
+        return list(known)
     found = _namespace_limits(schedule.namespace)
-    if found:
-        return found  # every address would be refused for the same reason
-    for entry in schedule.entries:
-        found += _entry_limits(schedule, entry)
+    if not found:  # else every address would be refused for the same reason
+        for entry in schedule.entries:
+            found += _entry_limits(schedule, entry)
+    _found[schedule] = tuple(found)
     return found
+
+
+_found: weakref.WeakKeyDictionary[Schedule, tuple[str, ...]] = weakref.WeakKeyDictionary()
+"""What :func:`limits` found in each schedule still in use: a schedule is immutable, and
+both the loader and the node's start check it."""
 
 
 def _namespace_limits(namespace: str) -> list[str]:
@@ -130,6 +144,8 @@ def _entry_limits(schedule: Schedule, entry: Entry) -> list[str]:
             )
         if not callable(entry.tenants):
             found += _tenant_limits(name, address, tuple(entry.tenants), room)
+    if _note_fits(schedule, entry):
+        return found
     value = json_text(entry_note(schedule, entry))
     size = len(value.encode())
     if size > NOTE_VALUE_LIMIT:
@@ -139,6 +155,30 @@ def _entry_limits(schedule: Schedule, entry: Entry) -> list[str]:
             f"its task name or its first tenants' names"
         )
     return found
+
+
+NOTE_FRAME = 1_024
+"""More than an entry note holds beside its texts: keys, numbers, punctuation."""
+ESCAPED = 12
+"""The most bytes one character takes in a note (``\\ud83d\\ude00``, JSON-escaped)."""
+
+
+def _note_fits(schedule: Schedule, entry: Entry) -> bool:
+    """Whether the entry's note surely fits, bound from the length of its texts without
+    writing it (most entries' notes are a few hundred bytes)."""
+    tenants = entry.tenants
+    published = () if tenants is None or callable(tenants) else tuple(tenants[:TENANTS_PUBLISHED])
+    texts = (
+        len(schedule.address(entry))
+        + len(entry.name)
+        + len(entry.task)
+        + 2 * len(entry.describe())  # the trigger is written twice: as data and described
+        + sum(len(t) + 3 for t in published)
+        + len(entry.catch_up)
+        + len(entry.overlap)
+        + len(schedule.fingerprint)
+    )
+    return ESCAPED * texts + NOTE_FRAME <= NOTE_VALUE_LIMIT
 
 
 def _tenant_limits(name: str, address: str, tenants: tuple[str, ...], room: int) -> list[str]:

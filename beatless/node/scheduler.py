@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from beatless.core._bulk import paused_collection
 from beatless.core._logtext import ERROR_LIMIT, shown
 from beatless.core.durations import DurationLike
 from beatless.errors import (
@@ -216,7 +217,8 @@ class Scheduler:
         self.node = node or default_node_name()
         self.on_decision = on_decision
         _check_store(schedule, self.dispatcher, self.lease_ms)
-        self.tally = Tally(schedule, self.node, self.now_ms)
+        with paused_collection():  # an object or two per entry (see core._bulk)
+            self.tally = Tally(schedule, self.node, self.now_ms)
         """What this node decided, counted, and the trouble it tells (:mod:`._tally`)."""
         self.stats = self.tally.stats
         self.clockwatch = ClockWatch(self.store, clock, self.node)
@@ -270,16 +272,17 @@ class Scheduler:
         self.store.holds_off = self.reseeder.enabled
         self.flights = InFlight()
         """Each firing's state between its release and its decision (:mod:`._inflight`)."""
-        self.timeline = Timeline(
-            schedule,
-            start_ms=start_ms,
-            now_ms=self.now_ms,
-            tally=self.tally,
-            flights=self.flights,
-            preference=self.preference,
-            ladder=self._ladder,
-            live=self.live,
-        )
+        with paused_collection():
+            self.timeline = Timeline(
+                schedule,
+                start_ms=start_ms,
+                now_ms=self.now_ms,
+                tally=self.tally,
+                flights=self.flights,
+                preference=self.preference,
+                ladder=self._ladder,
+                live=self.live,
+            )
         """What is due when (:mod:`beatless.node._timeline`)."""
         self.judging = Judging(self.store, self.node, self.lease_ms, self.tally)
         """The unjudged firings gone late, waiting for the store's word (:mod:`._judging`)."""

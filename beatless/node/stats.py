@@ -14,23 +14,40 @@ BUCKETS_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 3
 """Upper bounds of the lateness histogram, in milliseconds; one more bucket holds the rest."""
 
 
-@dataclass
-class Histogram:
-    """Counts of lateness per bucket, plus the recent samples for percentiles."""
+RECENT_KEPT = 4_096
+"""Samples a histogram keeps for its percentiles."""
 
-    counts: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS_MS) + 1))
+
+@dataclass(slots=True)
+class Histogram:
+    """Counts of lateness per bucket, plus the recent samples for percentiles. Its lists
+    are made at the first sample: a node of 100,000 entries holds one histogram each."""
+
     total: int = 0
     sum_ms: int = 0
     max_ms: int = 0
-    recent: deque[int] = field(default_factory=lambda: deque(maxlen=4_096))
+    _counts: list[int] | None = field(default=None, repr=False)
+    _recent: deque[int] | None = field(default=None, repr=False)
+
+    @property
+    def counts(self) -> list[int]:
+        """The samples per bucket of :data:`BUCKETS_MS`, and the rest in the last."""
+        return [0] * (len(BUCKETS_MS) + 1) if self._counts is None else self._counts
+
+    @property
+    def recent(self) -> deque[int]:
+        """The last :data:`RECENT_KEPT` samples."""
+        return deque(maxlen=RECENT_KEPT) if self._recent is None else self._recent
 
     def observe(self, ms: int) -> None:
         ms = max(ms, 0)
-        self.counts[bisect.bisect_left(BUCKETS_MS, ms)] += 1
+        if self._counts is None or self._recent is None:
+            self._counts, self._recent = self.counts, self.recent
+        self._counts[bisect.bisect_left(BUCKETS_MS, ms)] += 1
         self.total += 1
         self.sum_ms += ms
         self.max_ms = max(self.max_ms, ms)
-        self.recent.append(ms)
+        self._recent.append(ms)
 
     def percentile(self, q: float) -> int | None:
         """The q-th percentile (0..100) of the recent samples, or None with none."""
@@ -81,7 +98,7 @@ COUNTS = (
 _counts_of = attrgetter(*COUNTS)
 
 
-@dataclass
+@dataclass(slots=True)
 class EntryStats:
     """What one node decided for one entry since it started."""
 

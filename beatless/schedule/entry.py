@@ -32,6 +32,7 @@ from beatless.schedule.options import (
 )
 from beatless.stores.base import STORE_TOLERANCE
 
+SECOND_MS = 1_000
 FINGERPRINT_CHUNK = 10_000
 """Tenants joined at a time into the text of the schedule fingerprint."""
 T = TypeVar("T")
@@ -43,7 +44,7 @@ TASK_TAG_LENGTH = 8
 Tenants = Sequence[str] | Callable[[], Iterable[str]] | None
 
 
-@dataclass(frozen=True, kw_only=True, eq=False)
+@dataclass(frozen=True, kw_only=True, eq=False, slots=True)
 class Entry:
     """One named periodic task: task, args, trigger, options, jitter and lateness budget.
 
@@ -79,6 +80,14 @@ class Entry:
     max_late_given: bool = field(default=True, init=False, repr=False)
     """Whether ``max_late`` was set (on the entry, or as a default of every entry) rather
     than taken from the trigger: only a one-off's default is fitted to the store."""
+    windowed: Trigger = field(init=False, repr=False)
+    """The trigger as this entry runs it: its occurrences from ``start_at`` (inclusive)
+    to ``end_at`` (exclusive); the trigger itself when the entry has no window. (A
+    disabled entry runs none of them: ask :attr:`enabled` too.)"""
+    jitter_ms: int = field(init=False, repr=False)
+    max_late_ms: int = field(init=False, repr=False)
+    memory_ms: int = field(init=False, repr=False)
+    """:attr:`memory_needed` in milliseconds."""
 
     def __init__(
         self,
@@ -105,12 +114,20 @@ class Entry:
         setter(self, "name", _name(name, "entry name"))
         label = f"entry {name!r}"
         found = _Problems()
-        setter(self, "task", found.keep(lambda: _task(label, task), task))
-        setter(self, "trigger", found.keep(lambda: _trigger(label, trigger), trigger))
+        # What most entries give is set at once; the rest is read, its problems noted.
+        if type(task) is not str or not task:
+            task = found.keep(lambda: _task(label, task), task)
+        setter(self, "task", task)
+        if type(trigger) not in _TRIGGERS:
+            trigger = found.keep(lambda: _trigger(label, trigger), trigger)
+        setter(self, "trigger", trigger)
         setter(self, "args", tuple(args))
         setter(self, "kwargs", dict(kwargs or {}))
         setter(self, "options", dict(options or {}))
-        setter(self, "tenants", found.keep(lambda: _tenants(label, tenants), None))
+        if tenants is not None:
+            tenants = found.keep(lambda: _tenants(label, tenants), None)
+        setter(self, "tenants", tenants)
+        setter(self, "max_late_given", True)
         given = {
             "jitter": jitter,
             "max_late": max_late,
@@ -124,10 +141,14 @@ class Entry:
             "enabled": enabled,
         }
         for option in OPTIONS:
+            value = given[option.name]
+            if value is option.default:  # read as itself: most options of most entries
+                setter(self, option.name, value)
+                continue
             # A value that cannot be read is None, so the rules between options skip it.
             unread = option.default is None or option.kind == "duration"
             fallback = None if unread else option.default
-            read = functools.partial(option.value, given[option.name], label)
+            read = functools.partial(option.value, value, label)
             setter(self, option.name, found.keep(read, fallback))
         if max_late is None:
             setter(self, "max_late", default_max_late(self.trigger))
@@ -137,18 +158,21 @@ class Entry:
         )
         found.extend(window_problems(label, self.start_at, self.end_at))
         found.raise_any()
+        # What follows from the fields, which the loop reads for every firing.
+        setter(self, "windowed", self._windowed())
+        setter(self, "jitter_ms", to_ms(self.jitter))
+        setter(self, "max_late_ms", to_ms(self.max_late))
+        setter(self, "memory_ms", to_ms(self.memory_needed))
 
-    @cached_property
-    def windowed(self) -> Trigger:
-        """The trigger as this entry runs it: its occurrences from ``start_at`` (inclusive)
-        to ``end_at`` (exclusive); the trigger itself when the entry has no window. (A
-        disabled entry runs none of them: ask :attr:`enabled` too.)"""
+    def _windowed(self) -> Trigger:
+        """The trigger within the entry's window (see :attr:`windowed`)."""
         if self.start_at is None and self.end_at is None:
             return self.trigger
+        start, end = self.start_at, self.end_at
         return Windowed(
             self.trigger,
-            None if self.start_at is None else from_datetime(self.start_at),
-            None if self.end_at is None else from_datetime(self.end_at),
+            None if start is None else from_datetime(start),
+            None if end is None else from_datetime(end),
         )
 
     def describe(self) -> str:
@@ -156,29 +180,17 @@ class Entry:
         ``(disabled)`` when it is."""
         return self.windowed.describe() + ("" if self.enabled else " (disabled)")
 
-    @cached_property
-    def jitter_ms(self) -> int:
-        return to_ms(self.jitter)
-
-    @cached_property
-    def max_late_ms(self) -> int:
-        return to_ms(self.max_late)
-
     @property
     def memory_needed(self) -> timedelta:
         """How long a store must remember a claim of this entry (rule 5)."""
         return self.jitter + self.max_late + STORE_TOLERANCE
 
-    @cached_property
-    def memory_ms(self) -> int:
-        return to_ms(self.memory_needed)
-
-    @cached_property
+    @property
     def task_tag(self) -> str:
         """The first 8 hex digits of the SHA-256 of the task name: stored with each claim,
         so that a claim of another task under the same address is noticed (two apps
         sharing one store and namespace)."""
-        return hashlib.sha256(self.task.encode()).hexdigest()[:TASK_TAG_LENGTH]
+        return _task_tag(self.task)
 
     def tenant_list(self) -> tuple[str, ...] | None:
         """The tenants now: the fixed list, or what the callable returns."""
@@ -214,6 +226,11 @@ class Entry:
         entry = self.replace(max_late=room)
         object.__setattr__(entry, "max_late_given", False)
         return entry
+
+
+@functools.lru_cache(maxsize=4_096)
+def _task_tag(task: str) -> str:
+    return hashlib.sha256(task.encode()).hexdigest()[:TASK_TAG_LENGTH]
 
 
 class _Problems:
@@ -257,6 +274,8 @@ def _task(label: str, task: object) -> str:
     return task
 
 
+_PLAIN_TRIGGERS = (Cron, Every, At)
+"""Triggers whose equal values have equal texts (no float field: ``0.0 == -0.0``)."""
 _TRIGGERS = (Cron, Every, At, Solar)
 """The triggers beatless makes, known at once (a node reading 100,000 live entries checks
 each)."""
@@ -332,7 +351,8 @@ class Schedule:
         object.__setattr__(self, "namespace", _name(namespace, "namespace", slash=False))
         zone(timezone)
         object.__setattr__(self, "timezone", timezone)
-        bound = tuple(_bind(entry, timezone) for entry in entries)
+        crons: dict[Cron, Cron] = {}
+        bound = tuple(_bind(entry, timezone, crons) for entry in entries)
         object.__setattr__(self, "entries", bound)
         errors = check_timing(bound)
         if errors:
@@ -357,7 +377,10 @@ class Schedule:
         the args, kwargs and options written by :func:`canonical`.
         It is fed to the hash a piece at a time, so that a million tenants are never
         joined into one string (14 MB, and as much again encoded)."""
-        parts = sorted((self._fingerprint_parts(e) for e in self.entries), key=lambda p: p[0])
+        triggers: dict[tuple[Trigger, bool], str] = {}
+        parts = sorted(
+            (self._fingerprint_parts(e, triggers) for e in self.entries), key=lambda p: p[0]
+        )
         if any(b[0].startswith(a[0]) for a, b in itertools.pairwise(parts)):
             # One head is the start of another (a name with "|"): only whole lines order them.
             parts.sort(key=lambda p: p[0] + ",".join(p[1]) + p[2])
@@ -371,10 +394,19 @@ class Schedule:
             digest.update(tail.encode())
         return digest.hexdigest()[:16]
 
-    def _fingerprint_parts(self, e: Entry) -> tuple[str, Sequence[str], str]:
+    def _fingerprint_parts(
+        self, e: Entry, triggers: dict[tuple[Trigger, bool], str] | None = None
+    ) -> tuple[str, Sequence[str], str]:
         """An entry's line of the fingerprint: what comes before its tenants, the
-        tenants, and what comes after them."""
-        trigger = repr(e.windowed) + ("" if e.enabled else " disabled")
+        tenants, and what comes after them. ``triggers`` holds the text of each trigger
+        written so far, for the entries that share one."""
+        key = (e.windowed, e.enabled)
+        known = triggers is not None and type(e.windowed) in _PLAIN_TRIGGERS
+        trigger = triggers.get(key) if triggers is not None and known else None
+        if trigger is None:
+            trigger = repr(e.windowed) + ("" if e.enabled else " disabled")
+            if triggers is not None and known:
+                triggers[key] = trigger
         head = (self.address(e), trigger, str(e.jitter_ms), str(e.max_late_ms), e.task)
         tail = (e.catch_up, e.overlap, str(to_ms(e.run_lease)), str(to_ms(e.heartbeat)))
         sent = (canonical(e.args), canonical(e.kwargs), canonical(e.options))
@@ -434,17 +466,37 @@ _ADDRESS = re.compile(r" at 0x[0-9A-Fa-f]+")
 """The memory address in a default ``repr``, which differs from process to process."""
 
 
+def _mapping_text(value: Mapping[Any, Any]) -> str:
+    items = sorted((canonical(key), canonical(item)) for key, item in value.items())
+    return "{" + ",".join(f"{key}:{item}" for key, item in items) + "}"
+
+
+def _sequence_text(value: list[Any] | tuple[Any, ...]) -> str:
+    return "[" + ",".join(canonical(item) for item in value) + "]"
+
+
+_PLAIN_TEXT: dict[type, Callable[[Any], str]] = {
+    str: json.dumps,
+    int: str,  # as JSON writes it (a bool is not of type int)
+    dict: _mapping_text,
+    list: _sequence_text,
+    tuple: _sequence_text,
+}
+
+
 def canonical(value: Any) -> str:
     """A text of ``value`` that every node writes alike for equal values: mappings with
     their keys sorted, lists and tuples alike (the wire makes both a list), sets sorted,
     plain values as JSON, and anything else by its ``repr`` without memory addresses
     (a kombu ``Queue``, a ``datetime``): what the schedule fingerprint hashes of an
     entry's args, kwargs and options."""
+    plain = _PLAIN_TEXT.get(type(value))
+    if plain is not None:  # the usual arguments, known by their type at once
+        return plain(value)
     if isinstance(value, Mapping):
-        items = sorted((canonical(key), canonical(item)) for key, item in value.items())
-        return "{" + ",".join(f"{key}:{item}" for key, item in items) + "}"
+        return _mapping_text(value)
     if isinstance(value, list | tuple):
-        return "[" + ",".join(canonical(item) for item in value) + "]"
+        return _sequence_text(value)
     if isinstance(value, set | frozenset):
         return "set(" + ",".join(sorted(canonical(item) for item in value)) + ")"
     if value is None or isinstance(value, str | int | float):
@@ -452,10 +504,25 @@ def canonical(value: Any) -> str:
     return _ADDRESS.sub("", repr(value))
 
 
-def _bind(entry: Entry, timezone: str) -> Entry:
-    if isinstance(entry.trigger, Cron) and entry.trigger.tz is None:
-        return entry.replace(trigger=entry.trigger.bind(timezone))
-    return entry
+def _bind(entry: Entry, timezone: str, crons: dict[Cron, Cron]) -> Entry:
+    """``entry`` with its cron bound to ``timezone`` when it names no zone: the same entry
+    else, copied rather than built again (a zone changes no rule of its options).
+    ``crons`` holds the crons bound so far, for the entries that share one."""
+    trigger = entry.trigger
+    if not isinstance(trigger, Cron) or trigger.tz is not None:
+        return entry
+    cron = crons.get(trigger)
+    if cron is None:
+        cron = crons[trigger] = trigger.bind(timezone)
+    bound: Entry = object.__new__(Entry)
+    for name in _FIELDS:
+        object.__setattr__(bound, name, getattr(entry, name))
+    object.__setattr__(bound, "trigger", cron)
+    object.__setattr__(bound, "windowed", bound._windowed())
+    return bound
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(Entry))
 
 
 def check_timing(entries: Sequence[Entry]) -> list[str]:
@@ -467,8 +534,8 @@ def check_timing(entries: Sequence[Entry]) -> list[str]:
         if entry.name in seen:
             errors.append(f"entry {entry.name!r}: the name is used twice")
         seen.add(entry.name)
-        if not entry.jitter:
-            continue
+        if not entry.jitter or 2 * entry.jitter_ms < _shortest_possible_ms(entry.trigger):
+            continue  # no gap of this trigger can be too short for this jitter
         gap = gaps.get(entry.trigger)
         if gap is None:
             gap = gaps[entry.trigger] = entry.trigger.min_gap_ms()
@@ -480,6 +547,13 @@ def check_timing(entries: Sequence[Entry]) -> list[str]:
                 f"({describe(timedelta(milliseconds=gap))} → at most {describe(half)})"
             )
     return errors
+
+
+def _shortest_possible_ms(trigger: Trigger) -> int:
+    """A gap no two occurrences of ``trigger`` are closer than, known without looking for
+    the shortest (:meth:`~beatless.core.triggers.Cron.shortest_possible_ms`); 0 when
+    only the search tells."""
+    return trigger.shortest_possible_ms() if isinstance(trigger, Cron) else 0
 
 
 NODE_FIRINGS_PER_S = 10_000
@@ -495,7 +569,9 @@ def peak_firings_per_s(schedule: Schedule) -> tuple[float, str | None]:
     peak, busiest, most = 0.0, None, 0.0
     for entry in schedule.entries:
         fanout = len(entry.tenants) if isinstance(entry.tenants, tuple) else 1
-        per_second = max(1.0, 1_000 / max(entry.trigger.min_gap_ms(), 1))
+        # A cron's occurrences are whole seconds apart at least: one a second at most.
+        gap = SECOND_MS if isinstance(entry.trigger, Cron) else entry.trigger.min_gap_ms()
+        per_second = max(1.0, 1_000 / max(gap, 1))
         rate = fanout * per_second / max(entry.jitter_ms / 1_000, 1.0)
         peak += rate
         if rate > most:

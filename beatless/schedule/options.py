@@ -44,6 +44,7 @@ DEFAULT_RUN_LEASE = timedelta(seconds=30)
 """How long a run lease lives without a heartbeat: a worker killed mid-run frees its
 address this long after its last heartbeat."""
 DEFAULT_HEARTBEAT = timedelta(seconds=5)
+_NO_TIME = timedelta(0)
 
 
 Reader = Callable[[object, str], Any]
@@ -213,9 +214,9 @@ def timing_problems(
     """The rules between an entry's durations, each checked when the durations it
     compares could be read (``None``: one that could not, reported on its own)."""
     found = []
-    if jitter is not None and jitter < timedelta(0):
+    if jitter is not None and jitter < _NO_TIME:
         found.append(f"{label}: jitter must not be negative, got {describe(jitter)}")
-    if max_late is not None and max_late <= timedelta(0):
+    if max_late is not None and max_late <= _NO_TIME:
         found.append(f"{label}: max_late must be positive, got {describe(max_late)}")
     elif max_late is not None and jitter is not None and max_late <= jitter:
         found.append(
@@ -256,7 +257,7 @@ def run_timing_problems(
         return []
     lease_name, heartbeat_name = names
     where = f"{label}: " if label else ""
-    if run_lease <= timedelta(0) or heartbeat <= timedelta(0):
+    if run_lease <= _NO_TIME or heartbeat <= _NO_TIME:
         return [
             f"{where}{lease_name} {describe(run_lease)} and {heartbeat_name} "
             f"{describe(heartbeat)} must be positive"
