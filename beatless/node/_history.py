@@ -44,6 +44,10 @@ from beatless.schedule.firing import Decision, Firing
 from beatless.schedule.outcomes import DecisionOutcome
 from beatless.stores.base import NOTE_VALUE_LIMIT, Note, NoteItem
 
+# An Enum class's attribute is a slow look-up on Python 3.11 (EnumType.__getattr__): the
+# path of every claim names these through module names.
+_HISTORY, _SENT = DecisionOutcome.HISTORY, DecisionOutcome.SENT
+
 HISTORY_BUFFER = 20_000
 """At most this many history items wait for a post; beyond, the oldest are dropped."""
 
@@ -84,11 +88,11 @@ class HistoryWriter:
 
     def record(self, decision: Decision, coalesced: tuple[int, int] | None = None) -> None:
         """Keep a decision for the history, if it is one this node writes."""
-        if decision.outcome in DecisionOutcome.HISTORY:
-            sent = decision.outcome in DecisionOutcome.SENT
-            item = self.history_item(decision, coalesced if sent else None)
+        outcome = decision.outcome
+        if outcome in _HISTORY:
+            item = self.history_item(decision, coalesced if outcome in _SENT else None)
             self.record_item(decision.firing.address, item)
-        if decision.outcome == DecisionOutcome.MISSED:
+        if outcome == "missed":
             # Counted for the hour as the sweep's finds are, whatever the history keeps.
             firing = decision.firing
             decided_ms = firing.release_ms + decision.lateness_ms

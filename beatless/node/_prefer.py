@@ -50,6 +50,10 @@ from beatless.fleet._schema import PROGRESS, BadNote, Skipped, parse_each
 from beatless.schedule._fanout import Ranking
 from beatless.schedule.outcomes import DecisionOutcome
 
+# An Enum class's attribute is a slow look-up on Python 3.11 (EnumType.__getattr__): the
+# path of every claim names these through module names.
+_SETTLED = DecisionOutcome.SETTLED
+
 GRACE_MS = 3_000
 """How long after the rung above a lower-ranked node waits: the preferred node's progress
 is posted within a second of its claim and read by the others within another (``SYNC_EVERY_MS``),
@@ -297,9 +301,9 @@ class Preference:
         """A firing this node claimed was decided (or retried) with ``outcome``."""
         self._owned.pop(firing_id, None)
         self._held.pop(firing_id, None)
-        if outcome in DecisionOutcome.SETTLED or not (self.enabled and self.owns(firing_id)):
+        if outcome in _SETTLED or not (self.enabled and self.owns(firing_id)):
             return
-        (self._held if outcome == DecisionOutcome.HELD else self._owned)[firing_id] = (
+        (self._held if outcome == "held" else self._owned)[firing_id] = (
             release_ms,
             late_ms,
         )

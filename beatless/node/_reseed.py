@@ -226,7 +226,7 @@ class Reseeder:
         settle it once its gate opens; whether it settled now (the loop then forgets which
         firings it saw held before the loss: a holder that sent one wrote it back)."""
         epoch = self.store.epoch
-        if not self.enabled or epoch is None:
+        if epoch is None or not self.store.reseeds:  # as :attr:`enabled`, on every wake
             return False
         if self._token is None:
             self._token = epoch.token  # a first sighting: nothing to write back

@@ -193,7 +193,8 @@ class Tally:
     def tell(self, now: int, offset_ms: int | None) -> None:
         """After a wake: the trouble whose count settled, one WARNING each; and once a
         minute the summary at INFO (``offset_ms``: the node's offset to the store's clock)."""
-        for (outcome, name, occurrence), count in self._trouble.settled(now):
+        trouble = self._trouble
+        for (outcome, name, occurrence), count in trouble.settled(now) if trouble._counts else ():
             logger.warning(
                 "entry %s, occurrence %s: %d firing(s) %s",
                 shown(name),

@@ -257,6 +257,8 @@ class Timeline:
 
     def say_catch_up(self) -> None:
         """One INFO line per entry whose catch-up policy left occurrences unclaimed."""
+        if not self._caught_up:  # every wake but those after a catch-up
+            return
         for name, (count, first, last) in self._caught_up.items():
             entry = self._entries[name]
             kept = "the latest is claimed" if entry.catch_up == "latest" else "none is claimed"

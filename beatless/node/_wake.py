@@ -27,6 +27,10 @@ from beatless.schedule.firing import Decision, Firing
 from beatless.schedule.outcomes import DecisionOutcome
 from beatless.stores.base import Note, NoteItem
 
+# An Enum class's attribute is a slow look-up on Python 3.11 (EnumType.__getattr__): the
+# path of every claim names these through module names.
+_SENT = DecisionOutcome.SENT
+
 RETRY_MS = 500
 """A firing whose claim or enqueue failed is tried again after this long, until late."""
 
@@ -101,7 +105,7 @@ class LoopWake:
         if flight is not None and flight.reseeding and outcome == DecisionOutcome.LATE:
             # held off until late: the fleet could not re-seed it
             outcome = DecisionOutcome.FORGOTTEN
-        if outcome in DecisionOutcome.SENT and not sent_as:
+        if outcome in _SENT and not sent_as:
             self._reseeder.sent(firing)  # won without a send told (:meth:`sent` was not)
         try:  # count, settle and report it
             now = self.now_ms()

@@ -87,6 +87,12 @@ FAILURE_WARN_S = 10.0
 
 Enqueue = Callable[[Firing], object]
 
+# An Enum class's attribute is a slow look-up on Python 3.11 (EnumType.__getattr__): the
+# path of every claim names these through module names.
+_WON = Outcome.WON
+_TRIED_AGAIN = frozenset({Outcome.RESEEDING, Outcome.STALE})
+_of_claim = DecisionOutcome.of_claim
+
 RECORDED = frozenset(
     o for o in Outcome if DecisionOutcome.of_claim(o) in DecisionOutcome.CLAIM_DECIDED
 )
@@ -218,10 +224,10 @@ class Dispatcher(ABC):
 def decide_claimed(wake: Wake, firing: Firing, outcome: Outcome, *, recorded: bool = False) -> None:
     """Report a store outcome that needs no further step (lost, held, late, early, ...);
     a firing held off while the nodes re-seed, or claimed stale, is tried again."""
-    if outcome in (Outcome.RESEEDING, Outcome.STALE):
-        wake.retry(firing, DecisionOutcome.of_claim(outcome))
+    if outcome in _TRIED_AGAIN:
+        wake.retry(firing, _of_claim(outcome))
         return
-    wake.decide(firing, DecisionOutcome.of_claim(outcome), recorded=recorded)
+    wake.decide(firing, _of_claim(outcome), recorded=recorded)
 
 
 class SendRate:
@@ -337,14 +343,14 @@ class TwoPhase(Dispatcher):
         for firing, outcome in zip(firings, outcomes, strict=True):
             if not outcome.is_won:
                 decide_claimed(wake, firing, outcome)
-            elif outcome is Outcome.WON and wake.was_held(firing):
+            elif outcome is _WON and wake.was_held(firing):
                 forgotten.append(firing)  # held by another node, now new: the store forgot
             elif self.uncommitted:  # a commit of this sub-batch failed: send nothing more
                 wake.retry(firing, DecisionOutcome.COMMIT_FAILED)
                 unsent.append(firing)
             elif self._send_one(
                 firing,
-                decided := DecisionOutcome.of_claim(outcome),
+                decided := _of_claim(outcome),
                 claimed_at,
                 wake,
                 began := self.monotonic(),
@@ -356,9 +362,12 @@ class TwoPhase(Dispatcher):
                     sent = []
             else:
                 unsent.append(firing)
-        self._after_send(sent, wake, claimed_at)
-        self._forget(forgotten, wake)
-        self._release(unsent, wake.node)
+        if sent:  # most sub-batches of a fleet send nothing more here, or lose every claim
+            self._after_send(sent, wake, claimed_at)
+        if forgotten:
+            self._forget(forgotten, wake)
+        if unsent:
+            self._release(unsent, wake.node)
 
     def _send_one(
         self, firing: Firing, outcome: DecisionOutcome, claimed_at: float, wake: Wake, now: float

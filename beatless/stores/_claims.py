@@ -64,13 +64,18 @@ class Outcome(enum.Enum):
 
     @property
     def is_won(self) -> bool:
-        return self in (Outcome.WON, Outcome.TAKEOVER)
+        return self in _WON_OUTCOMES
 
     # A member is equal to itself alone, so it hashes by identity: in C, where Enum's
     # hash (of the member's name) is a Python call, and every claim's outcome is looked
     # up by it (:meth:`~beatless.schedule.outcomes.DecisionOutcome.of_claim`).
     __hash__ = object.__hash__
 
+
+# An Enum class's attribute is a slow look-up on Python 3.11 (EnumType.__getattr__);
+# every claim's path names these through module names instead.
+_WON_OUTCOMES = frozenset({Outcome.WON, Outcome.TAKEOVER})
+_WON, _TAKEOVER, _LOST, _HELD = Outcome.WON, Outcome.TAKEOVER, Outcome.LOST, Outcome.HELD
 
 OUTCOME_LETTERS = {
     "W": Outcome.WON,
@@ -171,7 +176,7 @@ def judge(
     stale = next_fence_ms is not None and request.occurrence_ms >= next_fence_ms
     if held is not None and held.until_ms >= now_ms:
         outcome = _judge_live(request, held, node)
-        return Outcome.STALE if stale and outcome is Outcome.WON else outcome
+        return Outcome.STALE if stale and outcome is _WON else outcome
     if request.is_late(now_ms):
         return Outcome.LATE
     if request.is_early(now_ms):
@@ -195,7 +200,7 @@ def _judge_free(
         return Outcome.RESEEDING if hold_off else Outcome.FORGOTTEN
     if is_running(running, now_ms):
         return Outcome.OVERLAP
-    return Outcome.WON if held is None or held.committed else Outcome.TAKEOVER
+    return _WON if held is None or held.committed else _TAKEOVER
 
 
 def is_running(record: Held | None, now_ms: int) -> bool:
@@ -208,8 +213,8 @@ def _judge_live(request: ClaimRequest, held: Held, node: str) -> Outcome:
     if request.tag and held.tag and held.tag != request.tag:
         return Outcome.FOREIGN
     if held.committed:
-        return Outcome.LOST
-    return Outcome.WON if held.node == node else Outcome.HELD
+        return _LOST
+    return _WON if held.node == node else _HELD
 
 
 @dataclass(frozen=True, slots=True)
