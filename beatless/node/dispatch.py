@@ -37,6 +37,8 @@ from beatless.schedule.firing import Firing, claim_request
 from beatless.schedule.outcomes import DecisionOutcome
 from beatless.stores.base import ClaimStore, Note, NoteItem, Outcome
 
+from ._recorder import Recorder
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_LEASE = timedelta(seconds=30)
@@ -555,57 +557,6 @@ class TwoPhase(Dispatcher):
                 len(firings),
                 shown(exc, quoted=False, limit=ERROR_LIMIT),
             )
-
-
-class Recorder:
-    """A :class:`Wake` that only records what it is told: for tests and one-off dispatches
-    outside the loop (nothing is retried; ``held`` firings are not rechecked)."""
-
-    def __init__(self, node: str, clock: Callable[[], float] = time.time) -> None:
-        self.node = node
-        self.live_revision: int | None = None
-        self.clock = clock
-        self.outcomes: dict[str, str] = {}
-        self.held: set[str] = set()
-        self.built: dict[str, object] = {}
-        """What :meth:`Dispatcher.prepare` built, by firing id, to hand back once."""
-        self.failures: list[tuple[str, str, Exception]] = []
-        """Steps after a send that failed: ``(firing id, step, error)``."""
-        self.window: list[str] = []
-        """Sent firings whose commit found them taken over (:meth:`Wake.in_window`)."""
-
-    def now_ms(self) -> int:
-        return math.floor(self.clock() * 1_000)
-
-    def is_late(self, firing: Firing, ahead_ms: int = 0) -> bool:
-        return self.now_ms() + ahead_ms - firing.occurrence_ms > firing.entry.max_late_ms
-
-    def was_held(self, firing: Firing) -> bool:
-        return firing.id in self.held
-
-    def decide(self, firing: Firing, outcome: str, *, recorded: bool = False) -> None:
-        self.outcomes[firing.id] = outcome
-
-    def retry(self, firing: Firing, outcome: str) -> None:
-        self.outcomes[firing.id] = outcome
-
-    def sent(self, firing: Firing, outcome: str) -> None:
-        self.outcomes[firing.id] = outcome
-
-    def failed_after_send(self, firings: Sequence[Firing], step: str, exc: Exception) -> None:
-        self.failures += [(f.id, step, exc) for f in firings]
-
-    def in_window(self, firings: Sequence[Firing]) -> None:
-        self.window += [f.id for f in firings]
-
-    def prepared(self, firing: Firing) -> object | None:
-        return self.built.pop(firing.id, None)
-
-    def history_notes(self, decided: Sequence[tuple[Firing, str]]) -> list[Note]:
-        return []
-
-    def history_template(self, firing: Firing) -> Note | NoteItem | None:
-        return None
 
 
 def dispatch_now(dispatcher: Dispatcher, firings: Sequence[Firing], *, node: str) -> list[str]:
