@@ -79,3 +79,14 @@ def _factory(backend: Backend, tmp_path: Path) -> Iterator[StoreFactory]:
     factory = StoreFactory(backend, backend.prepare(tmp_path, clock), clock)
     yield factory
     factory.close()
+
+
+@pytest.fixture(scope="session")
+def django_project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The Django project of ``tests/django_project.py``, set up and migrated once per
+    process; its environment, for the processes that open the same databases."""
+    pytest.importorskip("django_celery_beat", reason="needs: pip install 'beatless[django]'")
+    import django_project as made
+
+    with made.project(tmp_path_factory.mktemp("django")) as env:
+        yield env

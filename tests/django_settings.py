@@ -1,8 +1,9 @@
 """The Django project of the django-celery-beat bridge tests: two databases, one chosen.
 
 ``default`` is SQLite in the file ``BEATLESS_DJANGO_SQLITE``; ``postgres`` is the shared
-PostgreSQL server (127.0.0.1:5432, trust, database ``test``) in the schema
-``BEATLESS_DJANGO_SCHEMA`` of the test session alone. :class:`Chosen` routes every
+PostgreSQL server (127.0.0.1:5432, trust, database ``test``; another port, a proxy's, with
+``BEATLESS_DJANGO_PG_PORT``) in the schema ``BEATLESS_DJANGO_SCHEMA`` of the test session
+alone. :class:`Chosen` routes every
 query without an explicit ``using`` to :data:`DATABASE`: the one a test (or a worker
 process, through ``BEATLESS_DJANGO_DB``) works on, so that django-celery-beat's own
 signals write where its rows are.
@@ -38,7 +39,7 @@ DATABASES: dict[str, dict[str, Any]] = {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": "test",
         "HOST": "127.0.0.1",
-        "PORT": "5432",
+        "PORT": os.environ.get("BEATLESS_DJANGO_PG_PORT", "5432"),
         "OPTIONS": {
             "options": f"-c search_path={os.environ.get('BEATLESS_DJANGO_SCHEMA', 'public')}"
         },

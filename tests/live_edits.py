@@ -74,14 +74,18 @@ def misrun(
     by: str = "a node",
 ) -> str | None:
     """Why a send of ``name`` at ``occurrence`` with ``task`` and ``args`` is not the
-    definition in force at that occurrence (``None``: it is)."""
+    definition in force at that occurrence (``None``: it is): none in force then, one
+    disabled, or one whose trigger (within its window) has no such occurrence, or sends
+    another task or other args."""
     data = entry_in_force(revisions, name, occurrence)
     said = f"{name}@{occurrence} by {by} (args {args})"
     if data is None:
         return f"{said}: no such live entry in force then (before its fence, or deleted)"
     entry = entry_from_json(dict(data))
-    if next(iter(entry.trigger.after(occurrence - 1))) != occurrence:
-        return f"{said}: not an occurrence of {entry.trigger.describe()}, the trigger in force"
+    if not entry.enabled:
+        return f"{said}: the entry in force is disabled"
+    if next(iter(entry.windowed.after(occurrence - 1)), None) != occurrence:
+        return f"{said}: not an occurrence of {entry.describe()}, the trigger in force"
     if task != entry.task or args != list(entry.args):
         return f"{said}: the revision in force sends {entry.task} with args {list(entry.args)}"
     return None
@@ -92,7 +96,7 @@ def firings_in_force(
 ) -> dict[str, Firing]:
     """Every firing of a live entry whose occurrence is in ``[start_ms, end_ms]``, by id:
     each occurrence of the definition in force at it (from one fence to the next, the
-    state at that revision)."""
+    state at that revision), within the entry's window; none of a disabled one."""
     ordered = sorted(revisions, key=lambda r: r.number)
     fences = [r.fence_ms for r in ordered[1:]] + [end_ms + 1]
     firings: dict[str, Firing] = {}
@@ -102,9 +106,17 @@ def firings_in_force(
             continue
         for name, data in state(ordered, revision.number).items():
             entry = entry_from_json(dict(data))
-            for occurrence in entry.trigger.after(lo - 1):
+            if not entry.enabled:
+                continue
+            for occurrence in entry.windowed.after(lo - 1):
                 if occurrence > hi:
                     break
                 firing = Firing.of(entry, None, f"{namespace}/{name}", occurrence)
                 firings[firing.id] = firing
     return firings
+
+
+def misrun_send(revisions: Sequence[Revision], send: dict[str, Any]) -> str | None:
+    """:func:`misrun` of one line of a fault node's record (``fault_node``)."""
+    occurrence = int(send["occurrence_ms"])
+    return misrun(revisions, send["entry"], occurrence, send["task"], send["args"], by=send["node"])

@@ -8,7 +8,12 @@ from that venv on a small app written to a temporary directory, with a one-secon
 on every broker the docs give the line for (its default claim store), and every
 occurrence must run exactly once. A line that lacks a broker's driver (the Celery-on-Redis
 line on RabbitMQ) must say so in one line naming the extra, at check and at start. Only
-the commands use the fresh venv; this test runs in the dev venv.
+the commands use the fresh venv; this test runs in the dev venv. The lines of the
+feature extras run what each adds: ``django`` migrates a Django project on SQLite, makes
+a ``PeriodicTask`` row through the ORM and has a Celery worker run it through the
+bridge; ``solar`` computes a sunset with ``Solar`` and ``beatless next``; ``redbeat``
+plans, with ``--dry-run``, the import of entries ``RedBeatSchedulerEntry(...).save()``
+wrote.
 
 The fast tests here keep the docs and the declarations honest: every documented line
 has a case below, every package an integration imports is declared by its extras, and
@@ -44,6 +49,7 @@ from typing import Any
 import pytest
 from service_check import require_service
 
+from beatless.core._time import iso
 from beatless.schedule.firing import firing_id
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +68,20 @@ CELERY = "pip install '.[celery,redis]'"
 CELERY_RABBITMQ = "pip install '.[celery,rabbitmq]'"
 DRAMATIQ = "pip install '.[dramatiq,redis]'"
 DRAMATIQ_RABBITMQ = "pip install '.[dramatiq,rabbitmq,redis]'"
-KNOWN_LINES = {DEMO, TEST_COMMAND, CELERY, CELERY_RABBITMQ, DRAMATIQ, DRAMATIQ_RABBITMQ}
+DJANGO = "pip install '.[django]'"
+SOLAR = "pip install '.[solar]'"
+REDBEAT = "pip install '.[redbeat]'"
+KNOWN_LINES = {
+    DEMO,
+    TEST_COMMAND,
+    CELERY,
+    CELERY_RABBITMQ,
+    DRAMATIQ,
+    DRAMATIQ_RABBITMQ,
+    DJANGO,
+    SOLAR,
+    REDBEAT,
+}
 """Every documented install line; the test command is the one ``.ci/run`` runs."""
 
 INSTALL_TIMEOUT_S = 300.0
@@ -531,7 +550,8 @@ def read_runs(redis_client: Any, prefix: str) -> list[dict[str, Any]]:
 # -- Celery ----------------------------------------------------------------------------
 
 CELERY_APP = '''
-"""A user's Celery app: one entry every second; each run is noted in a Redis list."""
+"""A user's Celery app: one entry every second (with BT_DJANGO, the rows of its Django
+project instead); each run is noted in a Redis list."""
 
 import json
 import os
@@ -550,6 +570,8 @@ app.conf.update(
     beat_schedule={"tick": {"task": "bt.tick", "schedule": 1.0}},
     beatless_namespace=PREFIX,
 )
+if os.environ.get("BT_DJANGO"):  # the row "tick" of django-celery-beat instead
+    app.conf.update(beat_schedule={}, beatless_django=True)
 if os.environ.get("BT_STORE"):
     app.conf.beatless_store_url = os.environ["BT_STORE"]
 beatless.celery.install(app)
@@ -558,12 +580,14 @@ _runs = redis.Redis.from_url(os.environ["BT_RECORD"])
 
 
 @app.task(bind=True, name="bt.tick")
-def tick(self):
+def tick(self, *args):
     when = beatless.celery.occurrence(self.request)
     _runs.rpush(PREFIX + ":runs", json.dumps({
         "id": self.request.id,
         "occurrence_ms": round(when.timestamp() * 1000),
         "pid": os.getpid(),
+        "args": list(args),
+        "name": getattr(self.request, "periodic_task_name", None),
     }))
 '''
 
@@ -748,6 +772,183 @@ def test_dramatiq_rabbitmq_line_runs_two_nodes_with_claims_in_rabbitmq(
         delete_rabbitmq_store(nodes.prefix, window)
     runs = read_runs(redis_client, nodes.prefix)
     check_runs(runs, f"{nodes.prefix}/tick", window, nodes.logs())
+
+
+# -- the feature extras ----------------------------------------------------------------
+
+DJANGO_SETTINGS = """
+import os
+
+SECRET_KEY = "install-test-only"
+USE_TZ = True
+TIME_ZONE = "UTC"
+INSTALLED_APPS = ["django_celery_beat"]
+DATABASES = {
+    "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ["BT_SQLITE"]},
+}
+DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
+"""
+"""A user's Django project: django-celery-beat's tables in a SQLite file."""
+
+DJANGO_ROW = """
+import django
+
+django.setup()
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+every = IntervalSchedule.objects.create(every=1, period=IntervalSchedule.SECONDS)
+PeriodicTask.objects.create(name="tick", task="bt.tick", interval=every, args='["row"]')
+"""
+"""A row made through the ORM, as the admin makes it: every second, with one argument."""
+
+
+@pytest.mark.slow
+def test_django_line_migrates_a_project_and_a_worker_runs_its_row_through_the_bridge(
+    installed: Callable[[str], Path], project: Callable[[Path], Project], redis_client: Any
+) -> None:
+    nodes = project(installed(DJANGO))
+    (nodes.directory / "bt_django_settings.py").write_text(DJANGO_SETTINGS)
+    env = celery_env(nodes, REDIS_URL, store=None) | {
+        "BT_DJANGO": "1",
+        "DJANGO_SETTINGS_MODULE": "bt_django_settings",
+        "BT_SQLITE": str(nodes.directory / "rows.db"),
+    }
+    for command in (["django-admin", "migrate"], ["python", "-c", DJANGO_ROW]):
+        done = nodes.run(command, env)
+        assert done.returncode == 0, done.stdout + done.stderr
+    start_celery(nodes, env, ("one",))
+    try:
+        wait_until(lambda: len(read_runs(redis_client, nodes.prefix)) >= 3, 90, "3 runs", nodes)
+    finally:
+        nodes.stop_all()
+    fleet = ["--celery", "bt_celery:app", "--json"]
+    got = nodes.run(["beatless", "schedule", "get", "tick", *fleet], env)
+    assert got.returncode == 0, got.stdout + got.stderr
+    history = nodes.run(["beatless", "schedule", "history", "tick", *fleet], env)
+    assert history.returncode == 0, history.stdout + history.stderr
+
+    entry, (revision, *_) = json.loads(got.stdout), json.loads(history.stdout)
+    runs = read_runs(redis_client, nodes.prefix)
+    address = f"{nodes.prefix}/tick"
+    assert (entry["task"], entry["args"]) == ("bt.tick", ["row"]), entry
+    assert revision["writer"] == "django-celery-beat", revision
+    assert all(r["id"] == firing_id(address, r["occurrence_ms"]) for r in runs), runs
+    assert len({r["occurrence_ms"] for r in runs}) == len(runs), runs
+    assert {(r["name"], tuple(r["args"])) for r in runs} == {("tick", ("row",))}, runs
+    assert "Traceback" not in nodes.logs(), nodes.logs()
+
+
+SOLAR_SCHEDULE = """
+namespace = "garden"
+
+[[entry]]
+name = "lights-on"
+task = "garden.lights"
+solar = "sunset"
+lat = 52.52
+lon = 13.405
+"""
+
+SOLAR_TRIGGER = """
+from datetime import UTC, datetime
+
+from beatless import Solar
+
+sunset = Solar("sunset", 52.52, 13.405)
+after = datetime(2026, 6, 20, tzinfo=UTC)
+occurrence = next(iter(sunset.after(int(after.timestamp() * 1000))))
+print(occurrence, sunset.key(occurrence))
+"""
+
+
+@pytest.mark.slow
+def test_solar_line_computes_the_next_sunset_in_python_and_with_beatless_next(
+    installed: Callable[[str], Path], tmp_path: Path
+) -> None:
+    from beatless import Entry, Firing, Solar
+
+    venv = installed(SOLAR)
+    (tmp_path / "garden.toml").write_text(SOLAR_SCHEDULE)
+
+    def run(*command: str) -> str:
+        done = subprocess.run(
+            [str(venv / "bin" / command[0]), *command[1:]],
+            cwd=tmp_path,
+            env=venv_environment(venv),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    occurrence, key = run("python", "-c", SOLAR_TRIGGER).split()
+    listed = run("beatless", "next", "garden.toml", "--after", "2026-06-20T00:00:00Z", "--json")
+    first = json.loads(listed.splitlines()[0])
+    lights = Entry(name="lights-on", task="garden.lights", trigger=Solar("sunset", 52.52, 13.405))
+    expected = Firing.of(lights, None, "garden/lights-on", int(occurrence))
+
+    assert key == "sunset/2026-06-20"
+    # Berlin's sunset on 20 June 2026 is at 21:33 CEST
+    assert "2026-06-20T19:32:00Z" < first["occurrence"] < "2026-06-20T19:34:00Z", first
+    assert first["occurrence"] == iso(int(occurrence)), (first, occurrence)
+    assert first["id"] == expected.id, (first, expected)
+
+
+REDBEAT_APP = """
+import os
+
+from celery import Celery
+
+PREFIX = os.environ["BT_PREFIX"]
+app = Celery(PREFIX, broker=os.environ["BT_BROKER"])
+app.conf.update(
+    timezone="UTC",
+    beatless_namespace=PREFIX,
+    redbeat_redis_url=os.environ["BT_BROKER"],
+    redbeat_key_prefix=PREFIX + ":redbeat:",
+)
+"""
+"""A user's Celery app that ran RedBeat, its entries under a prefix of the test's own."""
+
+REDBEAT_WRITE = """
+from datetime import UTC, datetime
+
+from celery.schedules import crontab, schedule
+from redbeat import RedBeatSchedulerEntry
+
+from bt_redbeat import app
+
+last = datetime(2026, 3, 20, 9, 13, 7, tzinfo=UTC)
+RedBeatSchedulerEntry("report", "proj.report", crontab(minute=0, hour=4), args=["daily"],
+                      app=app, last_run_at=last).save()
+RedBeatSchedulerEntry("sync", "proj.sync", schedule(90), app=app, last_run_at=last).save()
+"""
+"""Two entries written as RedBeat's users write them."""
+
+
+@pytest.mark.slow
+def test_redbeat_line_plans_the_import_of_entries_redbeat_saved(
+    installed: Callable[[str], Path], project: Callable[[Path], Project], redis_client: Any
+) -> None:
+    nodes = project(installed(REDBEAT))
+    (nodes.directory / "bt_redbeat.py").write_text(REDBEAT_APP)
+    env = {"BT_PREFIX": nodes.prefix, "BT_BROKER": REDIS_URL}
+    wrote = nodes.run(["python", "-c", REDBEAT_WRITE], env)
+    assert wrote.returncode == 0, wrote.stdout + wrote.stderr
+    saved = set(redis_client.scan_iter(match=f"{nodes.prefix}:*"))
+    source = REDIS_URL.replace("redis://", "redbeat://")
+    command = ["beatless", "schedule", "import", "--from", source, "--celery", "bt_redbeat:app"]
+    planned = nodes.run([*command, "--dry-run"], env)
+
+    said = planned.stdout + planned.stderr
+    assert planned.returncode == 0, said
+    assert f"prefix '{nodes.prefix}:redbeat:': 2 entries read" in said, said
+    assert "+ report" in said, said
+    assert "+ sync" in said, said
+    assert "dry run: nothing written" in said, said
+    assert set(redis_client.scan_iter(match=f"{nodes.prefix}:*")) == saved  # read, not changed
 
 
 # -- the demo --------------------------------------------------------------------------

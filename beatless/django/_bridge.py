@@ -19,8 +19,11 @@ One :meth:`Bridge.poll` (the node that won this second's poll runs it,
    entries of rows that are gone and catches what no marker shows: ``queryset.update()``
    and raw SQL;
 5. writes every put and delete of the poll as one revision, based on the head it read
-   (``if_revision``): two pollers never publish over each other's head; the loser
-   publishes at a later poll what is still different.
+   *before* reading the rows (``if_revision``): two pollers never publish over each
+   other's head, and a poll that read the rows before another node's revision (it was
+   slow, or its node was frozen between its read and its write) never publishes them
+   over that newer one. The loser publishes at a later poll what is still different (a
+   full pass that lost makes the next poll a full pass).
 
 A row the bridge cannot run (a solar schedule without ``ephem`` installed, arguments
 that are not JSON, a name that the code schedule or a hand-written live entry already
@@ -105,31 +108,36 @@ class Bridge:
         self._probe: Probe | None = None
         self._warned: dict[str, str] = {}
         """Refused rows already logged: name -> digest."""
+        self._full_owed = False
+        """A full pass lost to another node's revision: the next poll is one."""
 
     def poll(self, *, full: bool = False) -> PollResult | None:
         """One poll (see the module docstring); ``full`` reads every row. ``None`` when
         the markers had not moved since this node's last poll."""
         probe = self.rows.probe()
         seen = self._probe
+        full = full or self._full_owed
         if not full and seen is not None and probe == seen:
             return None
         if full or seen is None or seen.max_changed is None:
-            result = self._publish(self.rows.all(), complete=True)
+            result = self._publish_all()
         else:
+            view = self._view()
             rows = self.rows.changed_since(seen.max_changed)
-            result, new = self._publish_counted(rows)
+            new = sum(1 for row in rows if row.id not in view.by_id)
+            result = self._publish(rows, complete=False, view=view)
             gone = probe.count < seen.count + new
             unexplained = result.revision is None and probe.last_update != seen.last_update
-            if gone or unexplained:
-                result = self._publish(self.rows.all(), complete=True)
+            if not result.stale and (gone or unexplained):
+                result = self._publish_all()
         if not result.stale:
             self._probe = probe
+        self._full_owed = result.stale and (full or result.complete)
         return result
 
-    def _publish_counted(self, rows: list[Row]) -> tuple[PollResult, int]:
+    def _publish_all(self) -> PollResult:
         view = self._view()
-        new = sum(1 for row in rows if row.id not in view.by_id)
-        return self._publish(rows, complete=False, view=view), new
+        return self._publish(self.rows.all(), complete=True, view=view)
 
     def _view(self) -> _View:
         head, current = self.live.snapshot()
@@ -137,8 +145,12 @@ class Bridge:
         by_id = {source_of(data)[0]: name for name, data in mine.items()}
         return _View(head, current, mine, by_id)
 
-    def _publish(self, rows: list[Row], *, complete: bool, view: _View | None = None) -> PollResult:
-        head, current, mine, by_id = view or self._view()
+    def _publish(self, rows: list[Row], *, complete: bool, view: _View) -> PollResult:
+        """Publish what differs between ``rows`` and ``view``, the live entries read
+        *before* the rows: a revision another node wrote after that read (from rows it
+        read later, perhaps) makes this one stale, so that rows read before a newer
+        revision never replace it, however long this poll took."""
+        head, current, mine, by_id = view
         fence_ms = self.live.store.time_ms() + ONE_OFF_LEAD_MS
         result = PollResult(read=len(rows), complete=complete)
         puts: list[Entry] = []

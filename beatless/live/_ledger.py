@@ -149,13 +149,7 @@ class Ledger:
         deadline = time.monotonic() + LEASE_MS / 1_000 + 5
         while True:
             head = self.latest()
-            if if_revision is not None and if_revision != head:
-                raise StaleRevision(
-                    f"live entries of {self.namespace!r}: the change was based on revision "
-                    f"{if_revision}, but the current revision is {head}; read it again and "
-                    f"retry",
-                    current=head,
-                )
+            refuse_stale(self.namespace, if_revision, head)
             number = head + 1
             claimed = time.monotonic()
             outcome = self._claim(number, node)
@@ -299,3 +293,14 @@ class Ledger:
         meta = revision.meta_json() | ({"parts": len(parts)} if len(parts) > 1 else {})
         text = dumps(meta)[:-1] + ',"changes":[' + parts[0] + "]}"
         return KeptNote(self.revisions_kind, str(revision.number), text)
+
+
+def refuse_stale(namespace: str, if_revision: int | None, head: int) -> None:
+    """Raise :class:`~beatless.errors.StaleRevision` unless a change based on
+    ``if_revision`` (``None``: on any) may follow ``head``, the current revision."""
+    if if_revision is not None and if_revision != head:
+        raise StaleRevision(
+            f"live entries of {namespace!r}: the change was based on revision {if_revision}, "
+            f"but the current revision is {head}; read it again and retry",
+            current=head,
+        )

@@ -18,7 +18,7 @@ from typing import Any, Self
 from beatless.core._time import from_datetime
 from beatless.core.durations import DurationLike, as_timedelta, to_ms
 from beatless.errors import ConfigError, ScheduleError
-from beatless.live._ledger import PROPAGATION_MS, Ledger
+from beatless.live._ledger import PROPAGATION_MS, Ledger, refuse_stale
 from beatless.live.codec import STORE_OWNER, entry_from_json, entry_to_json, owner_of
 from beatless.live.plan import Plan, make_plan
 from beatless.live.revisions import Change, Revision, diff, fold, history, state
@@ -207,7 +207,9 @@ class Live:
         :meth:`delete_many` do. ``sources`` gives, by name, what a bridge keeps with an
         entry it writes (stored as the entry's ``"source"``)."""
         self._check_names([e.name for e in put], override)
-        live = self.state() if put or delete else {}
+        head, live = self.snapshot() if put or delete else (0, {})
+        if put or delete:  # a change based on an older revision is stale, not wrong
+            refuse_stale(self.namespace, if_revision, head)
         unknown = [n for n in delete if n not in live]
         if unknown:
             raise ConfigError(f"live entries of {self.namespace!r}: no live entry {unknown[0]!r}")

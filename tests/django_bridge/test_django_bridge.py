@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from celery import Celery
+from django_project import AfterRead
 
 from beatless.celery._settings import CelerySettings
 from beatless.core.solar import Solar
@@ -308,3 +309,39 @@ def test_a_beatless_beat_runs_the_bridge_and_stops_it_on_close(
         beat.close()
     assert beat.bridge is None
     assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_a_poll_slower_than_another_never_publishes_the_rows_it_read_over_newer_ones(
+    database: str, store: MemoryStore, settings: CelerySettings, full: bool
+) -> None:
+    from django_celery_beat.models import PeriodicTask
+
+    task("ping", interval=every(10), args="[1]")
+    task("pong", interval=every(10), args="[1]")
+    first, other = bridge_of(store, settings), bridge_of(store, settings)
+    first.poll()
+    other.poll()
+    ping = PeriodicTask.objects.get(name="ping")
+    ping.args = "[2]"
+    ping.save()
+    PeriodicTask.objects.filter(name="pong").delete()
+
+    def newer() -> None:
+        """Once ``first`` has read ping at [2] and no pong, ping moves to [3], and
+        ``other`` publishes both changes."""
+        ping.args = "[3]"
+        ping.save()
+        assert other.poll(full=True) is not None
+
+    first.rows = AfterRead(DjangoRows(), newer)
+    slow = first.poll(full=full)  # one read: its publish is refused, nothing read after
+    first.rows = DjangoRows()
+
+    assert slow is not None
+    assert (slow.revision, slow.stale) == (None, True)  # it read before the newer revision
+    assert live_entries(store)["ping"].args == (3,)
+    assert "pong" not in live_entries(store)
+    again = first.poll()
+    assert again is not None
+    assert again.revision is None  # the next poll reads the rows again: nothing to publish

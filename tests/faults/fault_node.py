@@ -15,6 +15,8 @@ CONFIG keys:
 ``until``            when to stop (real clock, epoch seconds); SIGTERM stops it earlier
 ``record``           file that receives one JSON line per send
 ``summary``          file that receives the node's stats and decisions when it stops
+``django``           optional: the django-celery-beat bridge polls beside the scheduler
+                     (:mod:`django_node`)
 
 Each send appends one line to ``record`` with the firing id, address, occurrence,
 release, ``max_late_ms``, the task and args sent, the node, and two REAL instants
@@ -290,9 +292,16 @@ def main(argv: list[str]) -> None:
     decisions = DecisionLog()
     scheduler = make_scheduler(config, schedule, store, decisions, record_fd)
     scheduler.start()
+    duty = None
     try:
+        if "django" in config:
+            import django_node
+
+            duty = django_node.start(config, scheduler, store)
         stopping.wait(max(float(config["until"]) - time.time(), 0))
     finally:
+        if duty is not None:
+            duty.stop(timeout=5)
         scheduler.stop(timeout=5)
         write_summary(config["summary"], config, scheduler, decisions, started)
     # A loop still busy in a long send is a daemon thread: leave without waiting for it

@@ -81,8 +81,9 @@ class Fleet:
         return self.workdir / f"{name}.summary.json"
 
     def start(self, common: dict[str, Any], overrides: Sequence[dict[str, Any]]) -> None:
-        """Start one node per item of ``overrides`` (each merged over ``common``)."""
-        self.started = time.time()
+        """Start one node per item of ``overrides`` (each merged over ``common``); called
+        again, more nodes (each of a new name)."""
+        self.started = self.started or time.time()
         env = {**os.environ, "PYTHONPATH": str(CODE_ROOT)}
         for index, override in enumerate(overrides):
             name = override.get("node", f"n{index}")

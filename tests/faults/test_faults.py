@@ -14,7 +14,7 @@ and appends it to ``tests/faults/.results.jsonl``. Run with::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -53,10 +53,11 @@ def fanout(every_s: int, jitter_s: int, max_late_s: int, tenants: int) -> dict[s
     }
 
 
-def assert_clean(report: Report, *, misses: str) -> None:
+def assert_clean(report: Report, *, misses: str, killed: Sequence[str] = ()) -> None:
     """0 duplicates, 0 stale and 0 early sends; ``misses`` says which misses are allowed:
     ``"none"``, ``"reported"`` (each reported by a node: late, forgotten, ...), or
-    ``"excused"`` (reported, and only where a fault held from release until late)."""
+    ``"excused"`` (reported, and only where a fault held from release until late).
+    Every node wrote its summary but the ``killed`` ones (SIGKILL), which wrote none."""
     problems = []
     if report.duplicates > report.in_flight_duplicates:
         problems.append(
@@ -80,8 +81,11 @@ def assert_clean(report: Report, *, misses: str) -> None:
         problems.append(f"{report.unreported_misses} missed firing(s) no node reported")
     if misses != "none" and report.misses and report.unreported_misses is None:
         problems.append("misses cannot be matched to reports: no node's decisions were seen")
-    if report.silent_nodes:
-        problems.append(f"node(s) {report.silent_nodes} crashed or never started: see their logs")
+    crashed = sorted(set(report.silent_nodes) - set(killed))
+    if crashed:
+        problems.append(f"node(s) {crashed} crashed or never started: see their logs")
+    if not set(killed) <= set(report.silent_nodes):
+        problems.append(f"node(s) {sorted(killed)} were killed but wrote a summary")
     assert not problems, "; ".join(problems) + "\n" + report.details()
 
 

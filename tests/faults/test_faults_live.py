@@ -41,7 +41,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,9 @@ from typing import Any
 import live_edits as edits
 import postgres_server
 import pytest
+from analysis import Report
 from harness import Fleet, next_whole_second, sleep_until
+from live_edits import misrun_send
 from nats_server import NatsServer, nats_server_binary
 from proxy import Proxy
 from redis_server import RedisServer
@@ -212,27 +214,58 @@ def test_random_edits_under_faults_and_skewed_clocks_run_each_occurrence_once_as
     writer.close()
     assert [r.number for r in revisions] == list(range(1, len(revisions) + 1))
     assert {r.number for r in written} <= {r.number for r in revisions}
-    sends = [s for name in run.names for s in run.sends_of(name) if "sent" in s]
-    twice = [i for i, n in Counter(s["id"] for s in sends).items() if n > 1]
-    wrong = [why for s in sends if s["entry"] != "tick" and (why := misrun(revisions, s))]
-    live_sends = Counter(s["entry"] for s in sends if s["entry"] != "tick")
-    window_ms = (anchor * 1_000, int(anchor + timing.editing_s + 4) * 1_000)
-    report = run.report(
-        (anchor, anchor + timing.editing_s + 4),
-        also_expected=edits.firings_in_force(revisions, NAMESPACE, *window_ms),
-    )
+    judged = judge(run, revisions, (anchor, anchor + timing.editing_s + 4))
+    report = judged.report
     print(
         f"{store.url.split(':', 1)[0]} seed {seed}: {len(revisions)} revisions "
-        f"({refused} edits refused while the store restarted), {len(sends)} sends "
-        f"({dict(live_sends)} live), {len(twice)} sent twice, {len(wrong)} not as in force, "
-        f"{report.misses} of {report.expected} expected missed ({report.excused_misses} "
-        f"excused by a fault, {report.unreported_misses} unreported)"
+        f"({refused} edits refused while the store restarted), {judged.sends} sends "
+        f"({dict(judged.live_sends)} live), {len(judged.twice)} sent twice, "
+        f"{len(judged.wrong)} not as in force, {report.misses} of {report.expected} expected "
+        f"missed ({report.excused_misses} excused by a fault, {report.unreported_misses} "
+        f"unreported)"
     )
-    assert not twice, f"seed {seed}: sent twice: {twice[:5]}"
-    assert not wrong, f"seed {seed}: " + "; ".join(wrong[:5])
-    assert_clean(report, misses="excused")
     enough = 50 * timing.editing_s // LONG.editing_s
-    assert sum(live_sends.values()) > enough, f"seed {seed}: too few live sends to tell"
+    judged.assert_as_in_force(seed, enough=enough)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """What the nodes of a run with live entries sent, against the revisions in force."""
+
+    report: Report
+    sends: int
+    live_sends: Counter[str]
+    """Sends of live entries, by entry (the code entry ``tick`` left out)."""
+    twice: list[str]
+    """Firings sent more than once."""
+    wrong: list[str]
+    """Live sends that are not the definition in force at their occurrence, and why."""
+
+    def assert_as_in_force(self, seed: int, *, enough: int, killed: Sequence[str] = ()) -> None:
+        """0 sent twice, 0 not as in force, :func:`assert_clean` with misses excused by a
+        fault (the ``killed`` nodes wrote no summary), more than ``enough`` live sends."""
+        assert not self.twice, f"seed {seed}: sent twice: {self.twice[:5]}"
+        assert not self.wrong, f"seed {seed}: " + "; ".join(self.wrong[:5])
+        assert_clean(self.report, misses="excused", killed=killed)
+        live = sum(self.live_sends.values())
+        assert live > enough, f"seed {seed}: {live} live sends, too few to tell"
+
+
+def judge(run: Fleet, revisions: list[Revision], window_s: tuple[float, float]) -> Judged:
+    """Count what the nodes of ``run`` sent against ``revisions``: each firing of the code
+    entry and each occurrence of the live definition in force in ``window_s`` expected."""
+    sends = [s for name in run.names for s in run.sends_of(name) if "sent" in s]
+    window_ms = (int(window_s[0] * 1_000), int(window_s[1] * 1_000))
+    report = run.report(
+        window_s, also_expected=edits.firings_in_force(revisions, NAMESPACE, *window_ms)
+    )
+    return Judged(
+        report=report,
+        sends=len(sends),
+        live_sends=Counter(s["entry"] for s in sends if s["entry"] != "tick"),
+        twice=[i for i, n in Counter(s["id"] for s in sends).items() if n > 1],
+        wrong=[w for s in sends if s["entry"] != "tick" and (w := misrun_send(revisions, s))],
+    )
 
 
 def edit_under_faults(
@@ -298,11 +331,3 @@ def edit_under_faults(
     assert len(outage) == 2, "the store was not restarted within the editing time"
     run.fault("store restarted", outage[0], outage[1])
     return written, refused
-
-
-def misrun(revisions: list[Revision], send: dict[str, Any]) -> str | None:
-    """Why ``send`` is not the definition in force at its occurrence (``None``: it is)."""
-    occurrence = int(send["occurrence_ms"])
-    return edits.misrun(
-        revisions, send["entry"], occurrence, send["task"], send["args"], by=send["node"]
-    )
