@@ -48,7 +48,7 @@ STOCK_BEAT = "celery_redis:StampingScheduler"
 NO_PERSISTENCE = ("--save", "", "--appendonly", "no", "--dir")
 SCRIPT_INNER = ("time", "info", "get", "set", "lpush", "hset", "hget", "pexpire", "xadd", "xtrim")
 SCRIPT_INNER += ("zadd", "zcard", "zrange", "zrangebyscore", "zremrangebyscore", "zremrangebyrank")
-SCRIPT_INNER += ("hdel", "expire", "pexpireat")
+SCRIPT_INNER += ("hdel", "expire", "pexpireat", "pttl", "exists", "del")
 """Commands the beatless scripts run inside, counted in the scripts' time."""
 DRAIN_S = 2.0
 """How long the reader keeps popping after the steady window, for firings due at its end."""
@@ -392,7 +392,8 @@ def steady(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdi
         "redis_cpu_us_per_firing": 1e6 * (server1 - server0) / firings,
         "redis_command_us_per_firing": sent / firings,
         "redis_script_us_per_firing": scripted / firings,
-        "redis_commands": dict(sorted(stats.items(), key=lambda kv: -kv[1])[:8]),
+        "redis_commands": dict(sorted(stats.items(), key=lambda kv: -kv[1])[:12]),
+        "redis_usec": dict(sorted(usec.items(), key=lambda kv: -kv[1])[:12]),
         "reader_calls_excluded": own,
     }
 
