@@ -159,6 +159,7 @@ class Board(HistoryWriter):
             tzdata=self.tzdata,
             ephem=self.ephem,
             left_out=",".join(self.left_out) or None,
+            reads_logs=True,
             clock_offset_ms=loop.clockwatch.offset_ms,
             last_wake_ms=self.last_wake_ms,
             posted_ms=now_ms,
@@ -286,9 +287,29 @@ class Board(HistoryWriter):
             self.registry = read_registry(notes[nodes_kind(self.namespace)], self.namespace, self)
             preference.registry = self.registry
             self._saw(self.registry, now)
+            self._log_history(self.registry)
             for problem in drift(self.registry):
                 if self._may_warn(problem, DRIFT_WARN_EVERY_MS, now):
                     logger.warning("namespace %s: %s", shown(self.namespace), problem)
+
+    def _log_history(self, registry: Sequence[NodeRecord]) -> None:
+        """Log the history while every live node reads logs (:meth:`fleet_reads_logs`);
+        a change, or history in place from the start, is told at INFO, naming a node that
+        does not read logs."""
+        if not self.fleet_reads_logs(registry):
+            return
+        node = shown(self.loop.node, quoted=False)
+        if self.logs_history:
+            logger.info("node %s: every live node reads logs: history written as logs", node)
+            return
+        older = [r for r in registry if not r.reads_logs]
+        if older:
+            logger.info(
+                "node %s: node %s (beatless %s) does not read logs: history written in place",
+                node,
+                shown(older[0].node, quoted=False),
+                shown(older[0].version, quoted=False),
+            )
 
     def _saw(self, registry: Sequence[NodeRecord], now: int) -> None:
         """Keep when each node was last read in the registry, for an hour."""
