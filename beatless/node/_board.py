@@ -55,7 +55,7 @@ from beatless.node._history import HistoryWriter
 from beatless.node._reseed import reseeded_kind
 from beatless.node._view import LoopView
 from beatless.node.stats import SkippedNotes, total_counts
-from beatless.schedule.firing import Decision, Firing, iso
+from beatless.schedule.firing import Decision, Firing, firing_id, iso
 from beatless.schedule.outcomes import DecisionOutcome
 from beatless.stores.base import Note, StoreFacts
 
@@ -337,10 +337,12 @@ class Board(HistoryWriter):
 
     def _sweep_missed(self, now: int) -> None:
         """Count, log and record the missed firings this node is first to find; each is
-        counted by one node in the fleet (:func:`beatless.fleet._missed.sweep_missed`)."""
+        counted by one node in the fleet (:func:`beatless.fleet._missed.sweep_missed`).
+        Only the entries this node sweeps are read (:meth:`sweeps`)."""
         loop = self.loop
         schedule = loop.schedule
-        for view, occurrences in sweep_missed(self.store, schedule, loop.node, now, self):
+        found = sweep_missed(self.store, schedule, loop.node, now, self, sweeps=self.sweeps)
+        for view, occurrences in found:
             entry = schedule.entry(view.name)
             for occurrence in occurrences:
                 firing = Firing.of(entry, None, view.address, occurrence)
@@ -362,6 +364,17 @@ class Board(HistoryWriter):
                 iso(min(occurrences)),
                 iso(max(occurrences)),
             )
+
+    def sweeps(self, address: str) -> bool:
+        """Whether this node sweeps the entry at ``address`` for missed firings: the node
+        preferred for it among the live nodes (as for a firing of the address at the
+        epoch, :meth:`Preference.owns <beatless.node._prefer.Preference.owns>`), so each
+        entry's history is read by one node per sweep; every entry, with the preferred
+        claimer off or alone. Views that disagree for a while (a node joined or left)
+        may sweep an entry twice, which the markers count once, or leave it to the next
+        sweep."""
+        preference = self.loop.preference
+        return not preference.enabled or preference.owns(firing_id(address, 0))
 
     def take_run_now(self) -> list[Control]:
         """The run-now requests read since the last call."""
