@@ -46,6 +46,10 @@ DUE_HEADER = "bench_due_ms"
 BEATLESS_BEAT = "beatless.celery:BeatScheduler"
 STOCK_BEAT = "celery_redis:StampingScheduler"
 NO_PERSISTENCE = ("--save", "", "--appendonly", "no", "--dir")
+SCRIPT_INNER = ("time", "info", "get", "set", "lpush", "hset", "hget", "pexpire", "xadd", "xtrim")
+SCRIPT_INNER += ("zadd", "zcard", "zrange", "zrangebyscore", "zremrangebyscore", "zremrangebyrank")
+SCRIPT_INNER += ("hdel", "expire", "pexpireat", "pttl", "exists", "del")
+"""Commands the beatless scripts run inside, counted in the scripts' time."""
 DRAIN_S = 2.0
 """How long the reader keeps popping after the steady window, for firings due at its end."""
 READY = {"stock": "beat: Starting...", "beatless": "beatless node "}
@@ -191,6 +195,17 @@ class Redis:
         stats = self.client.info("commandstats")
         return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
 
+    def command_usec(self) -> dict[str, int]:
+        """Microseconds each command took, by name (``INFO commandstats``); a script's
+        time includes that of the commands it ran, which are also counted on their own."""
+        stats = self.client.info("commandstats")
+        return {k.removeprefix("cmdstat_"): int(v["usec"]) for k, v in stats.items()}
+
+    def cpu_s(self) -> float:
+        """User + system CPU of the server process so far (``INFO cpu``)."""
+        info = self.client.info("cpu")
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
 
 @dataclass
 class Beat:
@@ -335,9 +350,12 @@ def steady(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdi
         time.sleep(args.warmup)
         redis.client.config_resetstat()
         cpu0 = [b.cpu_s() for b in beats]
+        server0 = redis.cpu_s()
         start = time.time() * 1_000
         time.sleep(args.seconds)
         stats = redis.commandstats()
+        usec = redis.command_usec()
+        server1 = redis.cpu_s()
         end = time.time() * 1_000
         cpu1 = [b.cpu_s() for b in beats]
         time.sleep(DRAIN_S)  # a firing due just before the end still lands
@@ -349,8 +367,16 @@ def steady(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdi
     # window) is never counted as lateness, whenever it is sent.
     window = [(d, p) for d, p in reader.seen if start <= d <= end]
     lateness = [p - d for d, p in window]
-    own = sum(stats.pop(name, 0) for name in ("brpop", "rpop", "info", "config|resetstat"))
+    reader = ("brpop", "rpop", "info", "config|resetstat")
+    own = sum(stats.pop(name, 0) for name in reader)
     calls = sum(stats.values())
+    firings = max(len(window), 1)
+    scripted = sum(usec.get(name, 0) for name in ("evalsha", "eval"))
+    # Time of the commands clients sent, each script once: its inner commands are counted
+    # in its time, and again under their own names, which are left out (a direct TIME or
+    # INFO of a node is left out with them: a microsecond or so each).
+    inner = sum(usec.get(name, 0) for name in SCRIPT_INNER) if scripted else 0
+    sent = sum(t for name, t in usec.items() if name not in reader) - inner
     return {
         "nodes": nodes,
         "firings": len(window),
@@ -362,8 +388,12 @@ def steady(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdi
         },
         "cpu_s_per_node": [b - a for a, b in zip(cpu0, cpu1, strict=True)],
         "redis_calls": calls,
-        "redis_calls_per_firing": calls / max(len(window), 1),
-        "redis_commands": dict(sorted(stats.items(), key=lambda kv: -kv[1])[:8]),
+        "redis_calls_per_firing": calls / firings,
+        "redis_cpu_us_per_firing": 1e6 * (server1 - server0) / firings,
+        "redis_command_us_per_firing": sent / firings,
+        "redis_script_us_per_firing": scripted / firings,
+        "redis_commands": dict(sorted(stats.items(), key=lambda kv: -kv[1])[:12]),
+        "redis_usec": dict(sorted(usec.items(), key=lambda kv: -kv[1])[:12]),
         "reader_calls_excluded": own,
     }
 
@@ -405,8 +435,8 @@ def burst(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdir
 # -- report ------------------------------------------------------------------------------
 
 
-def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
-    s, b = result["steady"], result["burst"]
+def rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
+    s, b = result["steady"], result.get("burst")
     p = result["parameters"]
 
     def lat(r: dict) -> str:
@@ -415,8 +445,11 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
 
     def cpu(r: dict) -> str:
         per = r["cpu_s_per_node"]
-        each = ", ".join(f"{c:.2f}" for c in per)
+        each = ", ".join(f"{c:.2f}" for c in per) if len(per) <= 3 else f"{sum(per):.2f} in all"
         return f"{each} s ({100 * sum(per) / len(per) / r['seconds']:.1f} % of a core each)"
+
+    def us(r: dict, name: str) -> str:
+        return f"{r[name + '_per_firing']:.0f} us"
 
     def done(r: dict) -> str:
         if r["done"]:
@@ -426,34 +459,39 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
             text += f" (~{r['entries'] * r['cap_s'] / r['enqueued']:,.0f} s at that rate)"
         return text
 
-    stock, less = s["stock"], s["beatless"]
-    return [
-        ("", "stock celery beat (1)", f"beatless beat ({less['nodes']})"),
+    runs = [s["stock"], *s.get("beatless_runs", [s["beatless"]])]
+    lines: list[tuple[str, ...]] = [
+        ("", "stock celery beat (1)", *(f"beatless beat ({r['nodes']})" for r in runs[1:])),
         (
             "steady schedule",
             f"{p['entries']} entries, every 1-5 s, {p['seconds']:.0f} s",
-            "the same",
+            *("the same" for _ in runs[1:]),
         ),
-        ("firings in window", f"{stock['firings']:,}", f"{less['firings']:,}"),
-        ("lateness p50 / p99 / max", lat(stock), lat(less)),
-        ("CPU per node", cpu(stock), cpu(less)),
-        (
-            "Redis calls per firing",
-            f"{stock['redis_calls_per_firing']:.2f}",
-            f"{less['redis_calls_per_firing']:.2f}",
-        ),
-        (
-            "burst: entries due at once",
-            f"{b['stock']['entries']:,}",
-            f"{b['beatless']['entries']:,}",
-        ),
-        ("burst: last enqueued after", done(b["stock"]), done(b["beatless"])),
+        ("firings in window", *(f"{r['firings']:,}" for r in runs)),
+        ("lateness p50 / p99 / max", *(lat(r) for r in runs)),
+        ("CPU per node", *(cpu(r) for r in runs)),
+        ("Redis calls per firing", *(f"{r['redis_calls_per_firing']:.2f}" for r in runs)),
+        ("Redis command time per firing", *(us(r, "redis_command_us") for r in runs)),
+        ("  of which in scripts", *(us(r, "redis_script_us") for r in runs)),
+        ("Redis process CPU per firing", *(us(r, "redis_cpu_us") for r in runs)),
     ]
+    if b is not None:
+        pad = ("",) * (len(runs) - 2)
+        lines += [
+            (
+                "burst: entries due at once",
+                f"{b['stock']['entries']:,}",
+                f"{b['beatless']['entries']:,}",
+                *pad,
+            ),
+            ("burst: last enqueued after", done(b["stock"]), done(b["beatless"]), *pad),
+        ]
+    return lines
 
 
 def table(result: dict[str, Any]) -> str:
     lines = rows(result)
-    widths = [max(len(row[i]) for row in lines) for i in range(3)]
+    widths = [max(len(row[i]) for row in lines) for i in range(len(lines[0]))]
     return "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in lines
@@ -465,8 +503,11 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=100, help="entries of the steady run")
     parser.add_argument("--seconds", type=float, default=60.0, help="length of the steady run")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
-    parser.add_argument("--nodes", type=int, default=3, help="beatless beat processes")
+    parser.add_argument(
+        "--nodes", type=int, nargs="+", default=[3], help="beatless beat processes (runs)"
+    )
     parser.add_argument("--burst", type=int, default=10_000, help="entries due at once")
+    parser.add_argument("--no-burst", action="store_true", help="the steady runs only")
     parser.add_argument("--lead", type=int, default=20, help="seconds from start to the burst")
     parser.add_argument("--burst-cap", type=float, default=45.0, help="give up after this")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -476,17 +517,17 @@ def main() -> None:
         workdir = Path(tmp)
         redis = Redis.start(workdir)
         try:
-            result = {
+            stock = steady(redis, "stock", 1, args, workdir)
+            runs = [steady(redis, "beatless", n, args, workdir) for n in args.nodes]
+            result: dict[str, Any] = {
                 "parameters": vars(args) | {"redis": "private redis-server"},
-                "steady": {
-                    "stock": steady(redis, "stock", 1, args, workdir),
-                    "beatless": steady(redis, "beatless", args.nodes, args, workdir),
-                },
-                "burst": {
-                    "stock": burst(redis, "stock", 1, args, workdir),
-                    "beatless": burst(redis, "beatless", args.nodes, args, workdir),
-                },
+                "steady": {"stock": stock, "beatless": runs[0], "beatless_runs": runs},
             }
+            if not args.no_burst:
+                result["burst"] = {
+                    "stock": burst(redis, "stock", 1, args, workdir),
+                    "beatless": burst(redis, "beatless", args.nodes[0], args, workdir),
+                }
         finally:
             redis.stop()
     if args.json:
