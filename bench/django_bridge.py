@@ -4,7 +4,7 @@ workers on those rows while one changes every second.
     python bench/django_bridge.py                         # SQLite, 1,000 and 10,000 rows
     python bench/django_bridge.py --postgres --rows 1000 10000
     python bench/django_bridge.py --quick                 # 500 rows: a smoke run
-    python bench/django_bridge.py --fleet --rows 10000 --seconds 120   # two Celery workers
+    python bench/django_bridge.py --fleet --rows 10000 --seconds 600   # two Celery workers
 
 For each count of ``--rows``: that many ``PeriodicTask`` rows (interval rows, created in
 bulk) in a Django database of its own (SQLite in a temporary file, or a schema of its own
@@ -30,7 +30,11 @@ nodes' start-up (from the workers' start to every tick row's first run), each ed
 delay until its first run under the new arguments (by occurrence), the lateness of every
 tick run while the edits go on (the task's start minus its occurrence), the tick
 occurrences missed or run twice, and when each edit took effect (its revision's fence,
-read from the store).
+read from the store). To explain the slow ones, each worker records every poll (node,
+start, end, rows read, complete or not, the revision written, stale); printed: the
+polls' durations, the 1-minute load average during the edits, and for each edit in
+force more than ``SLOW_S`` after the median, every poll between its save and its
+revision's commit, with the fence lead.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 POSTGRES_URL = "postgresql://127.0.0.1:5432/test"
 REDIS_URL = "redis://127.0.0.1:6379/15"
@@ -69,6 +73,7 @@ import json, os, time
 import redis
 from celery import Celery
 import beatless.celery
+import beatless.django
 
 PREFIX = os.environ["BENCH_PREFIX"]
 app = Celery(PREFIX)
@@ -82,6 +87,24 @@ app.conf.update(
 )
 beatless.celery.install(app)
 _runs = redis.Redis.from_url(os.environ["BENCH_BROKER"])
+
+
+_poll = beatless.django.Bridge.poll
+
+
+def _timed_poll(self, *, full=False):
+    began = time.time()
+    result = _poll(self, full=full)
+    _runs.rpush(PREFIX + ":polls", json.dumps({
+        "node": os.getpid(), "began": began, "ended": time.time(), "asked_full": full,
+        "read": result.read if result else 0, "complete": bool(result and result.complete),
+        "revision": result.revision.number if result and result.revision else None,
+        "stale": bool(result and result.stale),
+    }))
+    return result
+
+
+beatless.django.Bridge.poll = _timed_poll
 
 
 @app.task(bind=True, name="bench.tick")
@@ -240,6 +263,7 @@ def fleet(rows: int, seconds: int, database: dict[str, Any], folder: Path) -> di
             time.sleep(0.2)
         started = time.time() - began
         edits: list[tuple[str, int, float]] = []
+        load: list[float] = []
         first = time.time()
         for n in range(1, seconds + 1):
             time.sleep(max(0.0, first + n + random.random() * 0.9 - time.time()))
@@ -247,9 +271,12 @@ def fleet(rows: int, seconds: int, database: dict[str, Any], folder: Path) -> di
             row.args = f"[{n}]"
             row.save()
             edits.append((row.name, n, time.time()))
+            load.append(os.getloadavg()[0])
         time.sleep(6)
         done = runs()
+        polls = [json.loads(p) for p in client.lrange(f"{prefix}:polls", 0, -1)]
         fences = fences_of(prefix)
+        nodes = {process.pid: name for process, name in zip(processes, ("n1", "n2"), strict=True)}
     finally:
         for process in processes:
             with contextlib.suppress(ProcessLookupError):
@@ -259,24 +286,94 @@ def fleet(rows: int, seconds: int, database: dict[str, Any], folder: Path) -> di
             client.delete(key)
         client.close()
     found = measure_fleet(edits, done, first, seconds, fences)
+    found["load_1m"] = [round(min(load), 1), round(statistics.median(load), 1), round(max(load), 1)]
+    found["slow"] = slow_edits(edits, fences, polls, nodes)
+    found["polls"] = poll_figures(polls, first)
     return {"rows": rows, "seconds": seconds, "start_up_s": round(started, 2), **found}
 
 
-def fences_of(prefix: str) -> dict[tuple[str, int], float]:
-    """When each tick edit took effect: its revision's fence (seconds), by row and value."""
+class Put(NamedTuple):
+    """A revision that put one tick row's edited arguments."""
+
+    fence: float
+    committed: float
+    number: int
+
+
+def fences_of(prefix: str) -> dict[tuple[str, int], list[Put]]:
+    """The revisions that put each tick edit (by row and value), oldest first: the first
+    one's fence is when the edit took effect."""
     from beatless.live import Live
     from beatless.stores import open_store
 
     store = open_store(REDIS_URL, namespace=prefix)
     try:
-        fences = {}
+        fences: dict[tuple[str, int], list[Put]] = {}
         for revision in Live(store, namespace=prefix).revisions():
             for change in revision.changes:
                 args = (change.entry or {}).get("args") or [None]
-                fences[(change.name, args[0])] = revision.fence_ms / 1_000
+                fences.setdefault((change.name, args[0]), []).append(
+                    Put(revision.fence_ms / 1_000, revision.committed_ms / 1_000, revision.number)
+                )
         return fences
     finally:
         store.close()
+
+
+SLOW_S = 1.0
+"""An edit is slow when it is in force this much later than the median edit."""
+
+
+def slow_edits(
+    edits: list[tuple[str, int, float]],
+    fences: dict[tuple[str, int], list[Put]],
+    polls: list[dict[str, Any]],
+    nodes: dict[int, str],
+) -> list[str]:
+    """One line per slow edit: when it took effect, and every poll that ran (on either
+    node) between the save and the revision that published it."""
+    delays = {(n, v): fences[(n, v)][0].fence - at for n, v, at in edits if (n, v) in fences}
+    usual = percentile(list(delays.values()), 0.5)
+    lines = []
+    for name, value, at in edits:
+        if (name, value) not in fences or delays[(name, value)] < usual + SLOW_S:
+            lines.append(f"{name}={value}: never published") if (
+                name,
+                value,
+            ) not in fences else None
+            continue
+        put = fences[(name, value)][0]
+        seen = [
+            f"{nodes.get(p['node'], p['node'])} {p['began'] - at:+.2f}..{p['ended'] - at:+.2f} s"
+            f"{' full' if p['complete'] else ''} read {p['read']}"
+            f"{' -> r' + str(p['revision']) if p['revision'] else ''}"
+            f"{' stale' if p['stale'] else ''}"
+            for p in polls
+            if p["ended"] > at - 1 and p["began"] < put.committed
+        ]
+        lines.append(
+            f"{name}={value}: saved, in force +{put.fence - at:.2f} s (r{put.number} committed "
+            f"+{put.committed - at:.2f} s, fence lead {put.fence - put.committed:.2f} s; "
+            f"put by {len(fences[(name, value)])} revisions); polls: " + "; ".join(seen)
+        )
+    return lines
+
+
+def poll_figures(polls: list[dict[str, Any]], first: float) -> dict[str, Any]:
+    """How long the polls of the edit phase took, partial and complete (every row read)."""
+    during = [p for p in polls if p["began"] >= first]
+    partial = [p["ended"] - p["began"] for p in during if not p["complete"]]
+    complete = [p["ended"] - p["began"] for p in during if p["complete"]]
+    return {
+        "partial_p50_ms": round(percentile(partial, 0.5) * 1_000, 1),
+        "partial_max_ms": round(max(partial, default=float("nan")) * 1_000, 1),
+        "complete": len(complete),
+        "complete_asked": sum(1 for p in during if p["asked_full"]),
+        "complete_p50_s": round(percentile(complete, 0.5), 2),
+        "complete_max_s": round(max(complete, default=float("nan")), 2),
+        "stale": sum(1 for p in during if p["stale"]),
+        "seconds_polled": len(during),
+    }
 
 
 def measure_fleet(
@@ -284,10 +381,10 @@ def measure_fleet(
     done: list[dict[str, Any]],
     first: float,
     seconds: int,
-    fences: dict[tuple[str, int], float],
+    fences: dict[tuple[str, int], list[Put]],
 ) -> dict[str, Any]:
     """The figures of a fleet run from the edits made, the runs recorded and the fences."""
-    in_force = [fences[(name, value)] - at for name, value, at in edits if (name, value) in fences]
+    in_force = [fences[(n, v)][0].fence - at for n, v, at in edits if (n, v) in fences]
     delays = []
     for name, value, at in edits:
         under = [r["occurrence"] for r in done if r["name"] == name and r["args"] == [value]]
@@ -308,6 +405,7 @@ def measure_fleet(
         "lateness_p99_ms": round(percentile(lateness, 0.99) * 1_000, 1),
         "missed": len(expected - set(sent)),
         "twice": len(sent) - len(set(sent)),
+        "put_again": sum(1 for n, v, _ in edits if len(fences.get((n, v), ())) > 1),
     }
 
 
@@ -349,8 +447,12 @@ def main() -> None:
             f"{found['edit_to_first_run_p50_s']} s, p99 {found['edit_to_first_run_p99_s']} s "
             f"({found['edits_seen']}/{found['edits']} edits seen); tick lateness p50 "
             f"{found['lateness_p50_ms']} ms, p99 {found['lateness_p99_ms']} ms; missed "
-            f"{found['missed']}, run twice {found['twice']}"
+            f"{found['missed']}, run twice {found['twice']}; load (1 min) min/median/max "
+            f"{found['load_1m']}; edits put by more than one revision {found['put_again']}"
         )
+        print(f"  polls: {found['polls']}")
+        for line in found["slow"]:
+            print(f"  slow edit {line}")
     for found in [] if args.fleet else results:
         print(
             f"{where} {found['rows']:>7,} rows: first poll {found['first_poll_s']} s, idle poll "

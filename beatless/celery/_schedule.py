@@ -148,14 +148,14 @@ FOREIGN_SCHEDULERS = {
         "in the database (its PeriodicTask rows)",
         "turn on the django-celery-beat bridge (app.conf.beatless_django = True: every node "
         "then schedules the rows, and the Django admin keeps editing them; see "
-        "docs/migrating-from-beat.md, 'From django-celery-beat: the bridge')",
+        "docs/migrating-from-django-celery-beat.md)",
     ),
     "redbeat.RedBeatScheduler": (
         "RedBeat's RedBeatScheduler",
         "in Redis (with the entries saved there at run time)",
         "import its entries once with `beatless schedule import --from "
-        "redbeat://HOST:PORT/DB` (they become live entries; see docs/migrating-from-beat.md,"
-        ' "Importing RedBeat\'s entries")',
+        "redbeat://HOST:PORT/DB` (they become live entries; see "
+        "docs/migrating-from-redbeat.md)",
     ),
 }
 """The beat schedulers whose schedule lives outside ``beat_schedule``: by class path,

@@ -7,22 +7,18 @@ tests declare queues of their own and delete them.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
-import sys
 import textwrap
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from celery_fixtures import AMQP_URL, REDIS_DB, REDIS_HOST, REDIS_PORT, REDIS_URL
+from celery_process import CeleryProcess
 from service_check import require_service
 
 REPO = Path(__file__).resolve().parents[2]
@@ -152,49 +148,6 @@ def prefix(redis_client: Any) -> Iterator[str]:
     yield name
     for key in redis_client.scan_iter(match=f"*{name}*", count=1_000):
         redis_client.delete(key)
-
-
-@dataclass
-class CeleryProcess:
-    """One ``celery`` command in its own process group, stopped by pid."""
-
-    args: list[str]
-    log: Path
-    process: subprocess.Popen[bytes] = field(init=False)
-    killed: bool = field(default=False, init=False)
-
-    def start(self, env: dict[str, str], cwd: Path) -> CeleryProcess:
-        with self.log.open("wb") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "celery", *self.args],
-                cwd=cwd,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return self
-
-    def stop(self, timeout: float = 10.0) -> int | None:
-        """Warm shutdown (SIGTERM), then SIGKILL of the process group if it lingers."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout)
-        self.kill()
-        return self.process.returncode
-
-    def kill(self) -> None:
-        """SIGKILL the process group, once: later, its number may be another group's."""
-        if self.killed:
-            return
-        self.killed = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(5)
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
 
 
 class CeleryProject:

@@ -326,10 +326,10 @@ def test_a_beat_scheduler_whose_schedule_lives_elsewhere_is_named_at_check_and_s
     assert "docs/migrating-from-beat.md" in problem
     if "django" in said:  # what moves the schedule over, and its guide
         assert "turn on the django-celery-beat bridge (app.conf.beatless_django = True" in problem
-        assert "From django-celery-beat: the bridge" in problem
+        assert "docs/migrating-from-django-celery-beat.md" in problem
     else:
         assert "`beatless schedule import --from redbeat://HOST:PORT/DB`" in problem
-        assert "docs/migrating-from-beat.md" in problem
+        assert "docs/migrating-from-redbeat.md" in problem
     assert "remove the beat_scheduler setting and stop celery beat" in problem
     worker = SimpleNamespace(app=app, hostname="w")
     with caplog.at_level(logging.INFO, logger="beatless"), pytest.raises(StartRefused) as caught:

@@ -4,12 +4,8 @@ each change."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
-import sys
 import textwrap
 import time
 import uuid
@@ -19,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery_process import CeleryProcess
 from service_check import require_service
 
 from beatless.live import Live
@@ -27,6 +24,8 @@ from beatless.stores import open_store
 REPO = Path(__file__).resolve().parents[2]
 REDIS_URL = "redis://127.0.0.1:6379/13"
 HASH_EVERY_S = 3
+READY_WITHIN_S = 120
+"""How long two workers may take to start: far more than they do, on a loaded machine."""
 
 APP = '''
 """A Celery app of a Django project with the bridge on; its task notes each run."""
@@ -95,29 +94,28 @@ def fleet(
         "BT_BROKER": REDIS_URL,
         "BT_HASH_EVERY": str(HASH_EVERY_S),
     }
-    processes: list[subprocess.Popen[bytes]] = []
+    processes: list[CeleryProcess] = []
 
     def start() -> None:
-        """Start both nodes (again), each appending to its log."""
-        for name in ("n1", "n2"):
-            with (tmp_path / f"{name}.log").open("ab") as out:
-                processes.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "celery", "-A", "dj_app", "worker", "-n",
-                         f"{name}@%h", "-P", "solo", "-l", "INFO", "--without-mingle",
-                         "--without-gossip", "--without-heartbeat"],
-                        cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                )  # fmt: skip
+        """Start both nodes (again: each start logs to files of its own), and wait until
+        both say they are ready (every bootstep started, the bridge's poll among them)."""
+        round_ = len(processes) // 2
+        started = [
+            CeleryProcess(
+                ["-A", "dj_app", "worker", "-n", f"{name}@%h", "-P", "solo", "-l", "INFO",
+                 "--without-mingle", "--without-gossip", "--without-heartbeat"],
+                tmp_path / (f"{name}.log" if round_ == 0 else f"{name}.{round_}.log"),
+            ).start(env, tmp_path)
+            for name in ("n1", "n2")
+        ]  # fmt: skip
+        processes.extend(started)
+        ready = wait_for(lambda: all(p.is_ready() for p in started), READY_WITHIN_S)
+        assert ready, "\n".join(p.output()[-2_000:] for p in started)
 
     def kill() -> None:
         """SIGKILL every node's process group, each once (by its own pid)."""
         for process in processes:
-            if process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(10)
+            process.kill()
 
     start()
     store = open_store(REDIS_URL, namespace=prefix)
