@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+import pytest
 from test_scheduler import T0, Clock, entry
 
 from beatless import Entry, Every, Firing, Schedule
@@ -141,7 +142,7 @@ def test_a_firing_is_built_a_second_ahead_once_and_not_when_due_within_the_idle_
     following = START_MS + 10_000
     clock.ms = following - 1_800
     node.tick()  # the next occurrence is expanded
-    assert node.sleep_s() == (following - PREPARE_AHEAD_MS - clock.ms) / 1_000
+    assert node.sleep_s() == pytest.approx((following - PREPARE_AHEAD_MS - clock.ms) / 1_000)
     clock.ms = following - PREPARE_AHEAD_MS - 1
     assert node.prepare_ahead() is False  # not near yet
     clock.ms = following - PREPARE_AHEAD_MS
