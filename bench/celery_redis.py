@@ -13,7 +13,13 @@ Redis's command statistics count the benchmark alone. Then, one after the other:
   consumes the tasks; the benchmark pops each message from the queue as it lands
   (``BRPOP``) and reads when it was due from its headers.
 * **burst**: ``--burst`` entries all due at one instant, and the time from that
-  instant until the last of their messages is in the queue.
+  instant until the last of their messages is in the queue. The instant is ``--lead``
+  seconds after the beats are started: a beat not ready by then (ten thousand entries
+  take a while to load on a busy machine) is reported as such, not measured.
+
+``--busy`` starts one more process that keeps a core busy for the whole run (killed by
+pid at the end), to measure on a machine with other work on it; ``--parts`` runs only the
+steady run or only the burst. The load average is printed beside the figures.
 
 Also the module of the Celery app those processes run (``-A celery_redis:app``),
 configured by the ``BENCH_*`` environment variables this script sets.
@@ -258,12 +264,42 @@ def environment(redis: Redis, kind: str, mode: str, entries: int, burst_at_ms: i
     }
 
 
+@dataclass
+class Busy:
+    """A process that keeps one core busy, started and killed by pid."""
+
+    process: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def start(cls, on: bool) -> Busy:
+        if not on:
+            return cls()
+        spin = "import time\nwhile True: time.perf_counter()"
+        return cls(subprocess.Popen([sys.executable, "-c", spin], start_new_session=True))
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+
+def load() -> list[float]:
+    """The load average over 1, 5 and 15 minutes."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+class NotReady(RuntimeError):
+    """A beat did not start in time."""
+
+
 def wait_ready(beats: list[Beat], timeout: float) -> float:
     deadline = time.monotonic() + timeout
     while not all(b.is_ready() for b in beats):
         if time.monotonic() > deadline or any(b.process.poll() is not None for b in beats):
             tail = "\n".join(b.log.read_text(errors="replace")[-2_000:] for b in beats)
-            raise RuntimeError(f"beat did not start:\n{tail}")
+            raise NotReady(f"beat did not start:\n{tail}")
         time.sleep(0.05)
     return time.time()
 
@@ -365,6 +401,7 @@ def steady(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdi
         "redis_calls_per_firing": calls / max(len(window), 1),
         "redis_commands": dict(sorted(stats.items(), key=lambda kv: -kv[1])[:8]),
         "reader_calls_excluded": own,
+        "load": load(),
     }
 
 
@@ -377,9 +414,12 @@ def burst(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdir
     env = environment(redis, kind, "burst", args.burst, at_ms)
     queue = env["BENCH_QUEUE"]
     beats = start_beats(kind, nodes, env, workdir)
+    count, last = 0, None
     try:
-        ready = wait_ready(beats, timeout=args.lead + args.burst_cap)
-        count, last = 0, None
+        try:
+            ready = wait_ready(beats, timeout=args.lead)
+        except NotReady as exc:
+            return burst_not_ready(kind, nodes, args, str(exc))
         deadline = at_ms / 1_000 + args.burst_cap
         while time.time() < deadline:
             count = int(redis.client.llen(queue))
@@ -399,6 +439,23 @@ def burst(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdir
         "done": last is not None,
         "last_enqueued_after_s": None if last is None else last - at_ms / 1_000,
         "cap_s": args.burst_cap,
+        "load": load(),
+    }
+
+
+def burst_not_ready(kind: str, nodes: int, args: argparse.Namespace, why: str) -> dict:
+    """A burst not measured: its beats were not ready at the instant."""
+    print(f"{kind}: {why[-500:]}", file=sys.stderr)
+    return {
+        "nodes": nodes,
+        "entries": args.burst,
+        "ready_before_due_s": None,
+        "enqueued": 0,
+        "done": False,
+        "last_enqueued_after_s": None,
+        "cap_s": args.burst_cap,
+        "load": load(),
+        "not_ready": f"not ready {args.lead} s after start (raise --lead)",
     }
 
 
@@ -406,7 +463,7 @@ def burst(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdir
 
 
 def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
-    s, b = result["steady"], result["burst"]
+    s, b = result.get("steady"), result.get("burst")
     p = result["parameters"]
 
     def lat(r: dict) -> str:
@@ -419,6 +476,8 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
         return f"{each} s ({100 * sum(per) / len(per) / r['seconds']:.1f} % of a core each)"
 
     def done(r: dict) -> str:
+        if r.get("not_ready"):
+            return str(r["not_ready"])
         if r["done"]:
             return f"{r['last_enqueued_after_s']:.2f} s"
         text = f"not done after {r['cap_s']:.0f} s: {r['enqueued']:,} of {r['entries']:,}"
@@ -426,29 +485,41 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
             text += f" (~{r['entries'] * r['cap_s'] / r['enqueued']:,.0f} s at that rate)"
         return text
 
-    stock, less = s["stock"], s["beatless"]
-    return [
-        ("", "stock celery beat (1)", f"beatless beat ({less['nodes']})"),
-        (
-            "steady schedule",
-            f"{p['entries']} entries, every 1-5 s, {p['seconds']:.0f} s",
-            "the same",
-        ),
-        ("firings in window", f"{stock['firings']:,}", f"{less['firings']:,}"),
-        ("lateness p50 / p99 / max", lat(stock), lat(less)),
-        ("CPU per node", cpu(stock), cpu(less)),
-        (
-            "Redis calls per firing",
-            f"{stock['redis_calls_per_firing']:.2f}",
-            f"{less['redis_calls_per_firing']:.2f}",
-        ),
-        (
-            "burst: entries due at once",
-            f"{b['stock']['entries']:,}",
-            f"{b['beatless']['entries']:,}",
-        ),
-        ("burst: last enqueued after", done(b["stock"]), done(b["beatless"])),
-    ]
+    def loads(r: dict) -> str:
+        return " / ".join(f"{x:.1f}" for x in r["load"])
+
+    found = [("", "stock celery beat (1)", f"beatless beat ({p['nodes']})")]
+    if p["busy"]:
+        found.append(("other work", "one process keeping a core busy", "the same"))
+    if s is not None:
+        stock, less = s["stock"], s["beatless"]
+        found += [
+            (
+                "steady schedule",
+                f"{p['entries']} entries, every 1-5 s, {p['seconds']:.0f} s",
+                "the same",
+            ),
+            ("firings in window", f"{stock['firings']:,}", f"{less['firings']:,}"),
+            ("lateness p50 / p99 / max", lat(stock), lat(less)),
+            ("CPU per node", cpu(stock), cpu(less)),
+            (
+                "Redis calls per firing",
+                f"{stock['redis_calls_per_firing']:.2f}",
+                f"{less['redis_calls_per_firing']:.2f}",
+            ),
+            ("steady: load 1 / 5 / 15 min", loads(stock), loads(less)),
+        ]
+    if b is not None:
+        found += [
+            (
+                "burst: entries due at once",
+                f"{b['stock']['entries']:,}",
+                f"{b['beatless']['entries']:,}",
+            ),
+            ("burst: last enqueued after", done(b["stock"]), done(b["beatless"])),
+            ("burst: load 1 / 5 / 15 min", loads(b["stock"]), loads(b["beatless"])),
+        ]
+    return found
 
 
 def table(result: dict[str, Any]) -> str:
@@ -469,25 +540,31 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=10_000, help="entries due at once")
     parser.add_argument("--lead", type=int, default=20, help="seconds from start to the burst")
     parser.add_argument("--burst-cap", type=float, default=45.0, help="give up after this")
+    parser.add_argument(
+        "--parts", nargs="+", choices=["steady", "burst"], default=["steady", "burst"]
+    )
+    parser.add_argument(
+        "--busy", action="store_true", help="keep one core busy with another process"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    # A benchmark stopped with SIGTERM still stops its beats and its Redis.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
+    result: dict[str, Any] = {"parameters": vars(args) | {"redis": "private redis-server"}}
     with tempfile.TemporaryDirectory(prefix="beatless-bench-") as tmp:
         workdir = Path(tmp)
         redis = Redis.start(workdir)
+        busy = Busy.start(args.busy)
         try:
-            result = {
-                "parameters": vars(args) | {"redis": "private redis-server"},
-                "steady": {
-                    "stock": steady(redis, "stock", 1, args, workdir),
-                    "beatless": steady(redis, "beatless", args.nodes, args, workdir),
-                },
-                "burst": {
-                    "stock": burst(redis, "stock", 1, args, workdir),
-                    "beatless": burst(redis, "beatless", args.nodes, args, workdir),
-                },
-            }
+            for part, run in (("steady", steady), ("burst", burst)):
+                if part in args.parts:
+                    result[part] = {
+                        "stock": run(redis, "stock", 1, args, workdir),
+                        "beatless": run(redis, "beatless", args.nodes, args, workdir),
+                    }
         finally:
+            busy.stop()
             redis.stop()
     if args.json:
         print(json.dumps(result))
