@@ -49,7 +49,7 @@ from beatless.node._clockwatch import ClockWatch
 from beatless.node._inflight import InFlight
 from beatless.node._judging import Judging
 from beatless.node._live import LiveView
-from beatless.node._prefer import CLAIM, DELEGATE, LADDER_MS, Preference, fits
+from beatless.node._prefer import CLAIM, DELEGATE, LADDER_MS, Preference, Ranked, fits
 from beatless.node._reseed import Reseeder
 from beatless.node._tally import SETTLE_MS, WARN_EVERY_MS, Tally
 from beatless.node._timeline import Timeline
@@ -286,7 +286,7 @@ class Scheduler:
         """What is due when (:mod:`beatless.node._timeline`)."""
         self.judging = Judging(self.store, self.node, self.lease_ms, self.tally)
         """The unjudged firings gone late, waiting for the store's word (:mod:`._judging`)."""
-        self.ahead = BuildAhead(self.dispatcher, self.timeline, self._claims_first, self.now_ms)
+        self.ahead = BuildAhead(self.dispatcher, self.timeline, self._rank_at_release, self.now_ms)
         """What the dispatcher built ahead (:mod:`beatless.node._ahead`)."""
         self.wake = LoopWake(
             self.node,
@@ -396,7 +396,7 @@ class Scheduler:
                 firing.release_ms,
                 now,
                 ladder=ladder,
-                ranked=self.flights.take_ranked(firing),
+                ranked=self.flights.take_ranked(firing) or self.ahead.ranked(firing),
             )
             if placed == CLAIM:
                 claimed.append(firing)
@@ -408,15 +408,18 @@ class Scheduler:
                 self.timeline.defer(placed, firing)
         return claimed
 
-    def _claims_first(self, firing: Firing) -> bool:
-        """Whether this node will claim ``firing`` at its release (it is preferred for
-        it, or there is no preference): as :meth:`Preference.place` decides it then."""
+    def _rank_at_release(self, firing: Firing) -> Ranked | None:
+        """Where this node ranks for ``firing`` under its view, as :meth:`Preference.place`
+        ranks it at the release (0: it claims it then); ``None`` when it claims it at its
+        release whatever the ranks (no preference, one node, an entry off the ladder, a
+        manual firing)."""
         preference = self.preference
         if not preference.enabled or len(preference.view.nodes) == 1:
-            return True
+            return None
         if not self._ladder[firing.entry.name] or firing.manual:
-            return True
-        return preference.view.rank(firing.id, self.node)[0] == 0
+            return None
+        view = preference.view
+        return (view.digest, *view.rank(firing.id, self.node))
 
     def _drop_paused(self, due: list[Firing], now: int) -> list[Firing]:
         """Decide the firings of paused entries ``paused``: not claimed, not missed.
