@@ -13,7 +13,13 @@ Redis's command statistics count the benchmark alone. Then, one after the other:
   consumes the tasks; the benchmark pops each message from the queue as it lands
   (``BRPOP``) and reads when it was due from its headers.
 * **burst**: ``--burst`` entries all due at one instant, and the time from that
-  instant until the last of their messages is in the queue.
+  instant until the last of their messages is in the queue. The instant is ``--lead``
+  seconds after the beats are started: a beat not ready by then (ten thousand entries
+  take a while to load on a busy machine) is reported as such, not measured.
+
+``--busy`` starts one more process that keeps a core busy for the whole run (killed by
+pid at the end), to measure on a machine with other work on it; ``--parts`` runs only the
+steady run or only the burst. The load average is printed beside the figures.
 
 Also the module of the Celery app those processes run (``-A celery_redis:app``),
 configured by the ``BENCH_*`` environment variables this script sets.
@@ -273,12 +279,42 @@ def environment(redis: Redis, kind: str, mode: str, entries: int, burst_at_ms: i
     }
 
 
+@dataclass
+class Busy:
+    """A process that keeps one core busy, started and killed by pid."""
+
+    process: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def start(cls, on: bool) -> Busy:
+        if not on:
+            return cls()
+        spin = "import time\nwhile True: time.perf_counter()"
+        return cls(subprocess.Popen([sys.executable, "-c", spin], start_new_session=True))
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+
+def load() -> list[float]:
+    """The load average over 1, 5 and 15 minutes."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+class NotReady(RuntimeError):
+    """A beat did not start in time."""
+
+
 def wait_ready(beats: list[Beat], timeout: float) -> float:
     deadline = time.monotonic() + timeout
     while not all(b.is_ready() for b in beats):
         if time.monotonic() > deadline or any(b.process.poll() is not None for b in beats):
             tail = "\n".join(b.log.read_text(errors="replace")[-2_000:] for b in beats)
-            raise RuntimeError(f"beat did not start:\n{tail}")
+            raise NotReady(f"beat did not start:\n{tail}")
         time.sleep(0.05)
     return time.time()
 
@@ -395,6 +431,7 @@ def steady(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdi
         "redis_commands": dict(sorted(stats.items(), key=lambda kv: -kv[1])[:12]),
         "redis_usec": dict(sorted(usec.items(), key=lambda kv: -kv[1])[:12]),
         "reader_calls_excluded": own,
+        "load": load(),
     }
 
 
@@ -407,9 +444,12 @@ def burst(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdir
     env = environment(redis, kind, "burst", args.burst, at_ms)
     queue = env["BENCH_QUEUE"]
     beats = start_beats(kind, nodes, env, workdir)
+    count, last = 0, None
     try:
-        ready = wait_ready(beats, timeout=args.lead + args.burst_cap)
-        count, last = 0, None
+        try:
+            ready = wait_ready(beats, timeout=args.lead)
+        except NotReady as exc:
+            return burst_not_ready(kind, nodes, args, str(exc))
         deadline = at_ms / 1_000 + args.burst_cap
         while time.time() < deadline:
             count = int(redis.client.llen(queue))
@@ -429,6 +469,23 @@ def burst(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdir
         "done": last is not None,
         "last_enqueued_after_s": None if last is None else last - at_ms / 1_000,
         "cap_s": args.burst_cap,
+        "load": load(),
+    }
+
+
+def burst_not_ready(kind: str, nodes: int, args: argparse.Namespace, why: str) -> dict:
+    """A burst not measured: its beats were not ready at the instant."""
+    print(f"{kind}: {why[-500:]}", file=sys.stderr)
+    return {
+        "nodes": nodes,
+        "entries": args.burst,
+        "ready_before_due_s": None,
+        "enqueued": 0,
+        "done": False,
+        "last_enqueued_after_s": None,
+        "cap_s": args.burst_cap,
+        "load": load(),
+        "not_ready": f"not ready {args.lead} s after start (raise --lead)",
     }
 
 
@@ -436,7 +493,7 @@ def burst(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdir
 
 
 def rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
-    s, b = result["steady"], result.get("burst")
+    s, b = result.get("steady"), result.get("burst")
     p = result["parameters"]
 
     def lat(r: dict) -> str:
@@ -452,6 +509,8 @@ def rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
         return f"{r[name + '_per_firing']:.0f} us"
 
     def done(r: dict) -> str:
+        if r.get("not_ready"):
+            return str(r["not_ready"])
         if r["done"]:
             return f"{r['last_enqueued_after_s']:.2f} s"
         text = f"not done after {r['cap_s']:.0f} s: {r['enqueued']:,} of {r['entries']:,}"
@@ -459,24 +518,34 @@ def rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
             text += f" (~{r['entries'] * r['cap_s'] / r['enqueued']:,.0f} s at that rate)"
         return text
 
-    runs = [s["stock"], *s.get("beatless_runs", [s["beatless"]])]
+    def loads(r: dict) -> str:
+        return " / ".join(f"{x:.1f}" for x in r["load"])
+
+    nodes = p["nodes"] if isinstance(p["nodes"], list) else [p["nodes"]]
+    pad = ("",) * (len(nodes) - 1)
     lines: list[tuple[str, ...]] = [
-        ("", "stock celery beat (1)", *(f"beatless beat ({r['nodes']})" for r in runs[1:])),
-        (
-            "steady schedule",
-            f"{p['entries']} entries, every 1-5 s, {p['seconds']:.0f} s",
-            *("the same" for _ in runs[1:]),
-        ),
-        ("firings in window", *(f"{r['firings']:,}" for r in runs)),
-        ("lateness p50 / p99 / max", *(lat(r) for r in runs)),
-        ("CPU per node", *(cpu(r) for r in runs)),
-        ("Redis calls per firing", *(f"{r['redis_calls_per_firing']:.2f}" for r in runs)),
-        ("Redis command time per firing", *(us(r, "redis_command_us") for r in runs)),
-        ("  of which in scripts", *(us(r, "redis_script_us") for r in runs)),
-        ("Redis process CPU per firing", *(us(r, "redis_cpu_us") for r in runs)),
+        ("", "stock celery beat (1)", *(f"beatless beat ({n})" for n in nodes))
     ]
+    if p["busy"]:
+        lines.append(("other work", "one process keeping a core busy", "the same", *pad))
+    if s is not None:
+        runs = [s["stock"], *s.get("beatless_runs", [s["beatless"]])]
+        lines += [
+            (
+                "steady schedule",
+                f"{p['entries']} entries, every 1-5 s, {p['seconds']:.0f} s",
+                *("the same" for _ in runs[1:]),
+            ),
+            ("firings in window", *(f"{r['firings']:,}" for r in runs)),
+            ("lateness p50 / p99 / max", *(lat(r) for r in runs)),
+            ("CPU per node", *(cpu(r) for r in runs)),
+            ("Redis calls per firing", *(f"{r['redis_calls_per_firing']:.2f}" for r in runs)),
+            ("Redis command time per firing", *(us(r, "redis_command_us") for r in runs)),
+            ("  of which in scripts", *(us(r, "redis_script_us") for r in runs)),
+            ("Redis process CPU per firing", *(us(r, "redis_cpu_us") for r in runs)),
+            ("steady: load 1 / 5 / 15 min", *(loads(r) for r in runs)),
+        ]
     if b is not None:
-        pad = ("",) * (len(runs) - 2)
         lines += [
             (
                 "burst: entries due at once",
@@ -485,6 +554,7 @@ def rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
                 *pad,
             ),
             ("burst: last enqueued after", done(b["stock"]), done(b["beatless"]), *pad),
+            ("burst: load 1 / 5 / 15 min", loads(b["stock"]), loads(b["beatless"]), *pad),
         ]
     return lines
 
@@ -510,25 +580,34 @@ def main() -> None:
     parser.add_argument("--no-burst", action="store_true", help="the steady runs only")
     parser.add_argument("--lead", type=int, default=20, help="seconds from start to the burst")
     parser.add_argument("--burst-cap", type=float, default=45.0, help="give up after this")
+    parser.add_argument(
+        "--parts", nargs="+", choices=["steady", "burst"], default=["steady", "burst"]
+    )
+    parser.add_argument(
+        "--busy", action="store_true", help="keep one core busy with another process"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    # A benchmark stopped with SIGTERM still stops its beats and its Redis.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
+    result: dict[str, Any] = {"parameters": vars(args) | {"redis": "private redis-server"}}
     with tempfile.TemporaryDirectory(prefix="beatless-bench-") as tmp:
         workdir = Path(tmp)
         redis = Redis.start(workdir)
+        busy = Busy.start(args.busy)
         try:
-            stock = steady(redis, "stock", 1, args, workdir)
-            runs = [steady(redis, "beatless", n, args, workdir) for n in args.nodes]
-            result: dict[str, Any] = {
-                "parameters": vars(args) | {"redis": "private redis-server"},
-                "steady": {"stock": stock, "beatless": runs[0], "beatless_runs": runs},
-            }
-            if not args.no_burst:
+            if "steady" in args.parts:
+                stock = steady(redis, "stock", 1, args, workdir)
+                runs = [steady(redis, "beatless", n, args, workdir) for n in args.nodes]
+                result["steady"] = {"stock": stock, "beatless": runs[0], "beatless_runs": runs}
+            if "burst" in args.parts and not args.no_burst:
                 result["burst"] = {
                     "stock": burst(redis, "stock", 1, args, workdir),
                     "beatless": burst(redis, "beatless", args.nodes[0], args, workdir),
                 }
         finally:
+            busy.stop()
             redis.stop()
     if args.json:
         print(json.dumps(result))

@@ -116,6 +116,24 @@ def test_one_claim_per_firing_at_3_and_10_nodes_and_every_firing_once() -> None:
         assert min(claimed) > 0, claimed  # the work is split between the nodes
 
 
+def test_a_wake_claims_its_firings_before_it_decides_those_left_to_other_nodes() -> None:
+    """Releases every second meet the lower ranks' looks at earlier firings: the claims of
+    the wake go first, the firings delegated to their preferred nodes after them."""
+    fleet = SimFleet(steady_schedule(20, 1, 0), 3, preferred=True)
+    run(fleet, WARM_UP_MS / 1_000)
+    both = 0
+    for _ in range(40):
+        fleet.clock.ms += fleet.step_ms
+        for node in fleet.nodes:
+            outcomes = [d.outcome for d in node.scheduler.tick()]
+            if "won" in outcomes and "delegated" in outcomes:
+                both += 1
+                last_won = len(outcomes) - 1 - outcomes[::-1].index("won")
+                assert last_won < outcomes.index("delegated"), outcomes
+            node.scheduler.board.sync(fleet.clock.ms)
+    assert both >= 3
+
+
 def test_without_the_preferred_claimer_every_node_claims_every_firing() -> None:
     fleet = SimFleet(steady_schedule(20, 2, 0), 3, preferred=False)
     run(fleet, WARM_UP_MS / 1_000)

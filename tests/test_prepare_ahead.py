@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+import pytest
 from test_scheduler import T0, Clock, entry
 
 from beatless import Entry, Every, Firing, Schedule
@@ -14,6 +15,7 @@ from beatless.node._ahead import (
     PREPARE_AHEAD_MS,
     PREPARE_CHUNK,
     PREPARE_IDLE_MS,
+    PREPARE_STEP,
     PREPARED_STALE_MS,
 )
 from beatless.node._prefer import LANE_DELAYS_MS, RUNGS, View, lane_of
@@ -141,7 +143,7 @@ def test_a_firing_is_built_a_second_ahead_once_and_not_when_due_within_the_idle_
     following = START_MS + 10_000
     clock.ms = following - 1_800
     node.tick()  # the next occurrence is expanded
-    assert node.sleep_s() == (following - PREPARE_AHEAD_MS - clock.ms) / 1_000
+    assert node.sleep_s() == pytest.approx((following - PREPARE_AHEAD_MS - clock.ms) / 1_000)
     clock.ms = following - PREPARE_AHEAD_MS - 1
     assert node.prepare_ahead() is False  # not near yet
     clock.ms = following - PREPARE_AHEAD_MS
@@ -151,6 +153,30 @@ def test_a_firing_is_built_a_second_ahead_once_and_not_when_due_within_the_idle_
     clock.ms = following
     node.tick()
     assert dispatcher.sent[-1][2] == ("built", dispatcher.sent[-1][1].id)
+
+
+def test_a_slow_build_ahead_stops_in_time_for_the_release_and_leaves_the_rest_for_then() -> None:
+    """Building takes 3 ms a firing (a busy machine): 2,000 entries due at one instant are
+    built while there is time, and the loop wakes at their release all the same."""
+    clock = Clock()
+
+    class Slow(BuildsAhead):
+        def prepare(self, firings: Sequence[Firing], wake: Wake) -> Sequence[object]:
+            built = super().prepare(firings, wake)
+            self.clock.ms += 3 * len(firings)
+            return built
+
+    dispatcher = Slow(clock)
+    schedule = Schedule([entry(f"e{i}", trigger=Every(10)) for i in range(2_000)])
+    node = Scheduler(schedule, store=dispatcher, clock=clock, preferred=False)
+    run_loop(node, clock, START_MS + 1_000)
+
+    sent = [(at, f, built) for at, f, built in dispatcher.sent if f.release_ms == START_MS]
+    assert len(sent) == 2_000
+    assert max(at for at, _, _ in sent) <= START_MS + PREPARE_STEP * 3  # one step late at most
+    ahead = sum(1 for _, _, built in sent if built is not None)
+    assert 250 <= ahead < 2_000  # what a second held, the rest when due
+    assert max(dispatcher.batches) <= PREPARE_STEP
 
 
 def test_a_dispatcher_without_building_ahead_is_never_asked() -> None:
@@ -267,3 +293,37 @@ def test_with_the_preferred_claimer_a_node_builds_ahead_only_the_firings_it_is_f
     first = {f.id for f in due if view.rank(f.id, "n1")[0] == 0}
     assert 0 < len(first) < 60
     assert set(dispatcher.built_at) == first
+
+
+def test_a_firing_ranked_ahead_is_not_ranked_again_at_its_release(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = Clock()
+    dispatcher = BuildsAhead(clock)
+    schedule = Schedule([entry(f"e{i}", trigger=Every(10)) for i in range(60)])
+    node = Scheduler(schedule, store=dispatcher, clock=clock, node="n1", preferred=True)
+    view = View.of({"n1", "n2", "n3"}, 0)
+    node.preference.view = view
+    clock.ms = START_MS - 1_500
+    node.tick()
+    clock.ms = START_MS - PREPARE_AHEAD_MS
+    while node.prepare_ahead():
+        pass
+
+    ranked: list[str] = []
+    rank = View.rank
+    monkeypatch.setattr(View, "rank", lambda v, fid, n: ranked.append(fid) or rank(v, fid, n))
+    clock.ms = START_MS
+    node.tick()
+    mine = [f for _, f, _ in dispatcher.sent if f.release_ms == START_MS]
+    assert 0 < len(mine) < 60  # its share claimed, the others left to n2 and n3
+    assert ranked == []
+    node.preference.view = View.of({"n1", "n2"}, 0)  # a node left: ranked afresh
+    clock.ms = START_MS + 10_000 - PREPARE_AHEAD_MS
+    while node.prepare_ahead():
+        pass
+    node.preference.view = View.of({"n1", "n2", "n4"}, 0)
+    clock.ms = START_MS + 10_000
+    node.tick()
+    assert len(ranked) >= 60
+

@@ -762,6 +762,21 @@ def test_pipelined_scripts_unknown_to_the_server_are_loaded_again(
     assert store.commit([r.id for r in batch], node="a") == [True] * len(batch)
 
 
+def test_the_claim_and_commit_scripts_can_be_loaded_before_their_first_run(
+    private_redis: Path,
+) -> None:
+    url = f"unix://:s3cret-pass@{private_redis}?db=0"
+    store = open_store(url, namespace="default", prefix="beatless-test:")
+    assert isinstance(store, RedisStore)
+    with redis.Redis.from_url(url) as admin:
+        admin.script_flush()
+        shas = [store._claim.sha, store._commit.sha]
+        assert admin.script_exists(*shas) == [False, False]
+        store.load_scripts()
+        assert admin.script_exists(*shas) == [True, True]
+    store.close()
+
+
 def test_scripts_are_loaded_again_after_script_flush(private_redis: Path) -> None:
     url = f"unix://:s3cret-pass@{private_redis}?db=0"
     store = open_store(url, namespace="default", prefix="beatless-test:")

@@ -474,6 +474,48 @@ def test_the_loop_never_sleeps_past_the_next_release_nor_longer_than_a_second() 
     assert node.sleep_s(cap_s=0.1) == pytest.approx(0.1)
 
 
+def test_a_wake_sends_the_firings_due_before_it_expands_the_occurrences_it_reached() -> None:
+    """Every second a firing is released and the occurrence two seconds on is reached for
+    expanding: it is expanded after the send, so the send does not wait for it."""
+    clock = Clock()
+    queued_at_send: list[set[int]] = []
+
+    def enqueue(firing: Firing) -> None:
+        queued = {f.occurrence_ms for _, f in node.timeline.items() if isinstance(f, Firing)}
+        queued_at_send.append(queued)
+
+    node = Scheduler(
+        Schedule([entry(trigger=Every(1))]),
+        store=MemoryStore(clock=clock),
+        enqueue=enqueue,
+        clock=clock,
+    )
+    for _ in range(5):
+        node.tick()
+        clock.ms += 1_000
+    node.tick()
+    sends = queued_at_send[2:]  # after the start's catch-up (two firings at the first wake)
+    assert len(sends) >= 4
+    for queued in sends:
+        # the next second's firing was expanded by the wake before; not the one after it
+        assert len(queued) == 1, queued
+    assert len({f.occurrence_ms for _, f in node.timeline.items() if isinstance(f, Firing)}) == 2
+
+
+def test_the_loop_sleeps_to_the_release_itself_not_to_the_next_whole_millisecond() -> None:
+    now = [T0 - 5]
+    node = Scheduler(
+        Schedule([entry(trigger=Every(3600), jitter="0s")]),
+        store=MemoryStore(clock=lambda: now[0]),
+        clock=lambda: now[0],
+    )
+    node.tick()
+    wake = node.next_wake_ms()
+    assert wake is not None
+    now[0] = (wake - 0.4) / 1_000  # 0.4 ms before the release
+    assert node.sleep_s() == pytest.approx(0.0004, abs=0.00005)
+
+
 def test_the_loop_rereads_the_wall_clock_and_notices_a_jump() -> None:
     clock = Clock()
     sent: list[Firing] = []

@@ -49,8 +49,10 @@ class BeatScheduler(beat.Scheduler):  # type: ignore[misc]
         self.beatless = self._build()
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        """One wake of the beatless scheduler; the seconds until the next one, at most
-        ``max_interval`` and one second."""
+        """One wake of the beatless scheduler, then a chunk of the messages due within a
+        second built ahead (``0``: beat calls again at once, as the loop of a worker node
+        does); else the seconds until the next wake, at most ``max_interval`` and one
+        second."""
         scheduler = self.beatless
         if scheduler is None:
             scheduler = self.beatless = self._build()
@@ -58,7 +60,7 @@ class BeatScheduler(beat.Scheduler):  # type: ignore[misc]
             scheduler.tick()
         except Exception:
             logger.exception("beatless wake failed; beat goes on")
-        return scheduler.sleep_s(float(self.max_interval))
+        return scheduler.idle_s(float(self.max_interval))
 
     def _build(self) -> CeleryScheduler:
         found = check_app(self.app)

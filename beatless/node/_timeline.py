@@ -12,6 +12,9 @@
   is handed back as late, before any store call: an overloaded node drops old work first.
 * Fan-outs release their tenants' firings over the window, a chunk at a time; firings
   left to a node ranked above this one wait here for their next look.
+* A wake hands out its due firings first: occurrences it reached to expand ahead of time
+  are expanded after the wake's dispatch (:meth:`Timeline.expand_reached`), so that the
+  firings released at that instant do not wait for them.
 """
 
 from __future__ import annotations
@@ -140,6 +143,9 @@ class Timeline:
         self._entries = {entry.name: entry for entry in schedule.entries}
         self._caught_up: dict[str, list[int]] = {}
         """Per entry: occurrences left by the catch-up policy, first and last, not said yet."""
+        self._reached: list[tuple[int, tuple[Group, int]]] = []
+        """Occurrences popped to expand ahead of time, none of whose firings is due yet:
+        expanded after the wake's dispatch (:meth:`expand_reached`)."""
         self._waited: dict[str, int] = {}
         """The firings (and fan-outs, :func:`_fan_key`) waiting for the live head, each
         with when it is looked at again: one that is late by then is decided
@@ -149,6 +155,8 @@ class Timeline:
 
     def next_wake_ms(self) -> int | None:
         """When the next item is due, in epoch milliseconds."""
+        if self._reached:  # left by a wake that failed before expanding them
+            return min(at_ms for at_ms, _ in self._reached)
         return self._heap[0][0] if self._heap else None
 
     def items(self) -> Iterable[tuple[int, Any]]:
@@ -357,11 +365,14 @@ class Timeline:
     def pop_due(self, now: int, decide: Decide) -> list[Firing]:
         """The firings due now, at most ``MAX_BATCH``; the late ones are handed to
         ``decide`` at once, without a store call, however many there are (and a
-        firing left to others that went late, ``delegated``)."""
+        firing left to others that went late, ``delegated``). An occurrence reached for
+        expanding ahead of time is kept for :meth:`expand_reached` unless it is due now
+        (a catch-up, a clock jump): then its firings are among those returned."""
+        self.expand_reached(now)  # any a failed wake left
         due: list[Firing] = []
         later: list[tuple[int, Any]] = []  # back into the heap after this wake
         while self._heap and self._heap[0][0] <= now and len(due) < MAX_BATCH:
-            _, _, item = heapq.heappop(self._heap)
+            at_ms, _, item = heapq.heappop(self._heap)
             if isinstance(item, Deferred | Firing) and not self._in_force(item, now, later, decide):
                 continue
             if isinstance(item, Deferred):
@@ -378,14 +389,33 @@ class Timeline:
                 self._waited.pop(item.id, None)
             elif isinstance(item, FanOut):
                 self._take_fan_out(item, now, due, later)
+            elif item[1] > now:
+                self._reached.append((at_ms, item))  # nothing of it is due yet
             else:
-                group, occurrence = item
-                occurrence = self._skip_late(group, occurrence, now)
-                if occurrence is not None:
-                    self._expand(group, occurrence)
+                self._expand_at(item, now)
         for at_ms, item in later:
             self._push(at_ms, item)
         return due
+
+    def expand_reached(self, now: int) -> None:
+        """Expand the occurrences :meth:`pop_due` reached ahead of time: after the wake's
+        dispatch, the work of a wake that is not due to the store at its instant. An
+        expansion queues its trigger's next occurrence, which may be reached already (a
+        trigger more frequent than ``EXPAND_AHEAD_MS``): expanded too."""
+        heap = self._heap
+        while self._reached:
+            reached, self._reached = self._reached, []
+            for _, item in reached:
+                self._expand_at(item, now)
+            while heap and heap[0][0] <= now and isinstance(heap[0][2], tuple):
+                at_ms, _, item = heapq.heappop(heap)
+                self._reached.append((at_ms, item))
+
+    def _expand_at(self, item: tuple[Group, int], now: int) -> None:
+        group, occurrence = item
+        found = self._skip_late(group, occurrence, now)
+        if found is not None:
+            self._expand(group, found)
 
     def _went_stale(self, key: str, occurrence_ms: int, max_late_ms: int) -> bool:
         """Whether what ``key`` names waited for the live head and was late at its next

@@ -22,6 +22,7 @@ import json
 import logging
 from abc import abstractmethod
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import replace
 from typing import Generic, TypeVar
 
@@ -80,6 +81,7 @@ class RedisAtomic(Dispatcher, Generic[M]):
         self.two_phase = TwoPhase(store, enqueue, lease=lease)
         self.lease_ms = self.two_phase.lease_ms
         self._warned = WarnEvery()
+        self._scripts_loaded = False
 
     # -- the hooks -------------------------------------------------------------------
 
@@ -107,7 +109,13 @@ class RedisAtomic(Dispatcher, Generic[M]):
     def prepare(self, firings: Sequence[Firing], wake: Wake) -> Sequence[object]:
         """Build each firing's message, commands and claim ahead of its release: at the
         release, what is left is the script. A firing that goes two-phase, or whose
-        message cannot be built now, is built when due."""
+        message cannot be built now, is built when due. The store's scripts are loaded
+        on the server before the first claim (:meth:`RedisStore.load_scripts
+        <beatless.stores.redis.store.RedisStore.load_scripts>`)."""
+        if not self._scripts_loaded:
+            with suppress(StoreError):  # else loaded by the claim itself
+                self.store.load_scripts()
+                self._scripts_loaded = True
         built: list[Ready[M] | None] = []
         for firing in firings:
             try:

@@ -49,7 +49,7 @@ from beatless.node._clockwatch import ClockWatch
 from beatless.node._inflight import InFlight
 from beatless.node._judging import Judging
 from beatless.node._live import LiveView
-from beatless.node._prefer import CLAIM, DELEGATE, LADDER_MS, Preference, fits
+from beatless.node._prefer import CLAIM, DELEGATE, LADDER_MS, Preference, Ranked, fits
 from beatless.node._reseed import Reseeder
 from beatless.node._tally import SETTLE_MS, WARN_EVERY_MS, Tally
 from beatless.node._timeline import Timeline
@@ -286,7 +286,7 @@ class Scheduler:
         """What is due when (:mod:`beatless.node._timeline`)."""
         self.judging = Judging(self.store, self.node, self.lease_ms, self.tally)
         """The unjudged firings gone late, waiting for the store's word (:mod:`._judging`)."""
-        self.ahead = BuildAhead(self.dispatcher, self.timeline, self._claims_first, self.now_ms)
+        self.ahead = BuildAhead(self.dispatcher, self.timeline, self._rank_at_release, self.now_ms)
         """What the dispatcher built ahead (:mod:`beatless.node._ahead`)."""
         self.wake = LoopWake(
             self.node,
@@ -316,7 +316,7 @@ class Scheduler:
     # -- one wake -------------------------------------------------------------------
 
     def tick(self) -> list[Decision]:
-        """One wake: expand what is near, then claim and enqueue what is due now."""
+        """One wake: claim and enqueue what is due now, then expand what is near."""
         now = self.now_ms()
         self.board.woke(now)
         self.preference.adopt(now)
@@ -326,14 +326,14 @@ class Scheduler:
             self.timeline.run_now(run_now, now)
         skewed = self.clockwatch.refusing  # what the live view's confirms() went by
         due = self.timeline.pop_due(now, self.wake.decide)
-        due = self._drop_paused(self._prefer(due, now), now)
-        if due and (not self.clockwatch.check(now) or skewed):
-            for firing in due:
-                self.wake.decide(firing, DecisionOutcome.CLOCK_SKEW)
-        elif due:
-            self._dispatch(due)
-        else:
-            self.dispatcher.settle(self.wake)  # a failed commit is retried on every wake
+        delegated: list[Firing] = []
+        try:
+            self._claim(self._drop_paused(self._prefer(due, now, delegated), now), now, skewed)
+        finally:
+            # What is not due to the store at this instant comes after its claims.
+            for firing in delegated:
+                self.wake.decide(firing, DecisionOutcome.DELEGATED)
+        self.timeline.expand_reached(now)
         if self.reseeder.step(now):
             self.flights.forget_held()  # a node that sent one of them wrote it back
         self.judging.judge(now, self.wake.decide)
@@ -342,6 +342,17 @@ class Scheduler:
         self.tally.tell(now, self.clockwatch.offset_ms)
         decisions, self._decisions = self._decisions, []
         return decisions
+
+    def _claim(self, due: list[Firing], now: int, skewed: bool) -> None:
+        """Hand the firings this node claims now to the dispatcher (none while its clock
+        is off the store's); with none, settle what the dispatcher owes."""
+        if due and (not self.clockwatch.check(now) or skewed):
+            for firing in due:
+                self.wake.decide(firing, DecisionOutcome.CLOCK_SKEW)
+        elif due:
+            self._dispatch(due)
+        else:
+            self.dispatcher.settle(self.wake)  # a failed commit is retried on every wake
 
     def _follow_live(self, now: int) -> None:
         """Apply the live revisions read and plan their new definitions; read the head
@@ -371,9 +382,10 @@ class Scheduler:
             self._ladder[entry.name] = fits(entry.jitter_ms, entry.max_late_ms)
         self.timeline.plan_live(fresh)
 
-    def _prefer(self, due: list[Firing], now: int) -> list[Firing]:
+    def _prefer(self, due: list[Firing], now: int, delegated: list[Firing]) -> list[Firing]:
         """The due firings this node claims now; the others are left to the node preferred
-        for them, or looked at again later (:mod:`beatless.node._prefer`)."""
+        for them (added to ``delegated``, decided so once the claims are sent), or looked
+        at again later (:mod:`beatless.node._prefer`)."""
         if not due or not self.preference.enabled or len(self.preference.view.nodes) == 1:
             return due
         claimed = []
@@ -384,27 +396,30 @@ class Scheduler:
                 firing.release_ms,
                 now,
                 ladder=ladder,
-                ranked=self.flights.take_ranked(firing),
+                ranked=self.flights.take_ranked(firing) or self.ahead.ranked(firing),
             )
             if placed == CLAIM:
                 claimed.append(firing)
             elif placed == DELEGATE:
-                self.wake.decide(firing, DecisionOutcome.DELEGATED)
+                delegated.append(firing)
             else:
                 if ranked is not None:
                     self.flights.rank(firing, ranked)
                 self.timeline.defer(placed, firing)
         return claimed
 
-    def _claims_first(self, firing: Firing) -> bool:
-        """Whether this node will claim ``firing`` at its release (it is preferred for
-        it, or there is no preference): as :meth:`Preference.place` decides it then."""
+    def _rank_at_release(self, firing: Firing) -> Ranked | None:
+        """Where this node ranks for ``firing`` under its view, as :meth:`Preference.place`
+        ranks it at the release (0: it claims it then); ``None`` when it claims it at its
+        release whatever the ranks (no preference, one node, an entry off the ladder, a
+        manual firing)."""
         preference = self.preference
         if not preference.enabled or len(preference.view.nodes) == 1:
-            return True
+            return None
         if not self._ladder[firing.entry.name] or firing.manual:
-            return True
-        return preference.view.rank(firing.id, self.node)[0] == 0
+            return None
+        view = preference.view
+        return (view.digest, *view.rank(firing.id, self.node))
 
     def _drop_paused(self, due: list[Firing], now: int) -> list[Firing]:
         """Decide the firings of paused entries ``paused``: not claimed, not missed.
@@ -505,6 +520,19 @@ class Scheduler:
         built any, so the loop calls again at once."""
         return self.ahead.build(self.wake)
 
+    def idle_s(self, cap_s: float = MAX_SLEEP_MS / 1_000) -> float:
+        """Between two wakes: build a chunk of what is due within a second
+        (:meth:`prepare_ahead`), and return 0 to be woken again at once; else the seconds
+        to sleep (:meth:`sleep_s`). A loop that drives this node from outside (``celery
+        beat``) calls it after each :meth:`tick`, as :meth:`run` does."""
+        try:
+            if self.prepare_ahead():
+                return 0.0
+        except Exception:
+            if self.tally.may_warn("prepare", 300_000):
+                logger.exception("building firings ahead failed; they are built when due")
+        return self.sleep_s(cap_s)
+
     def run(self) -> None:
         """Wake, decide, sleep until the next release (at most a second, and no longer
         than until the board reads a new live revision); until stopped."""
@@ -523,14 +551,9 @@ class Scheduler:
                     if self.tally.may_warn("tick", 300_000):
                         logger.exception("scheduler wake failed; the loop goes on")
                 self.board.start()  # after the first wake, so the first record shows it
-                try:
-                    prepared = self.prepare_ahead()
-                except Exception:
-                    prepared = False
-                    if self.tally.may_warn("prepare", 300_000):
-                        logger.exception("building firings ahead failed; they are built when due")
-                if not prepared:
-                    self._alarm.wait(self.sleep_s())
+                delay = self.idle_s()
+                if delay > 0:
+                    self._alarm.wait(delay)
                     self._alarm.clear()
         finally:
             if len(self.judging):  # asked once more; what is left is told as not judged
@@ -556,7 +579,9 @@ class Scheduler:
         wake = self.next_wake_ms()
         if wake is None:
             return cap_ms / 1_000
-        delay = wake - self.now_ms()
+        # From the clock itself: from now_ms(), rounded down, the loop would wake up to a
+        # millisecond after the release.
+        delay = wake - self.clock() * 1_000
         if self.dispatcher.prepares_ahead and delay > PREPARE_AHEAD_MS:
             delay -= PREPARE_AHEAD_MS  # wake in time to build what is due then
         return min(max(delay, 0), cap_ms) / 1_000

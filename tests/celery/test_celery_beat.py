@@ -200,6 +200,43 @@ def test_the_broker_own_redis_takes_the_atomic_path_unless_forced_off(
         forced.close()
 
 
+@pytest.mark.skipif(not HAS_ATOMIC, reason="beatless.celery._atomic is not in this tree")
+def test_beat_builds_the_messages_due_within_a_second_while_it_would_sleep(
+    prefix: str, redis_client: Any
+) -> None:
+    app = Celery(prefix, broker=REDIS_URL, set_as_current=False)
+    app.conf.update(
+        beat_schedule=every_second(prefix),
+        broker_transport_options={"global_keyprefix": f"{prefix}:"},
+        beatless_namespace=prefix,
+    )
+    beat = BeatScheduler(app=app)
+    built: list[str] = []
+    won: list[Decision] = []
+    try:
+        scheduler = beat.beatless
+        assert scheduler is not None
+        assert scheduler.atomic is not None
+        prepare = scheduler.atomic.prepare
+
+        def noting(firings: Any, wake: Any) -> Any:
+            built.extend(f.id for f in firings)
+            return prepare(firings, wake)
+
+        scheduler.atomic.prepare = noting  # type: ignore[method-assign]
+        scheduler.on_decision = won.append
+        deadline = time.monotonic() + 3.5
+        while time.monotonic() < deadline:  # as celery beat's service drives a scheduler
+            interval = beat.tick()
+            if interval > 0:
+                time.sleep(interval)
+    finally:
+        beat.close()
+    sent = [d.firing.id for d in won if d.outcome == "won"]
+    assert len(sent) >= 2
+    assert set(sent[1:]) <= set(built)  # each after the first wake built a second ahead
+
+
 # -- real processes -------------------------------------------------------------------
 
 

@@ -463,6 +463,16 @@ class RedisStore(ClaimStore):
             seconds, micros = self._client.time()
         return int(seconds) * 1_000 + int(micros) // 1_000
 
+    def load_scripts(self) -> None:
+        """Load the claim and commit scripts on the server ahead of their first run: a
+        first batch answered ``NOSCRIPT`` is packed and sent again (a burst's claims carry
+        megabytes). Loaded again on ``NOSCRIPT`` all the same (a restart, ``SCRIPT
+        FLUSH``). Raises :class:`~beatless.errors.StoreUnavailable` when Redis cannot be
+        reached."""
+        with self._errors("load its scripts"):
+            for script in (self._claim, self._commit):
+                self._client.script_load(script.script)
+
     def probe(self) -> None:
         """SET a probe key under the prefix (``PX`` 10 s), GET it back and DEL it."""
         key, value = f"{self.prefix}probe:{uuid.uuid4().hex}", uuid.uuid4().hex
