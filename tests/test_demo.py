@@ -11,7 +11,13 @@ from collections import Counter
 import pytest
 from service_check import require_service
 
-from beatless.cli.demo import MARGIN_MS, WARMUP_MS, _LateCommits, demo_schedule, expected_firings
+from beatless.cli.demo import (
+    _LateCommits,
+    _Run,
+    demo_schedule,
+    expected_firings,
+    summarize,
+)
 from beatless.node.dispatch import LATE_COMMIT
 from beatless.schedule.firing import firing_id
 
@@ -83,22 +89,66 @@ def test_demo_says_in_one_line_when_its_store_cannot_be_reached() -> None:
     assert "cannot probe" in result.stderr
 
 
-def test_expected_firings_cover_each_address_inside_the_window_only() -> None:
+def test_expected_firings_are_those_a_node_ran_for_from_occurrence_to_release() -> None:
     schedule = demo_schedule()
     start = 1_800_000_000_000  # a whole minute, so every trigger has an occurrence here
     end = start + 30_000
-    expected = expected_firings(schedule, start, end).values()
+    expected = expected_firings(schedule, [(start, end)]).values()
     by_entry: dict[str, list[int]] = {}
     for firing in expected:
         by_entry.setdefault(firing.entry.name, []).append(firing.occurrence_ms)
-        last = end - firing.entry.jitter_ms - MARGIN_MS
-        assert start + WARMUP_MS <= firing.occurrence_ms <= last
-    # window [start + 2 s, end - jitter - 2 s]: tick-1s 2..28 s; tick-2s 2..28 s even;
-    # spread-5s (jitter 2s) 5..25 s; minutely: none after the warm-up;
-    # fanout (jitter 4s) 10 and 20 s, 20 tenants each
-    assert len(by_entry["tick-1s"]) == 27
-    assert len(by_entry["tick-2s"]) == 14
-    assert len(by_entry["spread-5s"]) == 5
-    assert "minutely" not in by_entry
-    assert sorted(set(by_entry["fanout"])) == [start + 10_000, start + 20_000]
-    assert len(by_entry["fanout"]) == 40
+        assert start <= firing.occurrence_ms
+        assert firing.release_ms <= end
+    # occurrences from the start, releases by the end: tick-1s 0..30 s; tick-2s 0..30 s
+    # even; minutely at 0 s; spread-5s (jitter 2 s) 0..25 s, and 30 s only if released at
+    # once; fanout (jitter 4 s) 0, 10 and 20 s, 20 tenants each (30 s: those released at 0)
+    assert len(by_entry["tick-1s"]) == 31
+    assert len(by_entry["tick-2s"]) == 16
+    assert by_entry["minutely"] == [start]
+    assert sorted(by_entry["spread-5s"])[:6] == [start + s * 1_000 for s in range(0, 30, 5)]
+    assert sorted(set(by_entry["fanout"]))[:3] == [start, start + 10_000, start + 20_000]
+    assert len([o for o in by_entry["fanout"] if o < start + 30_000]) == 60
+
+
+def test_a_firing_is_expected_when_one_node_ran_from_its_occurrence_to_its_release() -> None:
+    """Two nodes, one started late, one stopped early: a firing counts when one of them
+    saw both its occurrence and its release, and only then."""
+    schedule = demo_schedule()
+    start = 1_800_000_000_000
+    spans = [(start + 3_500, start + 10_000), (start + 5_500, start + 20_000)]
+    expected = expected_firings(schedule, spans)
+    ticks = sorted(f.occurrence_ms - start for f in expected.values() if f.entry.name == "tick-1s")
+    assert ticks == list(range(4_000, 20_001, 1_000))  # 3 s: before either started
+    for firing in expected.values():
+        assert any(a <= firing.occurrence_ms and firing.release_ms <= b for a, b in spans)
+    everything = expected_firings(schedule, [(start, start + 30_000)])
+    for id_, firing in everything.items():
+        covered = any(a <= firing.occurrence_ms and firing.release_ms <= b for a, b in spans)
+        assert (id_ in expected) == covered
+
+
+def test_the_summary_counts_firings_from_when_the_nodes_started_to_when_they_stopped() -> None:
+    """Nodes that were slow to start (a loaded machine) are not blamed for the occurrences
+    before them, and a firing released before the stop that no node won is a miss."""
+    schedule = demo_schedule()
+    start = 1_800_000_000_000
+    run = _Run(start, start + 8_000, up_ms=start + 500)
+    run.spans = {"node-1": (start + 4_200, start + 8_050), "node-2": (start + 4_900, None)}
+    expected = expected_firings(schedule, [(start + 4_200, start + 8_050)])
+    run.firings = [
+        {
+            "id": f.id,
+            "node": "node-1",
+            "entry": f.entry.name,
+            "offset_ms": f.offset_ms,
+            "lateness_ms": 3,
+        }
+        for f in expected.values()
+        if f.occurrence_ms != start + 7_000
+    ]
+    summary = summarize(schedule, run, ["node-1", "node-2"], {})
+    assert summary["expected"] == len(expected) > 0
+    assert summary["missed_firings"] == ["demo/tick-1s@2027-01-15T08:00:07.000Z"]
+    assert summary["missed"] == 1
+    assert summary["window"] == ["2027-01-15T08:00:04.200Z", "2027-01-15T08:00:08.050Z"]
+    assert (summary["seconds"], summary["startup_s"]) == (7.5, 0.5)

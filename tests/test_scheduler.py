@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -726,3 +727,97 @@ def test_overlap_skip_is_refused_at_start_on_a_store_that_cannot_hold_run_leases
     assert error.startswith("entry 'skips': overlap 'skip' needs a claim store that renews")
     assert "memory store cannot" in error
     assert Scheduler(schedule, store=MemoryStore(), enqueue=lambda f: None)
+
+
+def _started(node: Scheduler) -> threading.Event:
+    """Run ``node``'s loop in its thread; the event is set once its first wake is done and
+    it goes to sleep for as long as its injected clock says."""
+    asleep = threading.Event()
+    sleep_s = node.sleep_s
+
+    def sleeping(cap_s: float = MAX_SLEEP_MS / 1_000) -> float:
+        seconds = sleep_s(cap_s)
+        asleep.set()
+        return seconds
+
+    node.sleep_s = sleeping  # type: ignore[method-assign]
+    node.start()
+    return asleep
+
+
+def test_stop_decides_a_firing_released_at_the_stop_instant() -> None:
+    """The loop sleeps until the release; stop() comes at the release, before the loop
+    woke for it: the firing is still claimed and sent before stop() returns."""
+    clock = Clock(T0 - 5)  # the next release is 5 s away: the loop sleeps its whole cap
+    store = MemoryStore(clock=clock)
+    sent: list[Firing] = []
+    decisions: list[Decision] = []
+    schedule = Schedule([entry(trigger=Every(3600))])
+    node = Scheduler(
+        schedule, store=store, clock=clock, enqueue=sent.append, on_decision=decisions.append
+    )
+    assert _started(node).wait(5)
+    clock.now = T0
+    node.stop(timeout=5)
+    assert [f.occurrence_ms for f in sent] == [round(T0 * 1_000)]
+    assert [d.outcome for d in decisions] == ["won"]
+    record = store.claim_records([sent[0].id])[sent[0].id]
+    assert (record.node, record.committed) == (node.node, True)  # committed, not pending
+
+
+class SlowFirstClaim(MemoryStore):
+    """A memory store whose first claim by node ``a`` returns only after node ``b`` saw
+    it pending and after ``a``'s monotonic clock moved on by ``stall_s``: a node starved
+    of CPU between its claim and its send."""
+
+    def __init__(self, clock: Clock, mono: list[float], stall_s: float) -> None:
+        super().__init__(clock=clock)
+        self.mono, self.stall_s = mono, stall_s
+        self.other: Scheduler | None = None
+
+    def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
+        outcomes = super().claim(requests, node=node, lease_ms=lease_ms)
+        if node == "a" and self.other is not None:
+            other, self.other = self.other, None
+            other.tick()  # b claims meanwhile: held, looked at again after a's lease
+            self.mono[0] += self.stall_s
+        return outcomes
+
+
+def test_stop_tries_again_a_firing_whose_claim_went_stale_just_before_it() -> None:
+    """Node a wins the claim but is starved past half its lease before the send: the
+    claim is stale, released, and tried again 500 ms later; node b saw it held, and looks
+    again only after a's lease. Both stop before either look: the stop decides it, and
+    exactly one node sends it."""
+    clock = Clock(T0 - 5)
+    mono = [1_000.0]
+    store = SlowFirstClaim(clock, mono, stall_s=1.6)
+    schedule = Schedule([entry(trigger=Every(3600), max_late="8s")])
+    sent: list[Firing] = []
+    decisions: list[Decision] = []
+    shared: dict[str, Any] = {  # one store and clock; a lease that a starved node outlives
+        "store": store,
+        "clock": clock,
+        "monotonic": lambda: mono[0],
+        "lease": "3s",
+        "preferred": False,
+        "enqueue": sent.append,
+        "on_decision": decisions.append,
+    }
+    nodes = {name: Scheduler(schedule, node=name, **shared) for name in ("a", "b")}
+
+    def outcomes(name: str) -> list[str]:
+        return [d.outcome for d in decisions if d.node == name]
+
+    clock.now = T0
+    store.other = nodes["b"]
+    nodes["a"].tick()
+    assert (outcomes("a"), outcomes("b")) == (["stale_claim"], ["held"])
+    clock.now = T0 + 0.1  # before a's retry (T0 + 0.5 s) and b's look (T0 + 3.5 s)
+    started = [_started(node) for node in nodes.values()]
+    assert all(event.wait(5) for event in started)
+    for node in nodes.values():
+        node.stop(timeout=5)
+    assert [f.occurrence_ms for f in sent] == [round(T0 * 1_000)]
+    assert outcomes("a")[-1] in ("won", "takeover", "lost")
+    assert outcomes("b")[-1] in ("won", "takeover", "lost", "held")

@@ -2,10 +2,12 @@
 
 The parent starts ``--nodes`` processes (``python -m beatless.cli.demo node ...``), each a
 full scheduler on one SQLite file with the built-in schedule below. Every node reports
-each firing it wins as a JSON line on its stdout; the parent prints them as they come,
-then checks the run independently of the nodes: it computes, from the triggers alone,
-every firing whose occurrence falls inside the run window and counts the ones no node
-won (missed) and the ones won more than once (duplicates).
+when it started scheduling, each firing it wins and when it stopped, as JSON lines on its
+stdout; the parent prints the firings as they come, then checks the run independently of
+the nodes' decisions: it computes, from the triggers alone, every firing some node was
+running for (its occurrence after the node started, its release before the node
+stopped) and counts the ones no node won (missed) and the ones won more than once
+(duplicates).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import queue
 import shutil
 import signal
@@ -36,12 +39,15 @@ from beatless.schedule.entry import Entry, Schedule
 from beatless.schedule.firing import Firing, iso
 from beatless.schedule.outcomes import DecisionOutcome
 
-WARMUP_MS = 2_000
-"""Occurrences this soon after the start are not counted: the nodes are still starting."""
-MARGIN_MS = 2_000
-"""Releases this close to the end are not counted: a node may be deciding them as it stops."""
-GRACE_S = 5.0
-"""How long the nodes get to stop on their own after the end before they are killed."""
+STARTUP_S = 60.0
+"""How long the nodes get to start scheduling (a loaded machine takes seconds to import
+and connect): ``--seconds`` counts from when every node has, or from this bound."""
+NODE_STOP_S = 5.0
+"""The ``timeout`` of each node's :meth:`~beatless.node.scheduler.Scheduler.stop`: half of
+it at most to decide what was released by the end, then the board's last write."""
+GRACE_S = NODE_STOP_S + 5.0
+"""How long the nodes get to stop on their own after the end before they are killed: their
+stop, then closing the store and reporting, on a machine that may run them slowly."""
 FANOUT = "fanout"
 
 
@@ -81,11 +87,18 @@ class _Node:
 class _Run:
     start_ms: int
     end_ms: int
+    """When the nodes are told to stop: ``--seconds`` after :attr:`up_ms`."""
+    up_ms: int = 0
+    """When every node was scheduling (or the start-up bound passed)."""
+    starting: set[str] = field(default_factory=set)
+    """The nodes not scheduling yet, whose output is still open."""
     firings: list[dict[str, Any]] = field(default_factory=list)
+    spans: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    """When each node started scheduling and, once it said so, when it stopped."""
     stats: dict[str, dict[str, Any]] = field(default_factory=dict)
     interrupted: bool = False
     late_commits: int = 0
-    reports: queue.Queue[dict[str, Any] | None] = field(default_factory=queue.Queue)
+    reports: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
     open_streams: int = 0
 
 
@@ -113,17 +126,17 @@ def run_demo(
         _probe(url, namespace)
     schedule = demo_schedule(namespace)
     start_ms = int(time.time() * 1_000)
-    run = _Run(start_ms, start_ms + int(seconds * 1_000))
+    run = _Run(start_ms, start_ms + int((STARTUP_S + seconds) * 1_000))
     children: list[_Node] = []
     previous = _interrupt_on_sigterm()
     try:
         if not as_json:
             print(f"beatless demo: {nodes} nodes, {seconds:g}s, store {mask_url(url)}")
             _print_schedule(schedule)
-        children = [
+        children = [  # each node stops when its stdin closes; run.end_ms is a backstop
             _spawn(f"node-{i}", url, namespace, run.end_ms, workdir) for i in range(1, nodes + 1)
         ]
-        _collect(children, run, as_json)
+        _collect(children, run, as_json, seconds)
     finally:
         _kill(children)
         _take_reports(run, as_json, time.time() + 1.0)
@@ -178,49 +191,70 @@ def _spawn(name: str, url: str, namespace: str, until_ms: int, workdir: Path) ->
     return _Node(name, process, log)
 
 
-def _collect(children: Sequence[_Node], run: _Run, as_json: bool) -> None:
-    """Print each report as it arrives until every node has stopped (or the grace ends)."""
+def _collect(children: Sequence[_Node], run: _Run, as_json: bool, seconds: float) -> None:
+    """Print each report as it arrives: while the nodes start, for ``seconds`` once they
+    all schedule, then while they stop (each on its stdin closing), until every node has
+    stopped or the grace ends."""
     for child in children:
         threading.Thread(target=_read, args=(child, run.reports), daemon=True).start()
-    run.open_streams = len(children)
+    run.open_streams, run.starting = len(children), {child.name for child in children}
     if not as_json:
         print(_row("release (UTC)", "node", "entry", "tenant", "occurrence", "offset", "late"))
     try:
+        _take_reports(run, as_json, time.time() + STARTUP_S, until_up=True)
+        run.up_ms = int(time.time() * 1_000)
+        run.end_ms = run.up_ms + int(seconds * 1_000)
+        _take_reports(run, as_json, run.end_ms / 1_000)
+        _close_inputs(children)
         _take_reports(run, as_json, run.end_ms / 1_000 + GRACE_S)
     except KeyboardInterrupt:
         run.interrupted = True
         run.end_ms = min(run.end_ms, int(time.time() * 1_000))
+        run.up_ms = run.up_ms or run.end_ms
 
 
-def _take_reports(run: _Run, as_json: bool, deadline: float) -> None:
-    while run.open_streams and time.time() < deadline:
+def _take_reports(run: _Run, as_json: bool, deadline: float, *, until_up: bool = False) -> None:
+    """Take the nodes' reports until ``deadline``, every node's output closed or (with
+    ``until_up``) every node scheduling."""
+    while run.open_streams and time.time() < deadline and not (until_up and not run.starting):
         try:
             report = run.reports.get(timeout=0.1)
         except queue.Empty:
             continue
-        if report is None:
+        if report.get("event") == "closed":
             run.open_streams -= 1
+            run.starting.discard(report["node"])
+        elif report.get("event") == "started":
+            run.spans[report["node"]] = (report["start_ms"], None)
+            run.starting.discard(report["node"])
         elif report.get("event") == "stats":
             run.stats[report["node"]] = report["entries"]
+            started = run.spans.get(report["node"], (report["stopped_ms"], None))[0]
+            run.spans[report["node"]] = (started, report["stopped_ms"])
             run.late_commits += int(report.get("late_commits", 0))
         else:
             run.firings.append(report)
             _print_firing(report, run.start_ms, as_json)
 
 
-def _read(child: _Node, reports: queue.Queue[dict[str, Any] | None]) -> None:
+def _read(child: _Node, reports: queue.Queue[dict[str, Any]]) -> None:
     for line in child.process.stdout or ():
         with contextlib.suppress(json.JSONDecodeError):
             reports.put(json.loads(line))
-    reports.put(None)
+    reports.put({"event": "closed", "node": child.name})
 
 
-def _kill(children: Sequence[_Node]) -> None:
-    """Close each node's stdin (it stops on EOF), then kill by pid what is still running."""
+def _close_inputs(children: Sequence[_Node]) -> None:
+    """Close each node's stdin: it stops on EOF."""
     for child in children:
         with contextlib.suppress(OSError):
             if child.process.stdin is not None:
                 child.process.stdin.close()
+
+
+def _kill(children: Sequence[_Node]) -> None:
+    """Close each node's stdin (it stops on EOF), then kill by pid what is still running."""
+    _close_inputs(children)
     for child in children:
         try:
             child.process.wait(timeout=1.0)
@@ -242,22 +276,34 @@ def _failures(children: Sequence[_Node]) -> dict[str, str]:
 # -- checking the run -------------------------------------------------------------------
 
 
-def expected_firings(schedule: Schedule, start_ms: int, end_ms: int) -> dict[str, Firing]:
-    """Every firing whose occurrence is in the run window, computed from the triggers.
+def expected_firings(schedule: Schedule, spans: Sequence[tuple[int, int]]) -> dict[str, Firing]:
+    """Every firing some node was running for, computed from the triggers alone.
 
-    The window of an entry is ``[start + warmup, end - jitter - margin]``: late enough for
-    the nodes to be up, early enough for its release to be decided before they stop.
+    ``spans`` holds when each node started scheduling and when it stopped. A node decides
+    every firing whose occurrence is at or after its start (an earlier one is left to its
+    ``catch_up`` policy) and whose release is at or before its stop (a stopping node
+    decides what was released by then before it leaves): so a firing in some node's span
+    is one that node must have seen won, by itself or another.
     """
+    if not spans:
+        return {}
+    first, last = min(start for start, _ in spans), max(stop for _, stop in spans)
     out = {}
     for entry in schedule.entries:
-        first, last = start_ms + WARMUP_MS, end_ms - entry.jitter_ms - MARGIN_MS
         for occurrence in entry.trigger.after(first - 1):
             if occurrence > last:
                 break
             for tenant in entry.tenant_list() or (None,):
                 firing = Firing.of(entry, tenant, schedule.address(entry, tenant), occurrence)
-                out[firing.id] = firing
+                if any(a <= occurrence and firing.release_ms <= b for a, b in spans):
+                    out[firing.id] = firing
     return out
+
+
+def node_spans(run: _Run) -> list[tuple[int, int]]:
+    """When each node that started scheduling did so and stopped; one that never said it
+    stopped (killed, crashed) is held to the end it was given."""
+    return [(start, run.end_ms if stop is None else stop) for start, stop in run.spans.values()]
 
 
 def summarize(
@@ -265,24 +311,27 @@ def summarize(
 ) -> dict[str, Any]:
     """The numbers of a run: firings, duplicates, missed, per-node wins, fan-out spread."""
     wins = Counter(f["id"] for f in run.firings)
-    expected = expected_firings(schedule, run.start_ms, run.end_ms)
+    spans = node_spans(run)
+    expected = expected_firings(schedule, spans)
     missed = [f for id_, f in expected.items() if id_ not in wins]
     in_window = [f for f in run.firings if f["id"] in expected]
     lateness = sorted(f["lateness_ms"] for f in in_window)
     per_node = Counter(f["node"] for f in run.firings)
     lost = {n: sum(s.get("lost", 0) for s in run.stats.get(n, {}).values()) for n in nodes}
+    window = [iso(min(a for a, _ in spans)), iso(max(b for _, b in spans))] if spans else None
     return {
         "event": "summary",
         "namespace": schedule.namespace,
         "nodes": len(nodes),
-        "seconds": (run.end_ms - run.start_ms) / 1_000,
+        "seconds": (run.end_ms - run.up_ms) / 1_000,
+        "startup_s": (run.up_ms - run.start_ms) / 1_000,
         "firings": len(run.firings),
         "duplicates": sum(count - 1 for count in wins.values()),
         "late_commits": run.late_commits,
         "expected": len(expected),
         "missed": len(missed),
         "missed_firings": [f"{f.address}@{iso(f.occurrence_ms)}" for f in missed[:10]],
-        "window": [iso(run.start_ms + WARMUP_MS), iso(run.end_ms - MARGIN_MS)],
+        "window": window,
         "wins_per_node": {n: per_node.get(n, 0) for n in nodes},
         "lost_per_node": lost,
         "lateness_ms": _lateness(lateness),
@@ -364,7 +413,8 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
         return
     late = summary["lateness_ms"]
     print()
-    print(f"summary ({summary['nodes']} nodes, {summary['seconds']:g}s)")
+    started = f"{summary['startup_s']:.1f}s"
+    print(f"summary ({summary['nodes']} nodes, {summary['seconds']:g}s once up in {started})")
     print(f"  firings      {summary['firings']}")
     print(f"  duplicates   {summary['duplicates']}   (a firing id won by more than one node)")
     if summary["late_commits"]:
@@ -373,11 +423,11 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
             f"commit: the node was starved longer than the lease, and another node may have "
             f"sent the firing again)"
         )
-    window = " to ".join(t[11:23] for t in summary["window"])
-    if summary["window"][0] < summary["window"][1]:
-        window = f"occurrences {window}, less each entry's jitter"
+    if summary["window"] is None:
+        window = "no node started scheduling"
     else:
-        window = "the run was too short to check"
+        first, last = (t[11:23] for t in summary["window"])
+        window = f"occurred from {first}, as a node started, and released by {last}, as it stopped"
     print(f"  missed       {summary['missed']} of {summary['expected']} expected ({window})")
     for name in summary["missed_firings"]:
         print(f"                 {name}")
@@ -439,11 +489,22 @@ def run_node(*, store_url: str, node: str, until_ms: int, namespace: str = "demo
             on_decision=report,
             lease=DEMO_LEASE,
         )
+        _emit(lock, {"event": "started", "node": node, "start_ms": scheduler.timeline.start_ms})
         scheduler.start()
         stop.wait(max(0.0, until_ms / 1_000 - time.time()))
-        scheduler.stop(timeout=5)
+        stopped_ms = math.floor(time.time() * 1_000)  # the stop decides what was released by then
+        scheduler.stop(timeout=NODE_STOP_S)
         entries = {name: stats.as_dict() for name, stats in scheduler.stats.items()}
-    _emit(lock, {"event": "stats", "node": node, "entries": entries, "late_commits": late.count})
+    _emit(
+        lock,
+        {
+            "event": "stats",
+            "node": node,
+            "entries": entries,
+            "late_commits": late.count,
+            "stopped_ms": stopped_ms,
+        },
+    )
     return 0
 
 

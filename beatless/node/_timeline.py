@@ -501,6 +501,42 @@ class Timeline:
         else:
             self._push(max(next_ms, now + FAN_OUT_STEP_MS), fan)
 
+    # -- stopping ---------------------------------------------------------------------
+
+    def bring_forward(self, until_ms: int, now: int, *, held: bool) -> None:
+        """Make due at ``now`` the firings released by ``until_ms`` that wait for a later
+        look: the ones tried again, and with ``held`` those seen held by another node's
+        pending claim (its holder may have given them up). For the wakes of a stopping
+        loop (:mod:`beatless.node._drain`)."""
+        moved = False
+        for index, (at_ms, seq, item) in enumerate(self._heap):
+            if (
+                at_ms > now
+                and isinstance(item, Firing)
+                and item.release_ms <= until_ms
+                and (held or not self._flights.was_held(item))
+            ):
+                self._heap[index] = (now, seq, item)
+                moved = True
+        if moved:
+            heapq.heapify(self._heap)
+
+    def left(self, until_ms: int) -> tuple[int, int]:
+        """What this node has still to try of the firings released by ``until_ms``: the
+        firings (not those seen held by another node's claim: their holder decides them)
+        and the fan-outs or occurrences with firings released by then."""
+        firings = groups = 0
+        for _, _, item in self._heap:
+            if isinstance(item, Firing):
+                firings += item.release_ms <= until_ms and not self._flights.was_held(item)
+            elif isinstance(item, FanOut):
+                if item.remaining:
+                    first = item.next_release_ms() if item.is_prepared else item.occurrence_ms
+                    groups += first <= until_ms
+            elif not isinstance(item, Deferred):  # (group, occurrence): not expanded yet
+                groups += item[1] <= until_ms
+        return firings, groups
+
     def upcoming(self, until_ms: int, limit: int, wanted: Callable[[Firing], bool]) -> list[Firing]:
         """At most ``limit`` firings due by ``until_ms`` that are ``wanted`` (and staged
         firings of prepared fan-outs): the heap's items up to then are a subtree at its

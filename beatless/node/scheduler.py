@@ -46,6 +46,7 @@ from beatless.fleet.limits import limits
 from beatless.node._ahead import PREPARE_AHEAD_MS, BuildAhead
 from beatless.node._board import Board
 from beatless.node._clockwatch import ClockWatch
+from beatless.node._drain import Stopping, drain
 from beatless.node._inflight import InFlight
 from beatless.node._judging import Judging
 from beatless.node._live import LiveView
@@ -223,6 +224,7 @@ class Scheduler:
         self.stats = self.tally.stats
         self.clockwatch = ClockWatch(self.store, clock, self.node)
         self._stop = threading.Event()
+        self._stopping: Stopping | None = None
         self._alarm = threading.Event()
         """Cuts the loop's sleep short: set by :meth:`stop` and when the board reads a live
         revision the loop has not applied."""
@@ -535,7 +537,8 @@ class Scheduler:
 
     def run(self) -> None:
         """Wake, decide, sleep until the next release (at most a second, and no longer
-        than until the board reads a new live revision); until stopped."""
+        than until the board reads a new live revision); until stopped, and then decide
+        what was released by the stop (:mod:`beatless.node._drain`)."""
         logger.info(
             "node %s scheduling %d entries of namespace %s through %s",
             shown(self.node, quoted=False),
@@ -545,22 +548,28 @@ class Scheduler:
         )
         try:
             while not self._stop.is_set():
-                try:
-                    self.tick()
-                except Exception:
-                    if self.tally.may_warn("tick", 300_000):
-                        logger.exception("scheduler wake failed; the loop goes on")
+                self._wake()
                 self.board.start()  # after the first wake, so the first record shows it
                 delay = self.idle_s()
                 if delay > 0:
                     self._alarm.wait(delay)
                     self._alarm.clear()
+            stopping = self._stopping or Stopping.at(self.now_ms(), None)
+            drain(stopping, self.timeline, node=self.node, now_ms=self.now_ms, wake=self._wake)
         finally:
             if len(self.judging):  # asked once more; what is left is told as not judged
                 self.judging.judge(self.now_ms(), self.wake.decide, last=True)
                 self.tally.tell(self.now_ms() + SETTLE_MS, self.clockwatch.offset_ms)
             self.board.stop(timeout=5)
         logger.info("node %s stopped", shown(self.node, quoted=False))
+
+    def _wake(self) -> None:
+        """One wake of the loop: what fails is logged, and the loop goes on."""
+        try:
+            self.tick()
+        except Exception:
+            if self.tally.may_warn("tick", 300_000):
+                logger.exception("scheduler wake failed; the loop goes on")
 
     def loop_alive(self) -> bool:
         """Whether the loop runs: its thread is alive, or (driven by another loop's
@@ -589,12 +598,17 @@ class Scheduler:
     def start(self) -> threading.Thread:
         """Run the loop in a daemon thread and return it."""
         self._stop.clear()
+        self._stopping = None
         self._thread = threading.Thread(target=self.run, name=f"beatless-{self.node}", daemon=True)
         self._thread.start()
         return self._thread
 
     def stop(self, timeout: float | None = None) -> None:
-        """Ask the loop to stop after the wake in progress, and wait for its thread."""
+        """Ask the loop to stop, and wait for its thread: it ends the wake in progress,
+        then decides the firings released by now that it still has to try, for at most
+        ``DRAIN_MS`` and half ``timeout`` (:mod:`beatless.node._drain`). A loop driven by
+        another's :meth:`tick` (``celery beat``) is not waited for, nor drained."""
+        self._stopping = Stopping.at(self.now_ms(), timeout)
         self._stop.set()
         self._alarm.set()
         if self._thread is not None and self._thread is not threading.current_thread():
