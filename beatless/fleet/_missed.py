@@ -8,7 +8,7 @@ counts, logs and records it. The status report reads the same to show the missed
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,18 +149,10 @@ def missed_occurrences(
 
 
 def sweep_missed(
-    store: ClaimStore,
-    schedule: Schedule,
-    node: str,
-    now_ms: int,
-    skipped: Skipped | None = None,
-    *,
-    sweeps: Callable[[str], bool] | None = None,
+    store: ClaimStore, schedule: Schedule, node: str, now_ms: int, skipped: Skipped | None = None
 ) -> list[tuple[EntryView, list[int]]]:
     """The missed firings of ``schedule`` that this node is the first in the fleet to
-    find: per entry, their occurrences. ``sweeps(address)`` says which entries this node
-    sweeps (``None``: all of them): a fleet shares them out, so that the history of each
-    is read by one node per sweep rather than by every node.
+    find: per entry, their occurrences.
 
     Each missed firing found in the history (:func:`missed_occurrences`, entries without fan-out)
     is claimed once more under a marker id of its own, never late and remembered
@@ -169,14 +161,10 @@ def sweep_missed(
     schema are told to ``skipped``. Raises :class:`~beatless.errors.StoreError` when the
     store fails.
     """
-    views = [
-        v
-        for v in entry_views(schedule)
-        if v.fan_out is None and (sweeps is None or sweeps(v.address))
-    ][:SWEEP_ENTRIES]
+    views = [v for v in entry_views(schedule) if v.fan_out is None][:SWEEP_ENTRIES]
     if not views:
         return []
-    history = store.read_logs([history_kind(v.address) for v in views])
+    history = store.read_notes([history_kind(v.address) for v in views])
     found: list[tuple[EntryView, int]] = []
     for view in views:
         items = history_items(view, history, skipped)

@@ -17,10 +17,7 @@ Every node keeps, in the store it claims from (:class:`~beatless.stores.base.Not
   sent firing's note goes with the store call that makes its claim final (the commit,
   or the atomic claim script: :meth:`Scheduler.history_notes
   <beatless.node.scheduler.Scheduler.history_notes>`); the rest at the next sync, in one post
-  per second for all addresses. The notes are *logged* (:attr:`Note.logged
-  <beatless.stores.base.Note.logged>`; on Redis one append per firing to the address's
-  log) while every live node reads logs (:attr:`NodeRecord.reads_logs`), and read with
-  :meth:`ClaimStore.read_logs <beatless.stores.base.ClaimStore.read_logs>`;
+  per second for all addresses;
 * the **fan-out history**: the tenants of a fan-out beyond the ``TENANTS_PUBLISHED``
   that ``status`` shows have no history of their own. Their firings go into *batch
   notes* of their occurrence (kind ``beatless/fan-out-history/{entry address}@{occurrence
@@ -188,11 +185,6 @@ class NodeRecord:
     left_out: str | None = None
     """Entries of the node's schedule it does not run because each has a problem
     (``on_schedule_error = "consume"``), comma-separated."""
-    reads_logs: bool = False
-    """Whether the node reads the history as logged notes too (``False`` in the record of
-    an earlier beatless, which reads notes kept in place only): the fleet logs its history
-    only while every live node does (:attr:`HistoryWriter.logs_history
-    <beatless.node._history.HistoryWriter.logs_history>`)."""
 
     def to_json(self) -> str:
         return json_text(asdict(self))

@@ -55,7 +55,7 @@ from beatless.node._history import HistoryWriter
 from beatless.node._reseed import reseeded_kind
 from beatless.node._view import LoopView
 from beatless.node.stats import SkippedNotes, total_counts
-from beatless.schedule.firing import Decision, Firing, firing_id, iso
+from beatless.schedule.firing import Decision, Firing, iso
 from beatless.schedule.outcomes import DecisionOutcome
 from beatless.stores.base import Note, StoreFacts
 
@@ -159,7 +159,6 @@ class Board(HistoryWriter):
             tzdata=self.tzdata,
             ephem=self.ephem,
             left_out=",".join(self.left_out) or None,
-            reads_logs=True,
             clock_offset_ms=loop.clockwatch.offset_ms,
             last_wake_ms=self.last_wake_ms,
             posted_ms=now_ms,
@@ -287,29 +286,9 @@ class Board(HistoryWriter):
             self.registry = read_registry(notes[nodes_kind(self.namespace)], self.namespace, self)
             preference.registry = self.registry
             self._saw(self.registry, now)
-            self._log_history(self.registry)
             for problem in drift(self.registry):
                 if self._may_warn(problem, DRIFT_WARN_EVERY_MS, now):
                     logger.warning("namespace %s: %s", shown(self.namespace), problem)
-
-    def _log_history(self, registry: Sequence[NodeRecord]) -> None:
-        """Log the history while every live node reads logs (:meth:`fleet_reads_logs`);
-        a change, or history in place from the start, is told at INFO, naming a node that
-        does not read logs."""
-        if not self.fleet_reads_logs(registry):
-            return
-        node = shown(self.loop.node, quoted=False)
-        if self.logs_history:
-            logger.info("node %s: every live node reads logs: history written as logs", node)
-            return
-        older = [r for r in registry if not r.reads_logs]
-        if older:
-            logger.info(
-                "node %s: node %s (beatless %s) does not read logs: history written in place",
-                node,
-                shown(older[0].node, quoted=False),
-                shown(older[0].version, quoted=False),
-            )
 
     def _saw(self, registry: Sequence[NodeRecord], now: int) -> None:
         """Keep when each node was last read in the registry, for an hour."""
@@ -337,12 +316,10 @@ class Board(HistoryWriter):
 
     def _sweep_missed(self, now: int) -> None:
         """Count, log and record the missed firings this node is first to find; each is
-        counted by one node in the fleet (:func:`beatless.fleet._missed.sweep_missed`).
-        Only the entries this node sweeps are read (:meth:`sweeps`)."""
+        counted by one node in the fleet (:func:`beatless.fleet._missed.sweep_missed`)."""
         loop = self.loop
         schedule = loop.schedule
-        found = sweep_missed(self.store, schedule, loop.node, now, self, sweeps=self.sweeps)
-        for view, occurrences in found:
+        for view, occurrences in sweep_missed(self.store, schedule, loop.node, now, self):
             entry = schedule.entry(view.name)
             for occurrence in occurrences:
                 firing = Firing.of(entry, None, view.address, occurrence)
@@ -364,17 +341,6 @@ class Board(HistoryWriter):
                 iso(min(occurrences)),
                 iso(max(occurrences)),
             )
-
-    def sweeps(self, address: str) -> bool:
-        """Whether this node sweeps the entry at ``address`` for missed firings: the node
-        preferred for it among the live nodes (as for a firing of the address at the
-        epoch, :meth:`Preference.owns <beatless.node._prefer.Preference.owns>`), so each
-        entry's history is read by one node per sweep; every entry, with the preferred
-        claimer off or alone. Views that disagree for a while (a node joined or left)
-        may sweep an entry twice, which the markers count once, or leave it to the next
-        sweep."""
-        preference = self.loop.preference
-        return not preference.enabled or preference.owns(firing_id(address, 0))
 
     def take_run_now(self) -> list[Control]:
         """The run-now requests read since the last call."""
