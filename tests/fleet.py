@@ -71,6 +71,13 @@ def reap(processes: list[Any], timeout: float) -> None:
             process.wait()
 
 
+def last_start(out_dir: Path, launched: float) -> float:
+    """When the last node of ``out_dir`` had its scheduler running (each writes the
+    instant beside its firings), or ``launched`` if none wrote one yet."""
+    starts = [float(p.read_text() or launched) for p in out_dir.glob("node*.jsonl.started")]
+    return max([launched, *starts])
+
+
 def read_firings(out_dir: Path) -> list[dict[str, Any]]:
     return [
         json.loads(line)
@@ -141,7 +148,9 @@ def kill_one_of_three(
             if process.poll() is None:
                 os.kill(process.pid, signal.SIGKILL)
             process.wait()
-    return Run(started, time.time(), processes, read_firings(out_dir), victim, killed_at, squatted)
+    ended = time.time()
+    firings = read_firings(out_dir)
+    return Run(last_start(out_dir, started), ended, processes, firings, victim, killed_at, squatted)
 
 
 def assert_every_occurrence_exactly_once(

@@ -3,7 +3,10 @@
 Usage: python tests/node_process.py STORE_URL OUT_FILE SECONDS NODE_NAME
 
 Each won firing is appended to OUT_FILE as one JSON line (flushed at once), so a
-parent process can count the firings of every node, even one it kills.
+parent process can count the firings of every node, even one it kills. Once the
+scheduler runs, the node writes the instant it started to OUT_FILE + ".started": on a
+loaded machine a node can take seconds to import and connect, and what it cannot miss
+begins only then.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ def main() -> None:
         store = open_store(url, namespace=SCHEDULE.namespace)
         scheduler = Scheduler(SCHEDULE, store=store, enqueue=enqueue, node=node)
         scheduler.start()
+        with open(out_path + ".started", "w", encoding="utf-8") as started:
+            started.write(repr(time.time()))
         time.sleep(seconds)
         scheduler.stop(timeout=5)
         store.close()

@@ -326,4 +326,3 @@ def test_a_firing_ranked_ahead_is_not_ranked_again_at_its_release(
     clock.ms = START_MS + 10_000
     node.tick()
     assert len(ranked) >= 60
-
