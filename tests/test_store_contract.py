@@ -155,13 +155,13 @@ def test_claims_of_different_firings_are_independent(store_factory: StoreFactory
     now = store_factory.now_ms()
     first, second = firing(now), firing(now)
 
-    assert claim_one(a, first, "a") is WON
-    assert claim_one(b, second, "b") is WON
+    assert claim_one(a, first, "a", LONG_LEASE_MS) is WON
+    assert claim_one(b, second, "b", LONG_LEASE_MS) is WON
     assert a.commit([first.id], node="a") == [True]
     b.release([second.id], node="b")
 
-    assert claim_one(b, first, "b") is LOST
-    assert claim_one(a, second, "a") is TAKEOVER
+    assert claim_one(b, first, "b", LONG_LEASE_MS) is LOST
+    assert claim_one(a, second, "a", LONG_LEASE_MS) is TAKEOVER
 
 
 # -- lateness, on the store's clock ------------------------------------------------------
@@ -174,12 +174,12 @@ def test_claim_older_than_max_late_plus_tolerance_on_the_store_clock_is_late_and
     occurrence = store_factory.now_ms() - MAX_LATE_MS - TOLERANCE_MS - 2_000
     late = firing(occurrence)
 
-    assert claim_one(store, late, "a") is LATE
+    assert claim_one(store, late, "a", LONG_LEASE_MS) is LATE
     # Nothing was written: for a node allowed more lateness, the firing is still free.
     lenient = ClaimRequest(
         late.id, late.address, occurrence, MAX_LATE_MS + 10_000, MEMORY_MS, occurrence
     )
-    assert claim_one(store_factory(), lenient, "b") is WON
+    assert claim_one(store_factory(), lenient, "b", LONG_LEASE_MS) is WON
 
 
 def test_claim_at_exactly_max_late_plus_tolerance_is_not_late(
@@ -219,7 +219,7 @@ def test_claim_released_more_than_tolerance_ahead_of_the_store_clock_is_early_an
     assert claim_one(b, request, "b") is EARLY
     # Nothing was written: at the right time the firing is won as a first win.
     store_factory.advance(800)
-    assert claim_one(b, request, "b") is WON
+    assert claim_one(b, request, "b", LONG_LEASE_MS) is WON
     assert claim_one(a, request, "a") is HELD
 
 
@@ -240,7 +240,7 @@ def test_a_late_firing_is_late_even_when_its_release_is_also_ahead(
     now = clocked_store_factory.now_ms()
     request = firing(now - MAX_LATE_MS - TOLERANCE_MS - 1, release_ms=now + TOLERANCE_MS + 1)
 
-    assert claim_one(store, request, "a") is LATE
+    assert claim_one(store, request, "a", LONG_LEASE_MS) is LATE
 
 
 # -- leases and takeovers ------------------------------------------------------------------
@@ -376,7 +376,7 @@ def test_commit_by_a_node_that_does_not_hold_the_claim_returns_false(
 ) -> None:
     a, b = store_factory(), store_factory()
     request, unknown = firing(store_factory.now_ms()), firing(store_factory.now_ms())
-    assert claim_one(a, request, "a") is WON
+    assert claim_one(a, request, "a", LONG_LEASE_MS) is WON
 
     assert b.commit([request.id, unknown.id], node="b") == [False, False]
     assert a.commit([request.id], node="a") == [True]
@@ -399,8 +399,8 @@ def test_commit_returns_ownership_per_id_in_request_order(store_factory: StoreFa
     a, b = store_factory(), store_factory()
     now = store_factory.now_ms()
     mine, theirs, nobodys = firing(now), firing(now), firing(now)
-    assert claim_one(a, mine, "a") is WON
-    assert claim_one(b, theirs, "b") is WON
+    assert claim_one(a, mine, "a", LONG_LEASE_MS) is WON
+    assert claim_one(b, theirs, "b", LONG_LEASE_MS) is WON
 
     assert a.commit([theirs.id, mine.id, nobodys.id], node="a") == [False, True, False]
 
@@ -411,13 +411,13 @@ def test_commit_returns_ownership_per_id_in_request_order(store_factory: StoreFa
 def test_release_lets_another_node_take_the_firing_over(store_factory: StoreFactory) -> None:
     a, b = store_factory(), store_factory()
     request = firing(store_factory.now_ms())
-    assert claim_one(a, request, "a") is WON
+    assert claim_one(a, request, "a", LONG_LEASE_MS) is WON
 
     a.release([request.id], node="a")
 
     # The released claim is kept with its lease ended: a win after it is a takeover.
-    assert claim_one(b, request, "b") is TAKEOVER
-    assert claim_one(a, request, "a") is HELD
+    assert claim_one(b, request, "b", LONG_LEASE_MS) is TAKEOVER
+    assert claim_one(a, request, "a", LONG_LEASE_MS) is HELD
     assert b.commit([request.id], node="b") == [True]
 
 
@@ -426,13 +426,13 @@ def test_the_releasing_node_itself_takes_its_released_claim_over_and_cannot_comm
 ) -> None:
     a = store_factory()
     request = firing(store_factory.now_ms())
-    assert claim_one(a, request, "a") is WON
+    assert claim_one(a, request, "a", LONG_LEASE_MS) is WON
 
     a.release([request.id], node="a")
     a.release([request.id], node="a")
 
     assert a.commit([request.id], node="a") == [False]
-    assert claim_one(a, request, "a") is TAKEOVER
+    assert claim_one(a, request, "a", LONG_LEASE_MS) is TAKEOVER
     assert a.commit([request.id], node="a") == [True]
 
 
@@ -454,23 +454,23 @@ def test_release_by_a_node_that_does_not_hold_the_claim_does_nothing(
 ) -> None:
     a, b = store_factory(), store_factory()
     request = firing(store_factory.now_ms())
-    assert claim_one(a, request, "a") is WON
+    assert claim_one(a, request, "a", LONG_LEASE_MS) is WON
 
     b.release([request.id], node="b")
 
-    assert claim_one(b, request, "b") is HELD
+    assert claim_one(b, request, "b", LONG_LEASE_MS) is HELD
     assert a.commit([request.id], node="a") == [True]
 
 
 def test_release_of_a_committed_claim_does_nothing(store_factory: StoreFactory) -> None:
     a, b = store_factory(), store_factory()
     request = firing(store_factory.now_ms())
-    assert claim_one(a, request, "a") is WON
+    assert claim_one(a, request, "a", LONG_LEASE_MS) is WON
     assert a.commit([request.id], node="a") == [True]
 
     a.release([request.id], node="a")
 
-    assert claim_one(b, request, "b") is LOST
+    assert claim_one(b, request, "b", LONG_LEASE_MS) is LOST
 
 
 # -- batches --------------------------------------------------------------------------------
@@ -567,10 +567,10 @@ def test_an_untagged_claim_or_request_is_never_foreign(store_factory: StoreFacto
     a, b = store_factory(), store_factory()
     now = store_factory.now_ms()
     untagged, tagged = firing(now, tag=""), firing(now, tag=THEIRS)
-    assert claim_one(a, untagged, "a") is WON
-    assert claim_one(a, tagged, "a") is WON
+    assert claim_one(a, untagged, "a", LONG_LEASE_MS) is WON
+    assert claim_one(a, tagged, "a", LONG_LEASE_MS) is WON
 
-    assert claim_one(b, of_task(untagged, OURS), "b") is HELD
+    assert claim_one(b, of_task(untagged, OURS), "b", LONG_LEASE_MS) is HELD
     assert claim_one(b, of_task(tagged, ""), "b") is HELD
 
 
@@ -662,12 +662,12 @@ def test_a_firing_whose_address_runs_is_overlap_and_written_committed(
     request = skipping(firing(now))
     start_run(worker, request.address, now)
 
-    assert claim_one(a, request, "a") is overlap(a, WON)
+    assert claim_one(a, request, "a", LONG_LEASE_MS) is overlap(a, WON)
     # Written committed: no other node enqueues it, even once the run is over.
     lost = LOST if b.checks_overlap else HELD
-    assert claim_one(b, request, "b") is lost
+    assert claim_one(b, request, "b", LONG_LEASE_MS) is lost
     worker.release([request.run_id], node="worker")
-    assert claim_one(b, request, "b") is lost
+    assert claim_one(b, request, "b", LONG_LEASE_MS) is lost
     # The next firing of the address, once the run is over, is won.
     assert claim_one(b, skipping(firing(now, address=request.address)), "b") is WON
 
@@ -702,7 +702,7 @@ def test_a_run_lease_that_is_not_a_live_pending_claim_is_no_overlap(
     elif run == "lapsed":
         store_factory.advance(LEASE_MS + 100)
 
-    assert claim_one(a, request, "a") is WON
+    assert claim_one(a, request, "a", LONG_LEASE_MS) is WON
     assert claim_one(b, request, "b") is HELD
 
 
@@ -750,15 +750,15 @@ def test_a_store_object_adopts_the_store_epoch_at_its_first_claim_and_keeps_it(
     before = store_factory.now_ms()
     assert a.epoch is None
 
-    assert claim_one(a, firing(before), "a") is WON
+    assert claim_one(a, firing(before), "a", LONG_LEASE_MS) is WON
     epoch = a.epoch
     assert epoch is not None
     assert epoch.token
     assert epoch.started_ms <= store_factory.now_ms()
     b = store_factory()
-    assert claim_one(b, firing(before), "b") is WON
+    assert claim_one(b, firing(before), "b", LONG_LEASE_MS) is WON
     assert b.epoch == epoch
-    assert claim_one(a, firing(before), "a") is WON
+    assert claim_one(a, firing(before), "a", LONG_LEASE_MS) is WON
     assert a.epoch == epoch
 
 
@@ -767,7 +767,7 @@ def test_a_store_object_whose_first_call_is_a_commit_adopts_the_epoch_too(
 ) -> None:
     a = store_factory()
     request = firing(store_factory.now_ms())
-    assert claim_one(a, request, "a") is WON
+    assert claim_one(a, request, "a", LONG_LEASE_MS) is WON
     b = store_factory()
 
     assert b.commit([request.id], node="a") == [True]
@@ -795,12 +795,12 @@ def test_probe_succeeds_on_a_healthy_store_and_leaves_the_claims_alone(
 ) -> None:
     a, b = store_factory(), store_factory()
     request = firing(store_factory.now_ms())
-    assert claim_one(a, request, "a") is WON
+    assert claim_one(a, request, "a", LONG_LEASE_MS) is WON
 
     a.probe()
     b.probe()
 
-    assert claim_one(b, request, "b") is HELD
+    assert claim_one(b, request, "b", LONG_LEASE_MS) is HELD
     assert a.commit([request.id], node="a") == [True]
 
 
