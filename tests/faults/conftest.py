@@ -8,11 +8,13 @@ Run in parallel (``-n``, ``--dist loadgroup``), the scenarios go in lanes, each 
 group that one worker runs one scenario after another: at most one lane per worker but
 one run at once (each scenario three to five node processes and servers of its own),
 and a worker is left to the rest of the suite. The scenarios on a store of the machine's
-shared RabbitMQ (a parameter id naming it) share one lane: RabbitMQ keeps a queue per
-claim, and three such scenarios at once slowed it past the nodes' timeouts. The others,
-in the order collected, join lanes ``faults-0``, ``faults-1``, ... in turn. A scenario
-that asserts how late a send was (not only that none came after max_late) is marked
-``serial`` instead, and runs in that group.
+shared RabbitMQ (a parameter id naming it) all go in the first lane, one after another:
+RabbitMQ keeps a queue per claim, and three such scenarios at once slowed it past the
+nodes' timeouts. The others, in the order collected, join whichever lane holds the
+fewest scenarios so far, so that the lanes end together (a lane of its own for the few
+RabbitMQ scenarios left the other lanes the longest part of the run).
+A scenario that asserts how late a send was (not only that none came after max_late) is
+marked ``serial`` instead, and runs in that group.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from redis_server import RedisServer, redis_server_binary
 LANES_LEFT_FREE = 1
 """Workers that run no lane: ``lanes`` is the number of workers less this, at least 1."""
 OWN_LANE = ("rabbitmq",)
-"""Shared servers whose scenarios take turns in a lane of their own."""
+"""Shared servers whose scenarios take turns in the first lane, never two at once."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -46,13 +48,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         and item.get_closest_marker("slow") is not None
         and item.get_closest_marker("serial") is None
     ]
-    shared = [i for i in scenarios if _own_lane(i) is not None]
-    for item in shared:
-        item.add_marker(pytest.mark.xdist_group(f"faults-{_own_lane(item)}"))
-    others = [i for i in scenarios if _own_lane(i) is None]
-    lanes = max(1, lanes - len({_own_lane(i) for i in shared}))
-    for k, item in enumerate(others):
-        item.add_marker(pytest.mark.xdist_group(f"faults-{k % lanes}"))
+    counts = [0] * lanes
+    for item in sorted(scenarios, key=lambda i: _own_lane(i) is None):  # stable
+        lane = 0 if _own_lane(item) is not None else counts.index(min(counts))
+        counts[lane] += 1
+        item.add_marker(pytest.mark.xdist_group(f"faults-{lane}"))
 
 
 def _own_lane(item: pytest.Item) -> str | None:
