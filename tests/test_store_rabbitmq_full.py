@@ -117,9 +117,9 @@ def test_a_blocked_connection_refuses_claims_as_full_and_publishes_nothing(
     assert store.claim([ns.request()], node="n1", lease_ms=LEASE_MS) == [Outcome.WON]
 
 
-def test_a_connection_blocked_mid_claim_past_the_timeout_is_store_full(
-    ns: Namespace, link: Proxy
-) -> None:
+def claim_blocked(ns: Namespace, link: Proxy, *notices: bytes) -> list[BaseException]:
+    """What a claim through ``link`` (timeout 1 s) raised, made while the broker's answers
+    are held and the ``notices`` reach the client, 0.2 s apart."""
     store = ns.store(through(link), timeout="1s")
     assert store.claim([ns.request()], node="n1", lease_ms=LEASE_MS) == [Outcome.WON]
     caught: list[BaseException] = []
@@ -134,11 +134,31 @@ def test_a_connection_blocked_mid_claim_past_the_timeout_is_store_full(
     link.pause()  # the broker's answers are held: the claim is in flight
     thread = threading.Thread(target=claim)
     thread.start()
-    time.sleep(0.2)
-    link.tell_clients(blocked("low on memory"))
+    for notice in notices:
+        time.sleep(0.2)
+        link.tell_clients(notice)
     thread.join(10)
     link.resume()
+    return caught
+
+
+def test_a_connection_blocked_mid_claim_past_the_timeout_is_store_full(
+    ns: Namespace, link: Proxy
+) -> None:
+    caught = claim_blocked(ns, link, blocked("low on memory"))
 
     assert len(caught) == 1
     assert isinstance(caught[0], StoreFull), caught
     assert "low on memory" in str(caught[0]) or "blocked publishing" in str(caught[0])
+
+
+def test_a_call_blocked_and_unblocked_before_its_timeout_is_still_store_full(
+    ns: Namespace, link: Proxy
+) -> None:
+    """An alarm that clears just before the call's timeout held the call up all the same:
+    the call is refused as full, not as an unreachable broker."""
+    caught = claim_blocked(ns, link, blocked("low on memory"), UNBLOCKED)
+
+    assert len(caught) == 1
+    assert isinstance(caught[0], StoreFull), caught
+    assert "low on memory" in str(caught[0])

@@ -5,7 +5,11 @@ not decided yet (*sent*), refused by a full or refusing store (*unjudged*), seen
 another node's pending claim (*held*), left to a node ranked above this one (*ranked*:
 where this node ranks for it), or be the catch-up firing that coalesced earlier
 occurrences (*coalesced*). Once late, an unjudged or held firing is not decided ``late``:
-the store is asked who holds it first (:mod:`beatless.node._judging`).
+the store is asked who holds it first (:mod:`beatless.node._judging`). So is any firing
+released before this node's last claim the store refused (:meth:`InFlight.refused`): a
+node held up by refused calls reaches the firings released meanwhile only once they are
+late, and another node, refused too or too slow to send its claim while it was young,
+may not have sent them either.
 
 A firing of this wake, open or sent, is one entry of the wake's maps; the rest lives in
 one :class:`Flight` per firing, made when one of these is first so (or when the firing
@@ -50,6 +54,8 @@ class InFlight:
         """The firings sent and not decided, in the order of their sends, each with the
         outcome it is decided as if the dispatcher leaves it undecided (``won`` or
         ``takeover``)."""
+        self._refused_ms: int | None = None
+        """When the store last refused a claim of this node (full or refusing), node clock."""
 
     def _of(self, firing: Firing) -> Flight:
         flight = self._flights.get(firing.id)
@@ -74,18 +80,26 @@ class InFlight:
         """The firings sent and not decided, each with its outcome."""
         return list(self._sent.values())
 
-    def unjudged(self) -> None:
-        """The store refused the claims of the open firings (full, or its settings)."""
+    def unjudged(self, now_ms: int) -> None:
+        """The store refused, at ``now_ms``, the claims of the open firings (full, or its
+        settings): they, and every firing released before, are left to its judgment if
+        they go late."""
+        self._refused_ms = now_ms
         for firing in self._open.values():
             self._of(firing).unjudged = True
 
+    def refused_after(self, instant_ms: int) -> bool:
+        """Whether the store refused a claim of this node at or after ``instant_ms``."""
+        return self._refused_ms is not None and instant_ms <= self._refused_ms
+
     def judging(self, firing: Firing) -> bool:
-        """Whether ``firing``, gone late, is unjudged or was seen held by another node, and
-        so left to the store's judgment rather than decided ``late`` (the holder may have
-        given it up unsent): it then leaves the wake, keeping its record until its
-        decision."""
+        """Whether ``firing``, gone late, is unjudged, was released before a claim the
+        store refused, or was seen held by another node, and so left to the store's
+        judgment rather than decided ``late`` (another node may have sent it, or given it
+        up unsent): it then leaves the wake, keeping its record until its decision."""
         flight = self._flights.get(firing.id)
-        if flight is None or not (flight.unjudged or flight.held):
+        refused = self.refused_after(firing.release_ms)
+        if not refused and (flight is None or not (flight.unjudged or flight.held)):
             return False
         self._open.pop(firing.id, None)
         self._sent.pop(firing.id, None)

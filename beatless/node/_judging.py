@@ -32,9 +32,15 @@ What the judging claim answers decides:
 A store that still refuses (full, refusing, unreachable) leaves the firings waiting,
 asked again at the next wake, until their memory runs out (``memory_ms`` from the
 occurrence, or from when it was last seen held: a commit made since is remembered that
-long): past that even the store may have forgotten a claim, so they are decided
-``missed`` and told at WARNING as firings that could not be judged. A node that stops
-asks once more and decides what is left so too: a miss is never silent.
+long). Past that even the store may have forgotten a claim, so a claim's answer no longer
+tells a sent firing from a missed one: the firings' history does (the sender writes a
+sent firing's note with its commit, or at its next sync). Sent by another node: ``lost``.
+Not sent: ``missed``, told at WARNING as firings that could not be judged, once the
+history has said so for :data:`HISTORY_SETTLE_MS` (a sender whose store refused it too
+posts its notes at its first sync after the store answers again). A history that cannot
+be read either leaves them waiting up to :data:`HISTORY_WAIT_MS` more, read again at each
+wake, then ``missed``. A node that stops asks once more and decides what is left so too:
+a miss is never silent.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ from typing import Protocol
 
 from beatless.core._logtext import ERROR_LIMIT, shown
 from beatless.errors import StoreError
+from beatless.fleet._missed import sent_in_history
+from beatless.fleet._notes import SYNC_EVERY_MS
 from beatless.node._tally import WARN_EVERY_MS, Tally
 from beatless.schedule.firing import Firing, claim_request
 from beatless.stores.base import ClaimStore, Outcome, judging
@@ -61,6 +69,13 @@ JUDGED = {
 """The decision of a waiting firing, by what its judging claim was answered. Any other
 answer (this node's own pending claim, won again) is ``missed``."""
 
+HISTORY_WAIT_MS = 60_000
+"""A firing past its memory whose history cannot be read waits this much longer for the
+store to answer before it is decided ``missed`` without any word of the fleet."""
+HISTORY_SETTLE_MS = 2 * SYNC_EVERY_MS
+"""A firing past its memory is decided ``missed`` once its history has shown no send for
+this long: two syncs of a sender that posts its notes late."""
+
 
 class Decide(Protocol):
     """How a judged firing is decided: :meth:`beatless.node._wake.LoopWake.decide`."""
@@ -76,8 +91,10 @@ class Waiting:
     ask_ms: int
     """Not asked about before this instant (node clock)."""
     until_ms: int
-    """Past this instant even the store may have forgotten a claim: decided ``missed``
-    without its word."""
+    """Past this instant even the store may have forgotten a claim: judged by the
+    firing's history, not by a claim."""
+    unsent_ms: int | None = None
+    """When the history, past the memory, was first read without a send of the firing."""
 
 
 class Judging:
@@ -116,10 +133,14 @@ class Judging:
         does not answer is decided unjudged too."""
         if not self._waiting:
             return
-        forgotten = [w.firing for w in self._waiting.values() if now > w.until_ms]
-        for firing in forgotten:  # even the store may have forgotten who held them
-            self._unjudged(firing, now, decide)
-        firings = [w.firing for w in self._waiting.values() if last or w.ask_ms <= now]
+        forgotten = [w for w in self._waiting.values() if now > w.until_ms]
+        if forgotten:  # even the store may have forgotten who held them
+            self._by_history(forgotten, now, decide, last=last)
+        firings = [
+            w.firing
+            for w in self._waiting.values()
+            if (last or w.ask_ms <= now) and now <= w.until_ms
+        ]
         if not firings:
             return
         try:
@@ -136,6 +157,28 @@ class Judging:
         for firing, outcome in zip(firings, outcomes, strict=True):
             del self._waiting[firing.id]  # before its decision: held, it waits again
             decide(firing, JUDGED.get(outcome, "missed"))
+
+    def _by_history(self, waiting: list[Waiting], now: int, decide: Decide, *, last: bool) -> None:
+        """Decide the firings past their memory by their history: sent by another node,
+        ``lost``; shown unsent for :data:`HISTORY_SETTLE_MS`, ``missed``. A history that
+        cannot be read keeps them waiting, up to :data:`HISTORY_WAIT_MS` past the memory
+        (``last``: the node stops, so they are decided now)."""
+        try:
+            sent = sent_in_history(self._store, [w.firing for w in waiting])
+        except StoreError:
+            for w in waiting:
+                if last or now > w.until_ms + HISTORY_WAIT_MS:
+                    self._unjudged(w.firing, now, decide)
+            return
+        for w in waiting:
+            if w.firing.id in sent:
+                del self._waiting[w.firing.id]
+                decide(w.firing, "lost")
+                continue
+            if w.unsent_ms is None:
+                w.unsent_ms = now
+            if last or now - w.unsent_ms >= HISTORY_SETTLE_MS:
+                self._unjudged(w.firing, now, decide)
 
     def _still_unjudged(
         self, firings: list[Firing], exc: Exception, now: int, decide: Decide, *, last: bool

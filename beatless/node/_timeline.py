@@ -74,6 +74,11 @@ class Group:
         """How far back an occurrence of this trigger may still be claimable."""
         return max(entry.max_late_ms for entry in self.entries)
 
+    @property
+    def memory_ms(self) -> int:
+        """How long after an occurrence of this trigger the store may remember a claim."""
+        return max(entry.memory_ms for entry in self.entries)
+
 
 KEEP_GENERATOR_MS = 60_000
 """A trigger whose occurrences come closer than this keeps its generator between two."""
@@ -284,10 +289,16 @@ class Timeline:
 
     def _skip_late(self, group: Group, occurrence: int | None, now: int) -> int | None:
         """After a clock jump or a long freeze, skip in one step all but the last of the
-        occurrences that are late for every entry of the group; count them, say so once."""
+        occurrences that are late for every entry of the group; count them, say so once.
+        An occurrence at or before a claim the store refused, and still in its memory, is
+        not skipped: its firings are expanded and, late, asked about (another node may
+        not have sent them either: :meth:`InFlight.judging`)."""
         horizon = now - group.reach_ms
+        forgotten = now - group.memory_ms
         skipped = 0
         while occurrence is not None and occurrence <= horizon:
+            if occurrence > forgotten and self._flights.refused_after(occurrence):
+                break
             following = next(group.occurrences, None)
             if following is None or following > horizon:
                 # The last late one is expanded and reported firing by firing.

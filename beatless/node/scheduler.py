@@ -449,7 +449,7 @@ class Scheduler:
         try:
             self.dispatcher.dispatch(firings, self.wake)
         except (StoreFull, StoreRefused) as exc:
-            self.flights.unjudged()  # counted missed if still so when late
+            self.flights.unjudged(self.now_ms())  # asked about if still so when late
             full = isinstance(exc, StoreFull)
             self._retry_open("store_full" if full else "store_refused", str(exc))
         except StoreUnavailable as exc:

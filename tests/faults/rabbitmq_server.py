@@ -11,7 +11,9 @@ its pid.
 
 :meth:`RabbitMQServer.ctl` runs ``rabbitmqctl -n NODE`` against it: a memory alarm is
 ``set_vm_memory_high_watermark absolute 1``; :meth:`RabbitMQServer.clear_alarm` puts
-the watermark back.
+the watermark back. Each ``rabbitmqctl`` starts an Erlang VM of its own, 4 to 10 s on a
+loaded 2-core machine, so an alarm that must last a given time is cleared by the node
+itself (:meth:`RabbitMQServer.raise_alarm_for`), not by a second ``rabbitmqctl``.
 """
 
 from __future__ import annotations
@@ -130,6 +132,19 @@ class RabbitMQServer(PrivateServer):
 
     def clear_alarm(self) -> None:
         self.ctl("set_vm_memory_high_watermark", "0.4")
+
+    def raise_alarm_for(self, seconds: float) -> None:
+        """A memory alarm that the node clears itself ``seconds`` after raising it (a
+        timer of its own, set in the same ``rabbitmqctl eval``): it lasts ``seconds``
+        however long ``rabbitmqctl`` takes, and is raised at some instant during this
+        call."""
+        ms = round(seconds * 1_000)
+        self.ctl(
+            "eval",
+            "vm_memory_monitor:set_vm_memory_high_watermark({absolute, 1}), "
+            f"timer:apply_after({ms}, vm_memory_monitor, set_vm_memory_high_watermark, [0.4]), "
+            "ok.",
+        )
 
     def kill(self) -> None:
         """SIGKILL the node's Erlang VM by its pid (the start script runs it as a child

@@ -128,6 +128,10 @@ class Session:
         """Why the broker blocks this connection (``low on memory``, ``low on disk``:
         ``Connection.Blocked``), until it says ``Connection.Unblocked``; ``None`` when it
         does not."""
+        self.blocked_in_call: str | None = None
+        """Why the broker blocked this connection at any time during the current call,
+        even if it unblocked it since: a call that then runs out of time was held up by
+        the alarm, and is refused as full, not as unreachable."""
         self.generation = 0
         """Counts the connections opened: a new one may reach a broker that restarted."""
         self.sent: Counter[str] = Counter()
@@ -144,10 +148,14 @@ class Session:
         """Run ``scripts``, ``width`` at a time; their return values, in order. A script
         that raised gives its exception as its result (a :class:`ChannelLost` when its
         channel closed under it). Raises :class:`~beatless.errors.StoreUnavailable` when
-        the connection fails or the run outlasts the timeout."""
+        the connection fails or the run outlasts the timeout, and
+        :class:`~beatless.errors.StoreFull` when the broker blocks publishing, or the run
+        outlasts the timeout after the broker blocked it at any time during the call (an
+        alarm that cleared just before the timeout still held the call up)."""
         if not scripts:
             return []
         deadline = time.monotonic() + self._timeout
+        self.blocked_in_call = None
         self._ensure_open(deadline)
         if self.blocked is not None:
             raise StoreFull(
@@ -241,7 +249,7 @@ class Session:
         self._failure = error if isinstance(error, BaseException) else Exception(str(error))
 
     def _on_blocked(self, _conn: Any, frame: Any) -> None:
-        self.blocked = str(getattr(frame.method, "reason", "") or "blocked")
+        self.blocked = self.blocked_in_call = str(getattr(frame.method, "reason", "") or "blocked")
 
     def _on_unblocked(self, _conn: Any, _frame: Any) -> None:
         self.blocked = None
@@ -533,11 +541,12 @@ class Session:
             if self._failure is not None:
                 raise self._error(what, self._failure)
             if time.monotonic() >= deadline:
+                blocked = self.blocked or self.blocked_in_call
                 self.close()
-                if self.blocked is not None:
+                if blocked is not None:  # even if it unblocked the connection since
                     raise StoreFull(
                         f"rabbitmq store {self._where}: cannot {what}: the broker blocked "
-                        f"publishing ({self.blocked}: a memory or disk alarm) and did not "
+                        f"publishing ({blocked}: a memory or disk alarm) and did not "
                         f"answer within {self._timeout:g}s"
                     )
                 raise StoreUnavailable(
