@@ -784,9 +784,57 @@ class SlowFirstClaim(MemoryStore):
         return outcomes
 
 
+class LateAnswer(MemoryStore):
+    """A memory store whose first claim is answered ``stall_s`` after it was made, on both
+    clocks: a claim a paused link delivered late, or a node starved of CPU."""
+
+    def __init__(self, clock: Clock, mono: list[float], stall_s: float) -> None:
+        super().__init__(clock=clock)
+        self.clock, self.mono, self.stall_s = clock, mono, stall_s
+
+    def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
+        outcomes = super().claim(requests, node=node, lease_ms=lease_ms)
+        if self.stall_s:
+            self.clock.now += self.stall_s
+            self.mono[0] += self.stall_s
+            self.stall_s = 0
+        return outcomes
+
+
+def test_a_claim_answered_too_late_to_send_is_claimed_again_at_once() -> None:
+    """The claim is won but answered 1.6 s after it was made, past half the 3 s lease:
+    too old to send. The store answered, so nothing is gained by waiting: it is claimed
+    again at once and sent, 0.4 s before it would be late (a retry 500 ms later finds it
+    late)."""
+    clock = Clock(T0 - 5)
+    mono = [1_000.0]
+    store = LateAnswer(clock, mono, stall_s=1.6)
+    sent: list[Firing] = []
+    decisions: list[Decision] = []
+    node = Scheduler(
+        Schedule([entry(trigger=Every(3600), max_late="2s")]),
+        store=store,
+        clock=clock,
+        monotonic=lambda: mono[0],
+        lease="3s",
+        preferred=False,
+        enqueue=sent.append,
+        on_decision=decisions.append,
+    )
+    clock.now = T0
+    node.tick()  # the claim is answered at T0 + 1.6 s: stale
+    clock.now = T0 + 1.7
+    node.tick()
+    clock.now = T0 + 2.2
+    node.tick()
+
+    assert [d.outcome for d in decisions] == ["stale_claim", "takeover"]
+    assert [f.occurrence_ms for f in sent] == [round(T0 * 1_000)]
+
+
 def test_stop_tries_again_a_firing_whose_claim_went_stale_just_before_it() -> None:
     """Node a wins the claim but is starved past half its lease before the send: the
-    claim is stale, released, and tried again 500 ms later; node b saw it held, and looks
+    claim is stale, released, and tried again at once; node b saw it held, and looks
     again only after a's lease. Both stop before either look: the stop decides it, and
     exactly one node sends it."""
     clock = Clock(T0 - 5)
@@ -813,7 +861,7 @@ def test_stop_tries_again_a_firing_whose_claim_went_stale_just_before_it() -> No
     store.other = nodes["b"]
     nodes["a"].tick()
     assert (outcomes("a"), outcomes("b")) == (["stale_claim"], ["held"])
-    clock.now = T0 + 0.1  # before a's retry (T0 + 0.5 s) and b's look (T0 + 3.5 s)
+    clock.now = T0 + 0.1  # before b's look (T0 + 3.5 s)
     started = [_started(node) for node in nodes.values()]
     assert all(event.wait(5) for event in started)
     for node in nodes.values():

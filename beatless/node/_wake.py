@@ -33,6 +33,11 @@ _SENT = DecisionOutcome.SENT
 
 RETRY_MS = 500
 """A firing whose claim or enqueue failed is tried again after this long, until late."""
+AT_ONCE = frozenset({DecisionOutcome.STALE_CLAIM})
+"""Retries that wait for nothing: the store answered, only too slowly to send on that
+answer. A claim found too old to send (a call that took half the lease: a slow or
+starved node, or a link that delivered it late) is claimed again at once, while the firing
+may still be sent in time; a wait of ``RETRY_MS`` only brings it closer to late."""
 
 Report = Callable[[Decision, "tuple[int, int] | None", bool], None]
 """How a decision is told: with the occurrences it coalesced, and whether its history
@@ -143,6 +148,8 @@ class LoopWake:
         again = now + RETRY_MS
         if outcome == DecisionOutcome.STALE_REVISION and self._live.stale():
             again = now  # the loop reads the live head first, then claims under it
+        elif outcome in AT_ONCE:
+            again = now
         self._timeline.add(again, firing)
         try:
             self._tally.count(firing, outcome, now, seen_held=self.flights.was_held(firing))
