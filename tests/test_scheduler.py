@@ -766,20 +766,24 @@ def test_stop_decides_a_firing_released_at_the_stop_instant() -> None:
 
 
 class SlowFirstClaim(MemoryStore):
-    """A memory store whose first claim by node ``a`` returns only after node ``b`` saw
-    it pending and after ``a``'s monotonic clock moved on by ``stall_s``: a node starved
-    of CPU between its claim and its send."""
+    """A memory store whose first two claims by node ``a`` (the second is the one made
+    again at once when the first was too old to send) return only after ``a``'s
+    monotonic clock moved on by ``stall_s``, the first after node ``b`` saw it pending:
+    a node starved of CPU between its claims and its sends."""
 
     def __init__(self, clock: Clock, mono: list[float], stall_s: float) -> None:
         super().__init__(clock=clock)
         self.mono, self.stall_s = mono, stall_s
         self.other: Scheduler | None = None
+        self.stalls = 2
 
     def claim(self, requests: Sequence[ClaimRequest], *, node: str, lease_ms: int) -> list[Outcome]:
         outcomes = super().claim(requests, node=node, lease_ms=lease_ms)
-        if node == "a" and self.other is not None:
+        if node == "a" and self.stalls:
+            self.stalls -= 1
             other, self.other = self.other, None
-            other.tick()  # b claims meanwhile: held, looked at again after a's lease
+            if other is not None:
+                other.tick()  # b claims meanwhile: held, looked at again after a's lease
             self.mono[0] += self.stall_s
         return outcomes
 
@@ -804,8 +808,8 @@ class LateAnswer(MemoryStore):
 def test_a_claim_answered_too_late_to_send_is_claimed_again_at_once() -> None:
     """The claim is won but answered 1.6 s after it was made, past half the 3 s lease:
     too old to send. The store answered, so nothing is gained by waiting: it is claimed
-    again at once and sent, 0.4 s before it would be late (a retry 500 ms later finds it
-    late)."""
+    again at once, in the same wake, and sent 0.4 s before it would be late (a retry
+    500 ms later finds it late; one at the next wake comes after the rest of this one)."""
     clock = Clock(T0 - 5)
     mono = [1_000.0]
     store = LateAnswer(clock, mono, stall_s=1.6)
@@ -822,7 +826,8 @@ def test_a_claim_answered_too_late_to_send_is_claimed_again_at_once() -> None:
         on_decision=decisions.append,
     )
     clock.now = T0
-    node.tick()  # the claim is answered at T0 + 1.6 s: stale
+    node.tick()  # the claim is answered at T0 + 1.6 s: stale, claimed again, sent
+    assert [d.outcome for d in decisions] == ["stale_claim", "takeover"]
     clock.now = T0 + 1.7
     node.tick()
     clock.now = T0 + 2.2
@@ -833,8 +838,9 @@ def test_a_claim_answered_too_late_to_send_is_claimed_again_at_once() -> None:
 
 
 def test_stop_tries_again_a_firing_whose_claim_went_stale_just_before_it() -> None:
-    """Node a wins the claim but is starved past half its lease before the send: the
-    claim is stale, released, and tried again at once; node b saw it held, and looks
+    """Node a wins the claim but is starved past half its lease before the send, twice:
+    the claim is stale, released, claimed again at once, stale again, and tried again at
+    the next wake; node b saw it held, and looks
     again only after a's lease. Both stop before either look: the stop decides it, and
     exactly one node sends it."""
     clock = Clock(T0 - 5)
@@ -860,7 +866,7 @@ def test_stop_tries_again_a_firing_whose_claim_went_stale_just_before_it() -> No
     clock.now = T0
     store.other = nodes["b"]
     nodes["a"].tick()
-    assert (outcomes("a"), outcomes("b")) == (["stale_claim"], ["held"])
+    assert (outcomes("a"), outcomes("b")) == (["stale_claim", "stale_claim"], ["held"])
     clock.now = T0 + 0.1  # before b's look (T0 + 3.5 s)
     started = [_started(node) for node in nodes.values()]
     assert all(event.wait(5) for event in started)

@@ -42,7 +42,7 @@ class Recorder:
     def decide(self, firing: Firing, outcome: str, *, recorded: bool = False) -> None:
         self.outcomes[firing.id] = outcome
 
-    def retry(self, firing: Firing, outcome: str) -> None:
+    def retry(self, firing: Firing, outcome: str, *, requeue: bool = True) -> None:
         self.outcomes[firing.id] = outcome
 
     def sent(self, firing: Firing, outcome: str) -> None:

@@ -138,19 +138,22 @@ class LoopWake:
         else:
             self._judging.recheck(firing, now, self.lease_ms + RETRY_MS)
 
-    def retry(self, firing: Firing, outcome: str) -> None:
-        """``firing`` was not enqueued: count why, and try it again soon, until late."""
-        if not self.flights.retried(firing):
-            return  # sent already: never tried again (the dispatcher decides it)
-        if outcome == DecisionOutcome.RESEEDING:
-            self.flights.held_off(firing)
+    def retry(self, firing: Firing, outcome: str, *, requeue: bool = True) -> None:
+        """``firing`` was not enqueued: count why, and try it again soon, until late;
+        ``requeue`` false: count and tell why only, since the dispatcher tries it again
+        itself in this wake (it stays open, so a dispatch that raises leaves it retried)."""
         now = self.now_ms()
-        again = now + RETRY_MS
-        if outcome == DecisionOutcome.STALE_REVISION and self._live.stale():
-            again = now  # the loop reads the live head first, then claims under it
-        elif outcome in AT_ONCE:
-            again = now
-        self._timeline.add(again, firing)
+        if requeue:
+            if not self.flights.retried(firing):
+                return  # sent already: never tried again (the dispatcher decides it)
+            if outcome == DecisionOutcome.RESEEDING:
+                self.flights.held_off(firing)
+            again = now + RETRY_MS
+            if outcome == DecisionOutcome.STALE_REVISION and self._live.stale():
+                again = now  # the loop reads the live head first, then claims under it
+            elif outcome in AT_ONCE:
+                again = now
+            self._timeline.add(again, firing)
         try:
             self._tally.count(firing, outcome, now, seen_held=self.flights.was_held(firing))
             self._settle(firing, outcome)

@@ -149,8 +149,10 @@ class Wake(Protocol):
         when its history note was written with the store call that decided it."""
         ...
 
-    def retry(self, firing: Firing, outcome: DecisionOutcome) -> None:
-        """The firing was not enqueued here and may be tried again until it is late."""
+    def retry(self, firing: Firing, outcome: DecisionOutcome, *, requeue: bool = True) -> None:
+        """The firing was not enqueued here and may be tried again until it is late;
+        ``requeue`` false: counted and told only, the dispatcher tries it again itself,
+        at once, in this wake (it stays the dispatcher's to decide)."""
         ...
 
     def sent(self, firing: Firing, outcome: DecisionOutcome) -> None:
@@ -317,14 +319,8 @@ class TwoPhase(Dispatcher):
         start = 0
         while start < len(firings):
             size = self.rate.sub_batch(self.lease_ms)
-            batch = firings[start : start + size]
+            fresh = _not_late(firings[start : start + size], wake)
             start += size
-            fresh = []
-            for firing in batch:
-                if wake.is_late(firing):
-                    wake.decide(firing, DecisionOutcome.LATE)
-                else:
-                    fresh.append(firing)
             if not fresh:
                 continue
             if self.uncommitted and not self._commit_again(wake):
@@ -333,7 +329,10 @@ class TwoPhase(Dispatcher):
                 continue
             self._sub_batch(fresh, wake)
 
-    def _sub_batch(self, firings: list[Firing], wake: Wake) -> None:
+    def _sub_batch(self, firings: list[Firing], wake: Wake, *, again: bool = True) -> None:
+        """Claim ``firings``, send the won, commit the sent, release the unsent. Won claims
+        found too old to send are released and, with ``again``, claimed once more at once
+        (:meth:`_claim_stale_again`)."""
         claimed_at = self.monotonic()
         revision = wake.live_revision
         requests = [claim_request(f, revision) for f in firings]
@@ -341,6 +340,7 @@ class TwoPhase(Dispatcher):
         sent: list[tuple[Firing, DecisionOutcome]] = []
         unsent: list[Firing] = []
         forgotten: list[Firing] = []
+        stale: list[Firing] = []
         first_sent = 0.0
         for firing, outcome in zip(firings, outcomes, strict=True):
             if not outcome.is_won:
@@ -349,6 +349,10 @@ class TwoPhase(Dispatcher):
                 forgotten.append(firing)  # held by another node, now new: the store forgot
             elif self.uncommitted:  # a commit of this sub-batch failed: send nothing more
                 wake.retry(firing, DecisionOutcome.COMMIT_FAILED)
+                unsent.append(firing)
+            elif again and self._is_stale(claimed_at):
+                wake.retry(firing, DecisionOutcome.STALE_CLAIM, requeue=False)
+                stale.append(firing)
                 unsent.append(firing)
             elif self._send_one(
                 firing,
@@ -370,6 +374,23 @@ class TwoPhase(Dispatcher):
             self._forget(forgotten, wake)
         if unsent:
             self._release(unsent, wake.node)
+        if stale:
+            self._claim_stale_again(stale, wake)
+
+    def _is_stale(self, claimed_at: float) -> bool:
+        """Whether a claim made at ``claimed_at`` is too old to send on: half its lease."""
+        return (self.monotonic() - claimed_at) * 1_000 >= self.lease_ms / 2
+
+    def _claim_stale_again(self, firings: list[Firing], wake: Wake) -> None:
+        """Claim again at once the firings whose won claims were too old to send (a claim
+        answered late: a starved node, a link that held it), before the rest of the wake:
+        the store answered, only too slowly, and these were released before the firings
+        that follow, so they are the nearest to late. Once only: a claim again too old is
+        retried as any other."""
+        fresh = _not_late(firings, wake)
+        size = self.rate.sub_batch(self.lease_ms)
+        for start in range(0, len(fresh), size):
+            self._sub_batch(fresh[start : start + size], wake, again=False)
 
     def _send_one(
         self, firing: Firing, outcome: DecisionOutcome, claimed_at: float, wake: Wake, now: float
@@ -557,6 +578,17 @@ class TwoPhase(Dispatcher):
                 len(firings),
                 shown(exc, quoted=False, limit=ERROR_LIMIT),
             )
+
+
+def _not_late(firings: Sequence[Firing], wake: Wake) -> list[Firing]:
+    """``firings`` but the late ones, which are decided ``late`` here."""
+    fresh = []
+    for firing in firings:
+        if wake.is_late(firing):
+            wake.decide(firing, DecisionOutcome.LATE)
+        else:
+            fresh.append(firing)
+    return fresh
 
 
 def dispatch_now(dispatcher: Dispatcher, firings: Sequence[Firing], *, node: str) -> list[str]:
