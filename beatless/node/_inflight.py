@@ -6,7 +6,7 @@ another node's pending claim (*held*), left to a node ranked above this one (*ra
 where this node ranks for it), or be the catch-up firing that coalesced earlier
 occurrences (*coalesced*). Once late, an unjudged or held firing is not decided ``late``:
 the store is asked who holds it first (:mod:`beatless.node._judging`). So is any firing
-released before this node's last claim the store refused (:meth:`InFlight.refused`): a
+released before this node's last claim the store refused (:meth:`InFlight.unjudged`): a
 node held up by refused calls reaches the firings released meanwhile only once they are
 late, and another node, refused too or too slow to send its claim while it was young,
 may not have sent them either.

@@ -165,7 +165,9 @@ class Judging:
         (``last``: the node stops, so they are decided now)."""
         try:
             sent = sent_in_history(self._store, [w.firing for w in waiting])
-        except StoreError:
+        except Exception as exc:  # a bug is told, and the history taken as unreadable
+            if not isinstance(exc, StoreError):
+                logger.exception("reading the history of %d late firing(s) failed", len(waiting))
             for w in waiting:
                 if last or now > w.until_ms + HISTORY_WAIT_MS:
                     self._unjudged(w.firing, now, decide)
