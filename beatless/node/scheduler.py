@@ -35,14 +35,12 @@ from beatless.core._logtext import ERROR_LIMIT, shown
 from beatless.core.durations import DurationLike
 from beatless.errors import (
     ConfigError,
-    ScheduleError,
     StoreError,
     StoreFull,
     StoreRefused,
     StoreUnavailable,
 )
 from beatless.fleet._notes import REGISTRY_EVERY_MS
-from beatless.fleet.limits import limits
 from beatless.node._ahead import PREPARE_AHEAD_MS, BuildAhead
 from beatless.node._board import Board
 from beatless.node._clockwatch import ClockWatch
@@ -50,8 +48,9 @@ from beatless.node._drain import Stopping, drain
 from beatless.node._inflight import InFlight
 from beatless.node._judging import Judging
 from beatless.node._live import LiveView
-from beatless.node._prefer import CLAIM, DELEGATE, LADDER_MS, Preference, Ranked, fits
+from beatless.node._prefer import CLAIM, DELEGATE, Preference, Ranked, fits
 from beatless.node._reseed import Reseeder
+from beatless.node._startup import check_store, live_enabled, say_ladder
 from beatless.node._tally import SETTLE_MS, WARN_EVERY_MS, Tally
 from beatless.node._timeline import Timeline
 from beatless.node._wake import RETRY_MS, LoopWake
@@ -66,7 +65,7 @@ from beatless.node.dispatch import (
 from beatless.schedule.entry import Schedule
 from beatless.schedule.firing import Decision, Firing, iso
 from beatless.schedule.outcomes import DecisionOutcome
-from beatless.stores.base import TOLERANCE_MS, ClaimStore, Verdict
+from beatless.stores.base import TOLERANCE_MS, ClaimStore
 
 logger = logging.getLogger(__name__)
 decisions_logger = logging.getLogger("beatless.decisions")
@@ -108,80 +107,6 @@ def _dispatcher(
     raise ConfigError(f"store must be a ClaimStore or a Dispatcher, got {store!r}")
 
 
-def _check_store(schedule: Schedule, dispatcher: Dispatcher, lease_ms: int) -> None:
-    """Refuse a schedule whose timings the store cannot keep, or a store whose settings
-    are refused; say once, at INFO, what a fault would cost."""
-    store = dispatcher.store
-    errors = limits(schedule) + schedule.check_store(
-        store.remembers,
-        store.name,
-        run_leases=store.holds_run_leases,
-        lengthen=store.lengthen_memory,
-    )
-    if errors:
-        raise ScheduleError("; ".join(errors), errors)
-    facts = store.watch()  # read again at every sync (beatless.node._board)
-    if store.refusal is not None:
-        raise StoreRefused(store.refusal)
-    # What a fault would cost is said once per start, at INFO: a Redis kept without
-    # persistence on purpose must not be a WARNING at every worker's start. The
-    # verdict stays in the registry record, `status` and `check --store`.
-    for fact in facts.facts:
-        if fact.verdict is not Verdict.OK:
-            logger.info(
-                "%s: %s %s: %s",
-                shown(facts.store, quoted=False),
-                shown(fact.name, quoted=False),
-                fact.value,
-                fact.why,
-            )
-    if isinstance(dispatcher, TwoPhase):
-        _warn_no_takeover(schedule, lease_ms)
-
-
-def _warn_no_takeover(schedule: Schedule, lease_ms: int) -> None:
-    """Two-phase: a winner that dies before commit is replaced when its lease runs out,
-    but only while the firing is not late. Say so for entries where it never is."""
-    for entry in schedule.entries:
-        if entry.jitter_ms + lease_ms + RETRY_MS >= entry.max_late_ms:
-            logger.warning(
-                "entry %s: jitter %dms + lease %dms leave no time within max_late %dms to "
-                "take over a firing whose winner died before commit; shorten the lease "
-                "or raise max_late",
-                shown(entry.name),
-                entry.jitter_ms,
-                lease_ms,
-                entry.max_late_ms,
-            )
-
-
-def _live_enabled(live: bool, store: ClaimStore) -> bool:
-    """Whether the node reads live entries: asked, and the store keeps notes (one INFO
-    line when it cannot: the node runs its code entries only)."""
-    if live and not store.keeps_notes:
-        logger.info(
-            "live entries off: the %s store cannot keep them (%s); this node runs its code "
-            "entries only",
-            shown(store.name, quoted=False),
-            shown(store.why_not_kept, quoted=False),
-        )
-    return live and store.keeps_notes
-
-
-def _say_ladder(ladder: dict[str, bool]) -> None:
-    """Name the entries every node claims, since the preferred claimer's ladder does not
-    fit within their max_late."""
-    every = [name for name, fit in ladder.items() if not fit]
-    if every:
-        logger.info(
-            "%d entries claimed by every node, not by a preferred one: their jitter + "
-            "%dms (the preferred claimer's ladder) exceed their max_late: %s",
-            len(every),
-            LADDER_MS,
-            ", ".join(shown(name) for name in every[:10]) + (", ..." * (len(every) > 10)),
-        )
-
-
 class Scheduler:
     """The loop of one node. Drive it with :meth:`run` / :meth:`start`, or :meth:`tick`.
 
@@ -217,7 +142,7 @@ class Scheduler:
         self.clock = clock
         self.node = node or default_node_name()
         self.on_decision = on_decision
-        _check_store(schedule, self.dispatcher, self.lease_ms)
+        check_store(schedule, self.dispatcher, self.lease_ms)
         with paused_collection():  # an object or two per entry (see core._bulk)
             self.tally = Tally(schedule, self.node, self.now_ms)
         """What this node decided, counted, and the trouble it tells (:mod:`._tally`)."""
@@ -231,7 +156,7 @@ class Scheduler:
         self.live = LiveView(
             self.store,
             schedule,
-            enabled=_live_enabled(live, self.store),
+            enabled=live_enabled(live, self.store),
             now_ms=self.now_ms,
             offset_ms=lambda: self.clockwatch.offset_ms,
             arrived=self._alarm.set,
@@ -254,7 +179,7 @@ class Scheduler:
         (:mod:`beatless.node._prefer`)."""
         self._ladder = {e.name: fits(e.jitter_ms, e.max_late_ms) for e in schedule.entries}
         if preferred:
-            _say_ladder(self._ladder)
+            say_ladder(self._ladder)
         self.board = Board(self, framework=framework, loop_alive=self.loop_alive)
         """The registry record and history this node keeps in the store
         (:mod:`beatless.node._board`)."""

@@ -84,7 +84,6 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from beatless.core._drivers import driver
 from beatless.core._logtext import shown
@@ -121,6 +120,7 @@ from beatless.stores.rabbitmq._slots import (
     _parse_epoch,
     _single,
 )
+from beatless.stores.rabbitmq._url import count, flag, prefix_of, split_url
 
 logger = logging.getLogger(__name__)
 
@@ -128,8 +128,6 @@ DEFAULT_TIMEOUT = 5.0
 DEFAULT_CHANNELS = 16
 EPOCH_READS = 20
 PROBE_TTL_MS = 10_000
-_MAX_PREFIX = 180
-_OPTIONS = {"durable", "timeout", "channels", "prefix"}
 
 
 def _driver() -> Any:
@@ -205,22 +203,20 @@ class RabbitMQStore(SlotScripts, NotesStream, ClaimStore):
 
         self._where = mask_url(url)
         self._secrets = secrets_of(url)
-        given, rest = _split_url(url, self._where)
+        given, rest = split_url(url, self._where)
         if not isinstance(namespace, str) or not namespace:
             raise ConfigError(
                 f"rabbitmq store: namespace must be a non-empty string, got {namespace!r}"
             )
-        self.prefix = _prefix(prefix if prefix is not None else given.get("prefix"), namespace)
-        self.durable = _flag(durable if durable is not None else given.get("durable", "true"))
+        self.prefix = prefix_of(prefix if prefix is not None else given.get("prefix"), namespace)
+        self.durable = flag(durable if durable is not None else given.get("durable", "true"))
         seconds = as_timedelta(
             timeout if timeout is not None else given.get("timeout", DEFAULT_TIMEOUT),
             name="rabbitmq store: timeout",
         ).total_seconds()
         if seconds <= 0:
             raise ConfigError(f"rabbitmq store: timeout must be positive, got {timeout!r}")
-        width = _count(
-            channels if channels is not None else given.get("channels", DEFAULT_CHANNELS)
-        )
+        width = count(channels if channels is not None else given.get("channels", DEFAULT_CHANNELS))
         try:
             params = pika.URLParameters(rest)
         except (ValueError, TypeError) as exc:
@@ -566,50 +562,3 @@ class RabbitMQStore(SlotScripts, NotesStream, ClaimStore):
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return text
-
-
-def _split_url(url: str, where: str) -> tuple[dict[str, str], str]:
-    """The store's own options from the URL's query, and the URL for pika without them."""
-    parts = urlsplit(url)
-    if parts.scheme.lower() not in ("amqp", "amqps"):
-        raise ConfigError(
-            f"rabbitmq store: unknown URL scheme {parts.scheme!r} in {where}: use "
-            f"amqp://user:password@host:5672/vhost or amqps://..."
-        )
-    if not parts.hostname:
-        raise ConfigError(f"rabbitmq store: URL {where} names no host")
-    pairs = parse_qsl(parts.query, keep_blank_values=True)
-    ours = {k: v for k, v in pairs if k in _OPTIONS}
-    rest = urlencode([(k, v) for k, v in pairs if k not in _OPTIONS])
-    return ours, urlunsplit(parts._replace(query=rest))
-
-
-def _prefix(prefix: str | None, namespace: str) -> str:
-    value = prefix if prefix is not None else f"beatless.{namespace}."
-    if not value or len(value.encode()) > _MAX_PREFIX or value.startswith("amq."):
-        raise ConfigError(
-            f"rabbitmq store: prefix {value!r} must be 1 to {_MAX_PREFIX} bytes and not start "
-            f"with 'amq.' (queue names are at most 255 bytes)"
-        )
-    return value
-
-
-def _flag(value: bool | str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"rabbitmq store: durable must be true or false, got {value!r}")
-
-
-def _count(value: int | str) -> int:
-    try:
-        count = int(value)
-    except (TypeError, ValueError):
-        count = 0
-    if not 1 <= count <= 256:
-        raise ConfigError(f"rabbitmq store: channels must be 1 to 256, got {value!r}")
-    return count
