@@ -111,6 +111,9 @@ class AfterRead:
     def changed_since(self, instant: Any) -> Any:
         return self._after(self.rows.changed_since(instant))
 
+    def by_ids(self, ids: Any) -> Any:
+        return self._after(self.rows.by_ids(ids))
+
     def all(self) -> Any:
         return self._after(self.rows.all())
 

@@ -11,6 +11,13 @@ to take a Python block:
 * ``<!-- snippet: imports-only (why) -->``: compile it and run its import statements
   only: it acts on objects of the reader's own project, or needs a service to run;
 * ``<!-- snippet: skip (why) -->``: compile it only. The reason is required.
+* ``<!-- snippet: redbeat (why) -->``: run it for real against a RedBeat schedule the
+  test writes first with RedBeat's own ``RedBeatSchedulerEntry(...).save()``, in the
+  local Redis (database 13) under a key prefix of its own, deleted at the end: the
+  snippet's ``redbeat://redis:6379/1`` is that Redis, ``app`` the Celery app that wrote
+  the entries. What the snippet left in ``found`` (an import) is checked
+  (:func:`check_redbeat`). Skipped when Redis is not reachable (failed with
+  ``BEATLESS_REQUIRE_SERVICES=1``).
 
 After a snippet has run, the beatless schedule of each Celery app and each Dramatiq
 broker with the middleware that it left in its namespace is built, as a worker builds it
@@ -22,12 +29,18 @@ load with :func:`beatless.cli.loader.load_toml`.
 from __future__ import annotations
 
 import ast
+import contextlib
+import json
 import os
 import re
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,})\s*(?P<lang>[\w+-]*)")
 MARKER = re.compile(r"^<!--\s*snippet:\s*(?P<kind>[\w-]+)\s*(?:\((?P<why>[^)]*)\))?\s*-->$")
-KINDS = ("continues", "imports-only", "skip")
+KINDS = ("continues", "imports-only", "skip", "redbeat")
 RUN_TIMEOUT_S = 120
 
 
@@ -114,8 +127,8 @@ def chain(block: Block) -> list[Block]:
     return [*earlier, block]
 
 
-def run(source: str, filename: Path, cwd: Path) -> None:
-    """Run ``source`` with :func:`execute` in a fresh interpreter, in ``cwd``."""
+def run(source: str, filename: Path, cwd: Path) -> str:
+    """Run ``source`` with :func:`execute` in a fresh interpreter, in ``cwd``; its output."""
     path = [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     runner = "import sys, test_docs; test_docs.execute(sys.argv[1])"
@@ -130,6 +143,7 @@ def run(source: str, filename: Path, cwd: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}{done.stderr}"
+    return done.stdout
 
 
 def execute(filename: str) -> None:
@@ -201,12 +215,111 @@ def test_python_snippet_runs(block: Block, tmp_path: Path) -> None:
     if block.kind == "imports-only":
         run(imports_of(block), block.path, tmp_path)
         return
+    if block.kind == "redbeat":
+        with redbeat_written() as prefix:
+            said = run(redbeat_source(block, prefix), block.path, tmp_path)
+        check_redbeat(block, said)
+        return
     blocks_to_run = chain(block)
     lines: list[str] = []
     for part in blocks_to_run:
         placed = part.placed().splitlines()
         lines += placed[len(lines) :]
     run("\n".join(lines) + "\n", block.path, tmp_path)
+
+
+REDBEAT_HOST, REDBEAT_PORT, REDBEAT_DB = "127.0.0.1", 6379, 13
+REDBEAT_GUIDE_URL = "redbeat://redis:6379/1"
+"""The Redis a ``redbeat`` snippet names, replaced with the test's."""
+REDBEAT_APP = (
+    "from celery import Celery as _Celery; "
+    "app = _Celery({prefix!r}, broker='memory://'); "
+    "app.conf.update(beatless_store_url='memory://', timezone='UTC', "
+    "redbeat_redis_url={url!r}, redbeat_key_prefix={prefix!r} + ':', "
+    "beat_schedule={{'cleanup': {{'task': 'proj.cleanup', 'schedule': 3600.0}}}})"
+)
+"""The reader's app, as ``redbeat_app`` writes with it, on one line (the snippet keeps
+its page's line numbers)."""
+REDBEAT_FOUND = "\nimport json as _json; print('FOUND', _json.dumps(found.to_json()))\n"
+
+
+def redbeat_app(prefix: str) -> Any:
+    """A Celery app whose RedBeat writes in the test's Redis under ``prefix:``; its
+    ``beat_schedule`` has one entry, ``cleanup`` (RedBeat's static)."""
+    from celery import Celery
+
+    app = Celery(prefix, broker="memory://", set_as_current=False)
+    app.conf.update(
+        timezone="UTC",
+        redbeat_redis_url=f"redis://{REDBEAT_HOST}:{REDBEAT_PORT}/{REDBEAT_DB}",
+        redbeat_key_prefix=f"{prefix}:",
+        beat_schedule={"cleanup": {"task": "proj.cleanup", "schedule": 3600.0}},
+    )
+    return app
+
+
+@contextlib.contextmanager
+def redbeat_written() -> Iterator[str]:
+    """A RedBeat schedule written as RedBeat's users write one, under a key prefix of
+    its own (yielded); its keys, and only they, are deleted at the end."""
+    from service_check import require_service
+
+    pytest.importorskip("redbeat", reason="needs celery-redbeat (the dev group has it)")
+    require_service("Redis", REDBEAT_HOST, REDBEAT_PORT)
+    import redis
+    from celery.schedules import crontab, schedule
+    from redbeat import RedBeatScheduler, RedBeatSchedulerEntry
+    from redbeat.schedules import rrule
+
+    prefix = f"bltest-docs-{uuid.uuid4().hex[:10]}"
+    client = redis.Redis(host=REDBEAT_HOST, port=REDBEAT_PORT, db=REDBEAT_DB)
+    try:
+        app = redbeat_app(prefix)
+        RedBeatScheduler(app=app, lazy=True).setup_schedule()  # the static: cleanup
+        now = datetime.now(UTC)
+        ran = now - timedelta(minutes=5)
+        later = (now + timedelta(days=30)).replace(microsecond=0)
+        past = (now - timedelta(days=1)).replace(microsecond=0)
+        written = {
+            "report": crontab(minute=0, hour=3),
+            "sync": schedule(timedelta(seconds=90)),
+            "welcome-mail": rrule("MINUTELY", dtstart=later, count=1),
+            "launch": rrule("MINUTELY", dtstart=past, count=1),
+        }
+        for name, value in written.items():
+            RedBeatSchedulerEntry(
+                name, f"proj.{name}", value, args=[name], app=app, last_run_at=ran
+            ).save()
+        yield prefix
+    finally:
+        for key in client.scan_iter(match=f"{prefix}:*", count=1_000):
+            client.delete(key)
+        client.close()
+
+
+def redbeat_source(block: Block, prefix: str) -> str:
+    """The snippet on the test's Redis, after the reader's ``app`` (on a line of the
+    blank ones before it), and a line that prints what it left in ``found``."""
+    url = f"redbeat://{REDBEAT_HOST}:{REDBEAT_PORT}/{REDBEAT_DB}"
+    assert REDBEAT_GUIDE_URL in block.code, f"{block.id}: no {REDBEAT_GUIDE_URL} to replace"
+    lines = block.placed().replace(REDBEAT_GUIDE_URL, url).splitlines()
+    assert not lines[0], block.id
+    lines[0] = REDBEAT_APP.format(prefix=prefix, url=url.replace("redbeat:", "redis:"))
+    return "\n".join(lines) + "\n" + REDBEAT_FOUND
+
+
+def check_redbeat(block: Block, said: str) -> None:
+    """What the guide's import found in the schedule :func:`redbeat_written` wrote."""
+    found = [line for line in said.splitlines() if line.startswith("FOUND ")]
+    assert len(found) == 1, f"{block.id}: the snippet left no import in 'found'\n{said}"
+    done = json.loads(found[0].removeprefix("FOUND "))
+    assert sorted(done["imported"]) == ["report", "sync", "welcome-mail"], done
+    assert done["statics"] == ["cleanup"], done
+    skipped = {s["name"]: s["why"] for s in done["skipped"]}
+    assert sorted(skipped) == ["celery.backend_cleanup", "launch"], done  # beat saves the first
+    assert "already past" in skipped["launch"], done
+    assert sorted(c["name"] for c in done["plan"]["changes"]) == ["report", "sync", "welcome-mail"]
+    assert done["revision"] is None, done  # the guide's dry run writes nothing
 
 
 @pytest.mark.parametrize("block", TOML, ids=[block.id for block in TOML])

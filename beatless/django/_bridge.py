@@ -4,26 +4,40 @@
 One :meth:`Bridge.poll` (the node that won this second's poll runs it,
 :mod:`beatless.django._duty`):
 
-1. reads the three markers of the table (:class:`~beatless.django._orm.Probe`):
-   ``PeriodicTasks.last_update``, ``max(date_changed)``, the row count. Unchanged since
-   this node's last poll, and not a full pass: nothing else is read.
+1. reads the markers of the table (:class:`~beatless.django._orm.Probe`):
+   ``PeriodicTasks.last_update``, ``max(date_changed)``, the row count, the highest
+   row id. Unchanged since this node's last poll, not a full pass and nothing owed
+   (step 5): nothing else is read.
 2. reads the rows whose ``date_changed`` is after the last ``max(date_changed)``
-   this node saw (every row on its first poll, and on a full pass);
+   this node saw (every row on its first poll, and on a full pass), and again the rows
+   that a full read which lost (step 5) found different;
 3. compares each row's digest (:meth:`~beatless.django._mapping.Row.digest`) with the
    one stored beside its live entry (``"source": {"id", "row"}``): only a row whose
    definition changed is mapped again and published; a row renamed deletes its old name;
 4. reads every row when the partial read cannot explain the markers: a row count lower
-   than expected (a delete), or ``last_update`` moved with no changed row found (a
-   schedule row edited, a delete, a writer whose clock is behind the last one's). A full
-   pass (every ``hash_every`` seconds, :mod:`~beatless.django._duty`) also deletes the
+   than expected (a delete: expected is the count then plus the changed rows created
+   since, whose ids are above the highest then, whether or not another node already
+   published them), or ``last_update`` moved with no changed row found (a schedule row
+   edited, a delete, a writer whose clock is behind the last one's). A changed row
+   explains it whether this poll publishes it or another node's poll already did: in a
+   fleet, the node that polls next often finds only rows the previous one published. (A
+   schedule row edited in the same gap as a task row is then found by the next node
+   whose last poll came after that task row's save, or by the full pass.) A full pass
+   (every ``hash_every`` seconds, :mod:`~beatless.django._duty`) also deletes the
    entries of rows that are gone and catches what no marker shows: ``queryset.update()``
    and raw SQL;
 5. writes every put and delete of the poll as one revision, based on the head it read
    *before* reading the rows (``if_revision``): two pollers never publish over each
    other's head, and a poll that read the rows before another node's revision (it was
    slow, or its node was frozen between its read and its write) never publishes them
-   over that newer one. The loser publishes at a later poll what is still different (a
-   full pass that lost makes the next poll a full pass).
+   over that newer one. The loser publishes at a later poll what is still different: a
+   partial poll that lost reads the same changed rows again; a full read that lost
+   remembers the rows it found different (and the entries whose row it found gone), and
+   this node's next poll is partial from that read's markers, with those rows read
+   again against the head of then. Every row state published is read after the head it
+   is written on: a row is never set back, and a full read that loses is not repeated
+   (at 10,000 rows a full read under load outlasts the gap between two edits, and would
+   lose again and again).
 
 A row the bridge cannot run (a solar schedule without ``ephem`` installed, arguments
 that are not JSON, a name that the code schedule or a hand-written live entry already
@@ -34,7 +48,7 @@ deleted: it does not run under a definition the admin no longer shows.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -63,6 +77,8 @@ class RowSource(Protocol):
     def probe(self) -> Probe: ...
 
     def changed_since(self, instant: Any) -> list[Row]: ...
+
+    def by_ids(self, ids: Collection[Any]) -> list[Row]: ...
 
     def all(self) -> list[Row]: ...
 
@@ -108,36 +124,50 @@ class Bridge:
         self._probe: Probe | None = None
         self._warned: dict[str, str] = {}
         """Refused rows already logged: name -> digest."""
-        self._full_owed = False
-        """A full pass lost to another node's revision: the next poll is one."""
+        self._owed: set[Any] = set()
+        """Row ids a full read that lost found different (rows to publish, or gone): the
+        next poll reads them again."""
 
     def poll(self, *, full: bool = False) -> PollResult | None:
         """One poll (see the module docstring); ``full`` reads every row. ``None`` when
-        the markers had not moved since this node's last poll."""
+        the markers had not moved since this node's last poll and nothing was owed."""
         probe = self.rows.probe()
         seen = self._probe
-        full = full or self._full_owed
-        if not full and seen is not None and probe == seen:
+        if not full and not self._owed and seen is not None and probe == seen:
             return None
         if full or seen is None or seen.max_changed is None:
-            result = self._publish_all()
-        else:
-            view = self._view()
-            rows = self.rows.changed_since(seen.max_changed)
-            new = sum(1 for row in rows if row.id not in view.by_id)
-            result = self._publish(rows, complete=False, view=view)
-            gone = probe.count < seen.count + new
-            unexplained = result.revision is None and probe.last_update != seen.last_update
-            if not result.stale and (gone or unexplained):
-                result = self._publish_all()
-        if not result.stale:
-            self._probe = probe
-        self._full_owed = result.stale and (full or result.complete)
+            return self._publish_all(probe)
+        view = self._view()
+        changed = self.rows.changed_since(seen.max_changed)
+        # Rows created since: their ids are above the highest then (not "without an entry":
+        # another node may have published them already, and a delete would go unseen).
+        new = sum(1 for row in changed if seen.max_id is None or row.id > seen.max_id)
+        rows, missing = changed, set()
+        if self._owed:
+            again = self._owed - {row.id for row in changed}
+            found = self.rows.by_ids(sorted(again)) if again else []
+            rows = changed + found
+            missing = again - {row.id for row in found}
+        result, _ = self._publish(rows, complete=False, view=view, missing=missing)
+        if result.stale:  # the same rows (and what is owed) are read again next poll
+            return result
+        gone = probe.count < seen.count + new
+        unexplained = not changed and probe.last_update != seen.last_update
+        if gone or unexplained:
+            return self._publish_all(probe)
+        self._probe = probe
+        self._owed = set()
         return result
 
-    def _publish_all(self) -> PollResult:
+    def _publish_all(self, probe: Probe) -> PollResult:
+        """A full read; ``probe``: the markers read before it. Lost to a newer revision,
+        the next poll is partial from these markers, with what it found different read
+        again (not another full read, which would lose again while edits go on)."""
         view = self._view()
-        return self._publish(self.rows.all(), complete=True, view=view)
+        result, wanted = self._publish(self.rows.all(), complete=True, view=view)
+        self._owed = self._owed | wanted if result.stale else set()
+        self._probe = probe
+        return result
 
     def _view(self) -> _View:
         head, current = self.live.snapshot()
@@ -145,21 +175,27 @@ class Bridge:
         by_id = {source_of(data)[0]: name for name, data in mine.items()}
         return _View(head, current, mine, by_id)
 
-    def _publish(self, rows: list[Row], *, complete: bool, view: _View) -> PollResult:
+    def _publish(
+        self, rows: list[Row], *, complete: bool, view: _View, missing: Collection[Any] = ()
+    ) -> tuple[PollResult, set[Any]]:
         """Publish what differs between ``rows`` and ``view``, the live entries read
         *before* the rows: a revision another node wrote after that read (from rows it
         read later, perhaps) makes this one stale, so that rows read before a newer
-        revision never replace it, however long this poll took."""
+        revision never replace it, however long this poll took. ``missing``: row ids
+        looked for and not found, whose entries are deleted. Also returns the ids of the
+        rows (and of the deleted entries' rows) that differed."""
         head, current, mine, by_id = view
         fence_ms = self.live.store.time_ms() + ONE_OFF_LEAD_MS
         result = PollResult(read=len(rows), complete=complete)
         puts: list[Entry] = []
         sources: dict[str, Any] = {}
         deletes: set[str] = set()
+        wanted: set[Any] = set()
         for row in rows:
             renamed = by_id.get(row.id)
             if renamed is not None and renamed != row.name:
                 deletes.add(renamed)
+                wanted.add(row.id)
             source: dict[str, Any] = {"id": row.id, "row": row.digest()}
             known = mine.get(row.name)
             if known is not None and known.get("source") == source:
@@ -167,14 +203,20 @@ class Bridge:
             try:
                 puts.append(self._entry(row, current, fence_ms))
                 sources[row.name] = source
+                wanted.add(row.id)
             except RowRefused as exc:
                 self._refuse(row, source["row"], str(exc))
                 result.refused.append(row.name)
                 if known is not None:
                     deletes.add(row.name)
+                    wanted.add(row.id)
+        names = {row.name for row in rows}
         if complete:
-            names = {row.name for row in rows}
-            deletes |= {name for name in mine if name not in names}
+            gone = {name for name in mine if name not in names}
+        else:
+            gone = {by_id[i] for i in missing if i in by_id and by_id[i] not in names}
+        deletes |= gone
+        wanted |= {source_of(mine[name])[0] for name in gone} - {None}
         deletes -= set(sources)
         if puts or deletes:
             try:
@@ -187,7 +229,7 @@ class Bridge:
                 )
             except StaleRevision:  # another node's poll published first: compare again
                 result.stale = True
-        return result
+        return result, wanted
 
     def _entry(self, row: Row, current: Mapping[str, Any], fence_ms: int) -> Entry:
         label = f"django-celery-beat row {row.name!r} (id {row.id})"

@@ -345,3 +345,146 @@ def test_a_poll_slower_than_another_never_publishes_the_rows_it_read_over_newer_
     again = first.poll()
     assert again is not None
     assert again.revision is None  # the next poll reads the rows again: nothing to publish
+
+
+class Counted:
+    """django-celery-beat's rows, counting the full reads (``all()``)."""
+
+    def __init__(self, rows: Any) -> None:
+        self.rows = rows
+        self.full_reads = 0
+
+    def probe(self) -> Any:
+        return self.rows.probe()
+
+    def changed_since(self, instant: Any) -> Any:
+        return self.rows.changed_since(instant)
+
+    def by_ids(self, ids: Any) -> Any:
+        return self.rows.by_ids(ids)
+
+    def all(self) -> Any:
+        self.full_reads += 1
+        return self.rows.all()
+
+
+def test_a_node_that_finds_only_rows_another_node_published_reads_no_other_row(
+    database: str, store: MemoryStore, settings: CelerySettings
+) -> None:
+    from django_celery_beat.models import PeriodicTask
+
+    for n in range(3):
+        task(f"tick-{n}", interval=every(1), args="[0]")
+    nodes = [bridge_of(store, settings), bridge_of(store, settings)]
+    for node in nodes:
+        node.poll()
+    counted = [Counted(node.rows) for node in nodes]
+    for node, rows in zip(nodes, counted, strict=True):
+        node.rows = rows
+    # One edit a second, the two nodes taking turns: each finds the other's last edit
+    # (already published) beside its own.
+    for n in range(8):
+        row = PeriodicTask.objects.get(name=f"tick-{n % 3}")
+        row.args = f"[{n + 1}]"
+        row.save()
+        polled = nodes[n % 2].poll()
+        assert polled is not None
+        assert not polled.complete
+        assert polled.revision is not None
+        assert live_entries(store)[f"tick-{n % 3}"].args == (n + 1,)
+    assert [rows.full_reads for rows in counted] == [0, 0]
+    # The other node's turn finds only a row the first published: no full read either.
+    row = PeriodicTask.objects.get(name="tick-0")
+    row.args = "[99]"
+    row.save()
+    first, second = nodes
+    published = first.poll()
+    assert published is not None
+    assert published.revision is not None
+    found = second.poll()
+    assert found is not None
+    assert (found.read, found.complete, found.revision) == (1, False, None)
+    assert [rows.full_reads for rows in counted] == [0, 0]
+    # A schedule row edited with no task row changed still makes a node read every row.
+    from django_celery_beat.models import IntervalSchedule
+
+    interval = IntervalSchedule.objects.get(every=1)
+    interval.every = 2
+    interval.save()
+    edited = second.poll()
+    assert edited is not None
+    assert edited.complete
+    assert counted[1].full_reads == 1
+    assert live_entries(store)["tick-1"].trigger == Every(timedelta(seconds=2))
+
+
+def test_a_full_read_that_loses_makes_the_next_poll_partial_and_never_sets_a_row_back(
+    database: str, store: MemoryStore, settings: CelerySettings
+) -> None:
+    from django_celery_beat.models import PeriodicTask
+
+    task("ping", interval=every(10), args="[1]")
+    task("quiet", interval=every(10), args="[1]")
+    task("back", interval=every(10), args="[1]")
+    task("gone", interval=every(10), args="[1]")
+    first, other = bridge_of(store, settings), bridge_of(store, settings)
+    first.poll()
+    other.poll()
+    # Only a full read sees these: no signal, no date_changed.
+    PeriodicTask.objects.filter(name="quiet").update(args="[2]")
+    PeriodicTask.objects.filter(name="back").update(args="[2]")
+    gone = PeriodicTask.objects.get(name="gone").pk
+    PeriodicTask.objects.filter(pk=gone).update(name="gone-raw")  # a rename by raw update
+
+    def newer() -> None:
+        """Once ``first`` has read every row, ``back`` returns to [1] (no marker moves),
+        ping is edited, and ``other`` publishes ping from a later read."""
+        PeriodicTask.objects.filter(name="back").update(args="[1]")
+        ping = PeriodicTask.objects.get(name="ping")
+        ping.args = "[2]"
+        ping.save()
+        edited = other.poll()
+        assert edited is not None
+        assert edited.revision is not None
+
+    counted = Counted(AfterRead(DjangoRows(), newer))
+    first.rows = counted
+    lost = first.poll(full=True)
+    assert lost is not None
+    assert (lost.complete, lost.revision, lost.stale) == (True, None, True)
+    assert counted.full_reads == 1
+    assert live_entries(store)["quiet"].args == (1,)  # nothing of the lost read published
+
+    counted.rows = DjangoRows()
+    again = first.poll()  # not a full read: what the lost one found, read again
+    assert again is not None
+    assert not again.complete
+    assert counted.full_reads == 1
+    assert again.revision is not None
+    state = live_entries(store)
+    assert state["quiet"].args == (2,)
+    assert state["back"].args == (1,)  # its row returned to [1] after the lost read
+    assert state["ping"].args == (2,)
+    assert set(state) == {"ping", "quiet", "back", "gone-raw"}
+    assert first.poll() is None  # nothing owed any more, the markers unchanged
+
+
+def test_a_delete_beside_a_row_another_node_created_and_published_is_found(
+    database: str, store: MemoryStore, settings: CelerySettings
+) -> None:
+    from django_celery_beat.models import PeriodicTask
+
+    task("a", interval=every(10))
+    task("b", interval=every(10))
+    first, other = bridge_of(store, settings), bridge_of(store, settings)
+    first.poll()
+    other.poll()
+    task("c", interval=every(10))
+    created = other.poll()
+    assert created is not None
+    assert created.revision is not None
+    PeriodicTask.objects.get(name="a").delete()  # the count is back to what first saw
+    found = first.poll()  # finds only c, already published: the delete is still seen
+    assert found is not None
+    assert found.complete
+    assert set(live_entries(store)) == {"b", "c"}
