@@ -35,7 +35,7 @@ BY_IDS_CHUNK = 500
 
 @dataclass(frozen=True, slots=True)
 class Probe:
-    """The cheap markers of the table, read every second (one query, and one for
+    """The cheap markers of the table, read at every poll (one query, and one for
     ``last_update``)."""
 
     last_update: datetime | None
