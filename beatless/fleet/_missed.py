@@ -28,7 +28,7 @@ from beatless.fleet._notes import (
     windowed_of,
 )
 from beatless.fleet._schema import Skipped
-from beatless.schedule.entry import Schedule, tenant_address
+from beatless.schedule.entry import Schedule, base_address, tenant_address
 from beatless.schedule.firing import Firing, firing_id, missed_id
 from beatless.schedule.outcomes import DecisionOutcome
 from beatless.stores.base import (
@@ -219,25 +219,21 @@ def sent_in_history(store: ClaimStore, firings: Sequence[Firing]) -> set[str]:
     any node): their addresses' history notes, and for a fan-out tenant its occurrence's
     batch notes, read in one call. Raises :class:`~beatless.errors.StoreError` when the
     store cannot be read."""
-    kinds: dict[str, None] = {}
-    for firing in firings:
-        kinds[history_kind(firing.address)] = None
-        if firing.tenant is not None:
-            kinds[fan_out_history_kind(_base(firing), firing.occurrence_ms)] = None
-    notes = store.read_notes(list(kinds))
+    batches = {
+        firing.id: fan_out_history_kind(
+            base_address(firing.address, firing.tenant), firing.occurrence_ms
+        )
+        for firing in firings
+        if firing.tenant is not None
+    }
+    kinds = {history_kind(firing.address): None for firing in firings}
+    notes = store.read_notes([*kinds, *dict.fromkeys(batches.values())])
     items: list[HistoryItem] = []
     for firing in firings:
         items += read_history(firing.address, notes.get(history_kind(firing.address), {}))
         if firing.tenant is not None:
-            base = _base(firing)
-            batches = notes.get(fan_out_history_kind(base, firing.occurrence_ms), {})
-            for text in batches.values():
+            base = base_address(firing.address, firing.tenant)
+            for text in notes.get(batches[firing.id], {}).values():
                 items += batch_items(base, text, firing.tenant)
     wanted = {firing.id for firing in firings}
     return {i.id for i in items if i.id in wanted and i.outcome in DecisionOutcome.SENT}
-
-
-def _base(firing: Firing) -> str:
-    """The address of a fan-out tenant's entry (``tenant_address`` undone)."""
-    tenant = firing.tenant or ""
-    return firing.address[: len(firing.address) - len(tenant) - 1]

@@ -40,6 +40,7 @@ from beatless.fleet._notes import (
     missed_kind,
 )
 from beatless.node._view import LoopView
+from beatless.schedule.entry import base_address
 from beatless.schedule.firing import Decision, Firing
 from beatless.schedule.outcomes import DecisionOutcome
 from beatless.stores.base import NOTE_VALUE_LIMIT, Note, NoteItem
@@ -133,7 +134,7 @@ class HistoryWriter:
         for address, item in items:
             tenant = item.tenant
             if tenant is not None and self.batched(item.entry, tenant, item.manual):
-                base = address[: -len(tenant) - 1]
+                base = base_address(address, tenant)
                 group = (base, item.entry, item.occurrence_ms, item.coalesced, item.node)
                 member = (item.id, tenant, item.outcome, item.lateness_ms, item.at_ms)
                 groups.setdefault(group, []).append(member)
@@ -155,7 +156,7 @@ class HistoryWriter:
             tenant, entry = firing.tenant, firing.entry.name
             lateness = now_ms - firing.release_ms
             if tenant is not None and self.batched(entry, tenant, firing.manual):
-                base = firing.address[: -len(tenant) - 1]
+                base = base_address(firing.address, tenant)
                 group = (base, entry, firing.occurrence_ms, coalesced, node)
                 groups.setdefault(group, []).append((firing.id, tenant, outcome, lateness, now_ms))
             else:
@@ -259,7 +260,7 @@ class HistoryWriter:
         """The batch note of ``firing``'s occurrence for a claim script to fill in: the
         same object for every firing of the occurrence, so a script writes one."""
         tenant = firing.tenant or ""
-        base = firing.address[: -len(tenant) - 1]
+        base = base_address(firing.address, tenant)
         cached = (base, firing.occurrence_ms, coalesced)
         template = self._templates.get(cached)
         if template is None:

@@ -294,10 +294,9 @@ class Timeline:
         not skipped: its firings are expanded and, late, asked about (another node may
         not have sent them either: :meth:`InFlight.judging`)."""
         horizon = now - group.reach_ms
-        forgotten = now - group.memory_ms
         skipped = 0
         while occurrence is not None and occurrence <= horizon:
-            if occurrence > forgotten and self._flights.refused_after(occurrence):
+            if self._flights.refused_after(occurrence) and occurrence > now - group.memory_ms:
                 break
             following = next(group.occurrences, None)
             if following is None or following > horizon:

@@ -333,6 +333,12 @@ def tenant_address(base: str, tenant: str) -> str:
     return f"{base}/{tenant}"
 
 
+def base_address(address: str, tenant: str) -> str:
+    """The entry's address of a tenant's firing at ``address``: :func:`tenant_address`
+    undone."""
+    return address[: -len(tenant) - 1]
+
+
 @dataclass(frozen=True, eq=False)
 class Schedule:
     """The set of entries a node runs; identical on every node.
