@@ -16,6 +16,7 @@ from beatless.core.urls import mask_url, scrub
 from beatless.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
 from beatless.stores.redis import _sentinel
 from beatless.stores.redis._facts import is_oom
+from beatless.stores.redis._packer import use_packer
 
 if TYPE_CHECKING:
     import redis as redis_module
@@ -112,13 +113,15 @@ def client_from_url(
         raise ConfigError(f"redis store: socket_timeout must be positive, got {socket_timeout!r}")
     retry = driver.retry.Retry(driver.backoff.NoBackoff(), 1)
     if scheme == _sentinel.SCHEME:
-        return _sentinel.sentinel_client(driver, url, timeout, retry, where)
-    try:
-        client: redis_module.Redis = driver.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=retry
-        )
-    except ValueError as exc:
-        raise ConfigError(f"redis store: bad URL {where}: {scrub(str(exc), url)}") from None
+        client: redis_module.Redis = _sentinel.sentinel_client(driver, url, timeout, retry, where)
+    else:
+        try:
+            client = driver.Redis.from_url(
+                url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=retry
+            )
+        except ValueError as exc:
+            raise ConfigError(f"redis store: bad URL {where}: {scrub(str(exc), url)}") from None
+    use_packer(driver, client)
     return client
 
 
