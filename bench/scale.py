@@ -3,6 +3,7 @@ preferred claimer, side by side in one run; then a burst of firings due at one i
 
     python bench/scale.py                      # 3, 10 and 50 nodes, both ways, and the burst
     python bench/scale.py --nodes 3 10 --minutes 2 --no-burst --json
+    python bench/scale.py --traffic 10 100 1000 --seconds 30   # each node's store traffic
 
 **Fleet** (in one process, so that 50 nodes fit on a laptop): N schedulers share one
 memory store and one fake clock, stepped every ``--step-ms``; each wakes as
@@ -11,6 +12,10 @@ second, as its board thread would. The schedule is ``--entries`` entries of
 ``Every(--every)`` with a jitter of ``--jitter`` seconds. The counts are taken after a
 warm-up in which every node has read the registry; the check covers every firing released
 after it.
+
+**Traffic** (``--traffic``): the same simulated fleet at the sizes given, each node on a
+view of its own of a store that counts its round trips and bytes each way
+(:class:`~beatless.stores.traffic.TrafficStore`): per node per second, and per firing.
 
 **Burst** (real processes): N node processes on Redis (``--redis``) and one fan-out entry
 of ``--burst`` tenants with no jitter, so that all its firings are due at one instant;
@@ -40,8 +45,9 @@ from beatless import Entry, Every, Schedule
 from beatless.fleet._notes import SYNC_EVERY_MS
 from beatless.node.scheduler import Decision, Scheduler
 from beatless.schedule.firing import Firing
-from beatless.stores import ClaimRequest, MemoryStore, Outcome
+from beatless.stores import ClaimRequest, Outcome
 from beatless.stores.base import Note
+from beatless.stores.traffic import Traffic, TrafficStore
 
 ROOT = Path(__file__).resolve().parent.parent
 START_MS = 1_800_000_000_000
@@ -57,8 +63,10 @@ class Clock:
         return (self.ms + 0.5) / 1_000
 
 
-class CountingStore(MemoryStore):
-    """The memory store, counting the firings each call carried and the calls."""
+class CountingStore(TrafficStore):
+    """The memory store, counting the firings each call carried and the calls of all its
+    views together; each view (one node's) counts its own traffic too
+    (:class:`~beatless.stores.traffic.Traffic`)."""
 
     def __init__(self, *, clock: Callable[[], float]) -> None:
         super().__init__(clock=clock)
@@ -91,6 +99,8 @@ class CountingStore(MemoryStore):
     def reset(self) -> None:
         self.items.clear()
         self.calls.clear()
+        for traffic in self.traffics:
+            traffic.reset()
 
 
 @dataclass
@@ -102,6 +112,8 @@ class SimNode:
     outcomes: Counter[str] = field(default_factory=Counter)
     frozen: bool = False
     synced_ms: int | None = None
+    traffic: Traffic = field(default_factory=Traffic)
+    """This node's store traffic (its own view of the fleet's store)."""
 
     def wake(self, now_ms: int, sent: Counter[str]) -> None:
         """Wake until nothing is due now, and sync the board when a second has passed."""
@@ -147,15 +159,16 @@ class SimFleet:
         def enqueue(firing: Any) -> None:
             self.releases[firing.id] = firing.release_ms
 
+        store = self.store.view()
         scheduler = Scheduler(
             self.schedule,
-            store=self.store,
+            store=store,
             enqueue=enqueue,
             clock=self.clock,
             node=name,
             preferred=self.preferred,
         )
-        return SimNode(scheduler)
+        return SimNode(scheduler, traffic=store.traffic)
 
     def run_until(self, end_ms: int) -> None:
         step = 0
@@ -240,6 +253,66 @@ def fleet_figures(
         "outcomes": dict(sum((n.outcomes for n in fleet.nodes), Counter())),
         "check": check,
     }
+
+
+def traffic_figures(
+    schedule: Schedule, count: int, seconds: float, step_ms: int = 250
+) -> dict[str, Any]:
+    """Each node's store traffic in a simulated fleet of ``count`` (preferred claimer on):
+    round trips and bytes each way, per node per second and per firing, after a warm-up
+    in which every node has joined and read the members."""
+    fleet = SimFleet(schedule, count, True, step_ms=step_ms)
+    fleet.run_until(START_MS + WARM_UP_MS)
+    fleet.store.reset()
+    for node in fleet.nodes:
+        node.outcomes.clear()
+    measured_from = fleet.clock.ms
+    end = measured_from + int(seconds * 1_000)
+    fleet.run_until(end)
+    elapsed = (fleet.clock.ms - measured_from) / 1_000
+    firings = sum(n.outcomes["won"] + n.outcomes["takeover"] for n in fleet.nodes)
+    traffic = [n.traffic for n in fleet.nodes]
+    trips = [t.round_trips / elapsed for t in traffic]
+    read = [t.received / elapsed for t in traffic]
+    sent = [t.sent / elapsed for t in traffic]
+    calls: Counter[str] = sum((t.calls for t in traffic), Counter())
+    per_firing = max(firings, 1) / elapsed  # firings per second, fleet-wide
+    return {
+        "nodes": count,
+        "seconds": elapsed,
+        "firings": firings,
+        "round_trips_per_node_s": round(sum(trips) / count, 2),
+        "round_trips_per_node_s_max": round(max(trips), 2),
+        "bytes_in_per_node_s": round(sum(read) / count),
+        "bytes_in_per_node_s_max": round(max(read)),
+        "bytes_out_per_node_s": round(sum(sent) / count),
+        "round_trips_per_node_per_firing": round(sum(trips) / count / per_firing, 3),
+        "bytes_per_node_per_firing": round((sum(read) + sum(sent)) / count / per_firing),
+        "calls_per_node_s": {k: round(v / count / elapsed, 2) for k, v in sorted(calls.items())},
+        "bytes_per_node_s": {
+            k: round(v / count / elapsed)
+            for k, v in sorted(sum((t.bytes for t in traffic), Counter()).items())
+        },
+        "views": sorted({len(n.scheduler.preference.view.nodes) for n in fleet.nodes}),
+    }
+
+
+def traffic_report(rows: list[dict[str, Any]], p: dict[str, Any]) -> None:
+    print(
+        f"traffic per node: {p['entries']} entries every {p['every_s']}s, jitter "
+        f"{p['jitter_s']}s ({p['firings_per_s']} firings/s fleet-wide), preferred claimer"
+    )
+    print(
+        f"{'nodes':>5} {'firings':>7} {'rt/node/s':>9} {'(max)':>6} {'B in/node/s':>11} "
+        f"{'(max)':>7} {'B out/node/s':>12} {'rt/node/f':>9} {'B/node/f':>8}"
+    )
+    for r in rows:
+        print(
+            f"{r['nodes']:>5} {r['firings']:>7} {r['round_trips_per_node_s']:>9} "
+            f"{r['round_trips_per_node_s_max']:>6} {r['bytes_in_per_node_s']:>11} "
+            f"{r['bytes_in_per_node_s_max']:>7} {r['bytes_out_per_node_s']:>12} "
+            f"{r['round_trips_per_node_per_firing']:>9} {r['bytes_per_node_per_firing']:>8}"
+        )
 
 
 # -- the burst, with real processes on Redis -------------------------------------------
@@ -406,21 +479,17 @@ def _forget(client: Any, namespace: str) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     schedule = steady_schedule(args.entries, args.every, args.jitter)
+    if args.traffic:
+        rows = [
+            traffic_figures(schedule, count, args.seconds, args.step_ms) for count in args.traffic
+        ]
+        return {"parameters": _parameters(args), "traffic": rows, "ok": True}
     fleet = [
         fleet_figures(schedule, count, preferred, args.minutes)
         for count in args.nodes
         for preferred in (False, True)
     ]
-    result: dict[str, Any] = {
-        "parameters": {
-            "entries": args.entries,
-            "every_s": args.every,
-            "jitter_s": args.jitter,
-            "minutes": args.minutes,
-            "firings_per_s": round(args.entries / args.every, 2),
-        },
-        "fleet": fleet,
-    }
+    result: dict[str, Any] = {"parameters": _parameters(args), "fleet": fleet}
     if not args.no_burst:
         result["burst"] = [
             burst(args.redis, count, args.burst, preferred, path)
@@ -436,8 +505,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _parameters(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "entries": args.entries,
+        "every_s": args.every,
+        "jitter_s": args.jitter,
+        "minutes": args.minutes,
+        "firings_per_s": round(args.entries / args.every, 2),
+    }
+
+
 def report(result: dict[str, Any]) -> None:
     p = result["parameters"]
+    if "traffic" in result:
+        traffic_report(result["traffic"], p)
+        return
     print(
         f"fleet: {p['entries']} entries every {p['every_s']}s, jitter {p['jitter_s']}s "
         f"({p['firings_per_s']} firings/s), {p['minutes']} simulated minutes after warm-up"
@@ -478,6 +560,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jitter", type=int, default=4, help="jitter window in seconds")
     parser.add_argument("--minutes", type=float, default=5, help="simulated minutes measured")
     parser.add_argument("--no-burst", action="store_true")
+    parser.add_argument(
+        "--traffic",
+        type=int,
+        nargs="+",
+        metavar="NODES",
+        help="only each node's store traffic, at these fleet sizes (e.g. 10 100 1000)",
+    )
+    parser.add_argument("--seconds", type=float, default=30, help="simulated seconds measured")
+    parser.add_argument("--step-ms", type=int, default=250, help="simulated clock step")
     parser.add_argument("--burst", type=int, default=10_000, help="firings due at one instant")
     parser.add_argument("--burst-nodes", type=int, nargs="+", default=[3, 10])
     parser.add_argument(

@@ -25,6 +25,7 @@ from service_check import require_binary
 from beatless.stores import ClaimStore, MemoryStore, Outcome
 from beatless.stores.redis.store import RedisStore
 from beatless.stores.sqlite import SQLiteStore
+from beatless.stores.traffic import TrafficStore
 
 START = 1_800_000_000.0
 """The manual clock's first reading: 2027-01-15T08:00:00Z."""
@@ -91,6 +92,13 @@ class Backend:
 
 def _memory(_tmp: Path, clock: ManualClock) -> Opener:
     store = MemoryStore(clock=clock)
+    return Forgetful(store.view, store.lose_memory)
+
+
+def _traffic(_tmp: Path, clock: ManualClock) -> Opener:
+    """The memory store that counts each client's traffic (``bench/scale.py``'s): a complete
+    store, so it passes the same suite."""
+    store = TrafficStore(clock=clock)
     return Forgetful(store.view, store.lose_memory)
 
 
@@ -261,6 +269,7 @@ def _rabbitmq(_tmp: Path, _clock: ManualClock) -> Opener:
 
 BACKENDS: list[Backend] = [
     Backend("memory", _memory),
+    Backend("traffic", _traffic),
     Backend("sqlite", _sqlite),
     Backend("redis", _redis, server_clock=True, service=REDIS),
     Backend("redis-cluster", _redis_cluster, server_clock=True),

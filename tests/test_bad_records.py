@@ -42,6 +42,7 @@ from beatless.fleet._controls import (
     read_requests,
     run_now_kind,
 )
+from beatless.fleet._members import MEMBER, Member, members_kind, membership_kind, read_members
 from beatless.fleet._notes import (
     HistoryItem,
     NodeRecord,
@@ -142,6 +143,11 @@ def good_entry(entry: str = "tick") -> dict[str, Any]:
     return entry_note(schedule, schedule.entry("tick")) | {"entry": entry}
 
 
+def good_member(node: str = "n9") -> dict[str, Any]:
+    member = Member(node, START_MS - 1_000, "1", plan().fingerprint, "2025a", healthy=True)
+    return json.loads(member.to_json())  # type: ignore[no-any-return]
+
+
 def progress_of(notes: dict[str, str], skipped: Collected) -> list[Progress]:
     preference = Preference("me", plan().fingerprint, NS, enabled=True)
     preference.read(notes, skipped)
@@ -149,6 +155,16 @@ def progress_of(notes: dict[str, str], skipped: Collected) -> list[Progress]:
 
 
 KINDS: dict[str, dict[str, Any]] = {
+    "members": {
+        "kind": members_kind(NS),
+        "good": ("n8", good_member("n8")),
+        "bad_key": "n9",
+        "make": good_member,
+        "read": lambda notes, skipped: list(read_members(notes, NS, skipped).values()),
+        "number": "started_ms",
+        "text": "node",
+        "required": "fingerprint",
+    },
     "nodes": {
         "kind": nodes_kind(NS),
         "good": ("n8", good_record("n8")),
@@ -283,6 +299,7 @@ def test_no_malformed_note_is_made_into_an_object(name: str, label: str) -> None
         HistoryItem.parse,
         Control.parse,
         Progress.parse,
+        Member.parse,
     ]
     for parse in parsers:
         try:
@@ -314,6 +331,7 @@ def test_each_schema_names_every_field_of_its_object() -> None:
         (HISTORY_ITEM, HistoryItem),
         (CONTROL, Control),
         (PROGRESS, Progress),
+        (MEMBER, Member),
     ):
         assert set(schema.fields) == set(kind.__dataclass_fields__), schema.name
     assert set(BATCH_NOTE.fields) == {
@@ -455,6 +473,7 @@ def bad_notes(label: str = "") -> list[Note]:
         audit_kind(NS): (f"9999-{tag}", good_control() | {"by": 7}),
         progress_kind(NS): (f"ghost-{tag}", good_progress() | {"until_ms": "soon"}),
         entries_kind(NS): (f"other-{tag}", good_entry(f"other-{tag}") | {"jitter_ms": "2s"}),
+        members_kind(NS): (f"ghost-{tag}", good_member(f"ghost-{tag}") | {"started_ms": "soon"}),
     }
     notes = [Note(kind, key, json_text(value), LONG_MS) for kind, (key, value) in typed.items()]
     notes += [
@@ -465,9 +484,16 @@ def bad_notes(label: str = "") -> list[Note]:
     return notes
 
 
-NODE_READ = ("nodes", "controls", "run-now", "progress")
-"""The kinds a node reads at every sync (``nodes`` every 5 s); the history it reads in
-its missed-firing sweep, every 30 s."""
+NODE_READ = ("members", "controls", "run-now")
+"""The kinds a node reads at every sync (``members`` when their version changed); the
+history it reads in its missed-firing sweep, every 30 s. The registry (``nodes``) and
+the old progress kind are read by ``status`` alone."""
+STATUS_ALONE = (audit_kind(NS), entries_kind(NS), nodes_kind(NS), progress_kind(NS))
+
+
+def bump() -> Note:
+    """A new membership version: the nodes read the members again."""
+    return Note(membership_kind(NS), "version", uuid.uuid4().hex, LONG_MS)
 
 
 def test_malformed_notes_never_stop_the_loop_and_each_is_counted_and_warned_once(
@@ -477,7 +503,7 @@ def test_malformed_notes_never_stop_the_loop_and_each_is_counted_and_warned_once
     fleet.run(2)
     begun = START_MS + 3_000
     notes = bad_notes("a")
-    fleet.store.post(notes)
+    fleet.store.post([*notes, bump()])
 
     with caplog.at_level(logging.WARNING, logger="beatless.fleet"):
         fleet.run(40)  # the registry read 8 times, the history swept once or twice
@@ -486,12 +512,12 @@ def test_malformed_notes_never_stop_the_loop_and_each_is_counted_and_warned_once
     assert sent_once(fleet, begun, START_MS + 38_000) == []
     for node in fleet.nodes:
         counts = node.board.skipped.counts
-        assert counts == {"nodes": 2, "controls": 1, "run-now": 2, "progress": 2, "history": 2}
-        assert node.board.skipped.total == 9
+        assert counts == {"members": 2, "controls": 1, "run-now": 2, "history": 2}
+        assert node.board.skipped.total == 7
         assert node.stats["tick"].paused == 0  # the pause "until soon" is no pause
     for note in notes:
-        if note.kind in (audit_kind(NS), entries_kind(NS)):
-            continue  # read by status alone
+        if note.kind in STATUS_ALONE:
+            continue
         told = [
             r for r in caplog.records if f"note {note.key!r} of kind {note.kind!r}" in r.message
         ]
@@ -503,7 +529,7 @@ def test_malformed_notes_never_stop_the_loop_and_each_is_counted_and_warned_once
     assert len(listed) == len(notes), listed
     for note in notes:
         assert any(repr(note.key) in p and repr(note.kind) in p for p in listed), note
-    assert all(n["counters"]["skipped_notes"] == 9 for n in status["nodes"])
+    assert all(n["counters"]["skipped_notes"] == 7 for n in status["nodes"])
     assert "problems:" in render(status)
 
 
@@ -516,22 +542,22 @@ def test_the_skipped_notes_are_a_metric_by_kind() -> None:
     fleet = memory_fleet()
     registry = CollectorRegistry()
     metrics.register(fleet.nodes[0], registry)
-    fleet.store.post(bad_notes("m"))
+    fleet.store.post([*bad_notes("m"), bump()])
     fleet.run(6)
 
     def sample(kind: str) -> float | None:
         labels = {"namespace": NS, "node": "n0", "kind": kind}
         return registry.get_sample_value("beatless_skipped_notes_total", labels)
 
-    assert [sample(k) for k in ("nodes", "controls", "run-now", "progress")] == [2, 1, 2, 2]
+    assert [sample(k) for k in ("members", "controls", "run-now")] == [2, 1, 2]
     metrics.unregister(fleet.nodes[0])
 
 
 def test_a_mistyped_registry_note_does_not_freeze_the_view_so_dead_nodes_are_dropped() -> None:
-    """Four nodes; a registry note with a string for an instant is written; three nodes die.
-    The live node must drop them from its view when their records run out and claim every
-    firing itself: with a view frozen on four nodes, it would leave to the dead ones the
-    firings it ranks last for, and they would be missed."""
+    """Four nodes; a registry note and a member note with a string for an instant are
+    written; three nodes die. The live node must drop them from its view when their notes
+    run out and claim every firing itself: with a view frozen on four nodes, it would
+    leave to the dead ones the firings it ranks last for, and they would be missed."""
     fleet = memory_fleet(count=4)
     fleet.run(10)
     fleet.store.post(
@@ -541,7 +567,14 @@ def test_a_mistyped_registry_note_does_not_freeze_the_view_so_dead_nodes_are_dro
                 "ghost",
                 json_text(good_record("ghost") | {"posted_ms": "soon", "last_wake_ms": 1}),
                 LONG_MS,
-            )
+            ),
+            Note(
+                members_kind(NS),
+                "ghost",
+                json_text(good_member("ghost") | {"started_ms": "soon"}),
+                LONG_MS,
+            ),
+            bump(),
         ]
     )
     fleet.run(6)
@@ -627,7 +660,7 @@ def test_each_kind_written_malformed_into_a_running_fleet_on_every_store(
         fleet.run(1)
         begun = (int(fleet.clock() * 1_000) // 1_000 + 1) * 1_000
         notes = bad_notes()
-        fleet.store.post(notes)
+        fleet.store.post([*notes, bump()])
         with caplog.at_level(logging.WARNING, logger="beatless.fleet"):
             fleet.run(6)  # one registry read at least
         ended = int(fleet.clock() * 1_000) // 1_000 * 1_000 - 1_000

@@ -20,6 +20,7 @@ from test_two_phase import monotonic_of
 import beatless
 from beatless import Entry, Every, Firing, Schedule, StoreUnavailable
 from beatless.core._logtext import LIMIT, shown
+from beatless.fleet._members import member_of, members_kind
 from beatless.fleet._notes import nodes_kind
 from beatless.node._tally import FOREIGN_WARN_EVERY_MS, SUMMARY_EVERY_MS
 from beatless.node.dispatch import Dispatcher, Wake, decide_claimed
@@ -390,16 +391,20 @@ def test_a_registry_note_with_a_huge_or_forged_node_name_makes_one_short_drift_l
     )
     node = Scheduler(forged(), store=store, clock=clock, node="n0")
     try:
-        record = json.loads(node.board.node_record(clock.ms).to_json())
-        kind = nodes_kind(NAMESPACE)  # the notes hash as the Redis store documents it
-        hash_key = f"{store.prefix}notes:{hashlib.sha256(kind.encode()).hexdigest()}"
-        huge = "n" * 1_000
-        expires = 10**15
-        with redis.Redis(host=REDIS[1], port=REDIS[2]) as client:
-            named = ((huge, "f" * 1_000), ("m" * 2_000_000, "g" * 2_000_000))
-            for name, fingerprint in (*named, (NODE + "\x1b[31m", FORGED)):
-                note = {**record, "node": name, "fingerprint": fingerprint, "tzdata": FORGED}
-                client.hset(hash_key, name, f"v=1|{expires}|{json.dumps(note)}")
+        record = node.board.node_record(clock.ms)
+        # The registry, which status reads, and the member notes, which the nodes read.
+        for kind, written in (
+            (nodes_kind(NAMESPACE), json.loads(record.to_json())),
+            (members_kind(NAMESPACE), json.loads(member_of(record, None).to_json())),
+        ):  # the notes hash as the Redis store documents it
+            hash_key = f"{store.prefix}notes:{hashlib.sha256(kind.encode()).hexdigest()}"
+            huge = "n" * 1_000
+            expires = 10**15
+            with redis.Redis(host=REDIS[1], port=REDIS[2]) as client:
+                named = ((huge, "f" * 1_000), ("m" * 2_000_000, "g" * 2_000_000))
+                for name, fingerprint in (*named, (NODE + "\x1b[31m", FORGED)):
+                    note = {**written, "node": name, "fingerprint": fingerprint, "tzdata": FORGED}
+                    client.hset(hash_key, name, f"v=1|{expires}|{json.dumps(note)}")
         node.board.sync(clock.ms)
     finally:
         store.close()

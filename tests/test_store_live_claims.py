@@ -17,7 +17,7 @@ from beatless.stores import ClaimRequest, ClaimStore, Outcome
 from beatless.stores._fences import revisions_kind
 from beatless.stores.base import KeptNote
 
-CHECKING = {"memory", "sqlite", "redis", "redis-cluster", "postgres"}
+CHECKING = {"memory", "traffic", "sqlite", "redis", "redis-cluster", "postgres"}
 LEASE_MS = 60_000
 MAX_LATE_MS = 60_000
 MEMORY_MS = 80_000

@@ -269,6 +269,8 @@ def family(kind: str) -> str:
     parts = kind.split("/")
     if len(parts) > 2 and parts[1] in ("history", "fan-out-history"):
         return parts[1]
+    if len(parts) > 3 and parts[2] == "node":  # a node's own kind: named by the node
+        return "node"
     return parts[-1]
 
 

@@ -1,8 +1,10 @@
 """The node's thread that keeps its notes in the claim store (:mod:`beatless.fleet._notes`).
 
 Every second it posts the history waiting (written by :mod:`beatless.node._history`), the
-registry record and the entries when due, reads the controls, the run-now requests, the
-preferred claimers' progress and the registry, and sweeps the history for missed firings.
+registry record and member note and the entries when due, reads the controls, the run-now
+requests, the membership version and a few nodes' own notes (the members it watches, the
+preferred claimers whose progress it waits on), the members when their version changed
+(:mod:`beatless.node._membership`), and sweeps the history for missed firings.
 It WARNs (rate-limited) when live nodes disagree on the schedule fingerprint or the tzdata
 version, or when a node's clock is more than ``OFFSET_WARN_MS`` from the store's.
 
@@ -35,6 +37,7 @@ from beatless.fleet._controls import (
     refreshed,
     run_now_kind,
 )
+from beatless.fleet._members import MEMBERSHIP_TTL_MS, PROGRESS_KEY
 from beatless.fleet._missed import sweep_missed
 from beatless.fleet._notes import (
     ENTRIES_EVERY_MS,
@@ -48,10 +51,10 @@ from beatless.fleet._notes import (
     entries_kind,
     entry_note,
     nodes_kind,
-    read_registry,
 )
 from beatless.fleet._schema import family
 from beatless.node._history import HistoryWriter
+from beatless.node._membership import Membership
 from beatless.node._reseed import reseeded_kind
 from beatless.node._view import LoopView
 from beatless.node.stats import SkippedNotes, total_counts
@@ -105,7 +108,8 @@ class Board(HistoryWriter):
         self.last_failure: str | None = None
         self.last_failure_ms: int | None = None
         self.registry: list[NodeRecord] = []
-        """The live nodes as this node last read them (every ``REGISTRY_EVERY_MS``)."""
+        """The members as this node last read them, as registry records
+        (:meth:`Member.record <beatless.fleet._members.Member.record>`)."""
         self._seen: dict[tuple[str, int], int] = {}
         """Each node (name, start) read in the registry, with when it was last read there."""
         self.reseeded: Mapping[str, str] = {}
@@ -129,6 +133,10 @@ class Board(HistoryWriter):
         """The store's settings as the last sync read them (:meth:`watch_store`)."""
         self._facts_ms: int | None = None
         self._full_seen = 0
+        self.members = Membership(
+            self.namespace, loop.node, self._ttl(REGISTRY_TTL_MS), self._ttl(MEMBERSHIP_TTL_MS)
+        )
+        """The fleet's members as this node last read them (:mod:`beatless.fleet._members`)."""
 
     def leave_out(self, names: Sequence[str]) -> None:
         """Told which entries of the schedule this node leaves out, each for a problem;
@@ -144,10 +152,13 @@ class Board(HistoryWriter):
         """The loop calls this at every wake."""
         self.last_wake_ms = now_ms
 
-    def node_record(self, now_ms: int) -> NodeRecord:
+    def node_record(self, now_ms: int, *, counted: bool = True) -> NodeRecord:
+        """The registry record at ``now_ms``; without ``counted``, no counters (what the
+        member note needs, at every sync)."""
         loop = self.loop
-        counters = total_counts(list(loop.stats.values()))
-        counters["skipped_notes"] = self.skipped.total
+        counters = total_counts(list(loop.stats.values())) if counted else {}
+        if counted:
+            counters["skipped_notes"] = self.skipped.total
         return NodeRecord(
             node=loop.node,
             host=self.host,
@@ -182,8 +193,8 @@ class Board(HistoryWriter):
         history, missed = self.take_pending()
         notes = self.history_notes(history) + missed
         registry_due = self._registry_ms is None or now - self._registry_ms >= REGISTRY_EVERY_MS
+        record = self.node_record(now, counted=registry_due)
         if registry_due:
-            record = self.node_record(now)
             notes.append(
                 Note(
                     nodes_kind(self.namespace),
@@ -192,15 +203,18 @@ class Board(HistoryWriter):
                     self._ttl(REGISTRY_TTL_MS),
                 )
             )
+        notes.extend(self.members.own_notes(record, now, refresh=registry_due))
         progress = self.loop.preference.note(refresh=registry_due)
         if progress is not None:
-            notes.append(Note(*progress, self._ttl(REGISTRY_TTL_MS)))
+            _, _, value = progress
+            notes.append(Note(self.members.own_kind, PROGRESS_KEY, value, self.members.ttl))
         if self._entries_ms is None or now - self._entries_ms >= ENTRIES_EVERY_MS:
             notes.extend(self._entry_notes())
             self._entries_ms = now
         try:
             if notes:
                 self.store.post(notes)
+                self.members.posted(now)
             self._read(now, registry_due)
             if self._swept_ms is None or now - self._swept_ms >= MISSED_SWEEP_EVERY_MS:
                 self._swept_ms = now
@@ -255,15 +269,14 @@ class Board(HistoryWriter):
         ]
 
     def _read(self, now: int, registry_due: bool) -> None:
-        """Read the controls and the preferred claimers' progress (every sync) and the
-        registry (when due), in one call."""
+        """Read the controls, the membership version and the node kinds of the members
+        watched and of the nodes whose progress is wanted (every sync), and the members
+        when their version changed, in one call (:mod:`beatless.fleet._members`)."""
         preference = self.loop.preference
         kinds = [controls_kind(self.namespace), run_now_kind(self.namespace)]
         kinds.append(reseeded_kind(self.namespace))
-        if preference.enabled:
-            kinds.append(preference.kind)
-        if registry_due:
-            kinds.append(nodes_kind(self.namespace))
+        wanted = preference.wanted(now) if preference.enabled else []
+        kinds.extend(self.members.kinds(now, wanted))
         live = self.loop.live
         began = self.loop.now_ms()
         notes, kept = self.store.read_synced(kinds, live.wanted() if live.enabled else {})
@@ -279,16 +292,26 @@ class Board(HistoryWriter):
             self.store.post(again)
         self._take_requests(notes[kinds[1]], now)
         self.reseeded = notes[kinds[2]]
+        progress, bump = self.members.took(notes, now, self)
+        if bump:
+            self.store.post(bump)
         if preference.enabled:
-            preference.read(notes[preference.kind], self)
+            for node, text in progress.items():
+                preference.read({node: text}, self, self.members.kind_of(node))
+        if self.members.changed:
+            self.members.changed = False
+            self.registry = self.members.records()
+            preference.registry = self.registry
+            self._drift(now)
         if registry_due:
             self._registry_ms = now
-            self.registry = read_registry(notes[nodes_kind(self.namespace)], self.namespace, self)
-            preference.registry = self.registry
             self._saw(self.registry, now)
-            for problem in drift(self.registry):
-                if self._may_warn(problem, DRIFT_WARN_EVERY_MS, now):
-                    logger.warning("namespace %s: %s", shown(self.namespace), problem)
+            self._drift(now)
+
+    def _drift(self, now: int) -> None:
+        for problem in drift(self.registry):
+            if self._may_warn(problem, DRIFT_WARN_EVERY_MS, now):
+                logger.warning("namespace %s: %s", shown(self.namespace), problem)
 
     def _saw(self, registry: Sequence[NodeRecord], now: int) -> None:
         """Keep when each node was last read in the registry, for an hour."""

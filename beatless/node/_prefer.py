@@ -8,8 +8,14 @@ the firing id (every node computes the same ranking from the same view) and:
 * rank 1 claims at the release + ``GRACE_MS``, rank 2 at + 2 × ``GRACE_MS``, but only if
   the preferred node's *progress* does not show that it dealt with the firing;
 * a node ranked ``RUNGS`` or lower never claims while the nodes above it are in the
-  registry: it looks again at each registry read, and when those nodes have left the
-  registry (dead, frozen, cut off: their record ran out) it is ranked higher and claims.
+  registry: it looks again every ``REGISTRY_EVERY_MS``, and when those nodes have left
+  the members (dead, frozen, cut off: their notes ran out,
+  :mod:`beatless.fleet._members`) it is ranked higher and claims.
+
+A node reads the progress of the node ranked first for a firing it waits on, in the
+syncs ``PROGRESS_LEAD_MS`` before its next look, at most ``PROGRESS_READ_MAX`` nodes a
+sync (:meth:`Preference.wanted`): never the whole fleet's. A progress it could not read
+in time only makes it claim at its rung, or look again later.
 
 The claim still decides everything: two nodes claiming one firing is as safe as ever
 (one wins), so a stale or disagreeing view costs a claim, never a duplicate. This is a
@@ -41,10 +47,12 @@ the release, as without it.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from beatless.fleet._controls import json_text
+from beatless.fleet._members import PROGRESS_READ_MAX
 from beatless.fleet._notes import REGISTRY_EVERY_MS, REGISTRY_TTL_MS, NodeRecord, progress_kind
 from beatless.fleet._schema import PROGRESS, BadNote, Skipped, parse_each
 from beatless.schedule._fanout import Ranking
@@ -62,6 +70,12 @@ RUNGS = 3
 """How many ranks claim on a timer (0, 1, 2); the others wait for the registry."""
 HELD_LISTED = 32
 """How many held firings a progress note lists by id; more hold its ``until_ms`` back."""
+PROGRESS_KEPT = 256
+"""How many other nodes' progress a node keeps, the last read."""
+PROGRESS_LEAD_MS = 1_500
+"""A node reads the progress a firing waits on in the syncs this long before its look
+(the rung, or the next look of a node ranked below the rungs): late enough that the
+preferred node has posted it, and at two syncs at least."""
 LADDER_MS = REGISTRY_TTL_MS + 2 * REGISTRY_EVERY_MS + 1_000
 """The latest, after its release, that a firing is claimed when every node above a live
 one died: their records run out, the live node reads the registry and looks again, and
@@ -202,6 +216,18 @@ class Progress:
             return None
 
 
+Want = tuple[int, int, int, bool]
+""":meth:`Preference.wanted`: the first look, the last, the latest release, and whether a
+rung waits on it."""
+
+
+def _priority(want: Want, now_ms: int) -> tuple[bool, int]:
+    """A rung's want first; then the looks due soonest (one past is due now: a node
+    wanted for long does not stay first)."""
+    first_ms, _, _, rung = want
+    return not rung, max(first_ms, now_ms)
+
+
 Ranked = tuple[str, int, str]
 """Where a node ranks for a firing: the view's digest, its rank, and the first node."""
 
@@ -240,6 +266,11 @@ class Preference:
         self.held: frozenset[str] = frozenset()
         self._posted: Progress | None = None
         self._ranking: Ranking | None = None
+        self._lock = threading.Lock()
+        self._wanted: dict[str, Want] = {}
+        """The nodes first for firings this node waits on, with when it looks again at
+        the first and at the last of them, the latest release among them, and whether
+        one of them waits for its rung."""
 
     def adopt(self, now_ms: int) -> None:
         """Take the registry the board read last into the view, from ``now_ms``."""
@@ -277,8 +308,49 @@ class Preference:
             return DELEGATE, ranked
         if rank < RUNGS:
             rung = release_ms + rank * GRACE_MS
-            return (CLAIM if now_ms >= rung else rung), ranked
+            if now_ms >= rung:
+                return CLAIM, ranked
+            self._want(top, rung, release_ms, rung=True)
+            return rung, ranked
+        self._want(top, now_ms + REGISTRY_EVERY_MS, release_ms, rung=False)
         return now_ms + REGISTRY_EVERY_MS, ranked
+
+    def _want(self, top: str, by_ms: int, release_ms: int, *, rung: bool) -> None:
+        """A firing released at ``release_ms`` waits on ``top``'s progress until ``by_ms``
+        (its next look; ``rung``: its rung, where it claims): the board reads that
+        progress in the syncs just before."""
+        with self._lock:
+            held = self._wanted.get(top)
+            if held is None:
+                self._wanted[top] = (by_ms, by_ms, release_ms, rung)
+            else:
+                first, last, release, rungs = held
+                self._wanted[top] = (
+                    min(first, by_ms),
+                    max(last, by_ms),
+                    max(release, release_ms),
+                    rungs or rung,
+                )
+
+    def wanted(self, now_ms: int, limit: int = PROGRESS_READ_MAX) -> list[str]:
+        """The nodes whose progress to read at this sync: those a firing waits on with a
+        look due within ``PROGRESS_LEAD_MS``, whose progress as last read does not cover
+        them all yet; at most ``limit``, those a rung waits on first, then the looks due
+        soonest. A want whose looks are all past, or covered, is dropped: a firing still
+        waiting puts it back at its look."""
+        view = self.view
+        with self._lock:
+            wanted = self._wanted
+            for node, (_, last_ms, release_ms, _) in list(wanted.items()):
+                progress = self.progress.get(node)
+                covered = progress is not None and progress.covers(view, release_ms)
+                if last_ms < now_ms or covered:
+                    del wanted[node]
+            soon = now_ms + PROGRESS_LEAD_MS
+            due = [node for node, want in wanted.items() if want[0] <= soon]
+            if len(due) > limit:
+                due = sorted(due, key=lambda node: _priority(wanted[node], now_ms))[:limit]
+        return due
 
     def ranking(self, ladder: bool) -> Ranking | None:
         """How a fan-out of an entry (``ladder``: one that fits the ladder) splits its
@@ -336,8 +408,19 @@ class Preference:
         self._posted = progress
         return self.kind, self.node, progress.to_json()
 
-    def read(self, notes: Mapping[str, str], skipped: Skipped | None = None) -> None:
-        """Take the progress notes of the others, as read (those that do not fit their
-        schema are told to ``skipped``)."""
+    def read(
+        self, notes: Mapping[str, str], skipped: Skipped | None = None, kind: str | None = None
+    ) -> None:
+        """Take the progress notes of others, as read, by node (those that do not fit their
+        schema are told to ``skipped`` as of ``kind``, the progress kind by default): over
+        those read before, the last ``PROGRESS_KEPT`` nodes read kept. A progress only
+        grows under one view, so one read a few seconds ago still shows what it showed."""
         others = {node: text for node, text in notes.items() if node != self.node}
-        self.progress = dict(parse_each(self.kind, others, Progress.parse, skipped))
+        read = parse_each(kind or self.kind, others, Progress.parse, skipped)
+        progress = dict(self.progress)
+        for node, parsed in read:
+            progress.pop(node, None)
+            progress[node] = parsed
+        for node in list(progress)[: max(0, len(progress) - PROGRESS_KEPT)]:
+            del progress[node]
+        self.progress = progress  # one assignment: the loop reads it meanwhile

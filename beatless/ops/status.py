@@ -37,6 +37,7 @@ from beatless.fleet._controls import (
     read_requests,
     run_now_kind,
 )
+from beatless.fleet._members import members_kind, read_members
 from beatless.fleet._missed import (
     HOUR_MS,
     EntryView,
@@ -106,10 +107,12 @@ def report(
     kinds = [nodes_kind(namespace), entries_kind(namespace)]
     kinds += [controls_kind(namespace), audit_kind(namespace)]
     kinds += [run_now_kind(namespace), progress_kind(namespace)]  # read for their problems
+    kinds.append(members_kind(namespace))
     notes = store.read_notes(kinds)
     skipped = Collected()
     read_requests(notes[kinds[4]], namespace, skipped)
     dict(parse_each(kinds[5], notes[kinds[5]], PROGRESS.load, skipped))
+    read_members(notes[kinds[6]], namespace, skipped)
     controls = read_controls(notes[kinds[2]], namespace, skipped)
     records = sorted(read_registry(notes[kinds[0]], namespace, skipped), key=lambda r: r.node)
     if schedule is not None:

@@ -1,0 +1,172 @@
+"""One node's side of the membership (:mod:`beatless.fleet._members`): what its board posts
+of it, what it reads at each sync, and the members as it last read them.
+
+It makes no store call: the board (:mod:`beatless.node._board`) asks it which notes to
+post (:meth:`Membership.own_notes`) and which kinds to read (:meth:`Membership.kinds`),
+makes the calls, and hands back what it read (:meth:`Membership.took`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from beatless.fleet._members import (
+    ALIVE_KEY,
+    MEMBERS_READ_EVERY_MS,
+    PROGRESS_KEY,
+    VERSION_KEY,
+    WATCHED,
+    Member,
+    alive_digest,
+    alive_json,
+    member_of,
+    members_kind,
+    membership_kind,
+    node_kind,
+    read_members,
+    version_json,
+    watched,
+)
+from beatless.fleet._notes import REGISTRY_EVERY_MS, SYNC_EVERY_MS, NodeRecord
+from beatless.fleet._schema import Skipped
+from beatless.stores.base import Note
+
+
+class Membership:
+    """The members as this node last read them, and what it posts of itself."""
+
+    def __init__(self, namespace: str, node: str, ttl_ms: int, version_ttl_ms: int) -> None:
+        self.namespace = namespace
+        self.node = node
+        self.ttl = ttl_ms
+        self.version_ttl = version_ttl_ms
+        self.own_kind = node_kind(namespace, node)
+        self.members: dict[str, Member] = {}
+        """The members as last read, by node."""
+        self.changed = False
+        """Whether the members were read since the board last took them."""
+        self._version: str | None = None
+        """The version the members were read under (``None``: not known yet)."""
+        self._seen: str | None = None
+        self._seen_ms: int | None = None
+        self._members_ms: int | None = None
+        self._basis: str | None = None
+        self._reading_members = False
+        self._asked: dict[str, str] = {}
+        """The node kinds asked at this sync, with their nodes."""
+        self._watched: list[str] = []
+        self._bumped: dict[str, int] = {}
+        self._posted: Member | None = None
+        self._posted_ms: int | None = None
+        self._posting: tuple[Member, bool] | None = None
+        self._rejoin = False
+
+    # -- posting --------------------------------------------------------------------
+
+    def own_notes(self, record: NodeRecord, now: int, *, refresh: bool) -> list[Note]:
+        """The notes to post of this node: its member note and ``alive`` note when
+        ``refresh`` or when the member changed, and a new version when it changed, when
+        this node joins, or when its notes may have run out meanwhile (no post went
+        through for ``ttl``)."""
+        member = member_of(record, self._posted)
+        lapsed = self._posted_ms is None or now - self._posted_ms > self.ttl - SYNC_EVERY_MS
+        bump = member != self._posted or lapsed or self._rejoin
+        if not (refresh or bump):
+            self._posting = None
+            return []
+        self._posting = (member, bump)
+        notes = [
+            Note(members_kind(self.namespace), self.node, member.to_json(), self.ttl),
+            Note(self.own_kind, ALIVE_KEY, alive_json(member), self.ttl),
+        ]
+        if bump:
+            notes.append(self.version_note(now))
+        return notes
+
+    def posted(self, now: int) -> None:
+        """The notes of :meth:`own_notes` went through."""
+        if self._posting is not None:
+            self._posted, bumped = self._posting
+            self._posted_ms = now
+            self._rejoin = self._rejoin and not bumped
+            self._posting = None
+
+    def version_note(self, now: int) -> Note:
+        return Note(
+            membership_kind(self.namespace),
+            VERSION_KEY,
+            version_json(self.node, now),
+            self.version_ttl,
+        )
+
+    # -- reading --------------------------------------------------------------------
+
+    def kinds(self, now: int, wanted: Sequence[str]) -> list[str]:
+        """The kinds to read at this sync: the version, the members when due, and the
+        node kinds of the watched members and of the ``wanted`` nodes."""
+        kinds = [membership_kind(self.namespace)]
+        seen_ms, read_ms = self._seen_ms, self._members_ms
+        self._reading_members = read_ms is None or (
+            self._seen != self._version
+            and seen_ms is not None
+            and now - seen_ms >= SYNC_EVERY_MS
+            and now - read_ms >= MEMBERS_READ_EVERY_MS
+        )
+        if self._reading_members:
+            self._basis = self._seen  # seen a sync ago at least: its notes are in place
+            kinds.append(members_kind(self.namespace))
+        self._asked = {}
+        for node in [*self._watched, *wanted]:
+            if node != self.node:
+                self._asked.setdefault(node_kind(self.namespace, node), node)
+        return kinds + list(self._asked)
+
+    def took(
+        self, notes: Mapping[str, Mapping[str, str]], now: int, skipped: Skipped | None
+    ) -> tuple[dict[str, str], list[Note]]:
+        """Take what the kinds of :meth:`kinds` read: the progress notes read, by node,
+        and the notes to post at once (a new version, when a watched member left or
+        its note is not the one read)."""
+        version = notes.get(membership_kind(self.namespace), {}).get(VERSION_KEY, "")
+        if version != self._seen:
+            self._seen, self._seen_ms = version, now
+        if self._reading_members:
+            self._take_members(notes.get(members_kind(self.namespace), {}), now, skipped)
+        progress: dict[str, str] = {}
+        stale = False
+        current = self._seen == self._version  # else a read of the members is on its way
+        for kind, node in self._asked.items():
+            found = notes.get(kind, {})
+            if PROGRESS_KEY in found:
+                progress[node] = found[PROGRESS_KEY]
+            if current and node in self._watched and node in self.members:
+                digest = alive_digest(kind, found, skipped)
+                if digest != self.members[node].digest and self._may_bump(node, now):
+                    stale = True
+        return progress, [self.version_note(now)] if stale else []
+
+    def _take_members(self, notes: Mapping[str, str], now: int, skipped: Skipped | None) -> None:
+        self.members = read_members(notes, self.namespace, skipped)
+        self._version, self._members_ms = self._basis, now
+        self.changed = True
+        self._watched = watched(list(self.members), self.node, WATCHED)
+        mine = self.members.get(self.node)
+        if self._posted is not None and (mine is None or mine != self._posted):
+            self._rejoin = True  # dropped (its notes ran out): post again, and a version
+
+    def _may_bump(self, node: str, now: int) -> bool:
+        """A version for ``node`` at most every ``REGISTRY_EVERY_MS``: the members read
+        after it drop it (or show its note as it is now)."""
+        for other in [n for n, at in self._bumped.items() if now - at >= REGISTRY_EVERY_MS]:
+            del self._bumped[other]
+        if node in self._bumped:
+            return False
+        self._bumped[node] = now
+        return True
+
+    def kind_of(self, node: str) -> str:
+        return node_kind(self.namespace, node)
+
+    def records(self) -> list[NodeRecord]:
+        """The members as registry records, by name."""
+        return [self.members[node].record() for node in sorted(self.members)]
