@@ -110,3 +110,27 @@ def test_history_is_written_in_place_beside_an_earlier_node_and_logged_once_it_l
     told = [r.getMessage() for r in caplog.records if "history written" in r.getMessage()]
     assert any("node old (beatless 0.9.0) does not read logs" in m for m in told), told
     assert any("every live node reads logs" in m for m in told), told
+
+
+def test_a_malformed_logged_note_is_counted_and_warned_once_like_one_kept_in_place(
+    store: RedisStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    plan = Schedule([Entry(name="tick", task="t.tick", trigger=Every(1))], namespace=NS)
+    node = Scheduler(plan, store=store, node="new", enqueue=lambda f: None)
+    kind = history_kind(plan.address(plan.entry("tick")))
+    logged = Note(kind, "bad-logged", '{"id": "x", "occurrence_ms": "soon"}', 60_000, 50, True)
+    in_place = Note(kind, "bad-in-place", '{"id": "y"', 60_000, 50)
+    store.post([logged, in_place])
+    assert store._log_key(kind).encode() in redis.Redis(host=HOST, port=PORT).keys(
+        f"{store.prefix}log:*"
+    )
+
+    with caplog.at_level(logging.WARNING, logger="beatless.fleet"):
+        for _ in range(3):  # three missed-firing sweeps reading the same notes
+            node.board._swept_ms = None
+            node.board.sync()
+
+    assert node.board.skipped.counts == {"history": 2}
+    for key in ("bad-logged", "bad-in-place"):
+        told = [r for r in caplog.records if f"note {key!r} of kind {kind!r}" in r.getMessage()]
+        assert len(told) == 1, [r.getMessage() for r in told]
