@@ -1,6 +1,8 @@
-"""Redis commands per claim, with and without a live revision in the claim.
+"""Redis commands per claim, with and without a live revision in the claim; and the
+commands and Redis CPU of a steady firing on the atomic path.
 
     python bench/claim_commands.py [--batches 20] [--size 1 --size 100]
+    python bench/claim_commands.py --steady 15 --steady 5   # firings per script
 
 Starts a private ``redis-server`` (no persistence) on a free port, so that no other
 client's commands are counted, and claims batches of fresh firings through
@@ -11,11 +13,22 @@ the round trips (``EVALSHA``) and the commands Redis ran (``INFO commandstats``,
 counts the commands of a script too) per claim call and per firing. A beatless without
 live checks in the claim has no revision to send: its figures are those of the first
 case.
+
+``--steady B`` (repeatable) measures the atomic path as a steady fleet drives it: scripts
+of ``B`` firings each (about 15 per script with 3 nodes on 46 firings a second, 5 with
+10), each firing of one of 100 addresses, won, pushed (an ``LPUSH`` of a 1.4 kB message)
+and noted in its address's history (a note of about 300 bytes, as the node writes it),
+after a warm-up that fills every address's history to its bound. It prints the commands
+Redis ran per firing (``INFO commandstats``, the script's own included), the time Redis
+spent in the scripts per firing (their ``usec``) and the server's CPU per firing (``INFO
+cpu``, user + system, over the same window: what the machine's other work does not
+inflate).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import socket
 import subprocess
@@ -28,10 +41,11 @@ from typing import Any
 
 import redis
 
-from beatless.stores.base import ClaimRequest, KeptNote
+from beatless.stores.base import ClaimRequest, KeptNote, Note
 from beatless.stores.redis.store import RedisStore
 
 LIVE = "revision" in {f.name for f in fields(ClaimRequest)}
+LOGGED = "logged" in {f.name for f in fields(Note)}
 
 
 def free_port() -> int:
@@ -71,10 +85,84 @@ def measure(
     }
 
 
+MESSAGE = json.dumps({"body": "x" * 1_000, "headers": {"h": "y" * 300}})
+"""A message of about the size Celery's Redis transport pushes for a task without args."""
+ADDRESSES = 100
+HISTORY_KEEP = 50
+
+
+def history_note(address: str, request: ClaimRequest) -> Note:
+    """The history note a node gives the claim script for ``request``, as it writes it."""
+    value = json.dumps(
+        {
+            "id": request.id,
+            "entry": address.rsplit("/", 1)[-1],
+            "tenant": None,
+            "occurrence_ms": request.occurrence_ms,
+            "release_ms": request.release_ms,
+            "node": "node-1",
+            "outcome": "{{outcome}}",
+            "lateness_ms": -1,
+            "at_ms": -2,
+            "manual": False,
+            "coalesced": None,
+        }
+    ).replace('"lateness_ms": -1', '"lateness_ms": {{lateness_ms}}')
+    value = value.replace('"at_ms": -2', '"at_ms": {{at_ms}}')
+    extra = {"logged": True} if LOGGED else {}
+    kind = f"beatless/history/{address}"
+    return Note(kind, request.id, value, 86_400_000, HISTORY_KEEP, **extra)
+
+
+def cpu_s(client: Any) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def steady(store: RedisStore, client: Any, size: int, rounds: int) -> dict[str, float]:
+    """Scripts of ``size`` firings, each won, pushed and noted, as a steady node sends
+    them; figures per firing over ``rounds`` scripts after the histories are full."""
+    addresses = [f"bench/e{i:03d}" for i in range(ADDRESSES)]
+    turn = 0
+
+    def one_script() -> None:
+        nonlocal turn
+        now = int(time.time() * 1_000)  # the private server's host: one clock
+        chosen = [addresses[(turn + i) % ADDRESSES] for i in range(size)]
+        turn += size
+        requests = [ClaimRequest(uuid.uuid4().hex, a, now, 60_000, 80_000, now) for a in chosen]
+        pushes = [[["LPUSH", "bench-queue", MESSAGE]] for _ in requests]
+        notes = [history_note(a, r) for a, r in zip(chosen, requests, strict=True)]
+        store.claim_and_push(requests, pushes, node="node-1", notes=notes)
+
+    for _ in range(-(-ADDRESSES * (HISTORY_KEEP + 10) // size)):
+        one_script()
+    client.delete("bench-queue")
+    client.config_resetstat()
+    cpu = cpu_s(client)
+    for _ in range(rounds):
+        one_script()
+    cpu = cpu_s(client) - cpu
+    stats = client.info("commandstats")
+    calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+    usec = {k.removeprefix("cmdstat_"): int(v["usec"]) for k, v in stats.items()}
+    calls.pop("config|resetstat", None)
+    firings = rounds * size
+    calls["info"] = rounds  # the script's own; not the benchmark's INFO cpu and commandstats
+    client.delete("bench-queue")
+    return {
+        "commands_per_firing": sum(calls.values()) / firings,
+        "script_us_per_firing": usec.get("evalsha", 0) / firings,
+        "cpu_us_per_firing": 1e6 * cpu / firings,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--size", type=int, action="append")
+    parser.add_argument("--steady", type=int, action="append", help="firings per script")
+    parser.add_argument("--rounds", type=int, default=400, help="scripts measured (steady)")
     args = parser.parse_args()
     port = free_port()
     binary = shutil.which("redis-server") or "redis-server"
@@ -101,6 +189,14 @@ def main() -> None:
                     ("revision 0, no live entries", "empty", 0),
                     ("current revision 1", current, 1),
                 ]
+            if args.steady:
+                print(f"history logged: {'yes' if LOGGED else 'no (notes kept in place)'}")
+            for size in args.steady or []:
+                figures = steady(store, client, size, args.rounds)
+                shown = ", ".join(f"{k} {v:.2f}" for k, v in figures.items())
+                print(f"steady, {size:>3} firings per script: {shown}")
+            if args.steady:
+                return
             print(f"beatless live checks in the claim: {'yes' if LIVE else 'no'}")
             for size in args.size or [1, 100]:
                 for label, namespace, revision in cases:

@@ -460,7 +460,6 @@ def test_a_redis_restarted_empty_gives_forgotten_to_a_store_object_that_saw_it_b
         assert isinstance(record, str)
         assert record.startswith("v=2|committed|")
         assert record.endswith(f"|{TAG}|a")
-        assert admin.hgetall(f"{prefix}last") == {}
     for store in (a, third):
         store.close()
 
@@ -639,7 +638,7 @@ def test_the_scripts_are_package_files_whose_headers_give_keys_and_argv() -> Non
     store.close()
 
 
-def test_last_winner_of_each_address_is_recorded_for_status(
+def test_a_claim_writes_its_claim_record_and_nothing_else_per_firing(
     client: redis.Redis, prefix: str
 ) -> None:
     a, b = RedisStore(URL, prefix=prefix), RedisStore(URL, prefix=prefix)
@@ -649,16 +648,13 @@ def test_last_winner_of_each_address_is_recorded_for_status(
     a.claim([first], node="a", lease_ms=LEASE_MS)
     a.commit([first.id], node="a")
     b.claim([second, other], node="b", lease_ms=LEASE_MS)
+    queue = f"{prefix}queue"
+    pushed = firing(now, address="app/pushed")
+    assert a.claim_and_push([pushed], [[["RPUSH", queue, "m"]]], node="a") == [Outcome.WON]
 
-    rows = {row["address"]: row for row in a.recent()}
-
-    assert set(rows) == {"app/report", "app/cleanup"}
-    report = rows["app/report"]
-    assert (report["id"], report["node"], report["occurrence_ms"]) == (second.id, "b", now)
-    assert report["committed"] is False
-    assert report["claimed_ms"] >= now
-    assert client.pttl(f"{prefix}last") > 0
-    assert a.recent(limit=1)[0]["address"] in rows
+    claims = {f"{prefix}claim:{r.id}" for r in (first, second, other, pushed)}
+    assert set(client.keys(f"{prefix}*")) == {f"{prefix}epoch", queue, *claims}
+    assert a.claim_records([second.id])[second.id].node == "b"
     a.close()
     b.close()
 
@@ -810,7 +806,7 @@ def test_url_and_client_forms_share_the_same_claims(client: redis.Redis, prefix:
     assert decoding.commit([request.id], node="b") == [False]
     assert from_url.commit([request.id], node="a") == [True]
     assert decoding.claim([request], node="c", lease_ms=LEASE_MS) == [Outcome.LOST]
-    assert decoding.recent()[0]["id"] == request.id
+    assert decoding.claim_records([request.id])[request.id].node == "a"
     for store in (from_url, from_client, decoding):
         store.close()
     text_client.close()
@@ -1121,9 +1117,9 @@ def test_claim_and_push_of_a_firing_whose_address_runs_is_overlap_and_pushes_not
     assert MEMORY_MS < client.pttl(f"{prefix}claim:{busy.id}") <= MEMORY_MS + EXPIRY_SLACK_MS
     assert other.claim_and_push([busy], pushes[:1], node="b") == [Outcome.LOST]
     assert other.claim([busy], node="b", lease_ms=LEASE_MS) == [Outcome.LOST]
-    # The run lease is only read, and the last-winner hash names the firing won only.
+    # The run lease is only read.
     assert str(client.get(f"{prefix}claim:{run_id}")).startswith("v=2|pending|")
-    assert {row["id"] for row in store.recent()} == {run_id, idle.id}
+    assert str(client.get(f"{prefix}claim:{idle.id}")).startswith("v=2|committed|")
     store.release([run_id], node="worker")
     later = skipping(firing(server_now_ms(client), address=address))
     assert store.claim_and_push([later], [[["RPUSH", queue, "later"]]], node="a") == [Outcome.WON]
@@ -1158,7 +1154,7 @@ def test_run_lease_keys_follow_the_claim_keys_once_each_and_requests_number_them
     ((keys, args),) = sent
     claims = [f"{prefix}claim:{r.id}" for r in batch]
     runs = [f"{prefix}claim:{run_lease_id(a)}" for a in (here, there)]
-    assert keys == [f"{prefix}last", f"{prefix}epoch", *claims, *runs]
+    assert keys == [f"{prefix}epoch", *claims, *runs]
     assert args[11] == 4
     assert [str(a).split("|")[5] for a in args[12:]] == ["1", "0", "2", "1"]
     store.close()
@@ -1437,14 +1433,15 @@ def test_notes_add_keys_and_arguments_to_the_claim_script_only_when_given(
     store.claim_and_push(noted, [[], []], node="a", notes=[None, history_note(history, noted[1])])
 
     (plain_keys, plain_args), (noted_keys, noted_args) = sent
-    head = [f"{prefix}last", f"{prefix}epoch"]
+    head = [f"{prefix}epoch"]
     assert plain_keys == head + [f"{prefix}claim:{r.id}" for r in plain]
     assert len(plain_args) == 12 + 2 * len(plain)
     claims = [f"{prefix}claim:{r.id}" for r in noted]
     assert noted_keys == head + claims + list(store._notes_keys(history))
-    # The note version, one kind, then per request: none, and kind 1's note; no batch.
+    # The note version, one kind kept in place, then per request: none, and kind 1's
+    # note; no batch.
     none, second = ["", "", ""], [f"1|{NOTE_TTL_MS}|0", noted[1].id, HISTORY]
-    assert noted_args[12 + 2 * len(noted) :] == [NOTE_VERSION, 1, *none, *second, 0]
+    assert noted_args[12 + 2 * len(noted) :] == [NOTE_VERSION, 1, "h", *none, *second, 0]
     store.close()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import deque
+from typing import Any
 
 import pytest
 from stores import ManualClock
@@ -282,6 +283,31 @@ def test_each_missed_firing_is_counted_and_logged_by_exactly_one_node(
     oldest = min(i["occurrence_ms"] for i in items)
     assert sorted(i["occurrence_ms"] for i in recorded) == [o for o in missed if o >= oldest]
     assert len({i["node"] for i in recorded}) == 1
+
+
+def test_ten_nodes_read_the_history_for_missed_firings_as_often_as_three(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each of ten nodes sweeps every 100 s, not every 30 s: the fleet's history reads stay
+    those of three nodes however many there are."""
+    sweeps = {}
+    for count in (3, 10):
+        fleet = Fleet(count)
+        fleet.run(8)  # every node has read the registry
+        reads = []
+        read_logs = fleet.store.read_logs
+
+        def counted(kinds: list[str], _reads: list[int] = reads, _read: Any = read_logs) -> Any:
+            _reads.append(len(kinds))
+            return _read(kinds)
+
+        monkeypatch.setattr(fleet.store, "read_logs", counted)
+        fleet.run(300)
+        sweeps[count] = len(reads)
+        assert {n.board.sweep_every_ms() for n in fleet.nodes} == {max(count, 3) * 10_000}
+
+    assert 27 <= sweeps[3] <= 33, sweeps
+    assert 27 <= sweeps[10] <= 33, sweeps
 
 
 def test_occurrences_coalesced_by_catch_up_are_not_missed_and_explain_says_so() -> None:

@@ -70,7 +70,7 @@ def test_all_settings_are_read_every_ten_seconds_and_the_policy_at_every_sync(
     after = calls(admin)
     full_reads = 2  # at 10 s and 20 s
     assert after["info"] - before["info"] - 1 == full_reads * len(INFO_SECTIONS)
-    quick_reads = syncs - full_reads  # one CONFIG GET maxmemory* each
+    quick_reads = syncs - full_reads  # one CONFIG GET maxmemory-policy maxmemory each
     assert after["config"] - before["config"] == full_reads * len(SETTINGS) + quick_reads
     scheduler.store.close()
 

@@ -191,6 +191,84 @@ def test_notes_do_not_touch_claims(store_factory: StoreFactory) -> None:
     assert claim_one(store, request, "a") is WON
 
 
+# -- logged notes ----------------------------------------------------------------------
+
+
+def logged(kind_: str, key: str, value: str, ttl_ms: int, keep: int = 3) -> Note:
+    return Note(kind_, key, value, ttl_ms, keep, logged=True)
+
+
+def test_logged_notes_are_read_as_the_last_keep_of_their_kind(store_factory: StoreFactory) -> None:
+    a, b = store_factory(), store_factory()
+    history = kind("history")
+    # Posted in the order they expire, as a history posts them.
+    a.post([logged(history, f"f{i}", str(i), LONG_MS + i * 10_000) for i in range(4)])
+    b.post([logged(history, "f4", "4", LONG_MS + 40_000)])
+
+    assert b.read_logs([history]) == {history: {"f2": "2", "f3": "3", "f4": "4"}}
+    assert a.read_logs([history]) == b.read_logs([history])
+
+
+def test_a_logged_note_posted_again_reads_its_last_value(store_factory: StoreFactory) -> None:
+    store = store_factory()
+    history = kind()
+    store.post([logged(history, "f1", "first", LONG_MS), logged(history, "f2", "x", LONG_MS + 1)])
+    store.post([logged(history, "f1", "second", LONG_MS + 2)])
+
+    assert store.read_logs([history]) == {history: {"f1": "second", "f2": "x"}}
+
+
+def test_a_logged_note_lives_its_ttl(store_factory: StoreFactory) -> None:
+    store = store_factory()
+    history = kind()
+    store.post([logged(history, "short", "s", 400), logged(history, "long", "l", LONG_MS)])
+    store_factory.advance(150)
+    assert store.read_logs([history]) == {history: {"short": "s", "long": "l"}}
+
+    store_factory.advance(650)
+
+    assert store.read_logs([history]) == {history: {"long": "l"}}
+
+
+def test_read_logs_reads_notes_posted_in_place_and_logged_alike(
+    store_factory: StoreFactory,
+) -> None:
+    old, new = store_factory(), store_factory()
+    history, other = kind("history"), kind("other")
+    # A fleet mid-rollout: one node posts the kind in place, another logs it.
+    old.post([Note(history, "f1", "1", LONG_MS, keep=3), Note(other, "o", "in place", LONG_MS)])
+    new.post([logged(history, "f2", "2", LONG_MS + 1), logged(other, "p", "logged", LONG_MS)])
+
+    empty = kind("empty")
+
+    assert old.read_logs([history, other, empty]) == {
+        history: {"f1": "1", "f2": "2"},
+        other: {"o": "in place", "p": "logged"},
+        empty: {},
+    }
+    assert new.read_logs([]) == {}
+
+
+def test_a_commit_posts_its_logged_notes(store_factory: StoreFactory) -> None:
+    from test_store_contract import WON, claim_one, firing
+
+    store = store_factory()
+    history = kind()
+    request = firing(store_factory.now_ms())
+    assert claim_one(store, request, "a") is WON
+
+    assert store.commit(
+        [request.id], node="a", notes=[logged(history, request.id, "sent", LONG_MS)]
+    )
+
+    assert store.read_logs([history]) == {history: {request.id: "sent"}}
+
+
+def test_a_logged_note_needs_a_keep() -> None:
+    with pytest.raises(ConfigError, match="at least 1 for a logged note"):
+        Note("k", "k", "v", 1_000, logged=True)
+
+
 @pytest.mark.parametrize(
     ("fields", "words"),
     [

@@ -144,7 +144,7 @@ def _history(
     kinds = [history_kind(firing.address)]
     if tenant is not None:  # a fan-out: the tenant's firing may be in a batch note
         kinds.append(fan_out_history_kind(schedule.address(entry), at_ms))
-    read = store.read_notes(kinds)
+    read = store.read_logs(kinds)
     notes = read[kinds[0]]
     kept = [i for i in map(HistoryItem.from_json, notes.values()) if i is not None]
     batches = read[kinds[1]].values() if tenant is not None else ()

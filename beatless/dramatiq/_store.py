@@ -257,6 +257,9 @@ class Borrowed(ClaimStore):
     def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
         return self.store.read_notes(kinds)
 
+    def read_logs(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
+        return self.store.read_logs(kinds)
+
     def keep_notes(self, notes: Sequence[KeptNote]) -> None:
         self.store.keep_notes(notes)
 

@@ -62,6 +62,17 @@ WATCHED = 2
 PROGRESS_READ_MAX = 16
 """The most nodes whose progress a node reads at one sync (besides those it watches)."""
 VERSION_KEY = "version"
+OLDER_KEY = "older"
+"""The key of the membership kind, beside the version, of the last check of the registry
+for nodes of an earlier beatless (which post no member note, so no view holds them): the
+first such node found live, or none (:class:`~beatless.node._membership.Membership`). No
+such note (no check lately) counts as one found."""
+LAYOUT_CHECK_EVERY_MS = 10_000
+"""The fleet reads its whole registry for such nodes once in this long: one member, in
+turn by the ring of names (each node once in ``members × LAYOUT_CHECK_EVERY_MS``, so a
+node's bytes stay flat on average whatever the fleet's size)."""
+LAYOUT_TTL_MS = 3 * LAYOUT_CHECK_EVERY_MS
+"""How long a check's notes live: a fleet whose checkers stopped is taken as unchecked."""
 ALIVE_KEY = "alive"
 PROGRESS_KEY = "progress"
 
@@ -97,6 +108,7 @@ MEMBER = schema(
     clock_offset_ms=optional(nullable(SPAN)),
     left_out=optional(nullable(TEXT)),
     live_overrides=optional(nullable(TEXT)),
+    reads_logs=optional(flag),
 )
 """A member note (:class:`Member`)."""
 ALIVE = schema("alive note", member=NAME)
@@ -120,6 +132,8 @@ class Member:
     clock_offset_ms: int | None = None
     left_out: str | None = None
     live_overrides: str | None = None
+    reads_logs: bool = False
+    """Whether the node reads logged history (:attr:`NodeRecord.reads_logs`)."""
 
     def to_json(self) -> str:
         return json_text(asdict(self))
@@ -157,6 +171,7 @@ class Member:
             ephem=self.ephem,
             left_out=self.left_out,
             live_overrides=self.live_overrides,
+            reads_logs=self.reads_logs,
         )
 
 
@@ -187,6 +202,7 @@ def member_of(record: NodeRecord, posted: Member | None) -> Member:
         ),
         left_out=record.left_out,
         live_overrides=record.live_overrides,
+        reads_logs=record.reads_logs,
     )
 
 

@@ -166,7 +166,7 @@ def sweep_missed(
     views = [v for v in entry_views(schedule) if v.fan_out is None][:SWEEP_ENTRIES]
     if not views:
         return []
-    history = store.read_notes([history_kind(v.address) for v in views])
+    history = store.read_logs([history_kind(v.address) for v in views])
     found: list[tuple[EntryView, int]] = []
     for view in views:
         items = history_items(view, history, skipped)

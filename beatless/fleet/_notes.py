@@ -160,8 +160,7 @@ class NodeRecord:
     entries: int
     counters: dict[str, int] = field(default_factory=dict)
     restarts: int = 0
-    """How many times this node's scheduler process died and was started again (the
-    Dramatiq supervisor); 0 elsewhere."""
+    """Times the scheduler process died and was started again (Dramatiq's supervisor), or 0."""
     last_failure: str | None = None
     """How the scheduler process last died (``killed by SIGKILL``), if it did."""
     last_failure_ms: int | None = None
@@ -179,12 +178,13 @@ class NodeRecord:
     """Live entries written over a code entry's name, comma-separated: drift until the
     code catches up."""
     ephem: str | None = None
-    """The ``ephem`` version the node computes solar events with (``None``: not
-    installed). Nodes whose versions differ claim the same solar firings (keyed by day),
-    released a little apart."""
+    """The ``ephem`` version the node computes solar events with (``None``: not installed);
+    nodes on other versions claim the same solar firings (keyed by day) a little apart."""
     left_out: str | None = None
     """Entries of the node's schedule it does not run because each has a problem
     (``on_schedule_error = "consume"``), comma-separated."""
+    reads_logs: bool = False
+    """Whether the node reads logged history (``False`` in an earlier beatless's record)."""
 
     def to_json(self) -> str:
         return json_text(asdict(self))

@@ -320,6 +320,7 @@ NODE_RECORD = schema(
     live_overrides=optional(nullable(TEXT)),
     ephem=optional(nullable(NAME)),
     left_out=optional(nullable(TEXT)),
+    reads_logs=optional(flag),
 )
 """A node's registry record (:class:`beatless.fleet._notes.NodeRecord`)."""
 

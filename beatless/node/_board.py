@@ -72,7 +72,15 @@ make a running store lose claims (:meth:`~beatless.stores.base.ClaimStore.quick_
 SEEN_KEPT_MS = 3_600_000
 """How long a node read in the registry is remembered (for re-seeding, :mod:`beatless._reseed`)."""
 MISSED_SWEEP_EVERY_MS = 30_000
-"""How often a node looks for missed firings in the history of its entries."""
+"""How often a node looks for missed firings in the history of its entries, in a fleet of
+at most ``MISSED_SWEEPERS`` live nodes."""
+MISSED_SWEEPERS = 3
+MISSED_SWEEP_MAX_MS = 120_000
+"""But never less often than this: a missed firing is found within two minutes, in a
+fleet of any size (past 12 nodes the fleet reads each history more often than three times
+in 30 s; each node's reads stay flat)."""
+"""In a larger fleet each node sweeps less often (:meth:`Board.sweep_every_ms`): the fleet
+reads each entry's history this many times per ``MISSED_SWEEP_EVERY_MS``, whatever its size."""
 DRIFT_WARN_EVERY_MS = 300_000
 SKIPPED_WARN_EVERY_MS = 300_000
 """A note skipped for not fitting its schema is told at most this often per kind and key."""
@@ -170,6 +178,7 @@ class Board(HistoryWriter):
             tzdata=self.tzdata,
             ephem=self.ephem,
             left_out=",".join(self.left_out) or None,
+            reads_logs=True,
             clock_offset_ms=loop.clockwatch.offset_ms,
             last_wake_ms=self.last_wake_ms,
             posted_ms=now_ms,
@@ -216,7 +225,7 @@ class Board(HistoryWriter):
                 self.store.post(notes)
                 self.members.posted(now)
             self._read(now, registry_due)
-            if self._swept_ms is None or now - self._swept_ms >= MISSED_SWEEP_EVERY_MS:
+            if self._swept_ms is None or now - self._swept_ms >= self.sweep_every_ms():
                 self._swept_ms = now
                 self._sweep_missed(now)
         except StoreError as exc:
@@ -303,6 +312,7 @@ class Board(HistoryWriter):
             self.registry = self.members.records()
             preference.registry = self.registry
             self._drift(now)
+        self._log_history(self.registry)
         if registry_due:
             self._registry_ms = now
             self._saw(self.registry, now)
@@ -312,6 +322,33 @@ class Board(HistoryWriter):
         for problem in drift(self.registry):
             if self._may_warn(problem, DRIFT_WARN_EVERY_MS, now):
                 logger.warning("namespace %s: %s", shown(self.namespace), problem)
+
+    def _log_history(self, registry: Sequence[NodeRecord]) -> None:
+        """Log the history while every live node reads logs (:meth:`fleet_reads_logs`):
+        every member, and no node of an earlier beatless (which posts no member note) in
+        the registry at its last check (:mod:`beatless.fleet._members`), a check made
+        lately; a change, or history in place from the start, is told at INFO, naming a
+        node that does not read logs."""
+        members = self.members
+        others_read = members.checked and members.older is None
+        if not self.fleet_reads_logs(registry, others_read=others_read):
+            return
+        if self.logs_history:
+            logger.info(
+                "node %s: every live node reads logs: history written as logs",
+                shown(self.loop.node, quoted=False),
+            )
+            return
+        older = [(r.node, r.version) for r in registry if not r.reads_logs]
+        if members.older is not None:
+            older.append(members.older)
+        if older:
+            logger.info(
+                "node %s: node %s (beatless %s) does not read logs: history written in place",
+                shown(self.loop.node, quoted=False),
+                shown(older[0][0], quoted=False),
+                shown(older[0][1], quoted=False),
+            )
 
     def _saw(self, registry: Sequence[NodeRecord], now: int) -> None:
         """Keep when each node was last read in the registry, for an hour."""
@@ -364,6 +401,15 @@ class Board(HistoryWriter):
                 iso(min(occurrences)),
                 iso(max(occurrences)),
             )
+
+    def sweep_every_ms(self) -> int:
+        """How often this node sweeps for missed firings: every ``MISSED_SWEEP_EVERY_MS``
+        with up to ``MISSED_SWEEPERS`` live nodes, proportionally less often with more (10
+        nodes: every 100 s), so that the history reads of the fleet's sweeps stay as they
+        are with three nodes, and at least every ``MISSED_SWEEP_MAX_MS``; each missed firing
+        is still counted once, by its marker."""
+        nodes = max(len(self.registry), MISSED_SWEEPERS)
+        return min(MISSED_SWEEP_EVERY_MS * nodes // MISSED_SWEEPERS, MISSED_SWEEP_MAX_MS)
 
     def take_run_now(self) -> list[Control]:
         """The run-now requests read since the last call."""

@@ -7,6 +7,13 @@ two-phase commit: :meth:`HistoryWriter.decision_notes`; a claim script:
 :meth:`HistoryWriter.history_template`). The items of a fan-out's tenants that ``status``
 does not show go into one batch note per occurrence and node; a ``missed`` firing is
 counted in a missed-count note too, kept for the hour whatever the history keeps.
+
+An address's history notes are *logged* (:attr:`~beatless.stores.base.Note.logged`: on
+Redis one append to the address's log, instead of a hash field, its index and a sweep)
+while every live node reads logs (:attr:`HistoryWriter.logs_history`); with a node of an
+earlier beatless in the registry, which reads notes kept in place only, they are written
+in place, as that node writes them, so that its status and its missed sweep see every
+firing.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from beatless.fleet._notes import (
     BatchMember,
     HistoryItem,
     MissedRecord,
+    NodeRecord,
     batch_chunks,
     batch_head,
     fan_out_history_kind,
@@ -86,6 +94,20 @@ class HistoryWriter:
         """How long after its occurrence a fan-out's batch notes live: its last
         ``HISTORY_KEEP`` occurrences, at most ``HISTORY_TTL_MS``."""
         self._templates: dict[tuple[str, int, tuple[int, int] | None], Note] = {}
+        self.logs_history = False
+        """Whether the history notes of addresses are logged: every live node reads logs
+        (set from the registry, :meth:`fleet_reads_logs`; until it is read, in place)."""
+        self._layout_read = False
+
+    def fleet_reads_logs(self, registry: Sequence[NodeRecord], *, others_read: bool = True) -> bool:
+        """Log the history from now on if every node of ``registry`` (the live nodes, this
+        one among them) reads logs and ``others_read`` (no node outside it, of an earlier
+        beatless, is known live); in place otherwise. Whether that is news: a change, or
+        in place at the first registry read."""
+        logs = bool(registry) and others_read and all(r.reads_logs for r in registry)
+        news = logs != self.logs_history or (not logs and not self._layout_read)
+        self.logs_history, self._layout_read = logs, True
+        return news
 
     def record(self, decision: Decision, coalesced: tuple[int, int] | None = None) -> None:
         """Keep a decision for the history, if it is one this node writes."""
@@ -206,7 +228,8 @@ class HistoryWriter:
         # order of their occurrences, so its bound keeps the latest HISTORY_KEEP of them
         # (a firing recorded missed long after its occurrence does not outlive later ones).
         ttl = max(occurrence_ms + HISTORY_TTL_MS - at_ms, MIN_HISTORY_TTL_MS)
-        return Note(history_kind(address), key, value, self._ttl(ttl), HISTORY_KEEP)
+        kind = history_kind(address)
+        return Note(kind, key, value, self._ttl(ttl), HISTORY_KEEP, self.logs_history)
 
     def missed_notes(self, address: str, occurrences: Sequence[int], now_ms: int) -> list[Note]:
         """The missed-count notes of ``occurrences`` of ``address``, found missed by this

@@ -8,11 +8,16 @@ makes the calls, and hands back what it read (:meth:`Membership.took`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 
+from beatless.fleet._controls import json_text
 from beatless.fleet._members import (
     ALIVE_KEY,
+    LAYOUT_CHECK_EVERY_MS,
+    LAYOUT_TTL_MS,
     MEMBERS_READ_EVERY_MS,
+    OLDER_KEY,
     PROGRESS_KEY,
     VERSION_KEY,
     WATCHED,
@@ -27,7 +32,13 @@ from beatless.fleet._members import (
     version_json,
     watched,
 )
-from beatless.fleet._notes import REGISTRY_EVERY_MS, SYNC_EVERY_MS, NodeRecord
+from beatless.fleet._notes import (
+    REGISTRY_EVERY_MS,
+    SYNC_EVERY_MS,
+    NodeRecord,
+    nodes_kind,
+    read_registry,
+)
 from beatless.fleet._schema import Skipped
 from beatless.stores.base import Note
 
@@ -60,6 +71,13 @@ class Membership:
         self._posted_ms: int | None = None
         self._posting: tuple[Member, bool] | None = None
         self._rejoin = False
+        self.checked = False
+        """Whether a member checked the registry for nodes of an earlier beatless lately."""
+        self.older: tuple[str, str] | None = None
+        """A live node of an earlier beatless the last check found, and its version
+        (``None``: none)."""
+        self._checked_slot: int | None = None
+        self._checking = False
 
     # -- posting --------------------------------------------------------------------
 
@@ -115,6 +133,11 @@ class Membership:
         if self._reading_members:
             self._basis = self._seen  # seen a sync ago at least: its notes are in place
             kinds.append(members_kind(self.namespace))
+        ring = sorted(set(self.members) | {self.node})
+        slot = now // LAYOUT_CHECK_EVERY_MS
+        self._checking = slot != self._checked_slot and ring[slot % len(ring)] == self.node
+        if self._checking:
+            kinds.append(nodes_kind(self.namespace))
         self._asked = {}
         for node in [*self._watched, *wanted]:
             if node != self.node:
@@ -127,7 +150,11 @@ class Membership:
         """Take what the kinds of :meth:`kinds` read: the progress notes read, by node,
         and the notes to post at once (a new version, when a watched member left or
         its note is not the one read)."""
-        version = notes.get(membership_kind(self.namespace), {}).get(VERSION_KEY, "")
+        membership = notes.get(membership_kind(self.namespace), {})
+        version = membership.get(VERSION_KEY, "")
+        self.checked = OLDER_KEY in membership
+        self.older = older_node(membership.get(OLDER_KEY))
+        checks = self._check(notes, now, skipped) if self._checking else []
         if version != self._seen:
             self._seen, self._seen_ms = version, now
         if self._reading_members:
@@ -143,7 +170,21 @@ class Membership:
                 digest = alive_digest(kind, found, skipped)
                 if digest != self.members[node].digest and self._may_bump(node, now):
                     stale = True
-        return progress, [self.version_note(now)] if stale else []
+        return progress, checks + ([self.version_note(now)] if stale else [])
+
+    def _check(
+        self, notes: Mapping[str, Mapping[str, str]], now: int, skipped: Skipped | None
+    ) -> list[Note]:
+        """Read the whole registry for a live node of an earlier beatless (one that does
+        not read logged history), and tell the fleet what was found."""
+        registry = read_registry(notes.get(nodes_kind(self.namespace), {}), self.namespace, skipped)
+        older = next((r for r in registry if not r.reads_logs), None)
+        self._checked_slot, self.checked = now // LAYOUT_CHECK_EVERY_MS, True
+        kind = membership_kind(self.namespace)
+        self.older = None if older is None else (older.node, older.version)
+        found = {"node": older and older.node, "version": older and older.version}
+        # A store that keeps notes a shorter time: a lapsed check counts as one finding one.
+        return [Note(kind, OLDER_KEY, json_text(found), min(LAYOUT_TTL_MS, self.version_ttl))]
 
     def _take_members(self, notes: Mapping[str, str], now: int, skipped: Skipped | None) -> None:
         self.members = read_members(notes, self.namespace, skipped)
@@ -170,3 +211,16 @@ class Membership:
     def records(self) -> list[NodeRecord]:
         """The members as registry records, by name."""
         return [self.members[node].record() for node in sorted(self.members)]
+
+
+def older_node(text: str | None) -> tuple[str, str] | None:
+    """The node an ``older`` note names, and its version (``None``: the check found none);
+    one that cannot be read is taken as naming one."""
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+        node, version = data["node"], data["version"]
+    except (ValueError, KeyError, TypeError):
+        return ("?", "?")
+    return None if node is None else (str(node), str(version))

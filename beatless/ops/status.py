@@ -122,7 +122,7 @@ def report(
     audit = read_audit(notes[kinds[3]], namespace, skipped)
     wanted = [history_kind(address) for view in views for address, _ in view.addresses()]
     wanted += [missed_kind(view.address) for view in views if view.fan_out is None]
-    history = store.read_notes(wanted) if wanted else {}
+    history = store.read_logs(wanted) if wanted else {}
 
     problems: list[str] = []
     if not records:

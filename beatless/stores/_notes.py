@@ -33,13 +33,19 @@ class Note:
     keep: int = 0
     """After the post, keep only this many notes of the kind, those that expire last;
     ``0`` bounds nothing."""
+    logged: bool = False
+    """The note belongs to a log: a kind bounded by ``keep``, each key posted about once,
+    in about the order its notes expire (an address's history). A store may append it to
+    the kind's log rather than write it in place; read it with
+    :meth:`~beatless.stores.base.ClaimStore.read_logs` (see "Logged notes" in
+    :mod:`beatless.stores.base`)."""
 
     def __post_init__(self) -> None:
         check_note(self.kind, self.key, self.value)
-        if self.ttl_ms <= 0 or self.keep < 0:
+        if self.ttl_ms <= 0 or self.keep < 0 or (self.logged and not self.keep):
             raise ConfigError(
-                f"note {self.kind}/{self.key}: ttl_ms must be positive and keep at least 0, "
-                f"got ttl_ms={self.ttl_ms} keep={self.keep}"
+                f"note {self.kind}/{self.key}: ttl_ms must be positive and keep at least 0 "
+                f"(at least 1 for a logged note), got ttl_ms={self.ttl_ms} keep={self.keep}"
             )
 
 

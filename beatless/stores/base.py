@@ -132,6 +132,21 @@ notes at most for a fixed time (a stream's retention) says so in
 :attr:`ClaimStore.notes_live_ms` and refuses a longer ``ttl_ms`` with a
 :class:`~beatless.errors.ConfigError`: a note that must live longer is posted again.
 
+**Logged notes.** A note posted ``logged`` (:attr:`Note.logged`) belongs to a *log*: a
+kind with a ``keep``, each key posted about once, in about the order its notes expire (an
+address's history: a note per firing, living from its occurrence). A store may keep such
+a kind as an append-only log, one append per note, trimmed in bulk, and compute the
+kind's notes on each read: :meth:`ClaimStore.read_logs` reads them, with the kind's notes
+posted in place (not logged: an earlier beatless, a fleet mid-rollout) beside them. A
+reader sees what :meth:`ClaimStore.read_notes` would show of notes posted in place (the
+last note of each key, live, at most ``keep`` of them, those that expire last) with two
+differences: the bound may follow the order the notes were posted rather than when they
+expire (the store keeps at least the last ``keep`` notes posted), and a key posted again
+may take room in the log until it is trimmed, so fewer than ``keep`` keys may be read.
+:meth:`ClaimStore.read_notes` reads the notes posted in place, and may or may not read
+the logged ones. A store without logs (this default) posts a logged note as any other
+and reads logs with ``read_notes``.
+
 **Kept notes.** Beside the notes that expire, a store may keep notes until they are
 replaced or deleted (:class:`KeptNote`): what must outlive any time to live, such as the
 live entries of a schedule and their revisions (:mod:`beatless.live`), which *are* the
@@ -480,6 +495,13 @@ class ClaimStore(ABC):
     def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
         """The live notes of each kind asked, ``{kind: {key: value}}``; a kind with none
         maps to ``{}``. One round trip where the store allows."""
+
+    def read_logs(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
+        """The live notes of each kind asked, ``{kind: {key: value}}``, whether they were
+        posted :attr:`~Note.logged` or in place (see "Logged notes" in the module
+        docstring); one round trip where the store allows. This default, for a store
+        that keeps no logs, is :meth:`read_notes`."""
+        return self.read_notes(kinds)
 
     def read_synced(
         self, kinds: Sequence[str], kept: Mapping[str, Sequence[str]]

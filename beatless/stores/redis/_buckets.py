@@ -8,11 +8,12 @@ buckets and keys, its scripts, and the options of the cluster client it makes fr
     ``v=2|{started_ms}|{token}|{replid}|{cause}``: the bucket's identity, written (no
     expiry) for every bucket at once by the first store object of the namespace, and
     again by a claim in a bucket that lost it or whose master is a promoted replica.
-``{prefix}{bb}:last``
-    The last firing won at each address of the bucket, as the Redis store's ``last``.
 ``{prefix}{notes:<digest>}`` and ``{prefix}{notes:<digest>}:expiry``
     A kind of notes (the SHA-256 of the kind in hex): its hash and its expiry index, as
     the Redis store keeps them.
+``{prefix}{notes:<digest>}:log``
+    The kind's log, in the slot of its hash: its logged notes, as the Redis store keeps
+    them (:mod:`beatless.stores.redis._logs`).
 ``{prefix}{kept:<digest>}``
     A kind of kept notes, with no expiry (:mod:`beatless.stores.redis._kept`).
 ``{prefix}{bb}:probe:{random}``
@@ -72,6 +73,7 @@ ANYWAY = Lua.of(COMMIT_WITHOUT_ROOM)
 EPOCHS_LUA = Lua.of(script("epochs.lua"))
 RUNNING_LUA = Lua.of(script("prelude.lua", "running.lua"))
 READ_NOTES_LUA = Lua.of(script("read_notes.lua"))
+READ_LOG_LUA = Lua.of(script("read_log.lua"))
 
 Call = tuple[list[str], list[str | int]]
 

@@ -49,6 +49,10 @@ class ClusterClient:
         notes = f"{self.prefix}{{notes:{hashlib.sha256(kind.encode()).hexdigest()}}}"
         return notes, f"{notes}:expiry"
 
+    def _log_key(self, kind: str) -> str:
+        """The key of a kind's log, in the slot of its hash."""
+        return f"{self._notes_keys(kind)[0]}:log"
+
     def _connected(self) -> Any:
         """The cluster client (a ``RedisCluster``, typed loosely: redis-py types few of
         its methods), created at the first call, since redis-py's connects at once."""

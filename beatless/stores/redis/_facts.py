@@ -91,18 +91,31 @@ def read_settings(
 def read_policy(
     client: Any, driver: ModuleType, errors: tuple[type[BaseException], ...]
 ) -> tuple[object, int | None] | None:
-    """``maxmemory-policy`` and ``maxmemory`` in one command: ``CONFIG GET maxmemory*``, or
-    ``INFO memory`` where ``CONFIG`` is refused (renamed, or not granted); ``None`` if
+    """``maxmemory-policy`` and ``maxmemory`` in one command: ``CONFIG GET`` of both by name
+    (Redis 7: two lookups, where the pattern ``maxmemory*`` of an earlier Redis, which
+    takes one name only, matches every setting against it: ten times the server's time),
+    or ``INFO memory`` where ``CONFIG`` is refused (renamed, or not granted); ``None`` if
     neither answers."""
     try:
         try:
-            config = {as_text(k): v for k, v in client.config_get("maxmemory*").items()}
+            try:
+                found = client.execute_command("CONFIG", "GET", "maxmemory-policy", "maxmemory")
+            except driver.exceptions.ResponseError:  # Redis before 7, or CONFIG refused
+                found = client.config_get("maxmemory*")
+            config = {as_text(k): v for k, v in _pairs(found)}
             return config.get("maxmemory-policy"), _number(config.get("maxmemory"))
         except driver.exceptions.ResponseError:
             info = client.info("memory")
             return info.get("maxmemory_policy"), _number(info.get("maxmemory"))
     except errors:
         return None
+
+
+def _pairs(found: Any) -> list[tuple[Any, Any]]:
+    """A ``CONFIG GET`` reply as pairs: a dict (redis-py's parsed reply) or a flat list."""
+    if isinstance(found, dict):
+        return list(found.items())
+    return list(zip(found[::2], found[1::2], strict=True))
 
 
 def judge_settings(store: str, config: dict[str, str], info: dict[str, Any]) -> StoreFacts:

@@ -40,11 +40,6 @@ so two apps on one Redis never collide:
 ``{prefix}probe:{random}``
     Written, read back and deleted by :meth:`RedisStore.probe`; expires in 10 s if a
     probe dies half-way.
-``{prefix}last``
-    A hash, one field per address: ``v=1|{firing id}|{occurrence_ms}|{claimed_ms}|{node}``,
-    the last firing of that address a node won (or took over), for ``beatless status``.
-    It holds one field per address claimed, and is forgotten ``LAST_RETENTION_MS``
-    (30 days) after the namespace last won a firing.
 ``{prefix}notes:{digest}``
     A hash per kind of notes (:class:`~beatless.stores.base.Note`), named by the SHA-256
     of the kind in hex, since a kind is any text up to 1000 characters: one field per
@@ -53,6 +48,9 @@ so two apps on one Redis never collide:
     through that millisecond; a read is ``TIME`` and then one ``HGETALL`` per kind in one
     pipeline (not a ``MULTI``, which a full Redis refuses), and drops the notes that
     expired by that ``TIME`` (and any field in another form).
+``{prefix}log:{digest}``
+    A stream per kind of logged notes (an address's history): see
+    :mod:`beatless.stores.redis._logs`.
 ``{prefix}kept:{digest}``
     A hash per kind of kept notes (:class:`~beatless.stores.base.KeptNote`), with no
     expiry: see :mod:`beatless.stores.redis._kept`.
@@ -91,6 +89,7 @@ from beatless.stores.base import (
     Note,
     NoteItem,
 )
+from beatless.stores.redis._logs import Logs
 
 logger = logging.getLogger("beatless.stores.redis.store")
 """The store's logger, as before this module was split from it."""
@@ -99,10 +98,8 @@ logger = logging.getLogger("beatless.stores.redis.store")
 FORMAT_VERSION = 2
 """The layout of a claim record written now. Version 1 records (no task tag) are read
 too; a claim whose record has any other version is refused as
-:attr:`~beatless.stores.base.Outcome.CORRUPT`. The epoch record and the last-winner hash
-are ``v=1`` on their own."""
+:attr:`~beatless.stores.base.Outcome.CORRUPT`. The epoch record is ``v=2`` on its own."""
 READ_VERSIONS = ("v=1", f"v={FORMAT_VERSION}")
-LAST_VERSION = "v=1"
 NOTE_VERSION = 1
 """The layout of a note's field value, ``v=1|{expires_ms}|{value}``; a field in any other
 form is never read."""
@@ -110,9 +107,6 @@ form is never read."""
 PROBE_TTL_MS = 10_000
 """How long a probe key may outlive a probe that died between writing and deleting it."""
 
-
-LAST_RETENTION_MS = 30 * 86_400_000
-"""How long the last-winner hash outlives the last firing won in its namespace."""
 
 EXPIRY_SLACK_MS = 1_000
 """How long Redis keeps a committed record past its ``acquired_until``, and a kind of notes
@@ -172,21 +166,23 @@ def commit_without_room(
 
 
 def note_args(
-    notes: Sequence[Note], notes_keys: Callable[[str], tuple[str, str]]
+    notes: Sequence[Note], logs: Logs, extends: list[tuple[str, float]]
 ) -> tuple[list[str], list[str | int]]:
-    """The keys of the kinds of ``notes`` (``notes_keys`` names a kind's hash and its
-    expiry index), and the notes as ``post.lua`` and ``commit.lua`` take them: per kind,
-    its keep, its count and its notes."""
-    by_kind: dict[str, list[Note]] = {}
+    """The keys of the kinds of ``notes`` (as ``logs`` names them: a hash and its expiry
+    index, or a log), and the notes as ``post.lua`` and ``commit.lua`` take them: per
+    kind, its layout, its keep, its count and its notes. The logs extended are added to
+    ``extends``."""
+    by_kind: dict[tuple[str, bool], list[Note]] = {}
     for note in notes:
-        by_kind.setdefault(note.kind, []).append(note)
+        by_kind.setdefault((note.kind, note.logged), []).append(note)
     keys: list[str] = []
     args: list[str | int] = []
-    for kind, posted in by_kind.items():
-        keys += notes_keys(kind)
+    for (kind, _logged), posted in by_kind.items():
+        kind_keys, layout = logs.layout(kind, posted, extends)
+        keys += kind_keys
         # The kind's bound is the last one its notes ask for.
         keep = next((note.keep for note in reversed(posted) if note.keep), 0)
-        args += [keep, len(posted)]
+        args += [layout, keep, len(posted)]
         for note in posted:
             args += [note.key, note.ttl_ms, note.value]
     return keys, args
@@ -245,20 +241,6 @@ def as_text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def last_row(address: str, value: str) -> dict[str, Any] | None:
-    parts = value.split("|", 4)
-    if len(parts) != 5 or parts[0] != LAST_VERSION:
-        return None
-    _version, id_, occurrence_ms, claimed_ms, node = parts
-    return {
-        "id": id_,
-        "address": address,
-        "occurrence_ms": int(occurrence_ms),
-        "node": node,
-        "claimed_ms": int(claimed_ms),
-    }
-
-
 def live_notes(fields: dict[Any, Any], now_ms: int) -> dict[str, str]:
     """The notes of one kind's hash that are live at ``now_ms``, ``{key: value}``."""
     live = {}
@@ -288,29 +270,28 @@ def claim_record(record: Any) -> ClaimRecord | None:
     return ClaimRecord(node, parts[1] == "committed", int(parts[2]), revision)
 
 
-def state_of(record: Any) -> tuple[str | None, int | None]:
-    if record is None:
-        return None, None
-    parts = as_text(record).split("|", 3)
-    if len(parts) != 4 or parts[0] not in READ_VERSIONS:
-        return None, None
-    return parts[1], int(parts[2])
-
-
 def claim_note_args(
-    notes: Sequence[Note | NoteItem | None], notes_keys: Callable[[str], tuple[str, str]]
+    notes: Sequence[Note | NoteItem | None], logs: Logs, extends: list[tuple[str, float]]
 ) -> tuple[list[str], list[str | int]]:
     """The keys and the ARGV that ``claim.lua`` takes for one note (or none) per
-    request: the distinct kinds' keys (``notes_keys`` names a kind's hash and its expiry
-    index), numbered from 1; per request its note, or its
+    request: the distinct kinds' keys (as ``logs`` names them: a hash and its expiry
+    index, or a log), numbered from 1, and their layouts; per request its note, or its
     item's batch number (``@g``) and item; then the batch notes. A batch takes items
     while the note they would make, every item closed at its longest, stays within
-    ``NOTE_VALUE_LIMIT``; the next item opens another batch of the same template."""
+    ``NOTE_VALUE_LIMIT``; the next item opens another batch of the same template. The
+    logs extended are added to ``extends``."""
     templates = [n.batch if isinstance(n, NoteItem) else n for n in notes if n is not None]
-    kinds = dict.fromkeys(note.kind for note in templates)
-    numbers = {kind: k for k, kind in enumerate(kinds, 1)}
-    keys = [key for kind in kinds for key in notes_keys(kind)]
-    args: list[str | int] = [NOTE_VERSION, len(kinds)]
+    by_kind: dict[tuple[str, bool], list[Note]] = {}
+    for template in templates:
+        by_kind.setdefault((template.kind, template.logged), []).append(template)
+    numbers = {kind: k for k, kind in enumerate(by_kind, 1)}
+    keys: list[str] = []
+    layouts: list[str | int] = []
+    for (kind, _logged), posted in by_kind.items():
+        kind_keys, layout = logs.layout(kind, posted, extends)
+        keys += kind_keys
+        layouts.append(layout)
+    args: list[str | int] = [NOTE_VERSION, len(by_kind), *layouts]
     batches: list[Note] = []
     open_: dict[Note, tuple[int, int]] = {}
     """The batch each template fills now, by number, and its longest size so far."""
@@ -326,10 +307,12 @@ def claim_note_args(
             open_[note.batch] = (number, used + size)
             args += [f"@{number}", "", note.item]
         else:
-            args += [f"{numbers[note.kind]}|{note.ttl_ms}|{note.keep}", note.key, note.value]
+            number = numbers[(note.kind, note.logged)]
+            args += [f"{number}|{note.ttl_ms}|{note.keep}", note.key, note.value]
     args.append(len(batches))
     for batch in batches:
-        args += [f"{numbers[batch.kind]}|{batch.ttl_ms}|{batch.keep}", batch.key, batch.value]
+        number = numbers[(batch.kind, batch.logged)]
+        args += [f"{number}|{batch.ttl_ms}|{batch.keep}", batch.key, batch.value]
     return keys, args
 
 

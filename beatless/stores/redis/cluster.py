@@ -124,6 +124,7 @@ from beatless.stores.redis._buckets import (
     COMMIT_LUA,
     HELD_RUN,
     POST_LUA,
+    READ_LOG_LUA,
     READ_NOTES_LUA,
     RELEASE_LUA,
     RUNNING_LUA,
@@ -148,10 +149,10 @@ from beatless.stores.redis._facts import (
     read_policy,
     read_settings,
 )
+from beatless.stores.redis._logs import Logs, logged_notes
 from beatless.stores.redis._wire import (
     EXPIRY_SLACK_MS,
     FORMAT_VERSION,
-    LAST_RETENTION_MS,
     NOTE_VERSION,
     PROBE_TTL_MS,
     as_text,
@@ -210,6 +211,7 @@ class RedisClusterStore(BucketEpochs, ClaimStore):
         self._epochs: dict[str, Epoch] = {}
         self._horizons: dict[str, int] = {}
         self._full_warned = WarnEvery()
+        self._logs = Logs(self._notes_keys, self._log_key, EXPIRY_SLACK_MS)
         self._client: RedisCluster | None
         if isinstance(client_or_url, str):
             self._where = mask_url(client_or_url)
@@ -276,6 +278,7 @@ class RedisClusterStore(BucketEpochs, ClaimStore):
             self._adopt(bucket, as_text(reply[1]), changed)
         found_stale(requests, outcomes, numbers, values)
         if changed:
+            self._logs.forget()
             try:
                 # Every bucket at once: the others of a master that lost its memory too.
                 with self._errors("read the epochs"):
@@ -292,10 +295,10 @@ class RedisClusterStore(BucketEpochs, ClaimStore):
         (version, slack, node, lease), this store object's view of the bucket's epoch, and
         the requests as ``args``."""
         seen = self._epochs.get(bucket)
-        keys = [self._key(bucket, "last"), self._key(bucket, "epoch")]
+        keys = [self._key(bucket, "epoch")]
         keys += [self._claim_key(bucket, id_) for id_ in ids]
         id_from = len(self._claim_key(bucket, "")) + 1
-        tail: list[str | int] = [TOLERANCE_MS, LAST_RETENTION_MS, id_from, mode]
+        tail: list[str | int] = [TOLERANCE_MS, 0, id_from, mode]
         tail += [seen.token if seen else "", self._horizons.get(bucket, ""), new_token()]
         return keys, [*head, *tail, len(ids), *args]
 
@@ -361,12 +364,14 @@ class RedisClusterStore(BucketEpochs, ClaimStore):
         for note in notes:
             by_kind.setdefault(note.kind, []).append(note)
         calls: list[Call] = []
+        extends: list[tuple[str, float]] = []
         for posted in by_kind.values():
-            keys, args = note_args(posted, self._notes_keys)
+            keys, args = note_args(posted, self._logs, extends)
             calls.append((keys, [NOTE_VERSION, EXPIRY_SLACK_MS, *args]))
         if calls:
             with self._errors("post notes"):
                 self._run(POST_LUA, calls)
+            self._logs.made(extends)
 
     def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
         asked = list(dict.fromkeys(kinds))
@@ -380,6 +385,25 @@ class RedisClusterStore(BucketEpochs, ClaimStore):
             now_ms = int(seconds) * 1_000 + int(micros) // 1_000
             fields = dict(zip(flat[::2], flat[1::2], strict=True))
             found[kind] = live_notes(fields, now_ms)
+        return found
+
+    def read_logs(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
+        """One script per kind (``read_log.lua``: its hash and its log, in its slot), in
+        one pipeline; a key in both reads the log's note."""
+        asked = list(dict.fromkeys(kinds))
+        calls: list[Call] = [
+            ([self._notes_keys(kind)[0], self._log_key(kind)], []) for kind in asked
+        ]
+        if not calls:
+            return {}
+        with self._errors("read notes"):
+            replies = self._run(READ_LOG_LUA, calls)
+        found = {}
+        for kind, (seconds, micros, flat, entries) in zip(asked, replies, strict=True):
+            now_ms = int(seconds) * 1_000 + int(micros) // 1_000
+            fields = dict(zip(flat[::2], flat[1::2], strict=True))
+            log = [(id_, dict(zip(pairs[::2], pairs[1::2], strict=True))) for id_, pairs in entries]
+            found[kind] = live_notes(fields, now_ms) | logged_notes(log, now_ms)
         return found
 
     keeps_notes = True

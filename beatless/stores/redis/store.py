@@ -76,6 +76,7 @@ from beatless.stores.redis._facts import (
     told_full,
     with_wait,
 )
+from beatless.stores.redis._logs import Logs, logged_notes
 from beatless.stores.redis._wire import (
     CHUNK,
     CLAIM,
@@ -83,7 +84,6 @@ from beatless.stores.redis._wire import (
     COMMIT_WITHOUT_ROOM,
     EXPIRY_SLACK_MS,
     FORMAT_VERSION,
-    LAST_RETENTION_MS,
     NOTE_VERSION,
     POST,
     PROBE_TTL_MS,
@@ -95,11 +95,9 @@ from beatless.stores.redis._wire import (
     claim_record,
     commit_without_room,
     epoch_cause,
-    last_row,
     live_notes,
     note_args,
     parse_epoch,
-    state_of,
 )
 
 if TYPE_CHECKING:
@@ -150,8 +148,8 @@ class RedisStore(ClaimStore):
         if prefix is not None and (not isinstance(prefix, str) or not prefix):
             raise ConfigError(f"redis store: prefix must be a non-empty string, got {prefix!r}")
         self.prefix = key_prefix("redis store", namespace, prefix)
-        self._last_key = f"{self.prefix}last"
         self._epoch_key = f"{self.prefix}epoch"
+        self._logs = Logs(self._notes_keys, self._log_key, EXPIRY_SLACK_MS)
         self._forgot_before_ms: int | None = None
         self._closed = False
         if isinstance(client_or_url, str):
@@ -237,7 +235,8 @@ class RedisStore(ClaimStore):
         ``won``, ``takeover``, ``skipped_overlap`` or ``forgotten``, ``{{at_ms}}`` with
         its ``TIME`` in epoch milliseconds and ``{{lateness_ms}}`` with that time minus
         the request's ``release_ms``; the note lives ``ttl_ms`` from that time and its
-        ``keep`` bounds its kind as in :meth:`post`. ``notes[i]`` may instead be a
+        ``keep`` bounds its kind as in :meth:`post` (a logged note is one ``XADD`` to its
+        kind's log: :mod:`beatless.stores.redis._logs`). ``notes[i]`` may instead be a
         :class:`~beatless.stores.base.NoteItem`: the firing's item goes into its batch
         note, written once per script for all the firings of that batch noted in it
         (items closed with the outcome and the lateness, ``{{at_ms}}`` the script's
@@ -268,14 +267,15 @@ class RedisStore(ClaimStore):
         seen = self.epoch.token if self.epoch is not None else ""
         horizon = "" if self._forgot_before_ms is None else self._forgot_before_ms
         head: list[str | int] = [FORMAT_VERSION, EXPIRY_SLACK_MS, node, lease_ms, TOLERANCE_MS]
-        head += [LAST_RETENTION_MS, id_from, atomic, seen, horizon, new_token()]
+        head += [0, id_from, atomic, seen, horizon, new_token()]
         calls = []
+        extends: list[tuple[str, float]] = []
         for start in range(0, len(requests), CHUNK):
             chunk = requests[start : start + CHUNK]
             # The distinct run-lease records of the chunk, numbered from 1 (0: none).
             run_ids = dict.fromkeys(r.run_id for r in chunk if r.run_id)
             runs = {run_id: j for j, run_id in enumerate(run_ids, 1)}
-            keys = [self._last_key, self._epoch_key, *(self._claim_key(r.id) for r in chunk)]
+            keys = [self._epoch_key, *(self._claim_key(r.id) for r in chunk)]
             live_keys, requests_args = claim_args(chunk, runs, self._kept_key)
             keys += [*(self._claim_key(run_id) for run_id in runs), *live_keys]
             args = head + requests_args
@@ -286,7 +286,7 @@ class RedisStore(ClaimStore):
                 ]
             if notes is not None:
                 note_keys, note_args = claim_note_args(
-                    notes[start : start + CHUNK], self._notes_keys
+                    notes[start : start + CHUNK], self._logs, extends
                 )
                 keys += note_keys
                 args += note_args
@@ -299,6 +299,7 @@ class RedisStore(ClaimStore):
         )
         with self._errors("claim"):
             replies = self._execute(self._claim, calls, "claim", timeout_ms)
+        self._logs.made(extends)
         for reply in replies:
             self._adopt(as_text(reply[1]))
         return [OUTCOME_LETTERS[letter] for letter in "".join(as_text(r[0]) for r in replies)]
@@ -306,7 +307,8 @@ class RedisStore(ClaimStore):
     def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
         if not ids and not notes:
             return []
-        note_keys, kinds = self._kinds(notes)
+        extends: list[tuple[str, float]] = []
+        note_keys, kinds = note_args(notes, self._logs, extends)
         head: list[str | int] = [FORMAT_VERSION, EXPIRY_SLACK_MS, node]
         calls = []
         # One script even without ids, for the notes.
@@ -327,6 +329,7 @@ class RedisStore(ClaimStore):
         except StoreFull as exc:
             kept = self._commit_without_room(ids, node)
             raise StoreFull(str(exc), usage=exc.usage, kept=kept) from None
+        self._logs.made(extends)
         if self.epoch is None and replies:
             # Only a first sighting: a changed epoch is left for the next claim to judge.
             self.epoch = parse_epoch(as_text(replies[-1][1]))
@@ -370,11 +373,13 @@ class RedisStore(ClaimStore):
         return {id_: record for id_, record in found if record is not None}
 
     def post(self, notes: Sequence[Note]) -> None:
-        keys, kinds = self._kinds(notes)
+        extends: list[tuple[str, float]] = []
+        keys, kinds = note_args(notes, self._logs, extends)
         if not keys:
             return
         with self._errors("post notes"):
             self._run(self._post, [(keys, [NOTE_VERSION, EXPIRY_SLACK_MS, *kinds])])
+        self._logs.made(extends)
 
     keeps_notes = True
 
@@ -398,6 +403,15 @@ class RedisStore(ClaimStore):
         return f"{self.prefix}kept:{_kept.kept_digest(kind)}"
 
     def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
+        return self._read(kinds, logs=False)
+
+    def read_logs(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
+        """One pipeline: ``TIME``, then per kind the ``HGETALL`` of its hash and the
+        ``XRANGE`` of its log (:mod:`beatless.stores.redis._logs`); a key in both reads
+        the log's note."""
+        return self._read(kinds, logs=True)
+
+    def _read(self, kinds: Sequence[str], *, logs: bool) -> dict[str, dict[str, str]]:
         asked = list(dict.fromkeys(kinds))
         if not asked:
             return {}
@@ -406,9 +420,16 @@ class RedisStore(ClaimStore):
             pipe.time()
             for kind in asked:
                 pipe.hgetall(self._notes_keys(kind)[0])
-            (seconds, micros), *fields = pipe.execute()
+                if logs:
+                    pipe.xrange(self._log_key(kind))
+            (seconds, micros), *replies = pipe.execute()
         now_ms = int(seconds) * 1_000 + int(micros) // 1_000
-        return {kind: live_notes(f, now_ms) for kind, f in zip(asked, fields, strict=True)}
+        if not logs:
+            return {kind: live_notes(f, now_ms) for kind, f in zip(asked, replies, strict=True)}
+        return {
+            kind: live_notes(fields, now_ms) | logged_notes(entries, now_ms)
+            for kind, fields, entries in zip(asked, replies[::2], replies[1::2], strict=True)
+        }
 
     def read_synced(
         self, kinds: Sequence[str], kept: Mapping[str, Sequence[str]]
@@ -493,29 +514,6 @@ class RedisStore(ClaimStore):
         if self._owns_client:
             _sentinel.close(self._client)
 
-    # -- reading, for ``beatless status`` ------------------------------------------------
-
-    def recent(self, limit: int = 20) -> list[dict[str, Any]]:
-        """The last firing won for each address, newest first, at most ``limit`` of them.
-
-        Each is a dict of ``id``, ``address``, ``occurrence_ms``, ``node`` (the winner),
-        ``claimed_ms`` (when the store granted it, on its clock), and ``committed`` and
-        ``until_ms`` from the claim record, both ``None`` once Redis forgot the claim.
-        """
-        with self._errors("read the last winners"):
-            fields = self._client.hgetall(self._last_key)
-            known = (last_row(as_text(k), as_text(v)) for k, v in fields.items())
-            rows = sorted(
-                (row for row in known if row is not None),
-                key=lambda row: (-row["claimed_ms"], row["id"]),
-            )[: max(0, limit)]
-            records = self._client.mget([self._claim_key(r["id"]) for r in rows]) if rows else []
-        for row, record in zip(rows, records, strict=True):
-            state, until_ms = state_of(record)
-            row["committed"] = None if state is None else state == "committed"
-            row["until_ms"] = until_ms
-        return rows
-
     # -- internals ------------------------------------------------------------------------
 
     def _claim_key(self, id_: str) -> str:
@@ -526,10 +524,9 @@ class RedisStore(ClaimStore):
         digest = hashlib.sha256(kind.encode()).hexdigest()
         return f"{self.prefix}notes:{digest}", f"{self.prefix}notes-expiry:{digest}"
 
-    def _kinds(self, notes: Sequence[Note]) -> tuple[list[str], list[str | int]]:
-        """The keys of the kinds of ``notes``, and the notes as ``post.lua`` and
-        ``commit.lua`` take them (see :func:`note_args`)."""
-        return note_args(notes, self._notes_keys)
+    def _log_key(self, kind: str) -> str:
+        """The key of a kind's log (:mod:`beatless.stores.redis._logs`)."""
+        return f"{self.prefix}log:{hashlib.sha256(kind.encode()).hexdigest()}"
 
     def _adopt(self, record: str) -> None:
         """Adopt the epoch a claim saw; warn when it is not the one last seen."""
@@ -544,6 +541,7 @@ class RedisStore(ClaimStore):
             self._forgot_before_ms = horizon_ms(seen, epoch, self._forgot_before_ms)
         if seen is None or not has_changed(seen, epoch):
             return
+        self._logs.forget()
         try:
             run_id = self.server_run_id()
         except StoreError:

@@ -2,32 +2,29 @@
 -- the commands that enqueue each one won and, if asked, a note of each one won. Loaded
 -- after prelude.lua and notes.lua.
 --
--- KEYS[1]      {prefix}last: hash, one field per address, the last firing won there:
---              v=1|{firing id}|{occurrence_ms}|{claimed_ms}|{node}; its layout has a
---              version of its own, independent of the claim records' version
--- KEYS[2]      {prefix}epoch: v=2|{started_ms}|{token}|{replid}|{cause}, the store's
+-- KEYS[1]      {prefix}epoch: v=2|{started_ms}|{token}|{replid}|{cause}, the store's
 --              identity: written by the first claim that finds it absent (cause 'new'),
 --              and again, with a new token, by the first claim on a promoted replica
 --              (cause 'failover', see below); replid is the master_replid of the server
 --              that last ran a claim. A v=1|{started_ms}|{token} record (an earlier
 --              beatless) is rewritten in place as v=2, its token kept. Its layout has a
 --              version of its own, independent of the claim records' version
--- KEYS[2 + i]  {prefix}claim:{firing id}: the claim record of request i (see prelude.lua)
--- KEYS[2 + n + j]  {prefix}claim:{run id}: the j-th distinct run-lease record the requests
+-- KEYS[1 + i]  {prefix}claim:{firing id}: the claim record of request i (see prelude.lua)
+-- KEYS[1 + n + j]  {prefix}claim:{run id}: the j-th distinct run-lease record the requests
 --              name (a claim record too, held pending by workers while a run of the
 --              address is in progress; see beatless.node.runs); read only
--- KEYS[2 + n + J + l]  the l-th of L hashes of a namespace's live revisions (kept notes,
+-- KEYS[1 + n + J + l]  the l-th of L hashes of a namespace's live revisions (kept notes,
 --              see _kept.py) that the requests' live checks read; read only
--- KEYS[#KEYS - 2K + 2k - 1]  notes only: {prefix}notes:{digest}, the hash of the k-th
---              distinct kind of the requests' notes (see notes.lua)
--- KEYS[#KEYS - 2K + 2k]      notes only: {prefix}notes-expiry:{digest} of the same kind
+-- then, notes only, the keys of each distinct kind of the requests' notes, in the order
+--              of their numbers: {prefix}notes:{digest} and {prefix}notes-expiry:{digest}
+--              for a kind kept in place, {prefix}log:{digest} for a log (see notes.lua)
 --
 -- ARGV[1]   claim record format version
 -- ARGV[2]   expiry slack in ms: how long Redis keeps a committed record past until_ms
 -- ARGV[3]   node
 -- ARGV[4]   lease_ms
 -- ARGV[5]   tolerance_ms (10 s)
--- ARGV[6]   how long the last-winner hash outlives the last win, in ms
+-- ARGV[6]   unused (an earlier beatless: how long the last-winner hash lived)
 -- ARGV[7]   where the firing id starts in a claim key
 -- ARGV[8]   '1' to claim and enqueue (atomic), '0' for a pending claim (two-phase),
 --           followed by 'w' when every claim of the namespace is acknowledged by a replica
@@ -43,7 +40,7 @@
 -- ARGV[12 + i]      request i:
 --                   {occurrence_ms}|{max_late_ms}|{memory_ms}|{release_ms}|{tag}|{run}|
 --                   {live}|{revision}|{address}
---                   where run is j for the run-lease record KEYS[2 + n + j], 0 for none,
+--                   where run is j for the run-lease record KEYS[1 + n + j], 0 for none,
 --                   and -1 for a record in another slot that the caller read just before
 --                   this script (running.lua) and found held (Redis Cluster: see
 --                   redis_cluster.py); live is '' for no live check, else {l}:{field}:
@@ -56,15 +53,18 @@
 -- ARGV[13 + 2n]     notes only (atomic, and absent without notes, as are the notes'
 --                   keys): note record format version
 -- ARGV[14 + 2n]     notes only: K, the number of kinds of notes
--- ARGV[14 + 2n + 3i - 2]  notes only: request i's note: {k}|{ttl_ms}|{keep}, k its kind's
+-- ARGV[14 + 2n + k] notes only: the layout of kind k: 'h' (kept in place: two keys) or
+--                   'l|{life_ms}|{extend}' (a log: one key; see log_layout in notes.lua)
+-- with B = 14 + 2n + K:
+-- ARGV[B + 3i - 2]  notes only: request i's note: {k}|{ttl_ms}|{keep}, k its kind's
 --                   number, keep 0 for unbounded; '' (and '' for the next two) for none
--- ARGV[14 + 2n + 3i - 1]  notes only: the note's key
--- ARGV[14 + 2n + 3i]      notes only: the note's value, a template (see below)
+-- ARGV[B + 3i - 1]  notes only: the note's key
+-- ARGV[B + 3i]      notes only: the note's value, a template (see below)
 --                   or, for an item of batch note g: '@{g}', '', and the item's start
--- ARGV[15 + 5n]     notes only: G, the number of batch notes
--- ARGV[15 + 5n + 3g - 2]  notes only: batch note g: {k}|{ttl_ms}|{keep}
--- ARGV[15 + 5n + 3g - 1]  notes only: the prefix of its key
--- ARGV[15 + 5n + 3g]      notes only: its value, a template with {{items}} and {{at_ms}}
+-- ARGV[B + 3n + 1]  notes only: G, the number of batch notes (of kinds kept in place)
+-- ARGV[B + 3n + 1 + 3g - 2]  notes only: batch note g: {k}|{ttl_ms}|{keep}
+-- ARGV[B + 3n + 1 + 3g - 1]  notes only: the prefix of its key
+-- ARGV[B + 3n + 1 + 3g]      notes only: its value, a template with {{items}} and {{at_ms}}
 --
 -- Live revisions. A request with a live check is stale when its field exists (a value
 -- v=1|{json}; another form is not read) and the first "fence_ms": of the value is at or
@@ -96,9 +96,14 @@
 -- restart, which keeps or loses its data on its own terms) has the replid updated in
 -- place, with no change of identity.
 --
+-- A firing won atomically on a record that is absent costs one SET NX GET on Redis 7
+-- and later (a GET and a SET before), and its commands: the script writes its claim
+-- first, then runs them, and deletes the claim again if one fails (the error is raised).
+--
 -- A request's note is written only when its letter is W, T, O or F, from now (its
--- ttl_ms, and its kind swept and bounded by the last keep of the notes written, as
--- notes.lua and a post do), with these placeholders of its value replaced:
+-- ttl_ms; a note kept in place has its kind swept and bounded by the last keep of the
+-- notes written, as notes.lua and a post do, a logged one is one append to its kind's
+-- log), with these placeholders of its value replaced:
 -- {{outcome}} by won, takeover, skipped_overlap or forgotten, {{at_ms}} by now and
 -- {{lateness_ms}} by now - release_ms. A request answered any other letter writes none.
 -- A request whose note is an item of batch note g adds, for the same letters, its item
@@ -115,8 +120,28 @@ local holds = string.find(ARGV[8], 'h', 2, true) ~= nil
 local count, lives = string.match(ARGV[12], '^(%d+)|?(%d*)$')
 local n = tonumber(count)
 local noting = ARGV[13 + 2 * n] ~= nil
--- The key before the first kind of notes' keys, and before the first live revision hash.
-local kinds_from = #KEYS - 2 * (noting and tonumber(ARGV[14 + 2 * n]) or 0)
+-- Redis 7 and later: SET ... NX GET claims an absent record in one command.
+local SET_NX_GET = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
+
+-- The notes' kinds: the index in KEYS of each one's first key, and the life and extension
+-- of each log (false for a kind kept in place); the key before the first kind's, and
+-- before the first live revision hash; where the requests' notes start in ARGV.
+local kind_key, kind_log, kind_extend = {}, {}, {}
+local kinds_from, notes_at = #KEYS, 0
+if noting then
+  local kinds, size = tonumber(ARGV[14 + 2 * n]), 0
+  for k = 1, kinds do
+    kind_log[k], kind_extend[k] = log_layout(ARGV[14 + 2 * n + k])
+    size = size + (kind_log[k] and 1 or 2)
+  end
+  kinds_from = #KEYS - size
+  local at = kinds_from + 1
+  for k = 1, kinds do
+    kind_key[k] = at
+    at = at + (kind_log[k] and 1 or 2)
+  end
+  notes_at = 14 + 2 * n + kinds
+end
 local lives_from = kinds_from - (tonumber(lives) or 0)
 
 -- This server's replication ids: its history's, and the one it continued when it was
@@ -132,22 +157,22 @@ end
 -- The epoch record, its start, its token and whether a failover began it; written first
 -- if absent, again if this server is a promoted replica, in place if its replid is new.
 local function current_epoch()
-  local record = redis.call('GET', KEYS[2])
+  local record = redis.call('GET', KEYS[1])
   local id, continued = replication()
   if not record then
     record = string.format('v=2|%d|%s|%s|new', now, ARGV[11], id)
-    redis.call('SET', KEYS[2], record)
+    redis.call('SET', KEYS[1], record)
     return record, now, ARGV[11], false
   end
   local version, started, rest = string.match(record, '^v=(%d+)|(%d+)|(.+)$')
   if not version then
-    error({err = 'BEATLESS unreadable epoch record at ' .. KEYS[2] .. ': ' .. record})
+    error({err = 'BEATLESS unreadable epoch record at ' .. KEYS[1] .. ': ' .. record})
   end
   local token, replid, cause = rest, '', 'new'
   if version ~= '1' then
     token, replid, cause = string.match(rest, '^([^|]+)|(%x*)|(%a+)$')
     if not token then
-      error({err = 'BEATLESS unreadable epoch record at ' .. KEYS[2] .. ': ' .. record})
+      error({err = 'BEATLESS unreadable epoch record at ' .. KEYS[1] .. ': ' .. record})
     end
   end
   if replid == id then
@@ -157,7 +182,7 @@ local function current_epoch()
     started, token, cause = now, ARGV[11], 'failover'
   end
   record = string.format('v=2|%d|%s|%s|%s', started, token, id, cause)
-  redis.call('SET', KEYS[2], record)
+  redis.call('SET', KEYS[1], record)
   return record, tonumber(started), token, cause == 'failover'
 end
 
@@ -176,11 +201,29 @@ local failover_before = failover and not waits and started + tolerance
 -- A failover's horizon for pending claims whose lease ran out: their commits may be lost.
 local lost_before = failover and started + tolerance
 
-local last = {}
-local function record_last()
-  redis.call('HSET', KEYS[1], unpack(last))
-  redis.call('PEXPIRE', KEYS[1], ARGV[6])
-  last = {}
+-- Every record the batch reads (claims and run leases), read once each when first
+-- needed, and updated as the batch writes.
+local held = {}
+local function fetch(key)
+  local h = held[key]
+  if h == nil then
+    h = read(key)
+    held[key] = h
+  end
+  return h
+end
+
+-- The committed record of a firing won or decided now, and its expiry.
+local function committed(key, r)
+  return write(key, 'committed', now + r.memory, r.memory, r.tag, node, r.memory + SLACK,
+    r.revision)
+end
+
+-- Runs the commands that enqueue request i.
+local function push(i)
+  for _, command in ipairs(cjson.decode(ARGV[12 + n + i])) do
+    redis.call(unpack(command))
+  end
 end
 
 local function win(i, key, r)
@@ -188,21 +231,15 @@ local function win(i, key, r)
     return write(key, 'pending', now + lease, r.memory, r.tag, node, lease + r.memory,
       r.revision)
   end
-  for _, command in ipairs(cjson.decode(ARGV[12 + n + i])) do
-    redis.call(unpack(command))
-  end
-  return write(key, 'committed', now + r.memory, r.memory, r.tag, node, r.memory + SLACK,
-    r.revision)
+  push(i)
+  return committed(key, r)
 end
-
--- Every record the batch reads (claims and run leases), updated as the batch writes.
-local held
 
 -- Whether the request's run-lease record is held: a live pending claim.
 local function running(r)
   if r.run == 0 then return false end
   if r.run < 0 then return true end
-  local h = held[KEYS[2 + n + r.run]]
+  local h = fetch(KEYS[1 + n + r.run])
   return h and h ~= CORRUPT and h.state == 'pending' and h.until_ms >= now
 end
 
@@ -225,8 +262,9 @@ local function stale(r)
   return fence and r.occurrence >= fence
 end
 
--- The letter for a firing nobody holds live: refused, stale, forgotten, overlapping or won.
-local function decide_free(i, key, h, r)
+-- The letter for a firing nobody holds live (h: its record, false when absent): refused,
+-- stale, re-seeding, forgotten, overlapping or won; nothing written.
+local function free_letter(h, r)
   if now - r.occurrence > r.max_late + tolerance then return 'X' end
   if r.release - now > tolerance then return 'E' end
   if stale(r) then return 'S' end
@@ -235,19 +273,16 @@ local function decide_free(i, key, h, r)
       and not (failover_before and r.release < failover_before) then
     return 'R'
   end
-  if lost or (not h and forgot_before and r.release < forgot_before) then
-    return 'F', write(key, 'committed', now + r.memory, r.memory, r.tag, node,
-      r.memory + SLACK, r.revision)
-  end
-  if running(r) then
-    return 'O', write(key, 'committed', now + r.memory, r.memory, r.tag, node,
-      r.memory + SLACK, r.revision)
-  end
-  last[#last + 1] = r.address
-  last[#last + 1] = string.format('v=1|%s|%d|%d|%s', string.sub(key, id_from), r.occurrence,
-    now, node)
-  if #last >= 1000 then record_last() end
-  return (h and h.state == 'pending') and 'T' or 'W', win(i, key, r)
+  if lost or (not h and forgot_before and r.release < forgot_before) then return 'F' end
+  if running(r) then return 'O' end
+  return (h and h.state == 'pending') and 'T' or 'W'
+end
+
+local function decide_free(i, key, h, r)
+  local letter = free_letter(h, r)
+  if letter == 'F' or letter == 'O' then return letter, committed(key, r) end
+  if letter == 'W' or letter == 'T' then return letter, win(i, key, r) end
+  return letter
 end
 
 local function decide(i, key, h, r)
@@ -263,10 +298,36 @@ local function decide(i, key, h, r)
   return 'H'
 end
 
+-- An atomic win of a record not read yet, in one SET NX GET when the firing would be won
+-- were its record absent: nil when it was not, else the letter and the record, as
+-- decide() answers them. The claim is written before the commands run: if one fails,
+-- it is deleted again (it was absent) and the error raised.
+local function claim_absent(i, key, r)
+  if not (SET_NX_GET and atomic and held[key] == nil and free_letter(false, r) == 'W') then
+    return nil
+  end
+  local found = redis.pcall('SET', key,
+    text('committed', now + r.memory, r.memory, r.tag, node, r.revision),
+    'NX', 'PX', string.format('%d', math.max(1, r.memory + SLACK)), 'GET')
+  if found then
+    held[key] = parse(found)
+    return decide(i, key, held[key], r)
+  end
+  local ok, err = pcall(push, i)
+  if not ok then
+    redis.call('DEL', key)
+    error(err)
+  end
+  return 'W', {state = 'committed', until_ms = now + r.memory, memory = r.memory,
+    tag = r.tag, node = node, revision = r.revision}
+end
+
 -- The words that replace {{outcome}}, by the letters that write a note.
 local NOTED = {W = 'won', T = 'takeover', O = 'skipped_overlap', F = 'forgotten'}
--- The keep of each kind written, by the index of its hash in KEYS.
+-- The keep of each kind kept in place that was written, by the index of its hash in KEYS.
 local bounds = {}
+-- The logs written to that their callers extend, by key, with their life.
+local extended = {}
 
 -- The items of each batch note written to, by its number, and its first firing's id.
 local batches = {}
@@ -274,30 +335,39 @@ local batches = {}
 local function add_item(i, g, letter, r)
   local batch = batches[g]
   if not batch then
-    batch = {first = string.sub(KEYS[i + 2], id_from)}
+    batch = {first = string.sub(KEYS[i + 1], id_from)}
     batches[g] = batch
   end
-  batch[#batch + 1] = ARGV[14 + 2 * n + 3 * i] .. ',"' .. NOTED[letter] .. '",' ..
+  batch[#batch + 1] = ARGV[notes_at + 3 * i] .. ',"' .. NOTED[letter] .. '",' ..
     string.format('%d', now - r.release) .. ']'
 end
 
+-- Writes a note of kind k: appended to its log, or written in place and its kind bounded.
+local function write_kind(k, key, ttl, keep, value)
+  local at = kind_key[k]
+  keep = tonumber(keep)
+  if kind_log[k] then
+    log_note(KEYS[at], ARGV[13 + 2 * n], now, key, ttl, keep, value, kind_log[k])
+    if kind_extend[k] then extended[KEYS[at]] = kind_log[k] end
+    return
+  end
+  write_note(KEYS[at], KEYS[at + 1], ARGV[13 + 2 * n], now, key, ttl, value)
+  bounds[at] = keep > 0 and keep or bounds[at] or 0
+end
+
 local function write_batches()
-  local from = 15 + 5 * n
+  local from = notes_at + 3 * n + 1
   for g, batch in pairs(batches) do
     local at = from + 3 * g - 2
     local k, ttl, keep = string.match(ARGV[at], '^(%d+)|(%d+)|(%d+)$')
     local value = string.gsub(ARGV[at + 2], '{{([%w_]+)}}',
       {items = table.concat(batch, ','), at_ms = string.format('%d', now)})
-    local hash = kinds_from + 2 * tonumber(k) - 1
-    write_note(KEYS[hash], KEYS[hash + 1], ARGV[13 + 2 * n], now,
-      ARGV[at + 1] .. '.' .. batch.first, ttl, value)
-    keep = tonumber(keep)
-    bounds[hash] = keep > 0 and keep or bounds[hash] or 0
+    write_kind(tonumber(k), ARGV[at + 1] .. '.' .. batch.first, ttl, keep, value)
   end
 end
 
 local function note(i, letter, r)
-  local at = 14 + 2 * n + 3 * i - 2
+  local at = notes_at + 3 * i - 2
   if string.byte(ARGV[at], 1) == 64 then  -- '@': an item of a batch note
     return add_item(i, tonumber(string.sub(ARGV[at], 2)), letter, r)
   end
@@ -306,30 +376,31 @@ local function note(i, letter, r)
   local fields = {outcome = NOTED[letter], at_ms = string.format('%d', now),
     lateness_ms = string.format('%d', now - r.release)}
   local value = string.gsub(ARGV[at + 2], '{{([%w_]+)}}', fields)
-  local hash = kinds_from + 2 * tonumber(k) - 1
-  write_note(KEYS[hash], KEYS[hash + 1], ARGV[13 + 2 * n], now, ARGV[at + 1], ttl, value)
-  keep = tonumber(keep)
-  bounds[hash] = keep > 0 and keep or bounds[hash] or 0
+  write_kind(tonumber(k), ARGV[at + 1], ttl, keep, value)
 end
 
 local out = {}
-held = read_all(3, lives_from)
 for i = 1, n do
-  local key = KEYS[i + 2]
+  local key = KEYS[i + 1]
   local occurrence, max_late, memory, release, tag, run, live, revision, address =
     string.match(ARGV[12 + i],
       '^(%-?%d+)|(%d+)|(%d+)|(%-?%d+)|(%x*)|(%-?%d+)|([%d:]*)|(%d*)|(.*)$')
   local r = {occurrence = tonumber(occurrence), max_late = tonumber(max_late),
     memory = tonumber(memory), release = tonumber(release), tag = tag, run = tonumber(run),
     live = live, revision = revision, address = address}
-  local letter, written = decide(i, key, held[key], r)
+  local letter, written = claim_absent(i, key, r)
+  if not letter then
+    letter, written = decide(i, key, fetch(key), r)
+  end
   out[i] = letter
   if written then held[key] = written end
   if noting and NOTED[letter] then note(i, letter, r) end
 end
-if #last > 0 then record_last() end
 if noting then write_batches() end
-for hash, keep in pairs(bounds) do
-  sweep_notes(KEYS[hash], KEYS[hash + 1], keep, now, SLACK)
+for at, keep in pairs(bounds) do
+  sweep_notes(KEYS[at], KEYS[at + 1], keep, now, SLACK)
+end
+for log, life in pairs(extended) do
+  extend_log(log, life)
 end
 return {table.concat(out), epoch}

@@ -26,10 +26,8 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- another program's value or a key of another type. Nothing is written over it.
 local CORRUPT = {corrupt = true}
 
--- The record at key as a table; false when there is none.
-local function read(key)
-  local record = redis.pcall('GET', key)
-  if not record then return false end
+-- A record's text as a table (CORRUPT for one that cannot be read).
+local function parse(record)
   if type(record) ~= 'string' then return CORRUPT end
   local v, state, until_ms, memory, tag, node =
     string.match(record, '^v=(%d+)|(%a+)|(%d+)|(%d+)|(%x*)|(.*)$')
@@ -45,11 +43,24 @@ local function read(key)
     node = name or node, revision = revision or ''}
 end
 
+-- The record at key as a table; false when there is none.
+local function read(key)
+  local record = redis.pcall('GET', key)
+  if not record then return false end
+  return parse(record)
+end
+
+-- A record's text, in the version of this script; revision is '' for none.
+local function text(state, until_ms, memory, tag, node, revision)
+  local suffix = revision ~= '' and ('\31' .. revision) or ''
+  return string.format('v=%s|%s|%d|%d|%s|%s%s', VERSION, state, until_ms, memory, tag, node,
+    suffix)
+end
+
 -- Writes a claim record; revision is '' for none.
 local function write(key, state, until_ms, memory, tag, node, ttl, revision)
-  local suffix = revision ~= '' and ('\31' .. revision) or ''
-  redis.call('SET', key, string.format('v=%s|%s|%d|%d|%s|%s%s', VERSION, state, until_ms,
-    memory, tag, node, suffix), 'PX', string.format('%d', math.max(1, ttl)))
+  redis.call('SET', key, text(state, until_ms, memory, tag, node, revision), 'PX',
+    string.format('%d', math.max(1, ttl)))
   return {state = state, until_ms = until_ms, memory = memory, tag = tag, node = node,
     revision = revision}
 end
