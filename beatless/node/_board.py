@@ -302,6 +302,9 @@ class Board(HistoryWriter):
         self._take_requests(notes[kinds[1]], now)
         self.reseeded = notes[kinds[2]]
         progress, bump = self.members.took(notes, now, self)
+        if self.members.check_due(now):
+            kind = nodes_kind(self.namespace)
+            bump += self.members.check(self.store.read_notes([kind])[kind], now, self)
         if bump:
             self.store.post(bump)
         if preference.enabled:

@@ -36,7 +36,6 @@ from beatless.fleet._notes import (
     REGISTRY_EVERY_MS,
     SYNC_EVERY_MS,
     NodeRecord,
-    nodes_kind,
     read_registry,
 )
 from beatless.fleet._schema import Skipped
@@ -77,7 +76,6 @@ class Membership:
         """A live node of an earlier beatless the last check found, and its version
         (``None``: none)."""
         self._checked_slot: int | None = None
-        self._checking = False
 
     # -- posting --------------------------------------------------------------------
 
@@ -133,11 +131,6 @@ class Membership:
         if self._reading_members:
             self._basis = self._seen  # seen a sync ago at least: its notes are in place
             kinds.append(members_kind(self.namespace))
-        ring = sorted(set(self.members) | {self.node})
-        slot = now // LAYOUT_CHECK_EVERY_MS
-        self._checking = slot != self._checked_slot and ring[slot % len(ring)] == self.node
-        if self._checking:
-            kinds.append(nodes_kind(self.namespace))
         self._asked = {}
         for node in [*self._watched, *wanted]:
             if node != self.node:
@@ -154,7 +147,6 @@ class Membership:
         version = membership.get(VERSION_KEY, "")
         self.checked = OLDER_KEY in membership
         self.older = older_node(membership.get(OLDER_KEY))
-        checks = self._check(notes, now, skipped) if self._checking else []
         if version != self._seen:
             self._seen, self._seen_ms = version, now
         if self._reading_members:
@@ -170,14 +162,21 @@ class Membership:
                 digest = alive_digest(kind, found, skipped)
                 if digest != self.members[node].digest and self._may_bump(node, now):
                     stale = True
-        return progress, checks + ([self.version_note(now)] if stale else [])
+        return progress, [self.version_note(now)] if stale else []
 
-    def _check(
-        self, notes: Mapping[str, Mapping[str, str]], now: int, skipped: Skipped | None
-    ) -> list[Note]:
-        """Read the whole registry for a live node of an earlier beatless (one that does
-        not read logged history), and tell the fleet what was found."""
-        registry = read_registry(notes.get(nodes_kind(self.namespace), {}), self.namespace, skipped)
+    def check_due(self, now: int) -> bool:
+        """Whether this node reads the whole registry now, for live nodes of an earlier
+        beatless: once per ``LAYOUT_CHECK_EVERY_MS`` one member does, in turn by the ring of
+        names, so that each node's bytes stay flat whatever the fleet's size."""
+        ring = sorted(set(self.members) | {self.node})
+        slot = now // LAYOUT_CHECK_EVERY_MS
+        return slot != self._checked_slot and ring[slot % len(ring)] == self.node
+
+    def check(self, notes: Mapping[str, str], now: int, skipped: Skipped | None) -> list[Note]:
+        """Take the registry read for :meth:`check_due`: the note telling the fleet whether
+        a live node of an earlier beatless (one that does not read logged history) is in
+        it, to post."""
+        registry = read_registry(notes, self.namespace, skipped)
         older = next((r for r in registry if not r.reads_logs), None)
         self._checked_slot, self.checked = now // LAYOUT_CHECK_EVERY_MS, True
         kind = membership_kind(self.namespace)
