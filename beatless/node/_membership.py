@@ -76,6 +76,8 @@ class Membership:
         """A live node of an earlier beatless the last check found, and its version
         (``None``: none)."""
         self._checked_slot: int | None = None
+        self._ring = [node]
+        """The members' names and this node's, sorted: read with the members."""
 
     # -- posting --------------------------------------------------------------------
 
@@ -168,7 +170,7 @@ class Membership:
         """Whether this node reads the whole registry now, for live nodes of an earlier
         beatless: once per ``LAYOUT_CHECK_EVERY_MS`` one member does, in turn by the ring of
         names, so that each node's bytes stay flat whatever the fleet's size."""
-        ring = sorted(set(self.members) | {self.node})
+        ring = self._ring
         slot = now // LAYOUT_CHECK_EVERY_MS
         return slot != self._checked_slot and ring[slot % len(ring)] == self.node
 
@@ -190,6 +192,7 @@ class Membership:
         self._version, self._members_ms = self._basis, now
         self.changed = True
         self._watched = watched(list(self.members), self.node, WATCHED)
+        self._ring = sorted(set(self.members) | {self.node})
         mine = self.members.get(self.node)
         if self._posted is not None and (mine is None or mine != self._posted):
             self._rejoin = True  # dropped (its notes ran out): post again, and a version
