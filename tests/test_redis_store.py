@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("redis", reason="the redis store needs redis-py")
 
@@ -44,7 +46,7 @@ from beatless.stores.redis._wire import (
     PROBE_TTL_MS,
     claim_arg,
 )
-from beatless.stores.redis.store import RedisStore
+from beatless.stores.redis.store import RedisStore, pushed_commands
 
 HOST, PORT = "127.0.0.1", 6379
 URL = f"redis://{HOST}:{PORT}/0"
@@ -1001,6 +1003,46 @@ def test_claim_and_push_runs_the_commands_of_won_firings_only(
     assert again == [Outcome.LOST]
     assert client.llen(queue) == 1
     store.close()
+
+
+ARGUMENT = st.text(st.characters(codec="utf-8"), max_size=40) | st.sampled_from(
+    ["", "\n", "12\n", "3\n1\nx", "[", "é\n€", "x" * 2_000]
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    payloads=st.lists(st.lists(ARGUMENT, min_size=1, max_size=4), min_size=1, max_size=3),
+    form=st.sampled_from(["list", "pushed", "json"]),
+)
+def test_claim_and_push_runs_each_command_with_its_arguments_byte_for_byte(
+    client: redis.Redis, prefix: str, payloads: list[list[str]], form: str
+) -> None:
+    """Whatever the arguments (newlines, digits, multi-byte characters, empty ones, a
+    leading ``[``), each command runs with exactly them, in order, whether the commands
+    are given as lists, as :func:`pushed_commands` text or as JSON text."""
+    queue = f"{prefix}queue:{uuid.uuid4().hex}"
+    commands = [["RPUSH", queue, *values] for values in payloads]
+    given_as: Any = {
+        "list": commands,
+        "pushed": pushed_commands(commands),
+        "json": json.dumps(commands),
+    }[form]
+    store = RedisStore(URL, prefix=prefix)
+    request = firing(server_now_ms(client))
+    assert store.claim_and_push([request], [given_as], node="a") == [Outcome.WON]
+    assert client.lrange(queue, 0, -1) == [v for values in payloads for v in values]
+    client.delete(queue)
+    store.close()
+
+
+def test_pushed_commands_refuses_a_command_without_a_name_or_with_an_argument_not_text() -> None:
+    with pytest.raises(ValueError, match="at least its name"):
+        pushed_commands([[]])
+    with pytest.raises(TypeError, match="arguments are text, got int"):
+        pushed_commands([["LPUSH", "q", 3]])  # type: ignore[list-item]
 
 
 def test_racing_nodes_push_each_firing_exactly_once(client: redis.Redis, prefix: str) -> None:

@@ -18,7 +18,6 @@ framework's words and its claim is released. Only an unreachable store stops the
 
 from __future__ import annotations
 
-import json
 import logging
 from abc import abstractmethod
 from collections.abc import Sequence
@@ -41,7 +40,7 @@ from beatless.node.dispatch import (
 )
 from beatless.schedule.firing import Firing, claim_request
 from beatless.schedule.outcomes import DecisionOutcome
-from beatless.stores.redis.store import Ready, RedisStore
+from beatless.stores.redis.store import Ready, RedisStore, pushed_commands
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +175,7 @@ class RedisAtomic(Dispatcher, Generic[M]):
         return message
 
     def _ready(self, firing: Firing, message: M, wake: Wake) -> Ready[M]:
-        commands = json.dumps(self.commands(message))
+        commands = pushed_commands(self.commands(message))
         request = claim_request(firing, wake.live_revision)
         return Ready(message, request, commands, wake.history_template(firing))
 

@@ -18,7 +18,6 @@ judged: :mod:`beatless.stores.redis._facts`.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -98,6 +97,7 @@ from beatless.stores.redis._wire import (
     live_notes,
     note_args,
     parse_epoch,
+    pushed_commands,
 )
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SCHEMES", "Ready", "RedisStore", "server_identity"]
+__all__ = ["SCHEMES", "Ready", "RedisStore", "pushed_commands", "server_identity"]
 
 
 class RedisStore(ClaimStore):
@@ -220,7 +220,8 @@ class RedisStore(ClaimStore):
 
         ``commands[i]`` is the list of commands (``["LPUSH", key, payload]``, ...) that
         enqueue the message of ``requests[i]`` exactly as the broker's client would, or
-        that list as JSON text (built ahead of the claim). A
+        that list as text built ahead of the claim: :func:`~beatless.stores.redis._wire.
+        pushed_commands` (what the script splits cheapest), or JSON. A
         firing won this way is committed at once; there is nothing to commit or release.
         A live pending claim of a two-phase node (a fleet mid-rollout) gives ``HELD``.
         A firing refused (``LATE``, ``EARLY``, ``CORRUPT``), held, lost, ``FOREIGN``,
@@ -281,7 +282,7 @@ class RedisStore(ClaimStore):
             args = head + requests_args
             if commands is not None:
                 args += [
-                    c if isinstance(c, str) else json.dumps(c)
+                    c if isinstance(c, str) else pushed_commands(c)
                     for c in commands[start : start + CHUNK]
                 ]
             if notes is not None:

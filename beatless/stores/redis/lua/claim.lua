@@ -49,7 +49,7 @@
 --                   revision the claim carries, kept in the record ('' for none: see
 --                   prelude.lua); one argument rather than
 --                   eight makes a large batch cheaper to send
--- ARGV[12 + n + i]  atomic only: the JSON list of commands that enqueue request i
+-- ARGV[12 + n + i]  atomic only: the commands that enqueue request i (see push below)
 -- ARGV[13 + 2n]     notes only (atomic, and absent without notes, as are the notes'
 --                   keys): note record format version
 -- ARGV[14 + 2n]     notes only: K, the number of kinds of notes
@@ -219,9 +219,29 @@ local function committed(key, r)
     r.revision)
 end
 
--- Runs the commands that enqueue request i.
+-- Runs the commands that enqueue request i: a JSON list of commands (its first byte
+-- '['), or per command its argument count and each argument as its byte length and its
+-- bytes, each number ended by a newline (pushed_commands in _wire.py; no JSON decode).
 local function push(i)
-  for _, command in ipairs(cjson.decode(ARGV[12 + n + i])) do
+  local s = ARGV[12 + n + i]
+  if string.byte(s, 1) == 91 then
+    for _, command in ipairs(cjson.decode(s)) do
+      redis.call(unpack(command))
+    end
+    return
+  end
+  local at, size = 1, #s
+  while at <= size do
+    local nl = string.find(s, '\n', at, true)
+    local command = {}
+    for a = 1, tonumber(string.sub(s, at, nl - 1)) do
+      at = nl + 1
+      nl = string.find(s, '\n', at, true)
+      local stop = nl + tonumber(string.sub(s, at, nl - 1))
+      command[a] = string.sub(s, nl + 1, stop)
+      nl = stop
+    end
+    at = nl + 1
     redis.call(unpack(command))
   end
 end
