@@ -328,8 +328,8 @@ class Reader:
 
     redis: Redis
     queue: str
-    seen: list[tuple[int, int]] = field(default_factory=list)
-    """``(due or release ms, popped ms)`` per message."""
+    popped: list[tuple[list[Any], int]] = field(default_factory=list)
+    """The messages of each pop, as they came, and when they were popped (ms)."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -343,6 +343,13 @@ class Reader:
         if self._thread is not None:
             self._thread.join(5)
 
+    @property
+    def seen(self) -> list[tuple[int, int]]:
+        """``(due or release ms, popped ms)`` per message."""
+        return [
+            (due_ms(json.loads(raw)["headers"]), at) for batch, at in self.popped for raw in batch
+        ]
+
     def _run(self) -> None:
         import redis
 
@@ -355,9 +362,8 @@ class Reader:
             # stamped with one instant, so that a batch pushed at once is not measured
             # as late by the time this reader takes to pop it message by message.
             rest = client.rpop(self.queue, 100_000) or []
-            popped = time.time_ns() // 1_000_000
-            for raw in [item[1], *rest]:
-                self.seen.append((due_ms(json.loads(raw)["headers"]), popped))
+            # Read once the run is over: decoding them here would delay the next pop.
+            self.popped.append(([item[1], *rest], time.time_ns() // 1_000_000))
         client.close()
 
 

@@ -36,6 +36,9 @@ class Recorder:
     def is_late(self, firing: Firing, ahead_ms: int = 0) -> bool:
         return self.now_ms() + ahead_ms - firing.occurrence_ms > firing.entry.max_late_ms
 
+    def until_release(self) -> None:
+        """Nothing to wait for: a dispatch outside the loop is of firings released."""
+
     def was_held(self, firing: Firing) -> bool:
         return firing.id in self.held
 

@@ -68,6 +68,8 @@ class LoopWake:
         report: Report,
         judging: Judging,
         live: LiveView,
+        clock: Callable[[], float],
+        sleep: Callable[[float], None],
     ) -> None:
         self.node = node
         self.now_ms = now_ms
@@ -83,6 +85,11 @@ class LoopWake:
         self._report = report
         self._judging = judging
         self._live = live
+        self._clock = clock
+        self._sleep = sleep
+        self.release_ms: int | None = None
+        """The release a wake begun ahead of it waits for before it sends (``None``: the
+        wake is at or past the release of what it dispatches)."""
 
     @property
     def live_revision(self) -> int | None:
@@ -91,6 +98,14 @@ class LoopWake:
 
     def is_late(self, firing: Firing, ahead_ms: int = 0) -> bool:
         return self.now_ms() + ahead_ms - firing.occurrence_ms > firing.entry.max_late_ms
+
+    def until_release(self) -> None:
+        """Sleep until the node's clock reaches :attr:`release_ms`, if set, and clear it."""
+        release, self.release_ms = self.release_ms, None
+        if release is None:
+            return
+        while (left_ms := release - self._clock() * 1_000) > 0:
+            self._sleep(left_ms / 1_000)
 
     def was_held(self, firing: Firing) -> bool:
         flight = self.flights.get(firing)

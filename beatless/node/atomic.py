@@ -69,6 +69,7 @@ class RedisAtomic(Dispatcher, Generic[M]):
     store: RedisStore
 
     prepares_ahead = True
+    waits_for_release = True
 
     sent_through = "the framework"
     """How the two-phase path sends, in the words of the log (``app.send_task``)."""
@@ -148,6 +149,7 @@ class RedisAtomic(Dispatcher, Generic[M]):
                 atomic.append((firing, self._ready(firing, message, wake)))
         self._push(atomic, wake)
         if fallback:
+            wake.until_release()
             self.two_phase.dispatch(fallback, wake)
 
     def _when_due(self, firing: Firing, wake: Wake) -> M | None:
@@ -194,6 +196,7 @@ class RedisAtomic(Dispatcher, Generic[M]):
             [r.commands for _, r in atomic],
             node=wake.node,
             notes=notes if any(notes) else None,
+            before_send=wake.until_release,  # packed, it waits for the release to be sent
         )
         won = []
         for (firing, ready), outcome in zip(atomic, outcomes, strict=True):

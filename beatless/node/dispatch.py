@@ -140,6 +140,12 @@ class Wake(Protocol):
         the node's clock."""
         ...
 
+    def until_release(self) -> None:
+        """Wait until the release of the firings handed over: a wake the loop began a few
+        milliseconds before it (to have its claims ready then) sends nothing earlier.
+        Returns at once on any other wake, and once waited."""
+        ...
+
     def was_held(self, firing: Firing) -> bool:
         """Whether this node saw the firing held pending by another node before."""
         ...
@@ -199,6 +205,10 @@ class Dispatcher(ABC):
 
     prepares_ahead = False
     """Whether :meth:`prepare` builds anything: the loop calls it only then."""
+
+    waits_for_release = False
+    """Whether :meth:`dispatch` calls :meth:`Wake.until_release` itself, as late as it
+    can (right before its first claim is sent); else the loop waits before calling it."""
 
     @abstractmethod
     def dispatch(self, firings: Sequence[Firing], wake: Wake) -> None:

@@ -11,7 +11,9 @@ at each firing's release asks the claim store to decide. Only a won firing is en
   is handed comes back decided or retried through the node's wake
   (:mod:`beatless.node._wake`), and any error retries what it left.
 * The loop never sleeps past the next release nor longer than one second, and re-reads
-  the wall clock at every wake, so a corrected clock or a suspended VM is noticed.
+  the wall clock at every wake, so a corrected clock or a suspended VM is noticed. It
+  wakes ``READY_AHEAD_MS`` before a release, readies its claims and sends them at the
+  release.
 * While it would sleep, a dispatcher that builds ahead builds what is due within a
   second (:mod:`beatless.node._ahead`).
 * What it decided is counted and told in :mod:`beatless.node._tally`; readers see the
@@ -76,6 +78,14 @@ __all__ = ["DEFAULT_LEASE", "Decision", "Enqueue", "Scheduler", "send_deadline_s
 
 MAX_SLEEP_MS = 1_000
 
+READY_AHEAD_MS = 5
+"""How long before a release the loop wakes to have that release's claims ready: it
+takes the due firings, places them among the nodes and builds their claims as of the
+release, then waits for it (:meth:`LoopWake.until_release
+<beatless.node._wake.LoopWake.until_release>`) and sends. Nothing is sent before the
+release; what a wake does first (about a millisecond for fifteen firings, more on a busy
+machine) is off the firings' lateness."""
+
 
 def default_node_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -133,6 +143,7 @@ class Scheduler:
         framework: str = "standalone",
         preferred: bool = True,
         live: bool = True,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
         self.dispatcher = _dispatcher(store, enqueue, lease, monotonic)
         self.lease_ms: int = getattr(self.dispatcher, "lease_ms", lease_ms_of(lease))
@@ -140,6 +151,9 @@ class Scheduler:
         schedule = schedule.fitted(self.store.remembers)  # a one-off's default max_late
         self.schedule = schedule
         self.clock = clock
+        # Readied ahead on a clock the loop can sleep on: the wall clock, or one given with
+        # its ``sleep`` (a simulated clock without one wakes at each release).
+        self._ready_ahead_ms = READY_AHEAD_MS if sleep is not None or clock is time.time else 0
         self.node = node or default_node_name()
         self.on_decision = on_decision
         check_store(schedule, self.dispatcher, self.lease_ms)
@@ -229,6 +243,8 @@ class Scheduler:
             report=self._report,
             judging=self.judging,
             live=self.live,
+            clock=clock,
+            sleep=sleep or time.sleep,
         )
         """What the dispatcher reports to (:class:`~beatless.node.dispatch.Wake`)."""
 
@@ -243,8 +259,13 @@ class Scheduler:
     # -- one wake -------------------------------------------------------------------
 
     def tick(self) -> list[Decision]:
-        """One wake: claim and enqueue what is due now, then expand what is near."""
+        """One wake: claim and enqueue what is due now, then expand what is near. A wake
+        within ``READY_AHEAD_MS`` of the next release is one of that release: it readies
+        its claims now and sends them at the release."""
         now = self.now_ms()
+        release = self.timeline.next_wake_ms()
+        if release is not None and now < release <= now + self._ready_ahead_ms:
+            now = self.wake.release_ms = release
         self.board.woke(now)
         self.preference.adopt(now)
         self._follow_live(now)
@@ -257,6 +278,7 @@ class Scheduler:
         try:
             self._claim(self._drop_paused(self._prefer(due, now, delegated), now), now, skewed)
         finally:
+            self.wake.until_release()  # the rest of the wake is at or after the release
             # What is not due to the store at this instant comes after its claims.
             for firing in delegated:
                 self.wake.decide(firing, DecisionOutcome.DELEGATED)
@@ -372,6 +394,8 @@ class Scheduler:
         failed to decide is decided as sent, and the failure counted."""
         self.flights.open(firings)
         try:
+            if not self.dispatcher.waits_for_release:
+                self.wake.until_release()
             self.dispatcher.dispatch(firings, self.wake)
         except (StoreFull, StoreRefused) as exc:
             self.flights.unjudged(self.now_ms())  # asked about if still so when late
@@ -506,7 +530,8 @@ class Scheduler:
     def sleep_s(self, cap_s: float = MAX_SLEEP_MS / 1_000) -> float:
         """Seconds until the next wake: never past the next release, never over ``cap_s``
         (and never over a second, so the wall clock is re-read at least that often); for a
-        dispatcher that builds ahead, ``PREPARE_AHEAD_MS`` before the next release."""
+        dispatcher that builds ahead, ``PREPARE_AHEAD_MS`` before the next release, and
+        then ``READY_AHEAD_MS`` before it."""
         cap_ms = min(cap_s * 1_000, MAX_SLEEP_MS)
         if self.dispatcher.settling:  # a commit is owed: try it again soon
             cap_ms = min(cap_ms, RETRY_MS)
@@ -518,6 +543,8 @@ class Scheduler:
         delay = wake - self.clock() * 1_000
         if self.dispatcher.prepares_ahead and delay > PREPARE_AHEAD_MS:
             delay -= PREPARE_AHEAD_MS  # wake in time to build what is due then
+        else:
+            delay -= self._ready_ahead_ms  # and to ready the claims of the release
         return min(max(delay, 0), cap_ms) / 1_000
 
     def start(self) -> threading.Thread:

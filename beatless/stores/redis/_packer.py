@@ -6,12 +6,17 @@ its own ``sendall``. A claim of a wake's firings is one ``EVALSHA`` of several h
 arguments: packed that way it took 2.3 ms and ~30 system calls for 50 firings, on the path
 of every firing's lateness. :class:`Packer` writes the same bytes in one pass and one piece
 (0.1 ms). With ``hiredis`` installed, redis-py's own C packer is kept.
+
+A claim readied ahead of its release is packed then, and held until the release
+(:meth:`Packer.holding`): what is left at the release is the send.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
@@ -21,10 +26,24 @@ class Packer:
     ``PythonRespSerializer`` does, byte for byte, in one piece; ``encode`` turns each
     argument into bytes (the connection's encoder)."""
 
-    __slots__ = ("encode",)
+    __slots__ = ("_held", "encode")
 
     def __init__(self, encode: Callable[[Any], bytes]) -> None:
         self.encode = encode
+        self._held = threading.local()
+
+    @contextmanager
+    def holding(self, commands: int, wait: Callable[[], None]) -> Iterator[None]:
+        """Within the block, on this thread, call ``wait`` once the next ``commands``
+        commands are packed: after the last one's bytes are made, before they are sent
+        (redis-py sends what it packed right after packing it). Other threads sharing
+        the connections pack as usual."""
+        held = self._held
+        held.left, held.wait = commands, wait
+        try:
+            yield
+        finally:
+            held.left, held.wait = 0, None
 
     def pack(self, *args: Any) -> list[bytes]:
         # A command name of several words ("CONFIG GET") is sent as separate arguments,
@@ -40,7 +59,20 @@ class Packer:
             append(b"$%d\r\n" % len(arg))
             append(arg)
             append(b"\r\n")
-        return [b"".join(parts)]
+        packed = [b"".join(parts)]
+        held = self._held
+        left = getattr(held, "left", 0)
+        if left:
+            held.left = left - 1
+            if left == 1:
+                held.wait()
+        return packed
+
+
+def packer_of(client: Any) -> Packer | None:
+    """The :class:`Packer` of ``client``'s connections, if :func:`use_packer` set one."""
+    packer = client.connection_pool.connection_kwargs.get("command_packer")
+    return packer if isinstance(packer, Packer) else None
 
 
 def use_packer(driver: ModuleType, client: Any) -> None:

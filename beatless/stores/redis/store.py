@@ -20,8 +20,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from beatless.core._logtext import WarnEvery, shown
@@ -76,6 +76,7 @@ from beatless.stores.redis._facts import (
     with_wait,
 )
 from beatless.stores.redis._logs import Logs, logged_notes
+from beatless.stores.redis._packer import packer_of
 from beatless.stores.redis._wire import (
     CHUNK,
     CLAIM,
@@ -178,6 +179,7 @@ class RedisStore(ClaimStore):
         self._full_warned = WarnEvery()
         self._release = self._client.register_script(RELEASE)
         self._post = self._client.register_script(POST)
+        self._packer = packer_of(self._client)
         logger.debug(
             "redis store %s opened with prefix %s",
             shown(self._where, quoted=False),
@@ -214,6 +216,7 @@ class RedisStore(ClaimStore):
         *,
         node: str,
         notes: Sequence[Note | NoteItem | None] | None = None,
+        before_send: Callable[[], None] | None = None,
     ) -> list[Outcome]:
         """Claim each firing and, for each one won, run its Redis commands in the same
         script: the building block of claim-and-enqueue on a broker's own Redis.
@@ -244,12 +247,18 @@ class RedisStore(ClaimStore):
         time; split so that each note stays within ``NOTE_VALUE_LIMIT``). A ``None``
         note, or the note of a firing with any other outcome, writes nothing. Without
         ``notes`` the script gets no key or argument for them.
+
+        ``before_send``, when given, is called once the call is packed, right before it is
+        sent (with redis-py packing in Python on a store made from a URL; else before the
+        call): a node that readied its claims ahead of their release waits there.
         """
         if len(commands) != len(requests):
             raise ValueError("claim_and_push: one list of commands per request")
         if notes is not None and len(notes) != len(requests):
             raise ValueError("claim_and_push: one note (or None) per request")
-        return self._claim_batch(requests, node, 1, commands, notes, hold_off=self.holds_off)
+        return self._claim_batch(
+            requests, node, 1, commands, notes, hold_off=self.holds_off, before_send=before_send
+        )
 
     def _claim_batch(
         self,
@@ -260,6 +269,7 @@ class RedisStore(ClaimStore):
         notes: Sequence[Note | NoteItem | None] | None,
         *,
         hold_off: bool,
+        before_send: Callable[[], None] | None = None,
     ) -> list[Outcome]:
         self.refuse_claims()
         id_from = len(self._claim_key("")) + 1
@@ -298,7 +308,7 @@ class RedisStore(ClaimStore):
             if commands is not None
             else min(self.wait_timeout_ms, max(1, lease_ms // 4))
         )
-        with self._errors("claim"):
+        with self._errors("claim"), self._holding(len(calls) + (self.wait > 0), before_send):
             replies = self._execute(self._claim, calls, "claim", timeout_ms)
         self._logs.made(extends)
         for reply in replies:
@@ -584,6 +594,19 @@ class RedisStore(ClaimStore):
                 + "; check the replicas' lag (INFO replication) or raise wait_timeout"
             )
         return replies
+
+    def _holding(
+        self, commands: int, before_send: Callable[[], None] | None
+    ) -> AbstractContextManager[None]:
+        """Call ``before_send`` once the next ``commands`` commands of this thread are
+        packed (:meth:`Packer.holding <beatless.stores.redis._packer.Packer.holding>`), or
+        now when the client packs otherwise."""
+        if before_send is None:
+            return nullcontext()
+        if self._packer is not None:
+            return self._packer.holding(commands, before_send)
+        before_send()
+        return nullcontext()
 
     def _run(self, script: Script, calls: list[tuple[list[str], list[str | int]]]) -> list[Any]:
         """Run ``script`` once per call: one EVALSHA, or several pipelined in one round trip.
