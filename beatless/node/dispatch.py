@@ -23,7 +23,6 @@ history note, the counters) may fail, and is counted, but never sends it again.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -38,6 +37,7 @@ from beatless.schedule.outcomes import DecisionOutcome
 from beatless.stores.base import ClaimStore, Note, NoteItem, Outcome
 
 from ._recorder import Recorder
+from ._send_rate import SendRate
 
 logger = logging.getLogger(__name__)
 
@@ -47,13 +47,6 @@ DEFAULT_LEASE = timedelta(seconds=30)
 SEND_DEADLINE_SHARE = 0.4
 """A two-phase send must finish within this share of the lease: a send starts only while
 the claim is younger than half the lease, so it ends before the lease does."""
-
-SUB_BATCH_SHARE = 1 / 3
-"""A sub-batch is sized so that its sends take at most this share of the lease."""
-
-MAX_SUB_BATCH = 1_000
-FIRST_SUB_BATCH = 100
-"""Until the send rate is measured, sub-batches hold at most this many firings."""
 
 COMMIT_EVERY_S = 0.05
 """Sent firings are committed at the latest this long after the first of them began:
@@ -242,34 +235,6 @@ def decide_claimed(wake: Wake, firing: Firing, outcome: Outcome, *, recorded: bo
         wake.retry(firing, _of_claim(outcome))
         return
     wake.decide(firing, _of_claim(outcome), recorded=recorded)
-
-
-class SendRate:
-    """The measured time of one send, and the sub-batch size it allows."""
-
-    def __init__(self) -> None:
-        self.mean_s: float | None = None
-        self.samples = 0
-
-    def observe(self, seconds: float) -> None:
-        self.samples += 1
-        if self.mean_s is None:
-            self.mean_s = seconds
-        else:  # a moving mean that follows a broker getting slower within a few sends
-            self.mean_s += (seconds - self.mean_s) * 0.2
-
-    def expected_ms(self) -> int:
-        """How long the next send is expected to take."""
-        return 0 if self.mean_s is None else math.ceil(self.mean_s * 1_000)
-
-    def sub_batch(self, lease_ms: int) -> int:
-        """How many firings to claim at once so that their sends take a third of the lease."""
-        measured = self.mean_s is not None and self.samples >= 10
-        cap = MAX_SUB_BATCH if measured else FIRST_SUB_BATCH
-        if not self.mean_s:
-            return cap
-        fits = math.floor(lease_ms * SUB_BATCH_SHARE / 1_000 / self.mean_s)
-        return max(1, min(cap, fits))
 
 
 class TwoPhase(Dispatcher):
