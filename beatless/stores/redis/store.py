@@ -223,8 +223,8 @@ class RedisStore(ClaimStore):
 
         ``commands[i]`` is the list of commands (``["LPUSH", key, payload]``, ...) that
         enqueue the message of ``requests[i]`` exactly as the broker's client would, or
-        that list as text built ahead of the claim: :func:`~beatless.stores.redis._wire.
-        pushed_commands` (what the script splits cheapest), or JSON. A
+        that list as text built ahead of the claim: :func:`pushed_commands` (what the
+        script splits cheapest), or JSON. A
         firing won this way is committed at once; there is nothing to commit or release.
         A live pending claim of a two-phase node (a fleet mid-rollout) gives ``HELD``.
         A firing refused (``LATE``, ``EARLY``, ``CORRUPT``), held, lost, ``FOREIGN``,
