@@ -15,6 +15,7 @@ nothing of the loop.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
@@ -107,6 +108,7 @@ class Board(HistoryWriter):
         self._loop_alive = loop_alive or (lambda: True)
         self._registry_ms: int | None = None
         self._swept_ms: int | None = None
+        self._sweep_phase = int.from_bytes(hashlib.sha256(loop.node.encode()).digest()[:8])
         self._entries_ms: int | None = None
         self._warned = WarnEvery()
         self.skipped = SkippedNotes()
@@ -225,7 +227,7 @@ class Board(HistoryWriter):
                 self.store.post(notes)
                 self.members.posted(now)
             self._read(now, registry_due)
-            if self._swept_ms is None or now - self._swept_ms >= self.sweep_every_ms():
+            if self.sweep_due(now):
                 self._swept_ms = now
                 self._sweep_missed(now)
         except StoreError as exc:
@@ -404,6 +406,19 @@ class Board(HistoryWriter):
                 iso(min(occurrences)),
                 iso(max(occurrences)),
             )
+
+    def sweep_due(self, now: int) -> bool:
+        """Whether this node sweeps for missed firings now: at its first sync, then once
+        in each period of :meth:`sweep_every_ms` as placed on the clock by a phase
+        derived from the node's name, so that the fleet's sweeps are spread over the
+        period rather than falling together (a fleet started at once would otherwise
+        sweep at once, every period). Never more than a period after the last sweep."""
+        swept = self._swept_ms
+        if swept is None:
+            return True
+        every = self.sweep_every_ms()
+        phase = self._sweep_phase % every
+        return (now + phase) // every != (swept + phase) // every
 
     def sweep_every_ms(self) -> int:
         """How often this node sweeps for missed firings: every ``MISSED_SWEEP_EVERY_MS``
