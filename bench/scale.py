@@ -4,6 +4,7 @@ preferred claimer, side by side in one run; then a burst of firings due at one i
     python bench/scale.py                      # 3, 10 and 50 nodes, both ways, and the burst
     python bench/scale.py --nodes 3 10 --minutes 2 --no-burst --json
     python bench/scale.py --traffic 10 100 1000 --seconds 30   # each node's store traffic
+    python bench/scale.py --traffic 10 100 1000 --churn 5     # ... as nodes join and leave
 
 **Fleet** (in one process, so that 50 nodes fit on a laptop): N schedulers share one
 memory store and one fake clock, stepped every ``--step-ms``; each wakes as
@@ -153,9 +154,9 @@ class SimFleet:
 
     def __post_init__(self) -> None:
         self.store = CountingStore(clock=self.clock)
-        self.nodes = [self._node(f"n{i}") for i in range(self.count)]
+        self.nodes = [self.node(f"n{i}") for i in range(self.count)]
 
-    def _node(self, name: str) -> SimNode:
+    def node(self, name: str) -> SimNode:
         def enqueue(firing: Any) -> None:
             self.releases[firing.id] = firing.release_ms
 
@@ -256,11 +257,19 @@ def fleet_figures(
 
 
 def traffic_figures(
-    schedule: Schedule, count: int, seconds: float, step_ms: int = 250
+    schedule: Schedule,
+    count: int,
+    seconds: float,
+    step_ms: int = 250,
+    churn_s: float | None = None,
 ) -> dict[str, Any]:
     """Each node's store traffic in a simulated fleet of ``count`` (preferred claimer on):
     round trips and bytes each way, per node per second and per firing, after a warm-up
-    in which every node has joined and read the members."""
+    in which every node has joined and read the members.
+
+    ``churn_s``: every that many seconds of the window one node leaves (it stops: its
+    notes run out) and a new one joins; the figures are then those of the nodes that
+    stayed throughout, what a join and a leave cost the rest of the fleet."""
     fleet = SimFleet(schedule, count, True, step_ms=step_ms)
     fleet.run_until(START_MS + WARM_UP_MS)
     fleet.store.reset()
@@ -268,10 +277,20 @@ def traffic_figures(
         node.outcomes.clear()
     measured_from = fleet.clock.ms
     end = measured_from + int(seconds * 1_000)
+    changes = 0
+    if churn_s:
+        every_ms = int(churn_s * 1_000)
+        while fleet.clock.ms + every_ms <= end and changes < count:
+            fleet.run_until(fleet.clock.ms + every_ms)
+            fleet.nodes[changes].frozen = True
+            fleet.nodes.append(fleet.node(f"joined{changes}"))
+            changes += 1
     fleet.run_until(end)
     elapsed = (fleet.clock.ms - measured_from) / 1_000
     firings = sum(n.outcomes["won"] + n.outcomes["takeover"] for n in fleet.nodes)
-    traffic = [n.traffic for n in fleet.nodes]
+    stayed = fleet.nodes[changes:count]
+    traffic = [n.traffic for n in stayed]
+    count = len(stayed)
     trips = [t.round_trips / elapsed for t in traffic]
     read = [t.received / elapsed for t in traffic]
     sent = [t.sent / elapsed for t in traffic]
@@ -293,7 +312,8 @@ def traffic_figures(
             k: round(v / count / elapsed)
             for k, v in sorted(sum((t.bytes for t in traffic), Counter()).items())
         },
-        "views": sorted({len(n.scheduler.preference.view.nodes) for n in fleet.nodes}),
+        "views": sorted({len(n.scheduler.preference.view.nodes) for n in stayed}),
+        "joins_and_leaves": changes,
     }
 
 
@@ -301,6 +321,12 @@ def traffic_report(rows: list[dict[str, Any]], p: dict[str, Any]) -> None:
     print(
         f"traffic per node: {p['entries']} entries every {p['every_s']}s, jitter "
         f"{p['jitter_s']}s ({p['firings_per_s']} firings/s fleet-wide), preferred claimer"
+        + (
+            f"; one node leaves and one joins every {p['churn_s']}s (figures: the nodes "
+            "that stayed)"
+            if p.get("churn_s")
+            else ""
+        )
     )
     print(
         f"{'nodes':>5} {'firings':>7} {'rt/node/s':>9} {'(max)':>6} {'B in/node/s':>11} "
@@ -481,7 +507,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     schedule = steady_schedule(args.entries, args.every, args.jitter)
     if args.traffic:
         rows = [
-            traffic_figures(schedule, count, args.seconds, args.step_ms) for count in args.traffic
+            traffic_figures(schedule, count, args.seconds, args.step_ms, args.churn)
+            for count in args.traffic
         ]
         return {"parameters": _parameters(args), "traffic": rows, "ok": True}
     fleet = [
@@ -512,6 +539,7 @@ def _parameters(args: argparse.Namespace) -> dict[str, Any]:
         "jitter_s": args.jitter,
         "minutes": args.minutes,
         "firings_per_s": round(args.entries / args.every, 2),
+        "churn_s": args.churn,
     }
 
 
@@ -568,6 +596,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="only each node's store traffic, at these fleet sizes (e.g. 10 100 1000)",
     )
     parser.add_argument("--seconds", type=float, default=30, help="simulated seconds measured")
+    parser.add_argument(
+        "--churn",
+        type=float,
+        metavar="SECONDS",
+        help="with --traffic: one node leaves and one joins every SECONDS of the window; "
+        "the figures are those of the nodes that stayed",
+    )
     parser.add_argument("--step-ms", type=int, default=250, help="simulated clock step")
     parser.add_argument("--burst", type=int, default=10_000, help="firings due at one instant")
     parser.add_argument("--burst-nodes", type=int, nargs="+", default=[3, 10])

@@ -15,6 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -25,8 +26,10 @@ from service_check import require_service
 
 from beatless import Entry, Every, Schedule
 from beatless.fleet._members import LAYOUT_CHECK_EVERY_MS
-from beatless.fleet._notes import NodeRecord, history_kind, nodes_kind
+from beatless.fleet._notes import HistoryItem, NodeRecord, history_kind, nodes_kind
 from beatless.node.scheduler import Scheduler
+from beatless.schedule.firing import Decision, Firing
+from beatless.schedule.outcomes import DecisionOutcome
 from beatless.stores.base import Note
 from beatless.stores.redis.store import RedisStore
 
@@ -111,6 +114,39 @@ def test_history_is_written_in_place_beside_an_earlier_node_and_logged_once_it_l
     told = [r.getMessage() for r in caplog.records if "history written" in r.getMessage()]
     assert any("node old (beatless 0.9.0) does not read logs" in m for m in told), told
     assert any("every live node reads logs" in m for m in told), told
+
+
+def test_the_first_history_kept_in_place_is_not_read_beside_a_log_trimmed_past_it(
+    store: RedisStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fleet posts its first history in place (before its nodes know that all of them
+    read logs), then logs it. Once the log holds more than the history's keep (3 here, 50
+    in use), the address reads as its last 3 firings, not the first two beside them with
+    a hole between: the missed sweep (of the occurrences past max_late, 60 s, and the
+    tolerance) counts no firing missed, as every one was sent."""
+    plan = Schedule([Entry(name="tick", task="t.tick", trigger=Every(1))], namespace=NS)
+    node = Scheduler(plan, store=store, node="new", enqueue=lambda f: None)
+    entry = plan.entry("tick")
+    address = plan.address(entry)
+    now = node.now_ms() // 1_000 * 1_000
+
+    def sent(seconds_ago: int, *, logged: bool) -> Note:
+        firing = Firing.of(entry, None, address, now - seconds_ago * 1_000)
+        item = HistoryItem.of(Decision(firing, DecisionOutcome.WON, "new", 5))
+        return replace(node.board.history_note(address, item), keep=3, logged=logged)
+
+    store.post([sent(s, logged=False) for s in (150, 149)])
+    store.post([sent(s, logged=True) for s in range(148, 0, -1)])
+    with caplog.at_level(logging.WARNING, logger="beatless.fleet"):
+        node.board.sync()  # its first sync sweeps for missed firings
+
+    assert node.stats["tick"].missed == 0
+    assert not [r.getMessage() for r in caplog.records if "missed" in r.getMessage()]
+    kind = history_kind(address)
+    occurrences = sorted(
+        json.loads(v)["occurrence_ms"] for v in store.read_logs([kind])[kind].values()
+    )
+    assert occurrences == [now - s * 1_000 for s in (3, 2, 1)]
 
 
 def test_a_malformed_logged_note_is_counted_and_warned_once_like_one_kept_in_place(

@@ -136,6 +136,17 @@ def test_the_traffic_figures_of_the_bench_are_counted_per_node() -> None:
     assert row["views"] == [5]
 
 
+def test_the_traffic_figures_with_churn_are_those_of_the_nodes_that_stayed() -> None:
+    """One node leaves and one joins every 3 s of a 10-s window: three changes; the figures
+    are of the five nodes that never left, and a join makes them read the members again
+    (more bytes than in the same window without churn)."""
+    quiet = traffic_figures(steady_schedule(10, 2, 0), 8, 10, step_ms=500)
+    row = traffic_figures(steady_schedule(10, 2, 0), 8, 10, step_ms=500, churn_s=3)
+    assert row["joins_and_leaves"] == 3
+    assert row["nodes"] == 5
+    assert row["bytes_in_per_node_s"] > quiet["bytes_in_per_node_s"]
+
+
 def test_the_traffic_store_counts_each_views_calls_and_bytes_apart() -> None:
     store = TrafficStore(clock=lambda: 1_800_000_000.0)
     a, b = store.view(), store.view()
@@ -171,7 +182,7 @@ def test_the_members_are_read_again_only_when_their_version_changes() -> None:
     run(fleet, 30)
     assert set(reads.values()) == {0}, reads  # 30 s, every record refreshed 6 times
 
-    fleet.nodes.append(fleet._node("n10"))  # a node joins: read once more each
+    fleet.nodes.append(fleet.node("n10"))  # a node joins: read once more each
     run(fleet, 5)
     assert all(1 <= n <= 2 for name, n in reads.items()), reads
     assert views(fleet) == {names(11)}

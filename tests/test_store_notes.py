@@ -249,6 +249,21 @@ def test_read_logs_reads_notes_posted_in_place_and_logged_alike(
     assert new.read_logs([]) == {}
 
 
+def test_notes_posted_in_place_before_a_log_are_bounded_with_it(
+    store_factory: StoreFactory,
+) -> None:
+    """A fleet's first history is posted in place, the rest logged: once more than
+    ``keep`` notes were logged, the kind reads as its last ``keep`` over both, never the
+    first notes beside the latest with a hole between (a reader would take the hole for
+    firings nobody sent)."""
+    store = store_factory()
+    history = kind("history")
+    store.post([Note(history, f"f{i}", str(i), LONG_MS + i, keep=3) for i in range(2)])
+    store.post([logged(history, f"f{i}", str(i), LONG_MS + i) for i in range(2, 8)])
+
+    assert store.read_logs([history]) == {history: {"f5": "5", "f6": "6", "f7": "7"}}
+
+
 def test_a_commit_posts_its_logged_notes(store_factory: StoreFactory) -> None:
     from test_store_contract import WON, claim_one, firing
 

@@ -29,7 +29,7 @@ instead of ``NOMKSTREAM``). A read of one kind is one ``XRANGE`` of the whole lo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +92,25 @@ def logged_notes(entries: Iterable[tuple[Any, dict[Any, Any]]], now_ms: int) -> 
     """The notes of one log (``XRANGE``'s entries, oldest first) live at ``now_ms``,
     ``{key: value}``: each key's last note, at most ``keep`` of them (the last note's),
     those that expire last. An entry in another form is not read."""
+    return kind_notes({}, entries, now_ms)
+
+
+def kind_notes(
+    in_place: Mapping[str, tuple[int, str]],
+    entries: Iterable[tuple[Any, dict[Any, Any]]],
+    now_ms: int,
+) -> dict[str, str]:
+    """The notes of a kind read from its hash and its log together, ``{key: value}``:
+    ``in_place`` the hash's live notes (``{key: (expires_ms, value)}``), ``entries`` the
+    log's (``XRANGE``'s, oldest first). Each key's last note (the log's, for a key in
+    both), live at ``now_ms``; when the log has notes, at most its ``keep`` over both,
+    those that expire last (the contract's bound on the kind).
+
+    Bounded over both, not each apart: a fleet posts its first history in place (before
+    its nodes know that all of them read logs), and once the log is trimmed past those
+    notes they would otherwise stay beside its latest for a day, with a hole between
+    that a reader of the history (the missed sweep, ``status``) takes for firings nobody
+    sent."""
     last: dict[str, tuple[int, str]] = {}
     keep = 0
     for _id, fields in entries:
@@ -108,7 +127,8 @@ def logged_notes(entries: Iterable[tuple[Any, dict[Any, Any]]], now_ms: int) -> 
             last.pop(key, None)  # a key posted again counts from its last post
             last[key] = (int(expires), value)
             keep = int(bound)
-    live = [(key, expires, value) for key, (expires, value) in last.items() if expires >= now_ms]
+    notes = {key: note for key, note in in_place.items() if key not in last} | last
+    live = [(key, expires, value) for key, (expires, value) in notes.items() if expires >= now_ms]
     if keep and len(live) > keep:
         live = sorted(live, key=lambda note: note[1])[-keep:]
     return {key: value for key, _, value in live}

@@ -89,6 +89,7 @@ from beatless.stores.base import (
     Note,
     NoteItem,
 )
+from beatless.stores.redis import _logs
 from beatless.stores.redis._logs import Logs
 
 logger = logging.getLogger("beatless.stores.redis.store")
@@ -263,14 +264,28 @@ def as_text(value: Any) -> str:
 
 def live_notes(fields: dict[Any, Any], now_ms: int) -> dict[str, str]:
     """The notes of one kind's hash that are live at ``now_ms``, ``{key: value}``."""
+    return {key: value for key, (_, value) in live_records(fields, now_ms).items()}
+
+
+def live_records(fields: dict[Any, Any], now_ms: int) -> dict[str, tuple[int, str]]:
+    """The notes of one kind's hash that are live at ``now_ms``, with when each
+    expires: ``{key: (expires_ms, value)}``."""
     live = {}
     for key, record in fields.items():
         version, _, rest = as_text(record).partition("|")
         expires_ms, bar, value = rest.partition("|")
         readable = version == f"v={NOTE_VERSION}" and bar and expires_ms.isdigit()
         if readable and int(expires_ms) >= now_ms:
-            live[as_text(key)] = value
+            live[as_text(key)] = (int(expires_ms), value)
     return live
+
+
+def kind_notes(
+    fields: dict[Any, Any], entries: Sequence[tuple[Any, dict[Any, Any]]], now_ms: int
+) -> dict[str, str]:
+    """The notes of a kind read from its hash (``HGETALL``'s fields) and its log
+    (``XRANGE``'s entries), bounded over both (:func:`~beatless.stores.redis._logs.kind_notes`)."""
+    return _logs.kind_notes(live_records(fields, now_ms), entries, now_ms)
 
 
 def claim_record(record: Any) -> ClaimRecord | None:

@@ -149,7 +149,7 @@ from beatless.stores.redis._facts import (
     read_policy,
     read_settings,
 )
-from beatless.stores.redis._logs import Logs, logged_notes
+from beatless.stores.redis._logs import Logs
 from beatless.stores.redis._wire import (
     EXPIRY_SLACK_MS,
     FORMAT_VERSION,
@@ -159,6 +159,7 @@ from beatless.stores.redis._wire import (
     claim_arg,
     claim_record,
     commit_without_room,
+    kind_notes,
     live_notes,
     note_args,
 )
@@ -389,7 +390,8 @@ class RedisClusterStore(BucketEpochs, ClaimStore):
 
     def read_logs(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
         """One script per kind (``read_log.lua``: its hash and its log, in its slot), in
-        one pipeline; a key in both reads the log's note."""
+        one pipeline; a key in both reads the log's note, and the kind is bounded over both
+        (:func:`~beatless.stores.redis._logs.kind_notes`)."""
         asked = list(dict.fromkeys(kinds))
         calls: list[Call] = [
             ([self._notes_keys(kind)[0], self._log_key(kind)], []) for kind in asked
@@ -403,7 +405,7 @@ class RedisClusterStore(BucketEpochs, ClaimStore):
             now_ms = int(seconds) * 1_000 + int(micros) // 1_000
             fields = dict(zip(flat[::2], flat[1::2], strict=True))
             log = [(id_, dict(zip(pairs[::2], pairs[1::2], strict=True))) for id_, pairs in entries]
-            found[kind] = live_notes(fields, now_ms) | logged_notes(log, now_ms)
+            found[kind] = kind_notes(fields, log, now_ms)
         return found
 
     keeps_notes = True

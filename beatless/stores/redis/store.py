@@ -75,7 +75,7 @@ from beatless.stores.redis._facts import (
     told_full,
     with_wait,
 )
-from beatless.stores.redis._logs import Logs, logged_notes
+from beatless.stores.redis._logs import Logs
 from beatless.stores.redis._packer import packer_of
 from beatless.stores.redis._wire import (
     CHUNK,
@@ -95,6 +95,7 @@ from beatless.stores.redis._wire import (
     claim_record,
     commit_without_room,
     epoch_cause,
+    kind_notes,
     live_notes,
     note_args,
     parse_epoch,
@@ -419,7 +420,8 @@ class RedisStore(ClaimStore):
     def read_logs(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
         """One pipeline: ``TIME``, then per kind the ``HGETALL`` of its hash and the
         ``XRANGE`` of its log (:mod:`beatless.stores.redis._logs`); a key in both reads
-        the log's note."""
+        the log's note, and the kind is bounded over both
+        (:func:`~beatless.stores.redis._logs.kind_notes`)."""
         return self._read(kinds, logs=True)
 
     def _read(self, kinds: Sequence[str], *, logs: bool) -> dict[str, dict[str, str]]:
@@ -438,7 +440,7 @@ class RedisStore(ClaimStore):
         if not logs:
             return {kind: live_notes(f, now_ms) for kind, f in zip(asked, replies, strict=True)}
         return {
-            kind: live_notes(fields, now_ms) | logged_notes(entries, now_ms)
+            kind: kind_notes(fields, entries, now_ms)
             for kind, fields, entries in zip(asked, replies[::2], replies[1::2], strict=True)
         }
 
