@@ -265,8 +265,13 @@ def start_beats(kind: str, n: int, env: dict[str, str], workdir: Path) -> list[B
     return beats
 
 
-def environment(redis: Redis, kind: str, mode: str, entries: int, burst_at_ms: int = 0) -> dict:
-    queue = f"{kind}-{mode}"
+def environment(
+    redis: Redis, kind: str, mode: str, entries: int, burst_at_ms: int = 0, *, nodes: int = 1
+) -> dict:
+    # A queue and a namespace per run: a run of ten beats after one of three would
+    # otherwise find the occurrences between the two missed (nobody ran then), and claim
+    # their markers inside its window.
+    queue = f"{kind}-{mode}-{nodes}"
     return {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -384,7 +389,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def steady(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdir: Path) -> dict:
-    env = environment(redis, kind, "steady", args.entries)
+    env = environment(redis, kind, "steady", args.entries, nodes=nodes)
     reader = Reader(redis, env["BENCH_QUEUE"]).start()
     beats = start_beats(kind, nodes, env, workdir)
     try:
@@ -447,7 +452,7 @@ def steady(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdi
 def burst(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdir: Path) -> dict:
     """``args.burst`` entries due at one instant ``args.lead`` seconds after the start."""
     at_ms = (int(time.time()) + args.lead) * 1_000
-    env = environment(redis, kind, "burst", args.burst, at_ms)
+    env = environment(redis, kind, "burst", args.burst, at_ms, nodes=nodes)
     queue = env["BENCH_QUEUE"]
     beats = start_beats(kind, nodes, env, workdir)
     count, last = 0, None
