@@ -15,7 +15,6 @@ nothing of the loop.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import socket
@@ -56,6 +55,7 @@ from beatless.fleet._notes import (
 from beatless.fleet._schema import family
 from beatless.node._history import HistoryWriter
 from beatless.node._membership import Membership
+from beatless.node._prefer import salt
 from beatless.node._reseed import reseeded_kind
 from beatless.node._view import LoopView
 from beatless.node.stats import SkippedNotes, total_counts
@@ -108,7 +108,7 @@ class Board(HistoryWriter):
         self._loop_alive = loop_alive or (lambda: True)
         self._registry_ms: int | None = None
         self._swept_ms: int | None = None
-        self._sweep_phase = int.from_bytes(hashlib.sha256(loop.node.encode()).digest()[:8])
+        self._sweep_phase = salt(loop.node)
         self._entries_ms: int | None = None
         self._warned = WarnEvery()
         self.skipped = SkippedNotes()

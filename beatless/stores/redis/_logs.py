@@ -88,13 +88,6 @@ class Logs:
         self._until.clear()
 
 
-def logged_notes(entries: Iterable[tuple[Any, dict[Any, Any]]], now_ms: int) -> dict[str, str]:
-    """The notes of one log (``XRANGE``'s entries, oldest first) live at ``now_ms``,
-    ``{key: value}``: each key's last note, at most ``keep`` of them (the last note's),
-    those that expire last. An entry in another form is not read."""
-    return kind_notes({}, entries, now_ms)
-
-
 def kind_notes(
     in_place: Mapping[str, tuple[int, str]],
     entries: Iterable[tuple[Any, dict[Any, Any]]],
@@ -104,7 +97,8 @@ def kind_notes(
     ``in_place`` the hash's live notes (``{key: (expires_ms, value)}``), ``entries`` the
     log's (``XRANGE``'s, oldest first). Each key's last note (the log's, for a key in
     both), live at ``now_ms``; when the log has notes, at most its ``keep`` over both,
-    those that expire last (the contract's bound on the kind).
+    those that expire last (the contract's bound on the kind). A log entry in another
+    form is not read.
 
     Bounded over both, not each apart: a fleet posts its first history in place (before
     its nodes know that all of them read logs), and once the log is trimmed past those

@@ -89,7 +89,6 @@ from beatless.stores.base import (
     Note,
     NoteItem,
 )
-from beatless.stores.redis import _logs
 from beatless.stores.redis._logs import Logs
 
 logger = logging.getLogger("beatless.stores.redis.store")
@@ -278,14 +277,6 @@ def live_records(fields: dict[Any, Any], now_ms: int) -> dict[str, tuple[int, st
         if readable and int(expires_ms) >= now_ms:
             live[as_text(key)] = (int(expires_ms), value)
     return live
-
-
-def kind_notes(
-    fields: dict[Any, Any], entries: Sequence[tuple[Any, dict[Any, Any]]], now_ms: int
-) -> dict[str, str]:
-    """The notes of a kind read from its hash (``HGETALL``'s fields) and its log
-    (``XRANGE``'s entries), bounded over both (:func:`~beatless.stores.redis._logs.kind_notes`)."""
-    return _logs.kind_notes(live_records(fields, now_ms), entries, now_ms)
 
 
 def claim_record(record: Any) -> ClaimRecord | None:

@@ -149,7 +149,7 @@ from beatless.stores.redis._facts import (
     read_policy,
     read_settings,
 )
-from beatless.stores.redis._logs import Logs
+from beatless.stores.redis._logs import Logs, kind_notes
 from beatless.stores.redis._wire import (
     EXPIRY_SLACK_MS,
     FORMAT_VERSION,
@@ -159,8 +159,8 @@ from beatless.stores.redis._wire import (
     claim_arg,
     claim_record,
     commit_without_room,
-    kind_notes,
     live_notes,
+    live_records,
     note_args,
 )
 
@@ -405,7 +405,7 @@ class RedisClusterStore(BucketEpochs, ClaimStore):
             now_ms = int(seconds) * 1_000 + int(micros) // 1_000
             fields = dict(zip(flat[::2], flat[1::2], strict=True))
             log = [(id_, dict(zip(pairs[::2], pairs[1::2], strict=True))) for id_, pairs in entries]
-            found[kind] = kind_notes(fields, log, now_ms)
+            found[kind] = kind_notes(live_records(fields, now_ms), log, now_ms)
         return found
 
     keeps_notes = True

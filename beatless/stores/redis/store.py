@@ -75,7 +75,7 @@ from beatless.stores.redis._facts import (
     told_full,
     with_wait,
 )
-from beatless.stores.redis._logs import Logs
+from beatless.stores.redis._logs import Logs, kind_notes
 from beatless.stores.redis._packer import packer_of
 from beatless.stores.redis._wire import (
     CHUNK,
@@ -95,8 +95,8 @@ from beatless.stores.redis._wire import (
     claim_record,
     commit_without_room,
     epoch_cause,
-    kind_notes,
     live_notes,
+    live_records,
     note_args,
     parse_epoch,
     pushed_commands,
@@ -440,7 +440,7 @@ class RedisStore(ClaimStore):
         if not logs:
             return {kind: live_notes(f, now_ms) for kind, f in zip(asked, replies, strict=True)}
         return {
-            kind: kind_notes(fields, entries, now_ms)
+            kind: kind_notes(live_records(fields, now_ms), entries, now_ms)
             for kind, fields, entries in zip(asked, replies[::2], replies[1::2], strict=True)
         }
 
