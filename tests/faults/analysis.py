@@ -9,7 +9,8 @@ never outside ``[release - 10 s, occurrence + max_late]``.
   the nodes derive), and any the test adds (live entries: each occurrence of the
   revision in force at it);
 * **duplicates**: firings sent more than once (every send counts, in or out of the
-  window);
+  window); **in flight at a fault** (:func:`in_flight_at_fault`) if the first copy's
+  send was under way when a fault struck the node that made it (the two-phase window);
 * **misses**: expected firings that no node sent; **excused** if a fault covered the
   firing from its release until it became late, **unreported** if no node made a final
   decision not to send it (late, early, forgotten, ...: ``fault_node.REPORTED_OUTCOMES``)
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -81,11 +82,19 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """An interval of real time (seconds) during which a fault was on, and its name."""
+    """An interval of real time (seconds) during which a fault was on, its name, and the
+    nodes it struck."""
 
     name: str
     start: float
     end: float
+    nodes: tuple[str, ...] = ()
+    """The nodes it struck (frozen, killed, their link cut), whatever it was aimed at (a
+    node frozen in a poll is frozen whole); empty: every node (the store or the broker)."""
+
+    def struck(self, node: str) -> bool:
+        """Whether the fault struck ``node``."""
+        return not self.nodes or node in self.nodes
 
     def excuses(self, firing: Firing) -> bool:
         """The fault held from the firing's release until the firing was late."""
@@ -155,8 +164,9 @@ class Report:
     sends: int
     duplicates: int
     in_flight_duplicates: int
-    """Duplicates whose first copy was in flight (handed to the broker, not finished) when
-    a fault began: the residual window the docs name (a send whose outcome is unknown)."""
+    """Duplicates whose first copy was in flight (checked, its commit not returned) when a
+    fault struck the node sending it: the residual window the docs name (a send whose
+    outcome is unknown); :attr:`in_flight` names them."""
     misses: int
     excused_misses: int
     unreported_misses: int | None
@@ -170,6 +180,9 @@ class Report:
     outcomes: dict[str, int]
     counters: dict[str, int]
     examples: dict[str, list[str]] = field(default_factory=dict)
+    in_flight: dict[str, str] = field(default_factory=dict)
+    """The duplicates in flight at a fault, by firing id: the node that sent the first
+    copy and the fault (:func:`in_flight_at_fault`)."""
     silent_nodes: list[str] = field(default_factory=list)
     """Nodes that wrote no summary: they crashed, or never started."""
     files: str = ""
@@ -214,11 +227,15 @@ def analyse(
     summaries: Sequence[dict[str, Any]],
     faults: Sequence[Fault] = (),
     also_expected: Mapping[str, Firing] | None = None,
+    told: Mapping[str, set[str]] | None = None,
 ) -> Report:
     """Count what the run broke: see the module docstring for each figure;
-    ``also_expected``: firings the schedule does not name, by id, expected too."""
+    ``also_expected``: firings the schedule does not name, by id, expected too; ``told``:
+    by node, the firings it said it sent in the two-phase window (its log), if read (see
+    :func:`in_flight_at_fault`)."""
     expected = expected_firings(schedule, *window_ms) | dict(also_expected or {})
     copies = Counter(send.id for send in sends)
+    in_flight = in_flight_at_fault(sends, faults, told)
     missed = [firing for key, firing in expected.items() if key not in copies]
     stale = [send for send in sends if send.is_stale]
     early = [send for send in sends if send.is_early]
@@ -227,7 +244,7 @@ def analyse(
         expected=len(expected),
         sends=len(sends),
         duplicates=sum(1 for count in copies.values() if count > 1),
-        in_flight_duplicates=_in_flight_duplicates(sends, copies, faults),
+        in_flight_duplicates=len(in_flight),
         misses=len(missed),
         excused_misses=sum(1 for f in missed if any(fault.excuses(f) for fault in faults)),
         unreported_misses=_unreported(missed, summaries),
@@ -242,22 +259,50 @@ def analyse(
         ),
         outcomes=_sum_outcomes(summaries),
         counters=_sum_counters(summaries),
-        examples=_examples(sends, copies, missed=missed, stale=stale, early=early),
+        examples=_examples(
+            sends, copies, missed=missed, stale=stale, early=early, in_flight=in_flight
+        ),
+        in_flight={
+            key: f"first sent by {send.node}, in flight at {fault.name}"
+            for key, (send, fault) in in_flight.items()
+        },
     )
 
 
-def _in_flight_duplicates(
-    sends: Sequence[Send], copies: Counter[str], faults: Sequence[Fault]
-) -> int:
-    """Duplicated firings one of whose sends began before a fault and whose commit had not
-    returned when it began: the send was in flight (the residual window, from the last
-    check until the commit reached the store) when the node froze, died or lost its link."""
-    straddling = {
-        send.id
-        for send in sends
-        if copies[send.id] > 1 and any(send.called < f.start < _landed(send) for f in faults)
-    }
-    return len(straddling)
+def in_flight_at_fault(
+    sends: Sequence[Send],
+    faults: Sequence[Fault],
+    told: Mapping[str, set[str]] | None = None,
+) -> dict[str, tuple[Send, Fault]]:
+    """Firings sent more than once whose first copy (the earliest check) was in flight
+    when a fault struck the node that made it, by id, with that copy and the fault.
+
+    In flight: the fault began after the copy's check (``called``) and before its outcome
+    reached the store (its commit returned; never, if none did): the node froze, died or
+    lost its link between the two (the two-phase window), so its claim could run out
+    before its commit and another node take the firing over. What the fault was aimed at
+    (a node frozen in a poll) does not matter; whom it struck does: a fault of another
+    node, one that began before the check or after the commit returned, or a later copy in
+    flight excuses nothing. With ``told`` (by node, the firings its log names as sent in
+    the two-phase window), a first copy whose commit returned must be named by its node
+    too: a commit that returns finding the firing taken over says so."""
+    by_id: defaultdict[str, list[Send]] = defaultdict(list)
+    for send in sends:
+        by_id[send.id].append(send)
+    found: dict[str, tuple[Send, Fault]] = {}
+    for key, copies in by_id.items():
+        if len(copies) < 2:
+            continue
+        first = min(copies, key=lambda send: send.called)
+        if told is not None and first.committed is not None and key not in told.get(first.node, ()):
+            continue
+        fault = next(
+            (f for f in faults if f.struck(first.node) and first.called < f.start < _landed(first)),
+            None,
+        )
+        if fault is not None:
+            found[key] = (first, fault)
+    return found
 
 
 def _landed(send: Send) -> float:
@@ -335,16 +380,24 @@ def _examples(
     missed: Sequence[Firing],
     stale: Sequence[Send],
     early: Sequence[Send],
+    in_flight: Mapping[str, tuple[Send, Fault]],
     limit: int = 3,
 ) -> dict[str, list[str]]:
-    """A few of each failure, readable: which firing, which node, when."""
-    twice = [key for key, count in copies.items() if count > 1][:limit]
+    """A few of each failure, readable: which firing, which node, when; the duplicates
+    not in flight at a fault first."""
+    twice = sorted(
+        (key for key, count in copies.items() if count > 1), key=lambda key: key in in_flight
+    )[:limit]
     by_id: dict[str, list[Send]] = {key: [] for key in twice}
     for send in sends:
         if send.id in by_id:
             by_id[send.id].append(send)
     examples = {
-        "duplicate": [_describe_copies(copies_) for copies_ in by_id.values()],
+        "duplicate": [
+            _describe_copies(copies_)
+            + (f" (first copy in flight at {in_flight[key][1].name})" if key in in_flight else "")
+            for key, copies_ in by_id.items()
+        ],
         "stale": [_describe_send(send) for send in stale[:limit]],
         "early": [_describe_send(send) for send in early[:limit]],
         "missed": [
@@ -366,6 +419,7 @@ def _describe_send(send: Send) -> str:
 
 
 def _describe_copies(sends: Sequence[Send]) -> str:
+    sends = sorted(sends, key=lambda send: send.called)
     first = sends[0]
     each = ", ".join(f"{s.node} at {s.called - first.occurrence_ms / 1_000:+.1f}s" for s in sends)
     return f"{first.address} @ {first.occurrence_ms} sent {len(sends)} times: {each}"

@@ -12,6 +12,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,6 +31,12 @@ NODE_SCRIPT = Path(__file__).with_name("fault_node.py")
 CODE_ROOT = Path(beatless.__file__).resolve().parents[1]
 """The root of the beatless the tests import: the nodes run the same code."""
 STOP_TIMEOUT_S = 15.0
+TOLD_IN_WINDOW = re.compile(
+    r"firing (\S+) of entry \S+: (?:its claim ran out before commit|sent, but its commit "
+    r"has failed until)"
+)
+"""A node's WARNING naming a firing it sent in the two-phase window: its commit found it
+taken over, or failed until its lease ran out (``beatless.node.dispatch``)."""
 
 
 def code_version() -> str:
@@ -97,7 +104,7 @@ class Fleet:
             }
             path = self.workdir / f"{name}.config.json"
             path.write_text(json.dumps(config, indent=2))
-            with (self.workdir / f"{name}.log").open("ab") as log:
+            with self.log_path(name).open("ab") as log:
                 process = subprocess.Popen(
                     [sys.executable, str(NODE_SCRIPT), str(path)],
                     env=env,
@@ -118,9 +125,23 @@ class Fleet:
         """SIGCONT the node."""
         os.kill(self.pid(name), signal.SIGCONT)
 
-    def fault(self, name: str, start: float, end: float) -> None:
-        """Note that a fault was on from ``start`` to ``end`` (real clock, seconds)."""
-        self.faults.append(Fault(name, start, end))
+    def fault(self, name: str, start: float, end: float, nodes: Sequence[str] = ()) -> None:
+        """Note that a fault was on from ``start`` to ``end`` (real clock, seconds), on the
+        ``nodes`` it struck (none named: every node, a fault of the store or broker)."""
+        self.faults.append(Fault(name, start, end, tuple(nodes)))
+
+    def log_path(self, name: str) -> Path:
+        return self.workdir / f"{name}.log"
+
+    def told_in_window(self) -> dict[str, set[str]]:
+        """By node, the firings its log names as sent in the two-phase window
+        (:data:`TOLD_IN_WINDOW`)."""
+        return {
+            name: set(TOLD_IN_WINDOW.findall(path.read_text(errors="replace")))
+            if (path := self.log_path(name)).exists()
+            else set()
+            for name in self.names
+        }
 
     def wait(self, timeout: float) -> None:
         """Wait for the nodes to end on their own (their ``duration_s``), then stop them."""
@@ -156,11 +177,17 @@ class Fleet:
         return [item for item in items if "commit" not in item]
 
     def report(
-        self, window_s: tuple[float, float], also_expected: Mapping[str, Firing] | None = None
+        self,
+        window_s: tuple[float, float],
+        also_expected: Mapping[str, Firing] | None = None,
+        *,
+        told: bool = False,
     ) -> Report:
         """Count duplicates, misses, stale and early sends for occurrences in ``window_s``
         (and the firings ``also_expected`` by id); print the report and append it to the
-        results file."""
+        results file. With ``told``, a duplicate in flight at a fault whose first sender's
+        commit returned counts as such only if that node's log names it
+        (:func:`analysis.in_flight_at_fault`)."""
         sends, failed = read_records(self.record_path(n) for n in self.names)
         summaries = read_summaries(self.summary_path(n) for n in self.names)
         window_ms = (int(window_s[0] * 1_000), int(window_s[1] * 1_000))
@@ -174,6 +201,7 @@ class Fleet:
             summaries=summaries,
             faults=self.faults,
             also_expected=also_expected,
+            told=self.told_in_window() if told else None,
         )
         report.silent_nodes = [n for n in self.names if not self.summary_path(n).exists()]
         report.files = str(self.workdir)

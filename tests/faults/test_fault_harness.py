@@ -13,14 +13,19 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+import harness
 import pytest
-from analysis import Fault, Send, analyse, expected_firings, read_records
+from analysis import Fault, Send, analyse, expected_firings, in_flight_at_fault, read_records
 from fault_node import build_schedule, make_enqueue, record_commits
+from harness import Fleet
 from proxy import Proxy
 from redis_server import RedisServer
+from test_faults_live import judge
 
 from beatless import Firing
-from beatless.node.dispatch import TwoPhase, dispatch_now
+from beatless.core._logtext import shown
+from beatless.live.revisions import Revision
+from beatless.node.dispatch import LATE_COMMIT, TwoPhase, dispatch_now
 from beatless.stores.memory import MemoryStore
 
 pytestmark = pytest.mark.faults
@@ -266,3 +271,158 @@ def test_the_fault_node_records_when_each_commit_returned(tmp_path: Path) -> Non
     assert failed == 0
     assert send.committed is not None
     assert before <= send.committed <= time.time()
+
+
+Copy = tuple[str, float, float, float | None]
+"""A copy of a firing: the node, and when (seconds after the occurrence) it was checked,
+its send finished and its commit returned (``None``: never)."""
+FROZEN_MID_SEND: list[Copy] = [("n1", 0.0, 8.06, 8.07), ("n3", 3.5, 3.51, 3.52)]
+"""The copies of the CI run: n1 checked the firing and was frozen (from +0.05 s to
++8.05 s) before its send finished; its claim ran out, n3 took the firing over at +3.5 s,
+and n1's commit, after the thaw, found it taken over."""
+N1_FROZEN = (("n1",), 0.05, 8.05)
+
+
+@pytest.mark.parametrize(
+    ("copies", "fault", "told", "excused"),
+    [
+        pytest.param(FROZEN_MID_SEND, N1_FROZEN, {"n1"}, True, id="frozen-mid-send"),
+        pytest.param(FROZEN_MID_SEND, N1_FROZEN, None, True, id="frozen-mid-send-logs-unread"),
+        pytest.param(FROZEN_MID_SEND, N1_FROZEN, set(), False, id="frozen-mid-send-never-told"),
+        pytest.param(FROZEN_MID_SEND, (("n0",), 0.05, 8.05), {"n1"}, False, id="another-node"),
+        pytest.param(FROZEN_MID_SEND, ((), 0.05, 8.05), {"n1"}, True, id="store-fault"),
+        pytest.param(FROZEN_MID_SEND, None, {"n1"}, False, id="no-fault"),
+        pytest.param(
+            [("n1", 0.0, 0.01, 0.02), ("n3", 3.5, 3.51, 3.52)],
+            N1_FROZEN,
+            {"n1"},
+            False,
+            id="frozen-after-its-commit-returned",
+        ),
+        pytest.param(
+            [("n1", 0.1, 8.06, 8.07), ("n3", 3.5, 3.51, 3.52)],
+            N1_FROZEN,
+            {"n1"},
+            False,
+            id="checked-after-the-freeze-began",
+        ),
+        pytest.param(
+            [("n3", 0.0, 0.01, 0.02), ("n1", 0.04, 8.06, 8.07)],
+            N1_FROZEN,
+            {"n1"},
+            False,
+            id="only-the-second-copy-in-flight",
+        ),
+        pytest.param(
+            [("n1", 0.0, 0.01, None), ("n3", 3.5, 3.51, 3.52)],
+            (("n1",), 0.05, 0.05),
+            set(),
+            True,
+            id="killed-before-its-commit",
+        ),
+    ],
+)
+def test_a_duplicate_is_in_flight_at_a_fault_only_if_it_struck_the_first_sender_mid_send(
+    copies: list[Copy],
+    fault: tuple[tuple[str, ...], float, float] | None,
+    told: set[str] | None,
+    excused: bool,
+) -> None:
+    """A firing sent twice is excused (the two-phase window) only if its first copy was
+    checked before a fault of its node (or of every node) began, and its commit had not
+    returned then; and, where the node's log was read and its commit returned, the node
+    told it. Otherwise the duplicate counts: the judge can fail."""
+    schedule = build_schedule(SPEC)
+    start = ANCHOR_S * 1_000
+    tick = next(iter(expected_firings(schedule, start, start).values()))
+    base = tick.occurrence_ms / 1_000
+    sends = [
+        Send(
+            **{
+                **asdict(send_of(tick, node, checked)),
+                "sent": base + sent,
+                "committed": None if committed is None else base + committed,
+            }
+        )
+        for node, checked, sent, committed in copies
+    ]
+    faults = [] if fault is None else [Fault("fault", base + fault[1], base + fault[2], fault[0])]
+    told_by = None if told is None else {node: {tick.id} for node in told}
+    report = analyse(
+        "unit",
+        schedule,
+        window_ms=(start, start),
+        sends=sends,
+        failed_sends=0,
+        summaries=[],
+        faults=faults,
+        told=told_by,
+    )
+    assert report.duplicates == 1
+    assert report.in_flight_duplicates == int(excused)
+    assert (tick.id in in_flight_at_fault(sends, faults, told_by)) is excused
+    assert (tick.id in report.in_flight) is excused
+    (example,) = report.examples["duplicate"]
+    assert example.endswith("in flight at fault)") is excused
+
+
+def fleet_files(tmp_path: Path, copies: list[Copy]) -> tuple[Fleet, Firing]:
+    """A fleet of n1 and n3 that ran and stopped, as ``fault_node`` leaves its files: each
+    node's record (its sends and commits), its log (the WARNING of a commit that found
+    its firing taken over) and its summary, for one tick sent by each of ``copies``."""
+    spec = {"namespace": "faults", "anchor_s": ANCHOR_S, "entries": [SPEC["entries"][0]]}
+    run = Fleet(tmp_path / "fleet", "unit", spec)
+    tick = next(
+        iter(expected_firings(build_schedule(spec), ANCHOR_S * 1_000, ANCHOR_S * 1_000).values())
+    )
+    base = tick.occurrence_ms / 1_000
+    first = min(copies, key=lambda copy: copy[1])
+    for node, checked, sent, committed in copies:
+        run.names.append(node)
+        line = {
+            **asdict(send_of(tick, node, checked)),
+            "task": tick.entry.task,
+            "args": [],
+            "sent": base + sent,
+        }
+        del line["committed"]
+        lines = [line]
+        taken_over = node == first[0] and committed is not None
+        if committed is not None:
+            lines.append({"node": node, "commit": [tick.id], "at": base + committed})
+        run.record_path(node).write_text("".join(json.dumps(x) + "\n" for x in lines))
+        if taken_over:
+            warning = LATE_COMMIT % (tick.id, shown(tick.entry.name))
+            run.log_path(node).write_text(f"2027-01-15 08:00:08 {node} WARNING x: {warning}\n")
+        stats = {"tick": {"won": 1, "two_phase_window": int(taken_over)}}
+        summary = {"node": node, "stats": stats, "outcomes": {"won": 1}, "reported": {}}
+        run.summary_path(node).write_text(json.dumps(summary))
+    return run, tick
+
+
+@pytest.mark.parametrize("frozen", [True, False], ids=["n1-frozen-mid-send", "no-fault"])
+def test_the_live_judge_excuses_a_second_copy_only_if_a_fault_froze_the_first_mid_send(
+    frozen: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The judge of the live and django-celery-beat fault tests, fed the records of the CI
+    run that failed: n1 frozen while it sent ``faults/tick`` (the freeze aimed at its
+    poll of the rows: it stops the whole node), n3 sending it again once n1's claim ran
+    out. With that freeze recorded, the second copy is in flight at a fault and passes;
+    the same copies with no fault fail the judge as a firing sent twice."""
+    monkeypatch.setattr(harness, "record", lambda report, code: None)  # no results line
+    run, tick = fleet_files(tmp_path, FROZEN_MID_SEND)
+    base = tick.occurrence_ms / 1_000
+    if frozen:
+        run.fault("n1 frozen", base + N1_FROZEN[1], base + N1_FROZEN[2], nodes=["n1"])
+    empty = Revision(
+        1, (), committed_ms=tick.occurrence_ms - 9_000, fence_ms=tick.occurrence_ms - 7_000
+    )
+    judged = judge(run, [empty], (base, base))  # no live entry: the tick alone is expected
+    assert judged.twice == [tick.id]
+    assert judged.report.in_flight_duplicates == int(frozen)
+    if frozen:
+        judged.assert_as_in_force(0, enough=-1)  # no live entries here
+        assert judged.in_flight == {tick.id: "first sent by n1, in flight at n1 frozen"}
+    else:
+        with pytest.raises(AssertionError, match="sent twice, not in flight at a fault"):
+            judged.assert_as_in_force(0, enough=-1)

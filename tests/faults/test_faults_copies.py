@@ -89,10 +89,7 @@ DRAIN_S = 45.0
 copy that finds the first copy's once-only record pending waits up to a run lease (30 s)
 and a heartbeat before it is judged."""
 WORKERS = ("w1", "w2")
-REPORTED = re.compile(
-    r"firing (\S+) of entry \S+: (?:its claim ran out before commit|sent, but its commit "
-    r"has failed until)"
-)
+REPORTED = harness.TOLD_IN_WINDOW
 """A node's WARNING naming a firing of the two-phase window (``beatless.node.dispatch``)."""
 WORKER_VERDICT = re.compile(
     r"beatless: firing (\S+) of \S+ (?:\(attempt \d+\) )?(not run: another copy|runs again|"

@@ -24,7 +24,9 @@ the row's args. Meanwhile, in seconds from the start of the edits:
 Then, from the sends the nodes recorded and the revisions in the store, with the helpers
 of the live fault test (``live_edits``, :mod:`analysis`):
 
-* no firing is sent twice;
+* no firing is sent twice, but one whose first copy was in flight when the kill or the
+  freeze struck the node sending it (the two-phase window; the freeze is aimed at a
+  poll, but stops the whole node, its sends too), told by that node if it lived;
 * every send of a row ran under the revision in force at its occurrence: an occurrence of
   that definition's trigger, its task and args, the entry enabled;
 * every firing expected (the code entry's, and each occurrence of the definitions in
@@ -345,9 +347,9 @@ class Faults(threading.Thread):
         alive = {"n0", "n1", "n2"}
         sleep_until(self.anchor + KILL_AT_S)
         victim, caught = polling(self.fleet, alive)
-        killed = time.time()
         os.kill(self.fleet.pid(victim), signal.SIGKILL)
-        self.fleet.fault(f"{victim} killed", killed, killed)
+        killed = time.time()  # after the signal: a send begun before it is in flight at it
+        self.fleet.fault(f"{victim} killed", killed, killed, nodes=[victim])
         self.killed.append(victim)
         alive.discard(victim)
         self.said.append(f"{victim} killed{' in a poll' if caught else ''}")
@@ -361,7 +363,7 @@ class Faults(threading.Thread):
         frozen = time.time()
         time.sleep(FROZEN_S)
         self.fleet.thaw(victim)
-        self.fleet.fault(f"{victim} frozen", frozen, time.time())
+        self.fleet.fault(f"{victim} frozen", frozen, time.time(), nodes=[victim])
         self.said.append(f"{victim} frozen{' in a poll' if caught else ''}")
 
         for at_s, span_s, how in ((CUT_AT_S, CUT_S, "cut"), (HOLD_AT_S, HELD_S, "held")):
