@@ -42,7 +42,14 @@ from beatless.fleet._controls import (
     read_requests,
     run_now_kind,
 )
-from beatless.fleet._members import MEMBER, Member, members_kind, membership_kind, read_members
+from beatless.fleet._members import (
+    MEMBER,
+    Member,
+    changes_kind,
+    members_kind,
+    membership_kind,
+    read_members,
+)
 from beatless.fleet._notes import (
     HistoryItem,
     NodeRecord,
@@ -474,6 +481,7 @@ def bad_notes(label: str = "") -> list[Note]:
         progress_kind(NS): (f"ghost-{tag}", good_progress() | {"until_ms": "soon"}),
         entries_kind(NS): (f"other-{tag}", good_entry(f"other-{tag}") | {"jitter_ms": "2s"}),
         members_kind(NS): (f"ghost-{tag}", good_member(f"ghost-{tag}") | {"started_ms": "soon"}),
+        changes_kind(NS): (f"nonce-{tag}", {"node": f"ghost-{tag}", "member": {"node": 7}}),
     }
     notes = [Note(kind, key, json_text(value), LONG_MS) for kind, (key, value) in typed.items()]
     notes += [
@@ -484,7 +492,7 @@ def bad_notes(label: str = "") -> list[Note]:
     return notes
 
 
-NODE_READ = ("members", "controls", "run-now")
+NODE_READ = ("members", "changes", "controls", "run-now")
 """The kinds a node reads at every sync (``members`` when their version changed); the
 history it reads in its missed-firing sweep, every 30 s. The registry (``nodes``) and
 the old progress kind are read by ``status`` alone."""
@@ -514,8 +522,15 @@ def test_malformed_notes_never_stop_the_loop_and_each_is_counted_and_warned_once
     assert sent_once(fleet, begun, START_MS + 38_000) == []
     for node in fleet.nodes:
         counts = node.board.skipped.counts
-        assert counts == {"members": 2, "controls": 1, "run-now": 2, "history": 2, "nodes": 2}
-        assert node.board.skipped.total == 9
+        assert counts == {
+            "members": 2,
+            "changes": 2,
+            "controls": 1,
+            "run-now": 2,
+            "history": 2,
+            "nodes": 2,
+        }
+        assert node.board.skipped.total == 11
         assert node.stats["tick"].paused == 0  # the pause "until soon" is no pause
     for note in notes:
         if note.kind in STATUS_ALONE:
@@ -531,7 +546,7 @@ def test_malformed_notes_never_stop_the_loop_and_each_is_counted_and_warned_once
     assert len(listed) == len(notes), listed
     for note in notes:
         assert any(repr(note.key) in p and repr(note.kind) in p for p in listed), note
-    assert all(n["counters"]["skipped_notes"] == 9 for n in status["nodes"])
+    assert all(n["counters"]["skipped_notes"] == 11 for n in status["nodes"])
     assert "problems:" in render(status)
 
 
@@ -551,7 +566,7 @@ def test_the_skipped_notes_are_a_metric_by_kind() -> None:
         labels = {"namespace": NS, "node": "n0", "kind": kind}
         return registry.get_sample_value("beatless_skipped_notes_total", labels)
 
-    assert [sample(k) for k in ("members", "controls", "run-now")] == [2, 1, 2]
+    assert [sample(k) for k in ("members", "changes", "controls", "run-now")] == [2, 2, 1, 2]
     metrics.unregister(fleet.nodes[0])
 
 

@@ -11,15 +11,21 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from beatless.fleet._controls import json_text
 from beatless.fleet._members import (
+    CHANGES_TTL_MS,
+    MEMBERS_READ_EVERY_MS,
     PROGRESS_READ_MAX,
     WATCHED,
     Member,
+    alive_json,
+    changes_kind,
+    member_of,
     members_kind,
     membership_kind,
     node_kind,
@@ -44,10 +50,11 @@ from beatless.stores.traffic import Traffic, TrafficStore, size
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from scale import WARM_UP_MS, SimFleet, steady_schedule, traffic_figures
 
-LEAVE_MS = REGISTRY_TTL_MS + 3 * SYNC_EVERY_MS + 2_000
+LEAVE_MS = REGISTRY_TTL_MS + 4 * SYNC_EVERY_MS + 2_000
 """A member that stopped posting is out of every view by then: its notes run out, a
 watcher reads it gone at its next sync and writes a version, the others read it at their
-next, and the members a sync later (every ``MEMBERS_READ_EVERY_MS`` at most)."""
+next, the changes a sync later (every ``MEMBERS_READ_EVERY_MS`` at most), and the node
+kinds they name at the sync after."""
 
 
 def run(fleet: SimFleet, seconds: float) -> None:
@@ -166,25 +173,30 @@ def test_the_traffic_store_counts_each_views_calls_and_bytes_apart() -> None:
 # -- membership ------------------------------------------------------------------------
 
 
-def test_the_members_are_read_again_only_when_their_version_changes() -> None:
+def test_a_join_is_read_from_its_change_note_not_from_the_whole_members() -> None:
+    """Steady: no node reads the members or the changes. A node joins: each node reads the
+    changes once or twice and the joiner's node kind, never the members whole (only the
+    joiner does, at its first sync), and every view holds the joiner."""
     fleet = SimFleet(steady_schedule(10, 2, 0), 10, preferred=True)
     run(fleet, WARM_UP_MS / 1_000)
-    kind = members_kind("scale")
-    reads = {n.scheduler.node: 0 for n in fleet.nodes}
+    reads = {n.scheduler.node: Counter[str]() for n in fleet.nodes}
     for node in fleet.nodes:
         original = node.scheduler.store.read_synced
 
         def counting(kinds, kept, original=original, name=node.scheduler.node):  # type: ignore[no-untyped-def]
-            reads[name] += kind in kinds
+            reads[name]["members"] += members_kind("scale") in kinds
+            reads[name]["changes"] += changes_kind("scale") in kinds
+            reads[name]["joiner"] += node_kind("scale", "n10") in kinds
             return original(kinds, kept)
 
         node.scheduler.store.read_synced = counting  # type: ignore[method-assign]
     run(fleet, 30)
-    assert set(reads.values()) == {0}, reads  # 30 s, every record refreshed 6 times
+    assert all(c["members"] == c["changes"] == 0 for c in reads.values()), reads
 
-    fleet.nodes.append(fleet.node("n10"))  # a node joins: read once more each
+    fleet.nodes.append(fleet.node("n10"))  # a node joins
     run(fleet, 5)
-    assert all(1 <= n <= 2 for name, n in reads.items()), reads
+    assert all(c["members"] == 0 for c in reads.values()), reads
+    assert all(1 <= c["changes"] <= 2 and c["joiner"] >= 1 for c in reads.values()), reads
     assert views(fleet) == {names(11)}
 
 
@@ -213,14 +225,15 @@ def test_a_node_that_stops_posting_leaves_every_view_and_comes_back_when_it_post
 
 def test_the_watchers_of_a_dead_node_dying_with_it_do_not_keep_it_in_the_views() -> None:
     """n2 and the two nodes that watch it (n0, n1: the ring is by name) die together;
-    the nodes that watch those find them gone, and every member whose notes ran out is
-    dropped at the members read that follows."""
+    the nodes that watch those find them gone; each view that drops them closes its ring
+    over the gap, so n6 watches n2 next, finds it gone and tells the others: a round of
+    changes later, every member whose notes ran out is dropped."""
     fleet = SimFleet(steady_schedule(10, 2, 0), 7, preferred=True)
     run(fleet, WARM_UP_MS / 1_000)
     assert watched(list(names(7)), "n0") == ["n1", "n2"]
     for node in fleet.nodes[:3]:
         node.frozen = True
-    run(fleet, LEAVE_MS / 1_000)
+    run(fleet, (LEAVE_MS + MEMBERS_READ_EVERY_MS + 2 * SYNC_EVERY_MS) / 1_000)
     assert views(fleet) == {("n3", "n4", "n5", "n6")}
 
 
@@ -289,3 +302,87 @@ def test_a_member_note_written_by_a_newer_version_is_read() -> None:
     text = json_text({**json.loads(member.to_json()), "joined_by": "n1"})
     assert Member.parse(text) == member
     assert membership_kind("ns") == "beatless/ns/membership"
+
+
+# -- changes ---------------------------------------------------------------------------
+
+
+def whole_reads(fleet: SimFleet) -> Counter[str]:
+    """Count, by node, the syncs that read the members whole, from now on."""
+    reads: Counter[str] = Counter()
+    for node in fleet.nodes:
+        original = node.scheduler.store.read_synced
+
+        def counting(kinds, kept, original=original, name=node.scheduler.node):  # type: ignore[no-untyped-def]
+            reads[name] += members_kind("scale") in kinds
+            return original(kinds, kept)
+
+        node.scheduler.store.read_synced = counting  # type: ignore[method-assign]
+    return reads
+
+
+def test_two_nodes_joining_at_once_are_both_in_every_view_though_one_version_is_left() -> None:
+    """Two nodes join in the same step: the second one's version overwrites the first's,
+    but each wrote a change note of its own, so no view misses either, and no node that
+    stayed reads the members whole."""
+    fleet = SimFleet(steady_schedule(10, 2, 0), 6, preferred=True)
+    run(fleet, WARM_UP_MS / 1_000)
+    reads = whole_reads(fleet)
+    fleet.nodes += [fleet.node("n6"), fleet.node("n7")]
+    run(fleet, 0.1)
+    changes = fleet.store.read_notes([changes_kind("scale")])[changes_kind("scale")]
+    assert sorted(json.loads(text)["node"] for text in changes.values()) == ["n6", "n7"]
+    run(fleet, 6)
+    assert views(fleet) == {names(8)}
+    assert all(reads[f"n{i}"] == 0 for i in range(6)), reads
+
+
+def previous_release_notes(fleet: SimFleet, node: str, *, join: bool) -> list[Note]:
+    """What a node of the release before change notes posts: its member note, its
+    ``alive`` note and, when it joins, a version with no change note."""
+    template = fleet.nodes[0].scheduler.board.node_record(fleet.clock.ms)
+    fields = {f: getattr(template, f) for f in template.__dataclass_fields__}
+    member = member_of(NodeRecord(**(fields | {"node": node})), None)
+    notes = [
+        Note(members_kind("scale"), node, member.to_json(), REGISTRY_TTL_MS),
+        Note(node_kind("scale", node), "alive", alive_json(member), REGISTRY_TTL_MS),
+    ]
+    if join:
+        notes.append(Note(membership_kind("scale"), "version", '{"by": "x"}', REGISTRY_TTL_MS))
+    return notes
+
+
+def test_a_version_written_without_a_change_note_makes_every_node_read_the_members() -> None:
+    """A node of the previous release joins: its version has no change note, so each node
+    reads the members whole, and every view holds it."""
+    fleet = SimFleet(steady_schedule(10, 2, 0), 4, preferred=True)
+    run(fleet, WARM_UP_MS / 1_000)
+    reads = whole_reads(fleet)
+    fleet.store.post(previous_release_notes(fleet, "prev", join=True))
+    end, posted = fleet.clock.ms + 12_000, fleet.clock.ms
+    while fleet.clock.ms < end:
+        run(fleet, 0.1)
+        if fleet.clock.ms - posted >= REGISTRY_EVERY_MS:
+            fleet.store.post(previous_release_notes(fleet, "prev", join=False))
+            posted = fleet.clock.ms
+    assert views(fleet) == {(*names(4), "prev")}
+    assert sorted(reads.values()) == [1, 1, 1, 1], reads
+
+
+def test_a_node_paused_longer_than_the_changes_live_reads_the_members_whole() -> None:
+    """n3 is paused while n4 joins and the change note of its join runs out (the others
+    drop n3 meanwhile): at its next read n3 cannot trust the changes, reads the members
+    whole and has n4 in its view; it comes back into the others' views by a change."""
+    fleet = SimFleet(steady_schedule(10, 2, 0), 4, preferred=True)
+    run(fleet, WARM_UP_MS / 1_000)
+    fleet.nodes[3].frozen = True
+    fleet.nodes.append(fleet.node("n4"))
+    run(fleet, CHANGES_TTL_MS / 1_000 + 1)
+    changes = fleet.store.read_notes([changes_kind("scale")])[changes_kind("scale")]
+    assert "n4" not in {json.loads(text)["node"] for text in changes.values()}
+    reads = whole_reads(fleet)
+    fleet.nodes[3].frozen = False
+    run(fleet, 8)
+    assert reads["n3"] == 1, reads
+    assert sum(reads.values()) == 1, reads
+    assert views(fleet) == {names(5)}

@@ -7,14 +7,27 @@ read it whole. A node of this version reads, at each sync, only:
 
 * the **membership version** (kind ``beatless/{namespace}/membership``, key ``version``):
   one small note that a node writes anew whenever the members change (it joins, its
-  member note changes, or it finds a member gone). A node reads the **members** (kind
-  ``beatless/{namespace}/members``, one small :class:`Member` note per node, refreshed
-  every ``REGISTRY_EVERY_MS`` and living ``REGISTRY_TTL_MS``) only when the version it
-  reads differs from the one its copy was read under: one sync after it first saw it
-  (the notes posted with the new version are in place by then), and at most every
-  ``MEMBERS_READ_EVERY_MS``. Readers compare the version's text, never order it, so two
-  nodes writing it at once lose nothing: both writes make every node read again, and
-  each member note is a note of its own;
+  member note changes, or it finds a member gone), with a **change note** (kind
+  ``beatless/{namespace}/changes``, keyed by the version's nonce, living
+  ``CHANGES_TTL_MS``) naming the node that changed and, when the node wrote it of itself,
+  its member note. When the version it reads differs from the one its copy was read
+  under (one sync after it first saw it, so that the notes posted with it are in place,
+  and at most every ``MEMBERS_READ_EVERY_MS``), a node reads the change notes, and at its
+  next sync the node kinds of the nodes they name: a node whose ``alive`` note ran out
+  leaves its copy, one whose ``alive`` digest is that of a member note carried by a change
+  takes it. So what a join or a leave costs each node is the changes of the last
+  ``CHANGES_TTL_MS`` and a node kind or two, whatever the fleet's size. It reads the
+  **members** (kind ``beatless/{namespace}/members``, one small :class:`Member` note per
+  node, refreshed every ``REGISTRY_EVERY_MS`` and living ``REGISTRY_TTL_MS``) whole only
+  when the changes cannot tell it: at its first sync, when it last read the changes more
+  than half of ``CHANGES_TTL_MS`` ago (notes written since may have run out), when the
+  version it reads has no change note (written by a node of the previous version, or by
+  hand), when a change note cannot be read, when a round names more than ``SETTLE_MAX``
+  nodes, or when a node's ``alive`` digest matches no member note it knows. Readers
+  compare the version's text, never order it, and each change is a note of its own, so
+  two nodes writing at once lose nothing: both writes make every node read again, and
+  the node kinds read tell each node as it is now, whatever order the changes were
+  written in;
 * its **node kind** and a few others' (kind ``beatless/{namespace}/node/{node}``): each
   node keeps there an ``alive`` note (the digest of its member note, refreshed with it)
   and its ``progress`` note (:mod:`beatless.node._prefer`). A node reads the node kinds
@@ -25,14 +38,15 @@ read it whole. A node of this version reads, at each sync, only:
   reads the node kinds of at most ``PROGRESS_READ_MAX`` nodes ranked first for firings
   it waits on: the progress it needs, not the whole fleet's.
 
-A leave is found by any watcher, and any new version makes every node read the members
-again, so every member whose notes ran out is dropped, however many died together.
+A leave is found by any watcher. Each copy that drops a member closes its ring of names
+over the gap, so a member whose watchers died with it is watched by the next ones and
+found in turn: every member whose notes ran out is dropped, however many died together.
 """
 
 from __future__ import annotations
 
 import hashlib
-import uuid
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
@@ -53,7 +67,14 @@ from beatless.fleet._schema import (
 from beatless.stores.base import NOTE_NAME_LIMIT
 
 MEMBERS_READ_EVERY_MS = 2_000
-"""A node reads the members at most this often, however often the version changes."""
+"""A node reads the members (or the changes) at most this often, however often the
+version changes."""
+CHANGES_TTL_MS = 20_000
+"""How long a change note lives: a node that read the changes less than half of this ago
+finds every change written since still in place."""
+SETTLE_MAX = 16
+"""The most nodes a node reads the node kinds of to take a round of changes; more, and it
+reads the members whole."""
 MEMBERSHIP_TTL_MS = 24 * 3_600_000
 """How long the version note lives: written again at every change (a store that keeps
 notes for less caps it; one that ran out only makes every node read the members once)."""
@@ -80,6 +101,11 @@ PROGRESS_KEY = "progress"
 def members_kind(namespace: str) -> str:
     """The kind of the member notes (key: the node name)."""
     return f"beatless/{namespace}/members"
+
+
+def changes_kind(namespace: str) -> str:
+    """The kind of the change notes (key: the nonce of the version written with each)."""
+    return f"beatless/{namespace}/changes"
 
 
 def membership_kind(namespace: str) -> str:
@@ -113,6 +139,14 @@ MEMBER = schema(
 """A member note (:class:`Member`)."""
 ALIVE = schema("alive note", member=NAME)
 """A node's ``alive`` note: the digest of its member note."""
+
+
+def _member(value: object) -> Member:
+    return Member(**MEMBER.check(value))
+
+
+CHANGE = schema("change note", node=NAME, member=optional(nullable(_member)))
+"""A change note (:class:`Change`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,9 +262,38 @@ def alive_json(member: Member) -> str:
     return json_text({"member": member.digest})
 
 
-def version_json(node: str, now_ms: int) -> str:
+def version_json(node: str, now_ms: int, nonce: str) -> str:
     """A new membership version: any text unlike the last one would do."""
-    return json_text({"by": node, "at_ms": now_ms, "nonce": uuid.uuid4().hex[:12]})
+    return json_text({"by": node, "at_ms": now_ms, "nonce": nonce})
+
+
+def version_nonce(text: str | None) -> str | None:
+    """The nonce of a version's text (``None``: a version written without one, by a node
+    of an earlier beatless or by hand, which no change note covers)."""
+    try:
+        nonce = json.loads(text or "")["nonce"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return nonce if isinstance(nonce, str) else None
+
+
+def change_json(node: str, member: Member | None) -> str:
+    """A change note: the node whose membership changed, and its member note when the
+    node wrote it of itself (``None``: a watcher found its notes gone or not as read)."""
+    return json_text({"node": node, "member": None if member is None else asdict(member)})
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A change note: what one version changed (:func:`change_json`)."""
+
+    node: str
+    member: Member | None
+
+    @classmethod
+    def parse(cls, text: str) -> Change:
+        fields = CHANGE.load(text)
+        return cls(fields["node"], fields.get("member"))
 
 
 def watched(names: Sequence[str], me: str, count: int = WATCHED) -> list[str]:

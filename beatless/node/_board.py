@@ -37,7 +37,7 @@ from beatless.fleet._controls import (
     refreshed,
     run_now_kind,
 )
-from beatless.fleet._members import MEMBERSHIP_TTL_MS, PROGRESS_KEY
+from beatless.fleet._members import CHANGES_TTL_MS, MEMBERSHIP_TTL_MS, PROGRESS_KEY
 from beatless.fleet._missed import sweep_missed
 from beatless.fleet._notes import (
     ENTRIES_EVERY_MS,
@@ -144,7 +144,11 @@ class Board(HistoryWriter):
         self._facts_ms: int | None = None
         self._full_seen = 0
         self.members = Membership(
-            self.namespace, loop.node, self._ttl(REGISTRY_TTL_MS), self._ttl(MEMBERSHIP_TTL_MS)
+            self.namespace,
+            loop.node,
+            self._ttl(REGISTRY_TTL_MS),
+            self._ttl(MEMBERSHIP_TTL_MS),
+            self._ttl(CHANGES_TTL_MS),
         )
         """The fleet's members as this node last read them (:mod:`beatless.fleet._members`)."""
 

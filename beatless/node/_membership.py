@@ -9,27 +9,34 @@ makes the calls, and hands back what it read (:meth:`Membership.took`).
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Mapping, Sequence
 
 from beatless.fleet._controls import json_text
 from beatless.fleet._members import (
     ALIVE_KEY,
+    CHANGES_TTL_MS,
     LAYOUT_CHECK_EVERY_MS,
     LAYOUT_TTL_MS,
     MEMBERS_READ_EVERY_MS,
     OLDER_KEY,
     PROGRESS_KEY,
+    SETTLE_MAX,
     VERSION_KEY,
     WATCHED,
+    Change,
     Member,
     alive_digest,
     alive_json,
+    change_json,
+    changes_kind,
     member_of,
     members_kind,
     membership_kind,
     node_kind,
     read_members,
     version_json,
+    version_nonce,
     watched,
 )
 from beatless.fleet._notes import (
@@ -38,18 +45,26 @@ from beatless.fleet._notes import (
     NodeRecord,
     read_registry,
 )
-from beatless.fleet._schema import Skipped
+from beatless.fleet._schema import Skipped, parse_each
 from beatless.stores.base import Note
 
 
 class Membership:
     """The members as this node last read them, and what it posts of itself."""
 
-    def __init__(self, namespace: str, node: str, ttl_ms: int, version_ttl_ms: int) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        node: str,
+        ttl_ms: int,
+        version_ttl_ms: int,
+        changes_ttl_ms: int = CHANGES_TTL_MS,
+    ) -> None:
         self.namespace = namespace
         self.node = node
         self.ttl = ttl_ms
         self.version_ttl = version_ttl_ms
+        self.changes_ttl = changes_ttl_ms
         self.own_kind = node_kind(namespace, node)
         self.members: dict[str, Member] = {}
         """The members as last read, by node."""
@@ -61,7 +76,21 @@ class Membership:
         self._seen_ms: int | None = None
         self._members_ms: int | None = None
         self._basis: str | None = None
-        self._reading_members = False
+        self._reading: str | None = None
+        """What this sync reads of the members: ``"members"`` (whole), ``"changes"``, or
+        nothing."""
+        self._whole = True
+        """Whether the next read of the members is whole (the changes cannot tell them)."""
+        self._current_ms: int | None = None
+        """The last sync at which this node read the changes, or found its copy of the
+        version it read: every change written since is still in place while this is less
+        than half of ``changes_ttl`` ago."""
+        self._taken: dict[str, int] = {}
+        """The keys of the change notes taken, with when they were read."""
+        self._carried: dict[str, Member] = {}
+        """The member notes the changes being settled carry, by digest."""
+        self._settling: dict[str, str] = {}
+        """The node kinds to read at this sync to settle the changes taken, with nodes."""
         self._asked: dict[str, str] = {}
         """The node kinds asked at this sync, with their nodes."""
         self._watched: list[str] = []
@@ -98,7 +127,7 @@ class Membership:
             Note(self.own_kind, ALIVE_KEY, alive_json(member), self.ttl),
         ]
         if bump:
-            notes.append(self.version_note(now))
+            notes += self.version_notes(now, self.node, member)
         return notes
 
     def posted(self, now: int) -> None:
@@ -109,35 +138,48 @@ class Membership:
             self._rejoin = self._rejoin and not bumped
             self._posting = None
 
-    def version_note(self, now: int) -> Note:
-        return Note(
-            membership_kind(self.namespace),
-            VERSION_KEY,
-            version_json(self.node, now),
-            self.version_ttl,
-        )
+    def version_notes(self, now: int, node: str, member: Member | None) -> list[Note]:
+        """A new version, and the change note telling what it changed: ``node``, whose
+        member note is ``member`` (``None``: found gone, or not as read, by a watcher)."""
+        nonce = uuid.uuid4().hex[:12]
+        return [
+            Note(
+                membership_kind(self.namespace),
+                VERSION_KEY,
+                version_json(self.node, now, nonce),
+                self.version_ttl,
+            ),
+            Note(changes_kind(self.namespace), nonce, change_json(node, member), self.changes_ttl),
+        ]
 
     # -- reading --------------------------------------------------------------------
 
     def kinds(self, now: int, wanted: Sequence[str]) -> list[str]:
-        """The kinds to read at this sync: the version, the members when due, and the
-        node kinds of the watched members and of the ``wanted`` nodes."""
+        """The kinds to read at this sync: the version; the changes (or the members whole)
+        when due; the node kinds of the nodes the changes taken at the last sync name,
+        of the watched members and of the ``wanted`` nodes."""
         kinds = [membership_kind(self.namespace)]
         seen_ms, read_ms = self._seen_ms, self._members_ms
-        self._reading_members = read_ms is None or (
+        due = read_ms is None or (
             self._seen != self._version
             and seen_ms is not None
             and now - seen_ms >= SYNC_EVERY_MS
             and now - read_ms >= MEMBERS_READ_EVERY_MS
         )
-        if self._reading_members:
+        self._reading = None
+        if due and not self._settling:
             self._basis = self._seen  # seen a sync ago at least: its notes are in place
-            kinds.append(members_kind(self.namespace))
+            lapsed = self._current_ms is None or now - self._current_ms > self.changes_ttl // 2
+            self._reading = "members" if self._whole or lapsed else "changes"
+            kinds.append(changes_kind(self.namespace))
+            if self._reading == "members":
+                kinds.append(members_kind(self.namespace))
         self._asked = {}
         for node in [*self._watched, *wanted]:
             if node != self.node:
                 self._asked.setdefault(node_kind(self.namespace, node), node)
-        return kinds + list(self._asked)
+        settling = [kind for kind in self._settling if kind not in self._asked]
+        return kinds + list(self._asked) + settling
 
     def took(
         self, notes: Mapping[str, Mapping[str, str]], now: int, skipped: Skipped | None
@@ -151,10 +193,14 @@ class Membership:
         self.older = older_node(membership.get(OLDER_KEY))
         if version != self._seen:
             self._seen, self._seen_ms = version, now
-        if self._reading_members:
+        if self._settling:
+            self._settle(notes, now, skipped)
+        if self._reading is not None:
+            self._take_changes(notes.get(changes_kind(self.namespace), {}), now, skipped)
+        if self._reading == "members":
             self._take_members(notes.get(members_kind(self.namespace), {}), now, skipped)
         progress: dict[str, str] = {}
-        stale = False
+        stale: list[Note] = []
         current = self._seen == self._version  # else a read of the members is on its way
         for kind, node in self._asked.items():
             found = notes.get(kind, {})
@@ -163,8 +209,10 @@ class Membership:
             if current and node in self._watched and node in self.members:
                 digest = alive_digest(kind, found, skipped)
                 if digest != self.members[node].digest and self._may_bump(node, now):
-                    stale = True
-        return progress, [self.version_note(now)] if stale else []
+                    stale += self.version_notes(now, node, None)
+        if self._seen == self._version:
+            self._current_ms = now
+        return progress, stale
 
     def check_due(self, now: int) -> bool:
         """Whether this node reads the whole registry now, for live nodes of an earlier
@@ -188,8 +236,58 @@ class Membership:
         return [Note(kind, OLDER_KEY, json_text(found), min(LAYOUT_TTL_MS, self.version_ttl))]
 
     def _take_members(self, notes: Mapping[str, str], now: int, skipped: Skipped | None) -> None:
-        self.members = read_members(notes, self.namespace, skipped)
-        self._version, self._members_ms = self._basis, now
+        self._whole = False
+        self._update(read_members(notes, self.namespace, skipped), now)
+
+    def _take_changes(self, notes: Mapping[str, str], now: int, skipped: Skipped | None) -> None:
+        """Take the change notes read: every one of them when the members are read whole
+        with them; else the new ones, whose nodes' kinds are read at the next sync
+        (:meth:`_settle`), or the members whole at the next read when they cannot tell."""
+        kind = changes_kind(self.namespace)
+        self._taken = {k: at for k, at in self._taken.items() if now - at <= self.changes_ttl}
+        changes = dict(parse_each(kind, notes, Change.parse, skipped))
+        new = {key for key in notes if key not in self._taken}
+        covered = version_nonce(self._basis) in notes
+        self._taken.update(dict.fromkeys(new, now))
+        self._members_ms = self._current_ms = now  # every change written before is taken
+        if self._reading == "members":
+            return
+        nodes = {changes[key].node for key in new if key in changes}
+        if not covered or len(nodes) > SETTLE_MAX or any(key not in changes for key in new):
+            self._whole = True  # the changes cannot tell them
+            return
+        self._carried = {
+            member.digest: member for key in new if (member := changes[key].member) is not None
+        }
+        self._settling = {node_kind(self.namespace, node): node for node in sorted(nodes)}
+        if not self._settling:
+            self._update(dict(self.members), now)
+
+    def _settle(
+        self, notes: Mapping[str, Mapping[str, str]], now: int, skipped: Skipped | None
+    ) -> None:
+        """Take the node kinds of the nodes the changes named: as they are now, whatever
+        order the changes were written in."""
+        members = dict(self.members)
+        unknown = False
+        for kind, node in self._settling.items():
+            digest = alive_digest(kind, notes.get(kind, {}), skipped)
+            if digest is None:
+                members.pop(node, None)  # its notes ran out: it left
+            elif digest in self._carried:
+                members[node] = self._carried[digest]
+            elif node not in members or members[node].digest != digest:
+                unknown = True  # changed again since, or a note of its lost
+        self._settling, self._carried = {}, {}
+        if unknown:
+            self._whole = True  # the changes do not tell it: read the members whole
+        else:
+            self._update(members, now)
+
+    def _update(self, members: dict[str, Member], now: int) -> None:
+        """The members as read under the version :attr:`_basis`."""
+        self.members = members
+        self._version = self._basis
         self.changed = True
         self._watched = watched(list(self.members), self.node, WATCHED)
         self._ring = sorted(set(self.members) | {self.node})

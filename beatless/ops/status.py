@@ -37,7 +37,7 @@ from beatless.fleet._controls import (
     read_requests,
     run_now_kind,
 )
-from beatless.fleet._members import members_kind, read_members
+from beatless.fleet._members import Change, changes_kind, members_kind, read_members
 from beatless.fleet._missed import (
     HOUR_MS,
     EntryView,
@@ -94,6 +94,21 @@ def known_entries(
     return {v.name: None for v in published_entries(store.read_notes([kind])[kind], namespace)}
 
 
+def _read_for_problems(
+    notes: Mapping[str, Mapping[str, str]],
+    kinds: Sequence[str],
+    namespace: str,
+    skipped: Collected,
+) -> None:
+    """Read the run-now requests, the progress, member and change notes (``kinds``, in
+    that order) only to tell ``skipped`` those that do not fit their schema."""
+    requests, progress, members, changes = kinds
+    read_requests(notes[requests], namespace, skipped)
+    dict(parse_each(progress, notes[progress], PROGRESS.load, skipped))
+    read_members(notes[members], namespace, skipped)
+    dict(parse_each(changes, notes[changes], Change.parse, skipped))
+
+
 def report(
     store: ClaimStore,
     namespace: str,
@@ -107,12 +122,10 @@ def report(
     kinds = [nodes_kind(namespace), entries_kind(namespace)]
     kinds += [controls_kind(namespace), audit_kind(namespace)]
     kinds += [run_now_kind(namespace), progress_kind(namespace)]  # read for their problems
-    kinds.append(members_kind(namespace))
+    kinds += [members_kind(namespace), changes_kind(namespace)]
     notes = store.read_notes(kinds)
     skipped = Collected()
-    read_requests(notes[kinds[4]], namespace, skipped)
-    dict(parse_each(kinds[5], notes[kinds[5]], PROGRESS.load, skipped))
-    read_members(notes[kinds[6]], namespace, skipped)
+    _read_for_problems(notes, kinds[4:], namespace, skipped)
     controls = read_controls(notes[kinds[2]], namespace, skipped)
     records = sorted(read_registry(notes[kinds[0]], namespace, skipped), key=lambda r: r.node)
     if schedule is not None:
