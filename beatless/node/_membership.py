@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from beatless.fleet._controls import json_text
 from beatless.fleet._members import (
     ALIVE_KEY,
-    CHANGES_TTL_MS,
     LAYOUT_CHECK_EVERY_MS,
     LAYOUT_TTL_MS,
     MEMBERS_READ_EVERY_MS,
@@ -58,7 +57,7 @@ class Membership:
         node: str,
         ttl_ms: int,
         version_ttl_ms: int,
-        changes_ttl_ms: int = CHANGES_TTL_MS,
+        changes_ttl_ms: int,
     ) -> None:
         self.namespace = namespace
         self.node = node
@@ -185,8 +184,8 @@ class Membership:
         self, notes: Mapping[str, Mapping[str, str]], now: int, skipped: Skipped | None
     ) -> tuple[dict[str, str], list[Note]]:
         """Take what the kinds of :meth:`kinds` read: the progress notes read, by node,
-        and the notes to post at once (a new version, when a watched member left or
-        its note is not the one read)."""
+        and the notes to post at once (a new version and its change note, when a watched
+        member left or its note is not the one read)."""
         membership = notes.get(membership_kind(self.namespace), {})
         version = membership.get(VERSION_KEY, "")
         self.checked = OLDER_KEY in membership
@@ -194,11 +193,11 @@ class Membership:
         if version != self._seen:
             self._seen, self._seen_ms = version, now
         if self._settling:
-            self._settle(notes, now, skipped)
+            self._settle(notes, skipped)
         if self._reading is not None:
             self._take_changes(notes.get(changes_kind(self.namespace), {}), now, skipped)
         if self._reading == "members":
-            self._take_members(notes.get(members_kind(self.namespace), {}), now, skipped)
+            self._take_members(notes.get(members_kind(self.namespace), {}), skipped)
         progress: dict[str, str] = {}
         stale: list[Note] = []
         current = self._seen == self._version  # else a read of the members is on its way
@@ -210,7 +209,7 @@ class Membership:
                 digest = alive_digest(kind, found, skipped)
                 if digest != self.members[node].digest and self._may_bump(node, now):
                     stale += self.version_notes(now, node, None)
-        if self._seen == self._version:
+        if current:
             self._current_ms = now
         return progress, stale
 
@@ -235,9 +234,9 @@ class Membership:
         # A store that keeps notes a shorter time: a lapsed check counts as one finding one.
         return [Note(kind, OLDER_KEY, json_text(found), min(LAYOUT_TTL_MS, self.version_ttl))]
 
-    def _take_members(self, notes: Mapping[str, str], now: int, skipped: Skipped | None) -> None:
+    def _take_members(self, notes: Mapping[str, str], skipped: Skipped | None) -> None:
         self._whole = False
-        self._update(read_members(notes, self.namespace, skipped), now)
+        self._update(read_members(notes, self.namespace, skipped))
 
     def _take_changes(self, notes: Mapping[str, str], now: int, skipped: Skipped | None) -> None:
         """Take the change notes read: every one of them when the members are read whole
@@ -261,11 +260,9 @@ class Membership:
         }
         self._settling = {node_kind(self.namespace, node): node for node in sorted(nodes)}
         if not self._settling:
-            self._update(dict(self.members), now)
+            self._update(dict(self.members))
 
-    def _settle(
-        self, notes: Mapping[str, Mapping[str, str]], now: int, skipped: Skipped | None
-    ) -> None:
+    def _settle(self, notes: Mapping[str, Mapping[str, str]], skipped: Skipped | None) -> None:
         """Take the node kinds of the nodes the changes named: as they are now, whatever
         order the changes were written in."""
         members = dict(self.members)
@@ -282,9 +279,9 @@ class Membership:
         if unknown:
             self._whole = True  # the changes do not tell it: read the members whole
         else:
-            self._update(members, now)
+            self._update(members)
 
-    def _update(self, members: dict[str, Member], now: int) -> None:
+    def _update(self, members: dict[str, Member]) -> None:
         """The members as read under the version :attr:`_basis`."""
         self.members = members
         self._version = self._basis
