@@ -34,6 +34,9 @@ DATABASES: dict[str, dict[str, Any]] = {
         "NAME": os.environ.get(
             "BEATLESS_DJANGO_SQLITE", str(Path(tempfile.gettempdir()) / "beatless-django.db")
         ),
+        # The test's edits share the file with the nodes' polls: on a loaded machine a
+        # write can wait past SQLite's default 5 s for their locks ("database is locked").
+        "OPTIONS": {"timeout": 30},
     },
     "postgres": {
         "ENGINE": "django.db.backends.postgresql",
