@@ -25,6 +25,7 @@ from beatless.node._prefer import (
     GRACE_MS,
     LADDER_MS,
     LANE_DELAYS_MS,
+    LOOK_SHIFT_MS,
     RUNGS,
     Progress,
     View,
@@ -87,8 +88,8 @@ def test_a_progress_note_covers_only_its_view_and_span() -> None:
 
 
 def test_the_ladder_rule_is_stated_from_the_registry_timings() -> None:
-    assert LADDER_MS == REGISTRY_TTL_MS + 2 * REGISTRY_EVERY_MS + 1_000
-    assert (RUNGS - 1) * GRACE_MS < LADDER_MS
+    assert LADDER_MS == REGISTRY_TTL_MS + 2 * REGISTRY_EVERY_MS + LOOK_SHIFT_MS + 750 == 26_000
+    assert (RUNGS - 1) * GRACE_MS + LOOK_SHIFT_MS < LADDER_MS
     assert fits(0, 60_000)
     assert fits(30_000, 60_000)
     assert not fits(40_000, 60_000)
@@ -117,13 +118,14 @@ def test_one_claim_per_firing_at_3_and_10_nodes_and_every_firing_once() -> None:
 
 
 def test_a_wake_claims_its_firings_before_it_decides_those_left_to_other_nodes() -> None:
-    """Releases every second meet the lower ranks' looks at earlier firings: the claims of
-    the wake go first, the firings delegated to their preferred nodes after them."""
+    """Wakes a second apart meet releases and the lower ranks' looks at earlier firings:
+    the claims of the wake go first, the firings delegated to their preferred nodes after
+    them."""
     fleet = SimFleet(steady_schedule(20, 1, 0), 3, preferred=True)
     run(fleet, WARM_UP_MS / 1_000)
     both = 0
     for _ in range(40):
-        fleet.clock.ms += fleet.step_ms
+        fleet.clock.ms += 1_000
         for node in fleet.nodes:
             outcomes = [d.outcome for d in node.scheduler.tick()]
             if "won" in outcomes and "delegated" in outcomes:
@@ -199,7 +201,7 @@ def test_firings_held_for_a_dead_claimer_are_taken_over_when_their_preferred_nod
     schedule = steady_schedule(4, 2, 0)
     fleet = SimFleet(schedule, 3, preferred=True)
     run(fleet, WARM_UP_MS / 1_000)
-    view = fleet.nodes[0].scheduler.preference.view
+    preference = fleet.nodes[0].scheduler.preference
     squatted: list[Firing] = []
     for entry in schedule.entries:
         address = schedule.address(entry)
@@ -207,7 +209,7 @@ def test_firings_held_for_a_dead_claimer_are_taken_over_when_their_preferred_nod
             if occurrence > fleet.clock.ms + 20_000:
                 break
             firing = Firing.of(entry, None, address, occurrence)
-            if view.rank(firing.id, "n0")[1] == "n0":
+            if preference.ranked(firing.id, firing.release_ms)[2] == "n0":
                 squatted.append(firing)
     squatted = sorted(squatted, key=lambda f: f.release_ms)[:3]
     requests = [claim_request(f) for f in squatted]

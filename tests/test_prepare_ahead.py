@@ -18,8 +18,17 @@ from beatless.node._ahead import (
     PREPARE_STEP,
     PREPARED_STALE_MS,
 )
-from beatless.node._prefer import LANE_DELAYS_MS, RUNGS, View, lane_of
-from beatless.node._timeline import FAN_OUT_STEP_MS
+from beatless.node._prefer import (
+    GRACE_MS,
+    LANE_DELAYS_MS,
+    LOOK_SHIFT_MS,
+    RUNGS,
+    Preference,
+    Ranked,
+    View,
+    lane_of,
+)
+from beatless.node._timeline import EXPAND_AHEAD_MS, FAN_OUT_STEP_MS
 from beatless.node.dispatch import Dispatcher, Wake, decide_claimed
 from beatless.node.scheduler import Scheduler
 from beatless.schedule._fanout import FanOut, Ranking
@@ -141,7 +150,7 @@ def test_a_firing_is_built_a_second_ahead_once_and_not_when_due_within_the_idle_
     assert [b for _, f, b in dispatcher.sent if f.release_ms == START_MS] == [None]
 
     following = START_MS + 10_000
-    clock.ms = following - 1_800
+    clock.ms = following - EXPAND_AHEAD_MS
     node.tick()  # the next occurrence is expanded
     assert node.sleep_s() == pytest.approx((following - PREPARE_AHEAD_MS - clock.ms) / 1_000)
     clock.ms = following - PREPARE_AHEAD_MS - 1
@@ -274,25 +283,74 @@ def test_staged_firings_of_an_unranked_fan_out_come_out_at_their_release() -> No
     assert fan.remaining == 0
 
 
+def split_view(node: Scheduler, me: str, firings: int) -> View:
+    """A view of three nodes, ``me`` first of them, under which ``me`` is preferred for
+    some of the ``firings`` released at ``START_MS`` and not for the others: over
+    ``INSTANT_GROUP`` of them, the instant's groups go each to its own preferred node.
+    The names are searched (ranks are hashes), the same on every run."""
+    preference = node.preference
+    for _ in range(firings):
+        preference.count(START_MS)
+    schedule = node.schedule
+    ids = [Firing.of(e, None, schedule.address(e), START_MS).id for e in schedule.entries]
+    for i in range(2, 100):
+        preference.view = View.of({me, f"n{i}", f"n{i + 1}"}, 0)
+        first = {f for f in ids if preference.ranked(f, START_MS)[1] == 0}
+        if 0 < len(first) < len(ids):
+            preference._instants.clear()
+            return preference.view
+    raise AssertionError("no view splits the instant")
+
+
 def test_with_the_preferred_claimer_a_node_builds_ahead_only_the_firings_it_is_first_for() -> None:
+    """150 entries due at one instant (two groups of it, ``INSTANT_GROUP``), three nodes:
+    n1 builds ahead the firings of the group it is preferred for, and places the others
+    at its rung, so that it does not wake for them at their release."""
     clock = Clock()
     dispatcher = BuildsAhead(clock)
-    schedule = Schedule([entry(f"e{i}", trigger=Every(10)) for i in range(60)])
+    schedule = Schedule([entry(f"e{i}", trigger=Every(10)) for i in range(150)])
     node = Scheduler(schedule, store=dispatcher, clock=clock, node="n1", preferred=True)
-    view = View.of({"n1", "n2", "n3"}, 0)
-    node.preference.view = view  # as read from the registry: three live nodes
-    clock.ms = START_MS - 1_500
+    view = split_view(node, "n1", 150)
+    clock.ms = START_MS - EXPAND_AHEAD_MS
     node.tick()
 
     clock.ms = START_MS - PREPARE_AHEAD_MS
     while node.prepare_ahead():
         pass
 
-    due = [f for _, f in node.timeline.items() if isinstance(f, Firing)]
-    assert len(due) == 60
-    first = {f.id for f in due if view.rank(f.id, "n1")[0] == 0}
-    assert 0 < len(first) < 60
+    due = [f for at, f in node.timeline.items() if isinstance(f, Firing)]
+    later = {at for at, d in node.timeline.items() if type(d).__name__ == "Deferred"}
+    first = {f.id for f in due if node.preference.ranked(f.id, f.release_ms)[1] == 0}
+    assert 0 < len(due) < 150
+    assert len(first) == len(due)  # at its release: only what n1 is first for
+    assert later <= {START_MS + GRACE_MS + LOOK_SHIFT_MS, START_MS + 2 * GRACE_MS + LOOK_SHIFT_MS}
+    assert len(due) + sum(type(d).__name__ == "Deferred" for _, d in node.timeline.items()) == 150
     assert set(dispatcher.built_at) == first
+    assert node.preference.view is view
+
+
+def test_a_steady_instant_goes_whole_to_one_node() -> None:
+    """60 entries due at each instant: under one view, the node preferred for an instant
+    is preferred for all 60 of its firings; over ten instants, each of three nodes comes
+    first for some."""
+    clock = Clock()
+    schedule = Schedule([entry(f"e{i}", trigger=Every(10)) for i in range(60)])
+    nodes = {
+        name: Scheduler(schedule, store=BuildsAhead(clock), clock=clock, node=name, preferred=True)
+        for name in ("n1", "n2", "n3")
+    }
+    firsts: Counter[str] = Counter()
+    for instant in range(START_MS, START_MS + 100_000, 10_000):
+        ids = [Firing.of(e, None, schedule.address(e), instant).id for e in schedule.entries]
+        for node in nodes.values():
+            node.preference.view = View.of(set(nodes), 0)
+        first = {
+            name: {f for f in ids if node.preference.ranked(f, instant)[1] == 0}
+            for name, node in nodes.items()
+        }
+        assert sorted(len(f) for f in first.values()) == [0, 0, 60], first
+        firsts.update(name for name, f in first.items() if f)
+    assert set(firsts) == set(nodes), firsts
 
 
 def test_a_firing_ranked_ahead_is_not_ranked_again_at_its_release(
@@ -300,23 +358,27 @@ def test_a_firing_ranked_ahead_is_not_ranked_again_at_its_release(
 ) -> None:
     clock = Clock()
     dispatcher = BuildsAhead(clock)
-    schedule = Schedule([entry(f"e{i}", trigger=Every(10)) for i in range(60)])
+    schedule = Schedule([entry(f"e{i}", trigger=Every(10)) for i in range(150)])
     node = Scheduler(schedule, store=dispatcher, clock=clock, node="n1", preferred=True)
-    view = View.of({"n1", "n2", "n3"}, 0)
-    node.preference.view = view
-    clock.ms = START_MS - 1_500
+    split_view(node, "n1", 150)
+    clock.ms = START_MS - EXPAND_AHEAD_MS
     node.tick()
     clock.ms = START_MS - PREPARE_AHEAD_MS
     while node.prepare_ahead():
         pass
 
     ranked: list[str] = []
-    rank = View.rank
-    monkeypatch.setattr(View, "rank", lambda v, fid, n: ranked.append(fid) or rank(v, fid, n))
+    rank = Preference.ranked
+
+    def counted(preference: Preference, firing_id: str, release_ms: int, **kw: bool) -> Ranked:
+        ranked.append(firing_id)
+        return rank(preference, firing_id, release_ms, **kw)
+
+    monkeypatch.setattr(Preference, "ranked", counted)
     clock.ms = START_MS
     node.tick()
     mine = [f for _, f, _ in dispatcher.sent if f.release_ms == START_MS]
-    assert 0 < len(mine) < 60  # its share claimed, the others left to n2 and n3
+    assert 0 < len(mine) < 150  # its share claimed, the others left to the other two
     assert ranked == []
     node.preference.view = View.of({"n1", "n2"}, 0)  # a node left: ranked afresh
     clock.ms = START_MS + 10_000 - PREPARE_AHEAD_MS
@@ -325,4 +387,4 @@ def test_a_firing_ranked_ahead_is_not_ranked_again_at_its_release(
     node.preference.view = View.of({"n1", "n2", "n4"}, 0)
     clock.ms = START_MS + 10_000
     node.tick()
-    assert len(ranked) >= 60
+    assert len(ranked) >= 150

@@ -3,11 +3,11 @@ until their release.
 
 A dispatcher that builds its messages ahead (:attr:`Dispatcher.prepares_ahead
 <beatless.node.dispatch.Dispatcher.prepares_ahead>`) is handed, while the loop would
-sleep, the firings due within ``PREPARE_AHEAD_MS`` that this node will claim at their
-release, ``PREPARE_STEP`` at a time until the next wake is near; at a burst, the work left
-at the instant is the claim and the send. What it built is taken back once
-(:meth:`BuildAhead.take`), and what was built for a firing never dispatched (decided late,
-paused or delegated) is dropped after ``PREPARED_STALE_MS``.
+sleep, the firings due within ``PREPARE_AHEAD_MS`` (under a second) that this node will
+claim at their release, ``PREPARE_STEP`` at a time until the next wake is near; at a
+burst, the work left at the instant is the claim and the send. What it built is taken
+back once (:meth:`BuildAhead.take`), and what was built for a firing never dispatched
+(decided late, paused or delegated) is dropped after ``PREPARED_STALE_MS``.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from beatless.node.dispatch import Dispatcher, Wake
 from beatless.schedule.entry import Entry
 from beatless.schedule.firing import Firing
 
-PREPARE_AHEAD_MS = 1_000
+PREPARE_AHEAD_MS = 750
 """A dispatcher that builds its messages ahead is handed the firings due within this
-long, while the loop would sleep."""
+long, while the loop would sleep: its wake to build falls a quarter of a second off the
+whole seconds most releases fall on, when other nodes send."""
 PREPARE_IDLE_MS = 20
 """Firings are prepared ahead only while the next wake is at least this far: a loop
 with releases every few milliseconds has no burst to prepare for."""

@@ -1,16 +1,25 @@
 """The preferred claimer: which node of the fleet claims a firing, so that one does.
 
 Without it every node claims every firing, and the store's work grows with the fleet. With
-it, each node ranks the live nodes of the registry for each firing by rendezvous hashing on
-the firing id (every node computes the same ranking from the same view) and:
+it, each node ranks the live nodes of the registry for each firing by rendezvous hashing
+(every node computes the same ranking from the same view) and:
 
 * rank 0, the *preferred* node, claims at the release, as before;
 * rank 1 claims at the release + ``GRACE_MS``, rank 2 at + 2 × ``GRACE_MS``, but only if
-  the preferred node's *progress* does not show that it dealt with the firing;
+  the preferred node's *progress* does not show that it dealt with the firing (each looks
+  ``LOOK_SHIFT_MS`` after its rung: off the whole seconds, where releases fall);
 * a node ranked ``RUNGS`` or lower never claims while the nodes above it are in the
   registry: it looks again every ``REGISTRY_EVERY_MS``, and when those nodes have left
   the members (dead, frozen, cut off: their notes ran out,
   :mod:`beatless.fleet._members`) it is ranked higher and claims.
+
+**What is ranked.** A plain firing is ranked by its release instant (:func:`instant_key`):
+the firings of one schedule released at one instant all go to one preferred node, so one
+process wakes and sends at that instant while the others sleep through it (each wakes
+only at its rung, placed there ahead of the release by the timeline). An instant of more
+than ``INSTANT_GROUP`` firings (a burst) is split into groups of about that many, each
+ranked on its own, so that the fleet shares it out. A fan-out's tenants are ranked each by
+its own key (:func:`lane_of`): their releases are spread over a window already.
 
 A node reads the progress of the node ranked first for a firing it waits on, in the
 syncs ``PROGRESS_LEAD_MS`` before its next look, at most ``PROGRESS_READ_MAX`` nodes a
@@ -76,10 +85,25 @@ PROGRESS_LEAD_MS = 1_500
 """A node reads the progress a firing waits on in the syncs this long before its look
 (the rung, or the next look of a node ranked below the rungs): late enough that the
 preferred node has posted it, and at two syncs at least."""
-LADDER_MS = REGISTRY_TTL_MS + 2 * REGISTRY_EVERY_MS + 1_000
+INSTANT_GROUP = 100
+"""At most about this many plain firings released at one instant go to one preferred node
+(:func:`instant_key`): a steady schedule's instant goes to one node, a burst of 10,000
+to a hundred groups shared out over the fleet."""
+BIG_INSTANTS_KEPT = 256
+"""How many instants holding more than ``INSTANT_GROUP`` firings keep their count once
+released (a firing looked at again after a view change is ranked by it)."""
+KEYS_KEPT = 1_024
+"""How many instants' keys keep their rank (a burst of 10,000 has 100)."""
+FORGET_EVERY_MS = 1_000
+"""How often the counts of released instants are dropped."""
+LOOK_SHIFT_MS = 250
+"""A lower rank looks this long after its rung's whole seconds: most schedules release on
+whole seconds, when the preferred nodes send, and a look is work the node does then."""
+LADDER_MS = REGISTRY_TTL_MS + 2 * REGISTRY_EVERY_MS + LOOK_SHIFT_MS + 750
 """The latest, after its release, that a firing is claimed when every node above a live
-one died: their records run out, the live node reads the registry and looks again, and
-claims (a second for the claim itself)."""
+one died: their records run out, the live node reads the registry and looks again (its
+looks ``LOOK_SHIFT_MS`` off the whole seconds), and claims (three quarters of a second
+for the claim itself): 26 s."""
 
 _MASK = (1 << 64) - 1
 
@@ -108,6 +132,16 @@ def scores(firing: int, salts: tuple[int, ...]) -> list[int]:
     return [x ^ (x >> 29) for x in products]
 
 
+def instant_key(release_ms: int, key: int, count: int) -> int:
+    """The 64-bit key a plain firing is ranked by: its release instant, so that one node is
+    preferred for every firing released at that instant and one node wakes for it, not
+    each; when ``count`` firings share the instant, in ``ceil(count / INSTANT_GROUP)``
+    groups by the firing's own ``key``, each ranked on its own (a burst is shared out)."""
+    groups = max(1, -(-count // INSTANT_GROUP))
+    text = f"{release_ms}/{key % groups}" if groups > 1 else str(release_ms)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
 def firing_key(firing_id: str) -> int:
     """The 64-bit key of a firing, from its id (the first 64 bits of its SHA-256, written
     as a UUID)."""
@@ -132,7 +166,12 @@ class View:
 
     def rank(self, firing_id: str, node: str) -> tuple[int, str]:
         """Where ``node`` stands for the firing (0 first), and which node stands first."""
-        ranked = scores(firing_key(firing_id), self.salts)
+        return self.rank_key(firing_key(firing_id), node)
+
+    def rank_key(self, key: int, node: str) -> tuple[int, str]:
+        """Where ``node`` stands for a 64-bit ranking key (:func:`instant_key`), and which
+        node stands first."""
+        ranked = scores(key, self.salts)
         mine = ranked[self.nodes.index(node)]
         return sum(s > mine for s in ranked), self.nodes[ranked.index(max(ranked))]
 
@@ -267,6 +306,12 @@ class Preference:
         self._posted: Progress | None = None
         self._ranking: Ranking | None = None
         self._lock = threading.Lock()
+        self._instants: dict[int, int] = {}
+        """How many plain firings are released at each instant not passed yet (and at the
+        last big ones): :meth:`count`."""
+        self._forgot_ms = 0
+        self._keys: dict[int, Ranked] = {}
+        """Where this node ranks for the last instants' keys (:meth:`ranked`)."""
         self._wanted: dict[str, Want] = {}
         """The nodes first for firings this node waits on, with when it looks again at
         the first and at the last of them, the latest release among them, and whether
@@ -289,17 +334,21 @@ class Preference:
         now_ms: int,
         *,
         ladder: bool,
+        plain: bool = True,
         ranked: Ranked | None = None,
     ) -> tuple[int, Ranked | None]:
         """What to do with a due firing: :data:`CLAIM` it now, :data:`DELEGATE` it, or look
         again at the time returned; and where it ranks, to pass back as ``ranked`` then (it
         is computed again only if the view changed). ``ladder`` is whether its entry fits
-        the ladder (and the firing is a scheduled one, not manual)."""
+        the ladder (and the firing is a scheduled one, not manual); ``plain``, whether it is
+        a plain firing (ranked by its instant), not a fan-out's. Placed ahead of its
+        release (``now_ms`` before it), a firing this node is not preferred for is looked
+        at first at its rung, or ``REGISTRY_EVERY_MS`` after its release."""
         view = self.view
         if not self.enabled or not ladder or len(view.nodes) == 1:
             return CLAIM, None
         if ranked is None or ranked[0] != view.digest:
-            ranked = (view.digest, *view.rank(firing_id, self.node))
+            ranked = self.ranked(firing_id, release_ms, plain=plain)
         _, rank, top = ranked
         if rank == 0:
             return CLAIM, ranked
@@ -310,10 +359,49 @@ class Preference:
             rung = release_ms + rank * GRACE_MS
             if now_ms >= rung:
                 return CLAIM, ranked
-            self._want(top, rung, release_ms, rung=True)
-            return rung, ranked
-        self._want(top, now_ms + REGISTRY_EVERY_MS, release_ms, rung=False)
-        return now_ms + REGISTRY_EVERY_MS, ranked
+            self._want(top, rung + LOOK_SHIFT_MS, release_ms, rung=True)
+            return rung + LOOK_SHIFT_MS, ranked
+        look = max(now_ms, release_ms) + REGISTRY_EVERY_MS + LOOK_SHIFT_MS
+        self._want(top, look, release_ms, rung=False)
+        return look, ranked
+
+    def ranked(self, firing_id: str, release_ms: int, *, plain: bool = True) -> Ranked:
+        """Where this node ranks, under its view, for the firing ``firing_id`` released at
+        ``release_ms``: a ``plain`` one by its release instant (:func:`instant_key`), a
+        fan-out's by its own key, as its lane (:func:`lane_of`)."""
+        view = self.view
+        key = firing_key(firing_id)
+        if plain:
+            key = instant_key(release_ms, key, self._instants.get(release_ms, 1))
+            known = self._keys.get(key)
+            if known is not None and known[0] == view.digest:
+                return known  # an instant's firings, or a group's: ranked once
+        ranked = (view.digest, *view.rank_key(key, self.node))
+        if plain:
+            if len(self._keys) >= KEYS_KEPT:
+                self._keys.clear()
+            self._keys[key] = ranked
+        return ranked
+
+    def count(self, release_ms: int) -> None:
+        """One more plain firing is released at ``release_ms``; counted before any of that
+        instant's firings is ranked (:meth:`ranked`), the timeline expanding them ahead."""
+        instants = self._instants
+        instants[release_ms] = instants.get(release_ms, 0) + 1
+
+    def _forget_instants(self, now_ms: int) -> None:
+        """Drop the counts of released instants, all but the last ``BIG_INSTANTS_KEPT`` of
+        more than ``INSTANT_GROUP`` firings (a count of one or up to ``INSTANT_GROUP``
+        ranks the same as none)."""
+        big = []
+        for instant, count in list(self._instants.items()):
+            if instant < now_ms:
+                if count > INSTANT_GROUP:
+                    big.append(instant)
+                else:
+                    del self._instants[instant]
+        for instant in sorted(big)[:-BIG_INSTANTS_KEPT]:
+            del self._instants[instant]
 
     def _want(self, top: str, by_ms: int, release_ms: int, *, rung: bool) -> None:
         """A firing released at ``release_ms`` waits on ``top``'s progress until ``by_ms``
@@ -364,16 +452,21 @@ class Preference:
             self._ranking = Ranking(view.digest, lane, LANE_DELAYS_MS)
         return self._ranking
 
-    def owns(self, firing_id: str) -> bool:
+    def owns(self, firing_id: str, release_ms: int, *, plain: bool = True) -> bool:
         """Whether this node is the preferred one for the firing under its view."""
         view = self.view
-        return len(view.nodes) == 1 or view.rank(firing_id, self.node)[0] == 0
+        return len(view.nodes) == 1 or self.ranked(firing_id, release_ms, plain=plain)[1] == 0
 
-    def decided(self, firing_id: str, release_ms: int, late_ms: int, outcome: str) -> None:
-        """A firing this node claimed was decided (or retried) with ``outcome``."""
+    def decided(
+        self, firing_id: str, release_ms: int, late_ms: int, outcome: str, *, plain: bool = True
+    ) -> None:
+        """A firing this node claimed was decided (or retried) with ``outcome``; ``plain``:
+        not a fan-out's (:meth:`ranked`)."""
         self._owned.pop(firing_id, None)
         self._held.pop(firing_id, None)
-        if outcome in _SETTLED or not (self.enabled and self.owns(firing_id)):
+        if outcome in _SETTLED or not self.enabled:
+            return
+        if not self.owns(firing_id, release_ms, plain=plain):
             return
         (self._held if outcome == "held" else self._owned)[firing_id] = (
             release_ms,
@@ -384,6 +477,9 @@ class Preference:
         """After a wake: every firing preferred here and released by ``now_ms`` is settled,
         but those still owned and what is still due (``pending_ms``, the earliest item left
         due in the loop's heap)."""
+        if now_ms - self._forgot_ms >= FORGET_EVERY_MS:
+            self._forgot_ms = now_ms
+            self._forget_instants(now_ms)
         until = now_ms if pending_ms is None or pending_ms > now_ms else pending_ms - 1
         for owned in (self._owned, self._held):
             for firing_id, (_, late) in list(owned.items()):

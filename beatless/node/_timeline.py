@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ from beatless.core.triggers import Trigger
 from beatless.fleet._controls import Control, manual_firing
 from beatless.node._inflight import InFlight
 from beatless.node._live import WAIT_MS, LiveView
+from beatless.node._occurrences import Group, Occurrences
 from beatless.node._prefer import Preference
 from beatless.node._tally import Tally
 from beatless.schedule._fanout import MAX_TENANTS, FanOut, prepare_ahead_ms
@@ -39,8 +40,11 @@ from beatless.schedule.firing import Firing, iso
 
 logger = logging.getLogger("beatless.node.scheduler")
 
-EXPAND_AHEAD_MS = 2_000
-"""Occurrences are expanded into firings this long before they are due."""
+EXPAND_AHEAD_MS = 1_250
+"""Occurrences are expanded into firings this long before they are due: a quarter of a
+second off the whole seconds most releases fall on, so that the nodes expanding do not
+wake when the preferred one sends. A read of the live head at the expansion confirms the
+occurrence (:data:`beatless.node._live.CONFIRM_MS` is longer)."""
 FAN_OUT_STEP_MS = 20
 """A fan-out hands out its firings at most this often: a million tenants over ten minutes
 release 1,667 firings a second, and one wake (one claim, one commit) per release would
@@ -56,57 +60,6 @@ class Deferred:
     """A due firing this node left to a node ranked above it, to look at again."""
 
     firing: Firing
-
-
-@dataclass(slots=True)
-class Group:
-    """The entries that share one trigger, and where that trigger has got to."""
-
-    trigger: Trigger
-    entries: list[Entry]
-    occurrences: Iterator[int]
-    live: bool = False
-    """One live definition (:mod:`beatless.node._live`): over once a later revision
-    takes its place."""
-
-    @property
-    def reach_ms(self) -> int:
-        """How far back an occurrence of this trigger may still be claimable."""
-        return max(entry.max_late_ms for entry in self.entries)
-
-    @property
-    def memory_ms(self) -> int:
-        """How long after an occurrence of this trigger the store may remember a claim."""
-        return max(entry.memory_ms for entry in self.entries)
-
-
-KEEP_GENERATOR_MS = 60_000
-"""A trigger whose occurrences come closer than this keeps its generator between two."""
-
-
-class Occurrences:
-    """A trigger's occurrences after ``after_ms``, as an iterator that holds the last one
-    it gave rather than a generator (a cron's holds a kilobyte of frames, and a node
-    holds one per distinct trigger): the next is asked of the trigger again, after the
-    last (occurrences are a pure function of the trigger and the instant, rule 1). A
-    trigger whose occurrences come often keeps its generator, which is quicker."""
-
-    __slots__ = ("_ahead", "last", "trigger")
-
-    def __init__(self, trigger: Trigger, after_ms: int) -> None:
-        self.trigger = trigger
-        self.last = after_ms
-        self._ahead: Iterator[int] | None = None
-
-    def __iter__(self) -> Occurrences:
-        return self
-
-    def __next__(self) -> int:
-        ahead = self._ahead if self._ahead is not None else iter(self.trigger.after(self.last))
-        occurrence = next(ahead)
-        self._ahead = ahead if occurrence - self.last < KEEP_GENERATOR_MS else None
-        self.last = occurrence
-        return occurrence
 
 
 def _known(tenants: object) -> tuple[str, ...]:
@@ -151,6 +104,11 @@ class Timeline:
         self._reached: list[tuple[int, tuple[Group, int]]] = []
         """Occurrences popped to expand ahead of time, none of whose firings is due yet:
         expanded after the wake's dispatch (:meth:`expand_reached`)."""
+        self._placed_under = preference.view.digest
+        """The view the firings placed ahead were ranked under (:meth:`follow_view`)."""
+        self._fresh: list[Firing] = []
+        """Plain firings expanded in this wake, placed once every occurrence it reached is
+        expanded (:meth:`_place_fresh`): an instant's firings are ranked together."""
         self._waited: dict[str, int] = {}
         """The firings (and fan-outs, :func:`_fan_key`) waiting for the live head, each
         with when it is looked at again: one that is late by then is decided
@@ -239,7 +197,8 @@ class Timeline:
                 left = self._caught_up.get(entry.name)
                 if occurrence < self.start_ms and left is not None:
                     self._flights.coalesce(firing, left[1], left[2])
-                self._push(firing.release_ms, firing)
+                self._preference.count(firing.release_ms)
+                self._fresh.append(firing)
             elif len(tenants) > MAX_TENANTS:
                 logger.error(
                     "entry %s: %d tenants, over the %d one fan-out can hold; occurrence %s skipped",
@@ -403,6 +362,7 @@ class Timeline:
                 self._reached.append((at_ms, item))  # nothing of it is due yet
             else:
                 self._expand_at(item, now)
+                self._place_fresh(now)  # due now (a catch-up, a clock jump): in this wake
         for at_ms, item in later:
             self._push(at_ms, item)
         return due
@@ -420,6 +380,41 @@ class Timeline:
             while heap and heap[0][0] <= now and isinstance(heap[0][2], tuple):
                 at_ms, _, item = heapq.heappop(heap)
                 self._reached.append((at_ms, item))
+        self._place_fresh(now)
+
+    def _place_fresh(self, now: int) -> None:
+        """Push the plain firings just expanded: each at its release, but one this node is
+        not preferred for at its first look (:meth:`Preference.place
+        <beatless.node._prefer.Preference.place>`), so it does not wake at that release."""
+        fresh, self._fresh = self._fresh, []
+        preference, ladder = self._preference, self._ladder
+        for firing in fresh:
+            placed, ranked = preference.place(
+                firing.id, firing.release_ms, now, ladder=ladder[firing.entry.name]
+            )
+            if placed < 0 or placed <= firing.release_ms:  # claim (or delegate) when due
+                self._push(firing.release_ms, firing)
+            else:
+                if ranked is not None:
+                    self._flights.rank(firing, ranked)
+                self._push(placed, Deferred(firing))
+
+    def follow_view(self, now: int) -> None:
+        """When the node's view changed, the firings placed ahead at a later look under
+        the last one are due at their release again, ranked then under the new view."""
+        digest = self._preference.view.digest
+        if digest != self._placed_under:
+            self._placed_under = digest
+            self._unrank(now)
+
+    def _unrank(self, now: int) -> None:
+        moved = False
+        for index, (_, seq, item) in enumerate(self._heap):
+            if isinstance(item, Deferred) and item.firing.release_ms > now:
+                self._heap[index] = (item.firing.release_ms, seq, item.firing)
+                moved = True
+        if moved:
+            heapq.heapify(self._heap)
 
     def _expand_at(self, item: tuple[Group, int], now: int) -> None:
         group, occurrence = item

@@ -214,4 +214,5 @@ class LoopWake:
     def _settle(self, firing: Firing, outcome: str) -> None:
         if self._preference.enabled and not firing.manual:
             late_ms = firing.occurrence_ms + firing.entry.max_late_ms
-            self._preference.decided(firing.id, firing.release_ms, late_ms, outcome)
+            plain = firing.tenant is None
+            self._preference.decided(firing.id, firing.release_ms, late_ms, outcome, plain=plain)

@@ -268,6 +268,7 @@ class Scheduler:
             now = self.wake.release_ms = release
         self.board.woke(now)
         self.preference.adopt(now)
+        self.timeline.follow_view(now)
         self._follow_live(now)
         run_now = self.board.take_run_now()
         if run_now:
@@ -345,6 +346,7 @@ class Scheduler:
                 firing.release_ms,
                 now,
                 ladder=ladder,
+                plain=firing.tenant is None,
                 ranked=self.flights.take_ranked(firing) or self.ahead.ranked(firing),
             )
             if placed == CLAIM:
@@ -367,8 +369,7 @@ class Scheduler:
             return None
         if not self._ladder[firing.entry.name] or firing.manual:
             return None
-        view = preference.view
-        return (view.digest, *view.rank(firing.id, self.node))
+        return preference.ranked(firing.id, firing.release_ms, plain=firing.tenant is None)
 
     def _drop_paused(self, due: list[Firing], now: int) -> list[Firing]:
         """Decide the firings of paused entries ``paused``: not claimed, not missed.
