@@ -456,8 +456,8 @@ def steady(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdi
         "redis_cpu_us_per_firing": 1e6 * (server1 - server0) / firings,
         "redis_command_us_per_firing": sent / firings,
         "redis_script_us_per_firing": scripted / firings,
-        "redis_commands": dict(sorted(stats.items(), key=lambda kv: -kv[1])[:12]),
-        "redis_usec": dict(sorted(usec.items(), key=lambda kv: -kv[1])[:12]),
+        "redis_commands": dict(sorted(stats.items(), key=lambda kv: -kv[1])[:30]),
+        "redis_usec": dict(sorted(usec.items(), key=lambda kv: -kv[1])[:30]),
         "reader_calls_excluded": own,
         "load": load(),
     }

@@ -77,6 +77,7 @@ from beatless.stores.redis._facts import (
 )
 from beatless.stores.redis._logs import Logs, kind_notes
 from beatless.stores.redis._packer import packer_of
+from beatless.stores.redis._refresh import Refresh
 from beatless.stores.redis._wire import (
     CHUNK,
     CLAIM,
@@ -152,6 +153,9 @@ class RedisStore(ClaimStore):
         self.prefix = key_prefix("redis store", namespace, prefix)
         self._epoch_key = f"{self.prefix}epoch"
         self._logs = Logs(self._notes_keys, self._log_key, EXPIRY_SLACK_MS)
+        self._refresh = Refresh(
+            self._notes_keys, NOTE_VERSION, EXPIRY_SLACK_MS, self._server_version
+        )
         self._forgot_before_ms: int | None = None
         self._closed = False
         if isinstance(client_or_url, str):
@@ -385,12 +389,18 @@ class RedisStore(ClaimStore):
         return {id_: record for id_, record in found if record is not None}
 
     def post(self, notes: Sequence[Note]) -> None:
+        """One script that writes ``notes`` and sweeps their kinds; the notes of a kind this
+        store object swept lately, kept in place with no bound, in one ``MULTI`` instead
+        (:mod:`beatless.stores.redis._refresh`)."""
         extends: list[tuple[str, float]] = []
-        keys, kinds = note_args(notes, self._logs, extends)
-        if not keys:
-            return
         with self._errors("post notes"):
-            self._run(self._post, [(keys, [NOTE_VERSION, EXPIRY_SLACK_MS, *kinds])])
+            quick, scripted = self._refresh.split(notes)
+            keys, kinds = note_args(scripted, self._logs, extends)
+            if keys:
+                self._run(self._post, [(keys, [NOTE_VERSION, EXPIRY_SLACK_MS, *kinds])])
+                self._refresh.swept(scripted)
+            if quick:
+                self._refresh.write(self._client, quick)
         self._logs.made(extends)
 
     keeps_notes = True
@@ -463,6 +473,7 @@ class RedisStore(ClaimStore):
                 _kept.queue_read(pipe, kind, keys, self._kept_key)
             (seconds, micros), *replies = pipe.execute()
         now_ms = int(seconds) * 1_000 + int(micros) // 1_000
+        self._refresh.saw(now_ms)
         notes = {
             k: live_notes(f, now_ms) for k, f in zip(asked, replies[: len(asked)], strict=True)
         }
@@ -474,7 +485,9 @@ class RedisStore(ClaimStore):
     def time_ms(self) -> int:
         with self._errors("read the clock"):
             seconds, micros = self._client.time()
-        return int(seconds) * 1_000 + int(micros) // 1_000
+        now_ms = int(seconds) * 1_000 + int(micros) // 1_000
+        self._refresh.saw(now_ms)
+        return now_ms
 
     def load_scripts(self) -> None:
         """Load the claim and commit scripts on the server ahead of their first run: a
@@ -536,6 +549,14 @@ class RedisStore(ClaimStore):
         """The keys of a kind: its notes hash and that hash's expiry index."""
         digest = hashlib.sha256(kind.encode()).hexdigest()
         return f"{self.prefix}notes:{digest}", f"{self.prefix}notes-expiry:{digest}"
+
+    def _server_version(self) -> str | None:
+        """The server's ``redis_version`` (``INFO server``); ``None`` where ``INFO`` is
+        refused (renamed, or not granted)."""
+        try:
+            return str(self._client.info("server").get("redis_version"))
+        except self._driver.exceptions.ResponseError:
+            return None
 
     def _log_key(self, kind: str) -> str:
         """The key of a kind's log (:mod:`beatless.stores.redis._logs`)."""
