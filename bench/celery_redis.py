@@ -427,20 +427,35 @@ def steady(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdi
     window = [(d, p) for d, p in reader.seen if start <= d <= end]
     lateness = [p - d for d, p in window]
     reader = ("brpop", "rpop", "info", "config|resetstat", "multi", "exec")
+    # The reader's commands: its pops, and per pop a MULTI, an EXEC and a TIME. The rest
+    # of the MULTIs and EXECs are the nodes' own (a refresh of their notes on Redis 7:
+    # beatless/stores/redis/_refresh.py), counted on.
+    multis = {name: stats.pop(name, 0) for name in ("multi", "exec")}
     own = sum(stats.pop(name, 0) for name in reader)
+    for name, count in multis.items():
+        stats[name] = max(0, count - stamps)
+        own += min(stamps, count)
     # The reader's TIME, one per pop (the scripts' own run inside them, counted on).
+    reader_time = 0
     if stats.get("time"):
-        usec["time"] -= round(usec.get("time", 0) * min(stamps, stats["time"]) / stats["time"])
+        reader_time = round(usec.get("time", 0) * min(stamps, stats["time"]) / stats["time"])
+        usec["time"] -= reader_time
         stats["time"] -= min(stamps, stats["time"])
         own += stamps
+    stats = {name: count for name, count in stats.items() if count}
     calls = sum(stats.values())
     firings = max(len(window), 1)
     scripted = sum(usec.get(name, 0) for name in ("evalsha", "eval"))
-    # Time of the commands clients sent, each script once: its inner commands are counted
-    # in its time, and again under their own names, which are left out (a direct TIME or
-    # INFO of a node is left out with them: a microsecond or so each).
+    # Time of the commands clients sent, each script and each EXEC once: its inner
+    # commands are counted in its time, and again under their own names, which are left
+    # out (a direct TIME or INFO of a node is left out with them: a microsecond or so
+    # each). The nodes' EXECs are the EXECs' time but the reader's RPOPs and TIMEs (the
+    # bookkeeping of the reader's own MULTIs is left in, a microsecond or so each).
     inner = sum(usec.get(name, 0) for name in SCRIPT_INNER) if scripted else 0
-    sent = sum(t for name, t in usec.items() if name not in reader) - inner
+    nodes_exec = max(0, usec.get("exec", 0) - usec.get("rpop", 0) - reader_time)
+    sent = sum(t for name, t in usec.items() if name not in reader) - inner + nodes_exec
+    usec["exec"] = nodes_exec
+    usec = {name: t for name, t in usec.items() if name not in reader or name == "exec"}
     return {
         "nodes": nodes,
         "firings": len(window),

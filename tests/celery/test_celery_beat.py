@@ -291,8 +291,25 @@ def test_beats_on_two_hosts_feed_a_worker_each_firing_once_with_its_id_and_occur
     )
     assert seconds == list(range(seconds[0], seconds[0] + len(seconds))), seconds
     assert "beatless store" in beats[0].output()
-    assert "Traceback" not in logs
+    named = {"beat-a": beats[0], "beat-b": beats[1], "worker": worker}
+    assert not (found := tracebacks(named)), found
     assert sum("outcome=won" in p.output() for p in beats) >= 1
+
+
+def tracebacks(processes: dict[str, Any]) -> str:
+    """Each traceback in the processes' logs, whole, with the process and the line before
+    it (what logged it): empty when there is none."""
+    found = []
+    for name, process in processes.items():
+        lines = process.output().splitlines()
+        for at, line in enumerate(lines):
+            if "Traceback" in line:
+                end = next(
+                    (i for i in range(at + 1, len(lines)) if not lines[i].startswith((" ", "\t"))),
+                    len(lines) - 1,
+                )
+                found.append(f"--- {name}:\n" + "\n".join(lines[max(0, at - 1) : end + 1]))
+    return "\n".join(found)
 
 
 def test_import_of_beatless_celery_opens_no_broker_driver() -> None:
