@@ -13,20 +13,21 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("redis", reason="the redis store needs redis-py")
 
 import redis
 from service_check import require_service
+from stores import REDIS, delete_redis_prefix
 
 from beatless.stores.base import Note
 from beatless.stores.redis._refresh import CLOCK_FRESH_MS, SWEEP_EVERY_MS, Refresh
 from beatless.stores.redis._wire import EXPIRY_SLACK_MS
 from beatless.stores.redis.store import RedisStore
 
-HOST, PORT = "127.0.0.1", 6379
+_, HOST, PORT = REDIS
 URL = f"redis://{HOST}:{PORT}/0"
 TTL_MS = 15_000
 
@@ -53,9 +54,7 @@ def client() -> Iterator[redis.Redis]:
 def prefix(client: redis.Redis) -> Iterator[str]:
     value = f"beatless-test:{uuid.uuid4().hex}:"
     yield value
-    keys = list(client.scan_iter(match=f"{value}*", count=1_000))
-    if keys:
-        client.delete(*keys)
+    delete_redis_prefix(value)
 
 
 class Counted:
@@ -227,12 +226,10 @@ POSTS = st.lists(
 )
 
 
-@settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=25, deadline=None)
 @given(posts=POSTS)
 def test_any_posts_read_the_same_through_refreshes_as_through_scripts_alone(
-    client: redis.Redis, posts: list[list[tuple[str, str, int, int, int]]]
+    posts: list[list[tuple[str, str, int, int, int]]],
 ) -> None:
     require_service("Redis", HOST, PORT)
     base = f"beatless-test:{uuid.uuid4().hex}:"
@@ -260,6 +257,4 @@ def test_any_posts_read_the_same_through_refreshes_as_through_scripts_alone(
             }
         assert scripted.multis == 0
     finally:
-        keys = list(client.scan_iter(match=f"{base}*", count=1_000))
-        if keys:
-            client.delete(*keys)
+        delete_redis_prefix(base)
