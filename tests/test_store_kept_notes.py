@@ -119,3 +119,21 @@ def test_a_sync_reads_notes_and_the_kept_notes_asked_in_one_call(
     assert read[notes] == {"n": "1"}
     assert found == {kept: {"head": "h", "7": "r7"}, other: {}}
     assert b.read_synced([], {kept: ["head"]}) == ({}, {kept: {"head": "h"}})
+
+
+def test_a_sync_posts_its_own_notes_and_reads_them_back_in_one_call(
+    store_factory: StoreFactory,
+) -> None:
+    a, b = store_factory(), store_factory()
+    mine, kept = kind("mine"), kind("kept")
+    asked: dict[str, list[str]] = {}
+    if a.keeps_notes:
+        a.keep_notes([KeptNote(kept, "head", "h")])
+        asked = {kept: ["head"]}
+    for second in range(3):  # posted again at each sync, as a node's progress is
+        note = Note(mine, "progress", f"p{second}", 60_000)
+        read, found = a.post_and_read([note], [mine, kind("none")], asked)
+        assert read[mine] == {"progress": f"p{second}"}
+        assert found == {name: {"head": "h"} for name in asked}
+        assert b.read_notes([mine]) == {mine: {"progress": f"p{second}"}}
+    assert a.post_and_read([], [mine], {}) == ({mine: {"progress": "p2"}}, {})

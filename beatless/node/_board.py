@@ -204,7 +204,6 @@ class Board(HistoryWriter):
         the registry and warn about drift. A store error is logged (rate-limited) and the
         history kept for the next sync."""
         now = self.loop.now_ms() if now_ms is None else now_ms
-        self.watch_store(now)
         history, missed = self.take_pending()
         notes = self.history_notes(history) + missed
         registry_due = self._registry_ms is None or now - self._registry_ms >= REGISTRY_EVERY_MS
@@ -227,10 +226,10 @@ class Board(HistoryWriter):
             notes.extend(self._entry_notes())
             self._entries_ms = now
         try:
-            if notes:
-                self.store.post(notes)
-                self.members.posted(now)
-            self._read(now, registry_due)
+            try:
+                self._read(now, registry_due, notes)
+            finally:
+                self.watch_store(now)  # after the read, which carries the quick settings
             if self.sweep_due(now):
                 self._swept_ms = now
                 self._sweep_missed(now)
@@ -283,10 +282,12 @@ class Board(HistoryWriter):
             for entry in schedule.entries
         ]
 
-    def _read(self, now: int, registry_due: bool) -> None:
-        """Read the controls, the membership version and the node kinds of the members
-        watched and of the nodes whose progress is wanted (every sync), and the members
-        when their version changed, in one call (:mod:`beatless.fleet._members`)."""
+    def _read(self, now: int, registry_due: bool, posted: list[Note]) -> None:
+        """Post ``posted``, then read the controls, the membership version and the node
+        kinds of the members watched and of the nodes whose progress is wanted (every
+        sync), and the members when their version changed, in one call
+        (:meth:`ClaimStore.post_and_read <beatless.stores.base.ClaimStore.post_and_read>`,
+        :mod:`beatless.fleet._members`)."""
         preference = self.loop.preference
         kinds = [controls_kind(self.namespace), run_now_kind(self.namespace)]
         kinds.append(reseeded_kind(self.namespace))
@@ -294,7 +295,9 @@ class Board(HistoryWriter):
         kinds.extend(self.members.kinds(now, wanted))
         live = self.loop.live
         began = self.loop.now_ms()
-        notes, kept = self.store.read_synced(kinds, live.wanted() if live.enabled else {})
+        notes, kept = self.store.post_and_read(posted, kinds, live.wanted() if live.enabled else {})
+        if posted:
+            self.members.posted(now)
         if live.enabled:
             live.took(kept, began)
         self.controls = read_controls(notes[kinds[0]], self.namespace, self)

@@ -513,6 +513,17 @@ class ClaimStore(ABC):
         notes = self.read_notes(kinds) if kinds else {}
         return notes, {kind: self.read_kept(kind, keys) for kind, keys in kept.items()}
 
+    def post_and_read(
+        self, notes: Sequence[Note], kinds: Sequence[str], kept: Mapping[str, Sequence[str]]
+    ) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+        """:meth:`post` ``notes`` (if any), then :meth:`read_synced`: a node's sync, in
+        one round trip where the store can send both at once (Redis, for the notes a node
+        posts every second; see :mod:`beatless.stores.redis._refresh`). Raises as
+        :meth:`post` does, and then reads nothing."""
+        if notes:
+            self.post(notes)
+        return self.read_synced(kinds, kept)
+
     keeps_notes: bool = False
     """Whether the store keeps notes until they are deleted (:meth:`keep_notes`); a store
     that cannot says why in :attr:`why_not_kept`."""

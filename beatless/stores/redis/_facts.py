@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from types import ModuleType
 from typing import Any
@@ -88,27 +89,97 @@ def read_settings(
     return config, info
 
 
+POLICY_FORMS: dict[str, tuple[str, ...]] = {
+    "named": ("CONFIG", "GET", "maxmemory-policy", "maxmemory"),
+    "pattern": ("CONFIG", "GET", "maxmemory*"),
+    "info": ("INFO", "memory"),
+}
+"""The commands that read ``maxmemory-policy`` and ``maxmemory``, by form, as
+:func:`read_policy` tries them."""
+POLICY_FRESH_MS = 500
+"""How old a reading carried by a sync may be for :meth:`PolicyWatch.recent` to give it."""
+
+Policy = tuple[object, "int | None"]
+"""``maxmemory-policy`` (as Redis said it) and ``maxmemory``."""
+
+
 def read_policy(
     client: Any, driver: ModuleType, errors: tuple[type[BaseException], ...]
-) -> tuple[object, int | None] | None:
+) -> Policy | None:
     """``maxmemory-policy`` and ``maxmemory`` in one command: ``CONFIG GET`` of both by name
     (Redis 7: two lookups, where the pattern ``maxmemory*`` of an earlier Redis, which
     takes one name only, matches every setting against it: ten times the server's time),
     or ``INFO memory`` where ``CONFIG`` is refused (renamed, or not granted); ``None`` if
     neither answers."""
+    found = _read_policy(client, driver, errors)
+    return None if found is None else found[0]
+
+
+def _read_policy(
+    client: Any, driver: ModuleType, errors: tuple[type[BaseException], ...]
+) -> tuple[Policy, str] | None:
+    """:func:`read_policy`, with the form that answered (a key of :data:`POLICY_FORMS`)."""
     try:
-        try:
+        for form in ("named", "pattern", "info"):
             try:
-                found = client.execute_command("CONFIG", "GET", "maxmemory-policy", "maxmemory")
+                return policy_of(form, client.execute_command(*POLICY_FORMS[form])), form
             except driver.exceptions.ResponseError:  # Redis before 7, or CONFIG refused
-                found = client.config_get("maxmemory*")
-            config = {as_text(k): v for k, v in _pairs(found)}
-            return config.get("maxmemory-policy"), _number(config.get("maxmemory"))
-        except driver.exceptions.ResponseError:
-            info = client.info("memory")
-            return info.get("maxmemory_policy"), _number(info.get("maxmemory"))
+                continue
     except errors:
         return None
+    return None
+
+
+def policy_of(form: str, reply: Any) -> Policy:
+    """The policy and ``maxmemory`` in the reply of the command of ``form``."""
+    if form == "info":
+        return reply.get("maxmemory_policy"), _number(reply.get("maxmemory"))
+    config = {as_text(k): v for k, v in _pairs(reply)}
+    return config.get("maxmemory-policy"), _number(config.get("maxmemory"))
+
+
+class PolicyWatch:
+    """The policy of one Redis as a node's syncs read it: its reading rides in the sync's
+    own pipeline (:meth:`queue`, :meth:`took`), one round trip fewer a second, in the form
+    a direct read (:meth:`read`) found to answer; :meth:`recent` gives it for
+    :data:`POLICY_FRESH_MS`, so the judgement just after a sync needs no command of its
+    own. A reading that fails forgets the form: the next one is direct again."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.form: str | None = None
+        self._read: tuple[Policy, float] | None = None
+
+    def read(
+        self, client: Any, driver: ModuleType, errors: tuple[type[BaseException], ...]
+    ) -> Policy | None:
+        """A direct read (:func:`read_policy`), whose form later syncs carry."""
+        found = _read_policy(client, driver, errors)
+        if found is None:
+            self.form = None
+            return None
+        policy, self.form = found
+        return policy
+
+    def queue(self, pipe: Any) -> bool:
+        """Queue the read on ``pipe`` if a direct read found its form; whether it did."""
+        if self.form is None:
+            return False
+        pipe.execute_command(*POLICY_FORMS[self.form])
+        return True
+
+    def took(self, reply: Any) -> None:
+        """The reply of the read :meth:`queue` queued (an exception if it failed)."""
+        if self.form is None or isinstance(reply, Exception):
+            self.form, self._read = None, None
+            return
+        self._read = policy_of(self.form, reply), self.clock() * 1_000
+
+    def recent(self) -> Policy | None:
+        """The reading a sync took less than :data:`POLICY_FRESH_MS` ago; else ``None``."""
+        if self._read is None or self.clock() * 1_000 - self._read[1] > POLICY_FRESH_MS:
+            return None
+        return self._read[0]
 
 
 def _pairs(found: Any) -> list[tuple[Any, Any]]:

@@ -67,9 +67,9 @@ from beatless.stores.redis._client import (
     wait_in_url,
 )
 from beatless.stores.redis._facts import (
+    PolicyWatch,
     judge_settings,
     policy_fact,
-    read_policy,
     read_settings,
     read_usage,
     told_full,
@@ -156,6 +156,7 @@ class RedisStore(ClaimStore):
         self._refresh = Refresh(
             self._notes_keys, NOTE_VERSION, EXPIRY_SLACK_MS, self._server_version
         )
+        self._policy = PolicyWatch()
         self._forgot_before_ms: int | None = None
         self._closed = False
         if isinstance(client_or_url, str):
@@ -462,16 +463,51 @@ class RedisStore(ClaimStore):
         queued in one, reads included, and a node must still read the live schedule's head
         while the store refuses writes. ``TIME`` goes first, so what is read is never older
         than the time the read is dated."""
+        return self._synced([], kinds, kept, settings=False)
+
+    def post_and_read(
+        self, notes: Sequence[Note], kinds: Sequence[str], kept: Mapping[str, Sequence[str]]
+    ) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+        """A node's sync in one round trip: the refreshes of ``notes``
+        (:meth:`Refresh.queue <beatless.stores.redis._refresh.Refresh.queue>`), the reads
+        of :meth:`read_synced` and the eviction policy (:meth:`quick_facts` takes it), in
+        one pipeline; the notes that need a script are posted first, by script (a kind
+        due its sweep, a bound, a log). A write refused raises, as :meth:`post` does, and
+        what was read is dropped."""
+        quick, scripted = self._refresh.split(notes)
+        if scripted:
+            self.post(scripted)
+        return self._synced(quick, kinds, kept, settings=True)
+
+    def _synced(
+        self,
+        quick: Sequence[Note],
+        kinds: Sequence[str],
+        kept: Mapping[str, Sequence[str]],
+        *,
+        settings: bool,
+    ) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
         asked = list(dict.fromkeys(kinds))
         wanted = [(kind, keys) for kind, keys in kept.items() if keys]
         with self._errors("read notes"):
             pipe = self._client.pipeline(transaction=False)
+            writes = self._refresh.queue(pipe, quick) if quick else 0
             pipe.time()
             for kind in asked:
                 pipe.hgetall(self._notes_keys(kind)[0])
             for kind, keys in wanted:
                 _kept.queue_read(pipe, kind, keys, self._kept_key)
-            (seconds, micros), *replies = pipe.execute()
+            watched = settings and self._policy.queue(pipe)
+            replies = pipe.execute(raise_on_error=False)
+        if watched:
+            self._policy.took(replies.pop())
+        for what, part in (("post notes", replies[:writes]), ("read notes", replies[writes:])):
+            failed = next((reply for reply in part if isinstance(reply, Exception)), None)
+            if failed is not None:
+                with self._errors(what):
+                    raise failed
+        self._refresh.wrote(quick)
+        (seconds, micros), *replies = replies[writes:]
         now_ms = int(seconds) * 1_000 + int(micros) // 1_000
         self._refresh.saw(now_ms)
         notes = {
@@ -520,8 +556,11 @@ class RedisStore(ClaimStore):
         return with_wait(facts, info, self.wait, self.wait_timeout_ms) if self.wait else facts
 
     def quick_facts(self) -> StoreFacts | None:
-        """``maxmemory-policy`` and ``maxmemory`` (:func:`read_policy`: one command)."""
-        read = None if self._closed else read_policy(self._client, self._driver, self._lost)
+        """``maxmemory-policy`` and ``maxmemory``: as the sync just read them
+        (:meth:`post_and_read`), else in one command (:func:`read_policy`)."""
+        read = self._policy.recent()
+        if read is None and not self._closed:
+            read = self._policy.read(self._client, self._driver, self._lost)
         return None if read is None else StoreFacts(self.facts_name, (policy_fact(*read),))
 
     @property
