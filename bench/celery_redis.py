@@ -207,6 +207,11 @@ class Redis:
         stats = self.client.info("commandstats")
         return {k.removeprefix("cmdstat_"): int(v["usec"]) for k, v in stats.items()}
 
+    def reads(self) -> int:
+        """Read events the server processed so far (``INFO stats``
+        ``total_reads_processed``): about one per round trip of a client."""
+        return int(self.client.info("stats")["total_reads_processed"])
+
     def cpu_s(self) -> float:
         """User + system CPU of the server process so far (``INFO cpu``)."""
         info = self.client.info("cpu")
@@ -408,11 +413,13 @@ def steady(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdi
         redis.client.config_resetstat()
         stamps = reader.stamps
         cpu0 = [b.cpu_s() for b in beats]
+        reads0 = redis.reads()
         server0 = redis.cpu_s()
         start = time.time() * 1_000
         time.sleep(args.seconds)
         stats = redis.commandstats()
         usec = redis.command_usec()
+        reads1 = redis.reads()
         stamps = reader.stamps - stamps
         server1 = redis.cpu_s()
         end = time.time() * 1_000
@@ -426,6 +433,9 @@ def steady(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdi
     # window) is never counted as lateness, whenever it is sent.
     window = [(d, p) for d, p in reader.seen if start <= d <= end]
     lateness = [p - d for d, p in window]
+    # The nodes' round trips: the server's read events, less the reader's (a BRPOP, and a
+    # pipeline of MULTI, RPOP, TIME and EXEC per pop) and the benchmark's own four INFOs.
+    trips = max(0, reads1 - reads0 - stats.get("brpop", 0) - stamps - 4)
     reader = ("brpop", "rpop", "info", "config|resetstat", "multi", "exec")
     # The reader's commands: its pops, and per pop a MULTI, an EXEC and a TIME. The rest
     # of the MULTIs and EXECs are the nodes' own (a refresh of their notes on Redis 7:
@@ -469,6 +479,7 @@ def steady(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdi
         "redis_calls": calls,
         "redis_calls_per_firing": calls / firings,
         "redis_cpu_us_per_firing": 1e6 * (server1 - server0) / firings,
+        "redis_round_trips_per_node_s": trips / nodes / ((end - start) / 1_000),
         "redis_command_us_per_firing": sent / firings,
         "redis_script_us_per_firing": scripted / firings,
         "redis_commands": dict(sorted(stats.items(), key=lambda kv: -kv[1])[:30]),
@@ -589,6 +600,10 @@ def rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
             ("Redis command time per firing", *(us(r, "redis_command_us") for r in runs)),
             ("  of which in scripts", *(us(r, "redis_script_us") for r in runs)),
             ("Redis process CPU per firing", *(us(r, "redis_cpu_us") for r in runs)),
+            (
+                "Redis round trips per node a second",
+                *(f"{r.get('redis_round_trips_per_node_s', float('nan')):.1f}" for r in runs),
+            ),
             ("steady: load 1 / 5 / 15 min", *(loads(r) for r in runs)),
         ]
     if b is not None:
