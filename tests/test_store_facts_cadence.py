@@ -21,7 +21,7 @@ from pressure import Writer
 from redis_server import RedisServer, admin_client, private_redis
 
 from beatless import Entry, Every, Schedule
-from beatless.fleet._notes import SYNC_EVERY_MS
+from beatless.fleet._notes import SYNC_EVERY_MS, NodeRecord, nodes_kind
 from beatless.node._board import FACTS_EVERY_MS
 from beatless.node.scheduler import Scheduler
 from beatless.stores.base import Verdict
@@ -74,6 +74,22 @@ def test_all_settings_are_read_every_ten_seconds_and_the_policy_at_every_sync(
     # the full reads' syncs too: the quick judgement between them takes it.
     quick_reads = syncs
     assert after["config"] - before["config"] == full_reads * len(SETTINGS) + quick_reads
+    scheduler.store.close()
+
+
+def test_the_first_registry_record_names_the_settings_the_start_judged(
+    server: RedisServer,
+) -> None:
+    scheduler = scheduler_on(server)
+    facts = scheduler.store.watched
+    assert facts is not None  # read and judged when the node started
+    kind = nodes_kind(scheduler.schedule.namespace)
+
+    scheduler.board.sync(scheduler.now_ms())  # its first sync posts its registry record
+
+    record = NodeRecord.parse(scheduler.store.read_notes([kind])[kind]["n1"])
+    assert record.store_verdict == facts.summary()
+    assert record.store_verdict  # this server has no persistence: a warning, named
     scheduler.store.close()
 
 

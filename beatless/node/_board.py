@@ -173,6 +173,8 @@ class Board(HistoryWriter):
         counters = total_counts(list(loop.stats.values())) if counted else {}
         if counted:
             counters["skipped_notes"] = self.skipped.total
+        # Before the first sync judged them, the settings as the node's start read them.
+        facts = self.store.watched if self.store_facts is None else self.store_facts
         return NodeRecord(
             node=loop.node,
             host=self.host,
@@ -195,7 +197,7 @@ class Board(HistoryWriter):
             restarts=self.restarts,
             last_failure=self.last_failure,
             last_failure_ms=self.last_failure_ms,
-            store_verdict=None if self.store_facts is None else self.store_facts.summary(),
+            store_verdict=None if facts is None else facts.summary(),
             **loop.live.record(),
         )
 
