@@ -215,6 +215,7 @@ def test_a_sync_posts_its_refreshes_and_reads_its_notes_and_the_policy_in_one_ro
 ) -> None:
     clock = Clock()
     node = Counted(prefix, clock)
+    node.store._policy.clock = clock  # how old its reading is, on the same hand-moved clock
     node.sync()
     node.store.post([Note("node/n1", "progress", "p1", TTL_MS)])  # by script: swept
     node.store.keep_notes([KeptNote("live", "head", "r3")])
@@ -236,8 +237,7 @@ def test_a_sync_posts_its_refreshes_and_reads_its_notes_and_the_policy_in_one_ro
     fact = facts.fact("maxmemory-policy")
     assert fact is not None
     assert fact.value == policy
-    policy_clock = node.store._policy.clock
-    node.store._policy.clock = lambda: policy_clock() + 1  # a second after the sync
+    clock.now += 1  # a second after the sync
     node.store.quick_facts()
     assert trips.count == 2  # read on its own
 
