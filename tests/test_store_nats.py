@@ -938,15 +938,17 @@ def test_two_schedulers_whose_broker_fails_often_send_every_firing_exactly_once(
     for node in nodes:
         node.start()
     time.sleep(6)
+    stopping = time.time()
     for node in nodes:
         node.stop(timeout=5)
-    ended = time.time()
     for store in stores:
         store.close()
 
     counts = Counter(f.id for f in sent)
     assert max(counts.values()) == 1
-    window = range(int(started) + 2, int(ended) - 2)
+    # Seconds due a second or more before the first stop was asked: a slow stop (a loaded
+    # machine) leaves the other node alone for a while, sending its share until its rung.
+    window = range(int(started) + 2, int(stopping) - 1)
     seen = Counter(f.occurrence_ms // 1_000 for f in sent)
     assert all(seen[second] == len(tenants) for second in window), seen
 
