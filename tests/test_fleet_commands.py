@@ -377,7 +377,11 @@ def assert_celery_beatless_status_serves_the_page(fleet: Fleet) -> None:
         return len(seen.get("nodes", [])) == fleet.node_count
 
     try:
-        assert wait_until(served, 30), seen
+        # Under load the page's process can take a while to import the app and read.
+        assert wait_until(served, 60), (
+            [n.get("node") for n in seen.get("nodes", [])],
+            fleet.node_count,
+        )
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as response:
             assert fleet.namespace in response.read().decode()
         assert _status_for_host(port, "fleet.example") == 200

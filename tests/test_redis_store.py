@@ -1038,6 +1038,66 @@ def test_claim_and_push_runs_each_command_with_its_arguments_byte_for_byte(
     store.close()
 
 
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    batch=st.lists(
+        st.tuples(
+            st.lists(st.lists(ARGUMENT, max_size=3), max_size=3),  # each command's values
+            st.booleans(),  # held by another node already: lost, nothing run
+            st.sampled_from(["none", "note", "logged"]),  # its history note
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_each_firing_of_a_batch_runs_exactly_its_own_commands_beside_notes(
+    client: redis.Redis, prefix: str, batch: list[tuple[list[list[str]], bool, str]]
+) -> None:
+    """In one script of several firings, some lost and some noted (their notes' arguments
+    come between the requests and the commands' arguments), each firing won runs exactly
+    its own commands with their arguments, in order; a firing lost runs none, and the
+    firings after it still find their own arguments."""
+    queue = f"{prefix}queue:{uuid.uuid4().hex}"
+    kind = history_kind()
+    store = RedisStore(URL, prefix=prefix)
+    now = server_now_ms(client)
+    requests = [firing(now) for _ in batch]
+    held = [r for r, (_, lost, _) in zip(requests, batch, strict=True) if lost]
+    assert store.claim_and_push(held, [[] for _ in held], node="other") == [Outcome.WON] * len(held)
+    commands = [
+        [["RPUSH", queue, f"{i}.{c}", *values] for c, values in enumerate(pushes)]
+        for i, (pushes, _, _) in enumerate(batch)
+    ]
+    notes = [
+        None
+        if how == "none"
+        else Note(kind, r.id, HISTORY, NOTE_TTL_MS, 10, logged=how == "logged")
+        for r, (_, _, how) in zip(requests, batch, strict=True)
+    ]
+    outcomes = store.claim_and_push(
+        requests, commands, node="a", notes=notes if any(notes) else None
+    )
+    expected = [Outcome.LOST if lost else Outcome.WON for _, lost, _ in batch]
+    assert outcomes == expected
+    ran = [
+        arg
+        for command, (_, lost, _) in zip(commands, batch, strict=True)
+        if not lost
+        for pushed in command
+        for arg in pushed[2:]
+    ]
+    assert client.lrange(queue, 0, -1) == ran
+    noted = {
+        r.id for r, n, (_, lost, _) in zip(requests, notes, batch, strict=True) if n and not lost
+    }
+    read = store.read_logs([kind]) if noted else {}
+    assert set(read.get(kind, {})) == noted
+    client.delete(queue)
+    store.close()
+
+
 def test_pushed_commands_refuses_a_command_without_a_name_or_with_an_argument_not_text() -> None:
     with pytest.raises(ValueError, match="at least its name"):
         pushed_commands([[]])
@@ -1477,7 +1537,9 @@ def test_notes_add_keys_and_arguments_to_the_claim_script_only_when_given(
     (plain_keys, plain_args), (noted_keys, noted_args) = sent
     head = [f"{prefix}epoch"]
     assert plain_keys == head + [f"{prefix}claim:{r.id}" for r in plain]
-    assert len(plain_args) == 12 + 2 * len(plain)
+    # Per request where its commands' arguments start (none here), then no notes.
+    first = 12 + 2 * len(plain) + 2
+    assert plain_args[12 + len(plain) :] == [f"{first}|"] * len(plain) + [""]
     claims = [f"{prefix}claim:{r.id}" for r in noted]
     assert noted_keys == head + claims + list(store._notes_keys(history))
     # The note version, one kind kept in place, then per request: none, and kind 1's

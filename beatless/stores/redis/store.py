@@ -89,6 +89,7 @@ from beatless.stores.redis._wire import (
     POST,
     PROBE_TTL_MS,
     RELEASE,
+    Pushed,
     Ready,
     as_text,
     claim_args,
@@ -100,6 +101,7 @@ from beatless.stores.redis._wire import (
     live_records,
     note_args,
     parse_epoch,
+    push_args,
     pushed_commands,
 )
 
@@ -109,7 +111,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SCHEMES", "Ready", "RedisStore", "pushed_commands", "server_identity"]
+__all__ = ["SCHEMES", "Pushed", "Ready", "RedisStore", "pushed_commands", "server_identity"]
 
 
 class RedisStore(ClaimStore):
@@ -218,7 +220,7 @@ class RedisStore(ClaimStore):
     def claim_and_push(
         self,
         requests: Sequence[ClaimRequest],
-        commands: Sequence[Sequence[Sequence[str]] | str],
+        commands: Sequence[Sequence[Sequence[str]] | str | Pushed],
         *,
         node: str,
         notes: Sequence[Note | NoteItem | None] | None = None,
@@ -228,10 +230,11 @@ class RedisStore(ClaimStore):
         script: the building block of claim-and-enqueue on a broker's own Redis.
 
         ``commands[i]`` is the list of commands (``["LPUSH", key, payload]``, ...) that
-        enqueue the message of ``requests[i]`` exactly as the broker's client would, or
-        that list as text built ahead of the claim: :func:`pushed_commands` (what the
-        script splits cheapest), or JSON. A
-        firing won this way is committed at once; there is nothing to commit or release.
+        enqueue the message of ``requests[i]`` exactly as the broker's client would, that
+        list checked and laid out ahead of the claim (:func:`pushed_commands`), or that
+        list as JSON text. The script receives every argument as an argument of its own
+        and runs each command on them as they came. A firing won this way is committed at
+        once; there is nothing to commit or release.
         A live pending claim of a two-phase node (a fleet mid-rollout) gives ``HELD``.
         A firing refused (``LATE``, ``EARLY``, ``CORRUPT``), held, lost, ``FOREIGN``,
         ``FORGOTTEN`` or ``OVERLAP`` runs none of its commands; the overlap check reads
@@ -271,7 +274,7 @@ class RedisStore(ClaimStore):
         requests: Sequence[ClaimRequest],
         node: str,
         lease_ms: int,
-        commands: Sequence[Sequence[Sequence[str]] | str] | None,
+        commands: Sequence[Sequence[Sequence[str]] | str | Pushed] | None,
         notes: Sequence[Note | NoteItem | None] | None,
         *,
         hold_off: bool,
@@ -296,17 +299,18 @@ class RedisStore(ClaimStore):
             live_keys, requests_args = claim_args(chunk, runs, self._kept_key)
             keys += [*(self._claim_key(run_id) for run_id in runs), *live_keys]
             args = head + requests_args
-            if commands is not None:
-                args += [
-                    c if isinstance(c, str) else pushed_commands(c)
-                    for c in commands[start : start + CHUNK]
-                ]
+            pushes = [] if commands is None else commands[start : start + CHUNK]
+            pushed = [c if isinstance(c, Pushed) else pushed_commands(c) for c in pushes]
+            after: list[str | int] = [""] if pushed else []
             if notes is not None:
-                note_keys, note_args = claim_note_args(
+                note_keys, after = claim_note_args(
                     notes[start : start + CHUNK], self._logs, extends
                 )
                 keys += note_keys
-                args += note_args
+            # The commands' arguments go last, after the notes: each firing's head names
+            # where its own start.
+            heads, pushed_args = push_args(pushed, len(args) + len(pushed) + len(after) + 1)
+            args += [*heads, *after, *pushed_args]
             calls.append((keys, args))
         # A two-phase claim must leave time to send within half its lease.
         timeout_ms = (

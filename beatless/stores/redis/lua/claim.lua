@@ -49,9 +49,10 @@
 --                   revision the claim carries, kept in the record ('' for none: see
 --                   prelude.lua); one argument rather than
 --                   eight makes a large batch cheaper to send
--- ARGV[12 + n + i]  atomic only: the commands that enqueue request i (see push below)
--- ARGV[13 + 2n]     notes only (atomic, and absent without notes, as are the notes'
---                   keys): note record format version
+-- ARGV[12 + n + i]  atomic only: where the commands that enqueue request i are (see push
+--                   below)
+-- ARGV[13 + 2n]     atomic only: note record format version; '' without notes (and then
+--                   the notes' keys and the other arguments of notes are absent)
 -- ARGV[14 + 2n]     notes only: K, the number of kinds of notes
 -- ARGV[14 + 2n + k] notes only: the layout of kind k: 'h' (kept in place: two keys) or
 --                   'l|{life_ms}|{extend}' (a log: one key; see log_layout in notes.lua)
@@ -65,6 +66,8 @@
 -- ARGV[B + 3n + 1 + 3g - 2]  notes only: batch note g: {k}|{ttl_ms}|{keep}
 -- ARGV[B + 3n + 1 + 3g - 1]  notes only: the prefix of its key
 -- ARGV[B + 3n + 1 + 3g]      notes only: its value, a template with {{items}} and {{at_ms}}
+-- then, atomic only: the arguments of the commands of every request, in order, each
+--                   request's from the index its ARGV[12 + n + i] names
 --
 -- Live revisions. A request with a live check is stale when its field exists (a value
 -- v=1|{json}; another form is not read) and the first "fence_ms": of the value is at or
@@ -119,7 +122,7 @@ local waits = string.find(ARGV[8], 'w', 2, true) ~= nil
 local holds = string.find(ARGV[8], 'h', 2, true) ~= nil
 local count, lives = string.match(ARGV[12], '^(%d+)|?(%d*)$')
 local n = tonumber(count)
-local noting = ARGV[13 + 2 * n] ~= nil
+local noting = (ARGV[13 + 2 * n] or '') ~= ''
 -- Redis 7 and later: SET ... NX GET claims an absent record in one command.
 local SET_NX_GET = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
 
@@ -219,30 +222,17 @@ local function committed(key, r)
     r.revision)
 end
 
--- Runs the commands that enqueue request i: a JSON list of commands (its first byte
--- '['), or per command its argument count and each argument as its byte length and its
--- bytes, each number ended by a newline (pushed_commands in _wire.py; no JSON decode).
+-- Runs the commands that enqueue request i: ARGV[12 + n + i] is {first}|{counts}, the
+-- index in ARGV of its first argument and each command's argument count ('|' between
+-- them; none for no command), its arguments laid from ARGV[first] on (push_args in
+-- _wire.py): each command runs on its arguments as they came, nothing split or copied.
 local function push(i)
-  local s = ARGV[12 + n + i]
-  if string.byte(s, 1) == 91 then
-    for _, command in ipairs(cjson.decode(s)) do
-      redis.call(unpack(command))
-    end
-    return
-  end
-  local at, size = 1, #s
-  while at <= size do
-    local nl = string.find(s, '\n', at, true)
-    local command = {}
-    for a = 1, tonumber(string.sub(s, at, nl - 1)) do
-      at = nl + 1
-      nl = string.find(s, '\n', at, true)
-      local stop = nl + tonumber(string.sub(s, at, nl - 1))
-      command[a] = string.sub(s, nl + 1, stop)
-      nl = stop
-    end
-    at = nl + 1
-    redis.call(unpack(command))
+  local first, counts = string.match(ARGV[12 + n + i], '^(%d+)|([%d|]*)$')
+  local at = tonumber(first)
+  for count in string.gmatch(counts, '%d+') do
+    local last = at + tonumber(count) - 1
+    redis.call(unpack(ARGV, at, last))
+    at = last + 1
   end
 end
 
