@@ -232,9 +232,9 @@ class RedisStore(ClaimStore):
         ``commands[i]`` is the list of commands (``["LPUSH", key, payload]``, ...) that
         enqueue the message of ``requests[i]`` exactly as the broker's client would, that
         list checked and laid out ahead of the claim (:func:`pushed_commands`), or that
-        list as JSON text. The script receives every argument as an argument of its own
-        and runs each command on them as they came. A firing won this way is committed at
-        once; there is nothing to commit or release.
+        list as JSON text (every argument a JSON string). The script receives every
+        argument as an argument of its own and runs each command on them as they came. A
+        firing won this way is committed at once; there is nothing to commit or release.
         A live pending claim of a two-phase node (a fleet mid-rollout) gives ``HELD``.
         A firing refused (``LATE``, ``EARLY``, ``CORRUPT``), held, lost, ``FOREIGN``,
         ``FORGOTTEN`` or ``OVERLAP`` runs none of its commands; the overlap check reads
