@@ -21,7 +21,9 @@ A writer (:func:`commit`):
    pending for ``LEASE_MS``. Two writers never both win a number. ``held`` (another writer
    is at it) waits and reads again; ``lost`` (committed by another) reads again;
 3. reads the store's clock, writes the revision note(s), checking first that its claim
-   is younger than half the lease (as a node checks before it enqueues);
+   is younger than half the lease (as a node checks before it enqueues) and that the
+   clock read is less than ``READ_SLACK_MS / 2`` old; when either is not, it releases
+   the number, writes nothing, and goes back to 1 (until its deadline);
 4. commits the claim, then writes the head.
 
 A writer that dies after its claim and before its commit leaves a pending claim whose
@@ -75,6 +77,12 @@ WAIT_S = 0.05
 FORWARD = 8
 """Revisions a reader looks for past the head in one round trip."""
 HEAD_VERSION = 1
+
+
+class _TooSlow(StoreError):
+    """A writer took too long between its claim or its clock read and its write: it wrote
+    nothing and released its number, so :meth:`Ledger.commit` tries again (and raises
+    this past its deadline)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,16 +162,21 @@ class Ledger:
             claimed = time.monotonic()
             outcome = self._claim(number, node)
             if outcome.is_won:
-                return self._write(
-                    number,
-                    changes,
-                    writer=writer,
-                    host=host,
-                    note=note,
-                    fence=fence,
-                    node=node,
-                    claimed=claimed,
-                )
+                try:
+                    return self._write(
+                        number,
+                        changes,
+                        writer=writer,
+                        host=host,
+                        note=note,
+                        fence=fence,
+                        node=node,
+                        claimed=claimed,
+                    )
+                except _TooSlow:
+                    if time.monotonic() > deadline:
+                        raise
+                    continue  # nothing was written and the number was released
             if outcome is Outcome.RESEEDING:
                 raise StoreError(
                     f"live entries of {self.namespace!r}: the store lost its memory (a restart "
@@ -238,13 +251,13 @@ class Ledger:
         notes = [self._first_note(revision, parts), *rest]
         if time.monotonic() - claimed > LEASE_MS / 2_000:
             self.store.release([self.claim_id(number)], node=node)
-            raise StoreError(
+            raise _TooSlow(
                 f"live entries of {self.namespace!r}: revision {number} was claimed too long "
                 f"ago to be written safely; nothing was written, try again"
             )
         if time.monotonic() - read_at > READ_SLACK_MS / 2_000:
             self.store.release([self.claim_id(number)], node=node)
-            raise StoreError(
+            raise _TooSlow(
                 f"live entries of {self.namespace!r}: revision {number} took over "
                 f"{READ_SLACK_MS // 2} ms between its commit instant and its write; nothing "
                 f"was written, try again"

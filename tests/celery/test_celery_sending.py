@@ -93,6 +93,19 @@ def failure_time(sender: Sender, firing: Firing) -> float:
     return time.monotonic() - began
 
 
+def set_up(sender: Sender, firing: Firing, tries: int = 10) -> None:
+    """Send ``firing`` to connect ``sender``, tried again when a step overran its 0.1 s on
+    a loaded machine (the sender must have no cooldown): what the test measures comes
+    after."""
+    for _ in range(tries - 1):
+        try:
+            sender(firing)
+        except Exception:  # noqa: S112 - a set-up send, tried again
+            continue
+        return
+    sender(firing)
+
+
 @pytest.fixture
 def redis_prefix() -> Iterator[str]:
     """A prefix for keys and queue names in Redis db 13; its keys are deleted afterwards."""
@@ -184,7 +197,8 @@ def test_a_send_cut_off_after_connecting_warns_that_a_second_copy_may_exist(
     app = make_app(url, queue)
     sender = Sender(app, deadline_s=DEADLINE_S, cooldown_s=0)
     try:
-        sender(a_firing(queue, 1_800_000_000_000))  # connected, declared, sent
+        set_up(sender, a_firing(queue, 1_800_000_000_000))  # connected, declared, sent
+        caplog.clear()
         proxy.freeze()
         late = a_firing(queue, 1_800_000_060_000)
         with caplog.at_level(logging.WARNING, logger="beatless.celery._sending"):
