@@ -82,16 +82,20 @@ class Filler:
             time.sleep(0.005)
 
     def drain(self) -> None:
-        self._full.clear()
-        if self._thread is not None:
-            self._thread.join(5)
+        self._stop_keeping()
         for start in range(0, self.keys + 1, 500):
             self.client.delete(*(f"fill:{i}" for i in range(start, start + 500)))
         self.client.config_set("maxmemory", str(self.maxmemory))
 
     def close(self) -> None:
-        self._full.clear()
+        self._stop_keeping()  # before its client closes and its server stops under it
         self.client.close()
+
+    def _stop_keeping(self) -> None:
+        self._full.clear()
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
 
 
 @pytest.fixture
