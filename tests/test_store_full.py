@@ -156,6 +156,30 @@ def test_a_claim_refused_as_full_is_store_full_and_says_how_full_once_a_minute(
     assert re.search(r"\(used_memory [\d.]+ [KM]iB of maxmemory [\d.]+ [KM]iB \(\d+%\)\)", told[0])
 
 
+def test_an_atomic_claim_refused_as_full_is_store_full_and_pushes_nothing(
+    server: RedisServer, filler: Filler
+) -> None:
+    """Claim and enqueue in one script (a Redis broker): the claim's ``SET NX GET`` is
+    the script's first write, which a full Redis refuses. That is :class:`StoreFull`, said
+    with how full, not a corrupt record, and nothing is written or pushed."""
+    with RedisStore(server.url, namespace="full") as store:
+        push = [["LPUSH", "full-queue", "message"]]
+        # The store's epoch record is written by its first claim: the claim's own SET is
+        # then the first write of the script the full Redis refuses.
+        assert store.claim_and_push([request(store)], [push], node="n1") == [Outcome.WON]
+        claim = request(store)
+        filler.fill()
+        with pytest.raises(StoreFull) as raised:
+            store.claim_and_push([claim], [push], node="n1")
+        assert filler.client.llen("full-queue") == 1
+        filler.drain()
+        assert store.claim_and_push([claim], [push], node="n1") == [Outcome.WON]
+
+    assert raised.value.usage is not None
+    assert " of maxmemory " in raised.value.usage
+    assert filler.client.llen("full-queue") == 2
+
+
 def test_a_commit_refused_as_full_still_commits_so_no_node_takes_the_claim_over(
     server: RedisServer, filler: Filler
 ) -> None:
