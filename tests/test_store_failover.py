@@ -91,6 +91,27 @@ def replicated(store: RedisStore, replica: RedisServer) -> None:
     assert store.client.wait(1, 5_000) == 1, f"{replica.name} did not catch up"
 
 
+def test_an_atomic_claim_on_a_read_only_replica_is_unavailable_and_pushes_nothing(
+    pair: Pair,
+) -> None:
+    """A node still connected to a primary demoted to a replica (before Sentinel moves
+    its clients): the claim's ``SET NX GET``, the script's first write, is refused
+    ``READONLY``. That is :class:`StoreUnavailable`, tried again, not a corrupt record,
+    and nothing is pushed."""
+    store = RedisStore(pair.primary.url, namespace=NAMESPACE)
+    now = store.time_ms()
+    push = [["LPUSH", "failover-queue", "message"]]
+    assert store.claim_and_push([request("a", now)], [push], node="n0") == [Outcome.WON]
+    replicated(store, pair.replica)
+
+    on_replica = RedisStore(pair.replica.url, namespace=NAMESPACE)
+    on_replica.epoch = store.epoch  # the epoch record is there and names this history
+    with pytest.raises(StoreUnavailable, match="read only replica"):
+        on_replica.claim_and_push([request("b", now)], [push], node="n0")
+    assert on_replica.client.llen("failover-queue") == 1
+    assert on_replica.client.get(f"beatless:{NAMESPACE}:claim:b") is None
+
+
 def test_promoted_replica_changes_the_identity_the_store_reports(pair: Pair) -> None:
     store = RedisStore(pair.primary.url, namespace=NAMESPACE)
     now = store.time_ms()

@@ -311,9 +311,9 @@ end
 -- An atomic win of a record not read yet, in one SET NX GET when the firing would be won
 -- were its record absent: nil when it was not, else the letter and the record, as
 -- decide() answers them. The claim is written before the commands run: if one fails,
--- it is deleted again (it was absent) and the error raised. A SET refused because Redis
--- is full (noeviction) raises that refusal, as a SET would outside pcall; another error
--- (a key of another type) reads as a corrupt record.
+-- it is deleted again (it was absent) and the error raised. A key of another type reads
+-- as a corrupt record; a SET refused (Redis full under noeviction, a read-only replica,
+-- min-replicas-to-write) raises that refusal, as a SET outside pcall would.
 local function claim_absent(i, key, r)
   if not (SET_NX_GET and atomic and held[key] == nil and free_letter(false, r) == 'W') then
     return nil
@@ -321,8 +321,8 @@ local function claim_absent(i, key, r)
   local found = redis.pcall('SET', key,
     text('committed', now + r.memory, r.memory, r.tag, node, r.revision),
     'NX', 'PX', string.format('%d', math.max(1, r.memory + SLACK)), 'GET')
-  if type(found) == 'table' and string.sub(found.err or '', 1, 4) == 'OOM ' then
-    error(found)  -- full: only a script's first write is refused, so nothing is written
+  if type(found) == 'table' and string.sub(found.err or '', 1, 9) ~= 'WRONGTYPE' then
+    error(found)  -- full, a read-only replica: refused as the first write, nothing written
   end
   if found then
     held[key] = parse(found)
