@@ -6,6 +6,7 @@ a tiny ``maxmemory``, filled by another client."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
@@ -269,6 +270,77 @@ def test_a_full_store_sends_no_firing_twice_and_reports_every_unjudged_firing_mi
     assert all(o / 1_000 >= full_from - 1 for o in during)
     counted = sum(node.stats["beat"].missed for node in nodes)
     assert counted >= len(missed)
+
+
+@pytest.mark.slow
+def test_a_full_broker_redis_pushes_nothing_twice_and_reports_each_refused_firing_missed(
+    server: RedisServer, filler: Filler, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The atomic path (Celery on its Redis, which is the claim store): two nodes, an
+    entry every second, Redis full for 3.5 s. Every firing of the run is in the queue once
+    or reported missed, none is told as a record that cannot be read, and the nodes say
+    that Redis is full."""
+    celery = pytest.importorskip("celery", reason="the atomic path is Celery's here")
+    from beatless.celery._atomic import CeleryRedisAtomic
+
+    app = celery.Celery("full", broker=server.url, set_as_current=False)
+    app.conf.update(task_default_queue="full-queue", worker_enable_remote_control=False)
+    schedule = Schedule(
+        [Entry(name="beat", task="tasks.t", trigger=Every(1), jitter="0s", max_late="2s")]
+    )
+    decided: list[Decision] = []
+    lock = threading.Lock()
+
+    def on_decision(decision: Decision) -> None:
+        with lock:
+            decided.append(decision)
+
+    atomics = [CeleryRedisAtomic(app, RedisStore(server.url, namespace="atomic")) for _ in range(2)]
+    nodes = [
+        Scheduler(schedule, store=a, node=f"n{i}", on_decision=on_decision)
+        for i, a in enumerate(atomics)
+    ]
+    began = time.time()
+    try:
+        with caplog.at_level(logging.WARNING):
+            for node in nodes:
+                node.start()
+            time.sleep(2.0)
+            filler.fill()
+            full_from = time.time()
+            time.sleep(3.5)
+            filler.drain()
+            full_until = time.time()
+            time.sleep(3.0)
+    finally:
+        for node in nodes:
+            node.stop(timeout=5)
+        for atomic in atomics:
+            atomic.close()
+            atomic.store.close()
+
+    queued = Counter(
+        json.loads(raw)["headers"]["id"] for raw in filler.client.lrange("full-queue", 0, -1)
+    )
+    assert queued, "nothing was pushed"
+    assert max(queued.values()) == 1, [i for i, n in queued.items() if n > 1]
+    outcomes = Counter(d.outcome for d in decided)
+    assert "corrupt" not in outcomes, outcomes
+    missed = {d.firing.id for d in decided if d.outcome == "missed"}
+    assert missed, f"no firing was reported missed while the store was full: {outcomes}"
+    assert not missed & set(queued)
+    window = {
+        d.firing.id: d.firing.occurrence_ms
+        for d in decided
+        if began + 1 <= d.firing.occurrence_ms / 1_000 <= full_until + 0.5
+    }
+    assert len(window) >= int(full_until - began) - 1
+    unreported = sorted(o for i, o in window.items() if i not in queued and i not in missed)
+    assert unreported == []
+    assert all(o / 1_000 >= full_from - 1 for i, o in window.items() if i in missed)
+    told = [r.getMessage() for r in caplog.records if "Redis is full" in r.getMessage()]
+    assert told, "no node said that Redis is full"
+    assert not [r for r in caplog.records if "cannot read" in r.getMessage()]
 
 
 def test_a_full_redis_answers_a_judging_claim_which_writes_nothing(
