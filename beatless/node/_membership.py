@@ -244,8 +244,11 @@ class Membership:
         (:meth:`_settle`), or the members whole at the next read when they cannot tell."""
         kind = changes_kind(self.namespace)
         self._taken = {k: at for k, at in self._taken.items() if now - at <= self.changes_ttl}
-        changes = dict(parse_each(kind, notes, Change.parse, skipped))
         new = {key for key in notes if key not in self._taken}
+        # Only the new ones are parsed (one that cannot be read is told once): while many
+        # nodes join (a rolling restart of a thousand), the notes read hold every change
+        # of the last minutes.
+        changes = dict(parse_each(kind, {k: notes[k] for k in new}, Change.parse, skipped))
         covered = version_nonce(self._basis) in notes
         self._taken.update(dict.fromkeys(new, now))
         self._members_ms = self._current_ms = now  # every change written before is taken
