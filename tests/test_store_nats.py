@@ -98,6 +98,13 @@ def admin(
     return asyncio.run(run())
 
 
+def create_stream(bucket: str, config: dict[str, Any]) -> None:
+    """Make the bucket's stream as another client would; refused, the test stops here
+    (else the store would make the bucket itself, its own way)."""
+    created = admin(NATS_URL, f"$JS.API.STREAM.CREATE.KV_{bucket}", config)
+    assert "error" not in created, created
+
+
 def stream_info(bucket: str, url: str = NATS_URL) -> dict[str, Any]:
     info: dict[str, Any] = admin(url, f"$JS.API.STREAM.INFO.KV_{bucket}")
     return info
@@ -466,7 +473,7 @@ def test_a_bucket_made_without_beatless_is_used_and_its_purges_warned_of(
     caplog.set_level(logging.WARNING, logger="beatless")
     config = {"name": f"KV_{bucket}", "subjects": [f"$KV.{bucket}.>"], "max_age": 600 * 10**9}
     config |= {"max_msgs_per_subject": 1, "allow_rollup_hdrs": True, "allow_direct": True}
-    admin(NATS_URL, f"$JS.API.STREAM.CREATE.KV_{bucket}", config)
+    create_stream(bucket, config)
     store = NATSStore(NATS_URL, bucket=bucket)
 
     assert store.claim([firing(store.time_ms())], node="a", lease_ms=LEASE_MS) == [Outcome.WON]
@@ -480,7 +487,7 @@ def test_a_bucket_made_without_beatless_is_used_and_its_purges_warned_of(
 def test_a_bucket_with_a_limit_that_discards_old_claims_is_refused(bucket: str) -> None:
     config = {"name": f"KV_{bucket}", "subjects": [f"$KV.{bucket}.>"], "max_age": 600 * 10**9}
     config |= {"max_msgs": 1_000, "discard": "old"}
-    admin(NATS_URL, f"$JS.API.STREAM.CREATE.KV_{bucket}", config)
+    create_stream(bucket, config)
     store = NATSStore(NATS_URL, bucket=bucket)
 
     with pytest.raises(StoreError, match="discards old messages"):
