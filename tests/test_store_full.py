@@ -14,7 +14,8 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -203,6 +204,56 @@ def test_a_commit_refused_as_full_still_commits_so_no_node_takes_the_claim_over(
         assert other.claim([claim], node="n2", lease_ms=300) == [Outcome.LOST]
 
 
+@dataclass(frozen=True)
+class Timeline:
+    """When a run began, and when its Redis was full (``time.time()``)."""
+
+    began: float
+    full_from: float
+    full_until: float
+
+
+def full_for_a_while(nodes: Sequence[Scheduler], filler: Filler) -> Timeline:
+    """Start ``nodes``; 2 s later fill Redis and keep it full 3.5 s; drain it and run 3 s
+    more. The caller stops the nodes."""
+    began = time.time()
+    for node in nodes:
+        node.start()
+    time.sleep(2.0)
+    filler.fill()
+    full_from = time.time()
+    time.sleep(3.5)
+    filler.drain()
+    full_until = time.time()
+    time.sleep(3.0)
+    return Timeline(began, full_from, full_until)
+
+
+def sent_once_or_missed(
+    sends: Counter[str], decided: Sequence[Decision], timeline: Timeline
+) -> set[str]:
+    """Assert that no firing was sent twice, that some were reported missed while Redis
+    was full (none sent), and that every firing of a whole second in the run is sent once
+    or reported missed; the ids reported missed."""
+    assert sends, "nothing was sent"
+    assert max(sends.values()) == 1, [i for i, n in sends.items() if n > 1]
+    missed = {d.firing.id for d in decided if d.outcome == "missed"}
+    outcomes = Counter(d.outcome for d in decided)
+    assert missed, f"no firing was reported missed while the store was full: {outcomes}"
+    assert not missed & set(sends)
+    window = {
+        d.firing.id: d.firing.occurrence_ms
+        for d in decided
+        if timeline.began + 1 <= d.firing.occurrence_ms / 1_000 <= timeline.full_until + 0.5
+    }
+    assert len(window) >= int(timeline.full_until - timeline.began) - 1
+    unreported = sorted(o for i, o in window.items() if i not in sends and i not in missed)
+    assert unreported == []
+    during = [o for i, o in window.items() if i in missed]
+    assert all(o / 1_000 >= timeline.full_from - 1 for o in during)
+    return missed
+
+
 @pytest.mark.slow
 def test_a_full_store_sends_no_firing_twice_and_reports_every_unjudged_firing_missed(
     server: RedisServer, filler: Filler
@@ -234,40 +285,15 @@ def test_a_full_store_sends_no_firing_twice_and_reports_every_unjudged_firing_mi
         )
         for i, store in enumerate(stores)
     ]
-    began = time.time()
     try:
-        for node in nodes:
-            node.start()
-        time.sleep(2.0)
-        filler.fill()
-        full_from = time.time()
-        time.sleep(3.5)
-        filler.drain()
-        full_until = time.time()
-        time.sleep(3.0)
+        timeline = full_for_a_while(nodes, filler)
     finally:
         for node in nodes:
             node.stop(timeout=5)
         for store in stores:
             store.close()
 
-    sends = Counter(f.id for f in sent)
-    assert sends, "nothing was sent"
-    assert max(sends.values()) == 1, [i for i, n in sends.items() if n > 1]
-    missed = {d.firing.id for d in decided if d.outcome == "missed"}
-    assert missed, "no firing was reported missed while the store was full"
-    assert not missed & set(sends)
-    # Every firing of a whole second in the run is sent once or reported missed.
-    window = {
-        d.firing.id: d.firing.occurrence_ms
-        for d in decided
-        if began + 1 <= d.firing.occurrence_ms / 1_000 <= full_until + 0.5
-    }
-    assert len(window) >= int(full_until - began) - 1
-    unreported = sorted(o for i, o in window.items() if i not in sends and i not in missed)
-    assert unreported == []
-    during = [o for i, o in window.items() if i in missed]
-    assert all(o / 1_000 >= full_from - 1 for o in during)
+    missed = sent_once_or_missed(Counter(f.id for f in sent), decided, timeline)
     counted = sum(node.stats["beat"].missed for node in nodes)
     assert counted >= len(missed)
 
@@ -300,18 +326,9 @@ def test_a_full_broker_redis_pushes_nothing_twice_and_reports_each_refused_firin
         Scheduler(schedule, store=a, node=f"n{i}", on_decision=on_decision)
         for i, a in enumerate(atomics)
     ]
-    began = time.time()
     try:
         with caplog.at_level(logging.WARNING):
-            for node in nodes:
-                node.start()
-            time.sleep(2.0)
-            filler.fill()
-            full_from = time.time()
-            time.sleep(3.5)
-            filler.drain()
-            full_until = time.time()
-            time.sleep(3.0)
+            timeline = full_for_a_while(nodes, filler)
     finally:
         for node in nodes:
             node.stop(timeout=5)
@@ -322,22 +339,9 @@ def test_a_full_broker_redis_pushes_nothing_twice_and_reports_each_refused_firin
     queued = Counter(
         json.loads(raw)["headers"]["id"] for raw in filler.client.lrange("full-queue", 0, -1)
     )
-    assert queued, "nothing was pushed"
-    assert max(queued.values()) == 1, [i for i, n in queued.items() if n > 1]
     outcomes = Counter(d.outcome for d in decided)
     assert "corrupt" not in outcomes, outcomes
-    missed = {d.firing.id for d in decided if d.outcome == "missed"}
-    assert missed, f"no firing was reported missed while the store was full: {outcomes}"
-    assert not missed & set(queued)
-    window = {
-        d.firing.id: d.firing.occurrence_ms
-        for d in decided
-        if began + 1 <= d.firing.occurrence_ms / 1_000 <= full_until + 0.5
-    }
-    assert len(window) >= int(full_until - began) - 1
-    unreported = sorted(o for i, o in window.items() if i not in queued and i not in missed)
-    assert unreported == []
-    assert all(o / 1_000 >= full_from - 1 for i, o in window.items() if i in missed)
+    sent_once_or_missed(queued, decided, timeline)
     told = [r.getMessage() for r in caplog.records if "Redis is full" in r.getMessage()]
     assert told, "no node said that Redis is full"
     assert not [r for r in caplog.records if "cannot read" in r.getMessage()]
