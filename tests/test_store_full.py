@@ -230,7 +230,11 @@ def full_for_a_while(nodes: Sequence[Scheduler], filler: Filler) -> Timeline:
 
 
 def sent_once_or_missed(
-    sends: Counter[str], decided: Sequence[Decision], timeline: Timeline
+    sends: Counter[str],
+    decided: Sequence[Decision],
+    timeline: Timeline,
+    *,
+    some_missed: bool = True,
 ) -> set[str]:
     """Assert that no firing was sent twice, that some were reported missed while Redis
     was full (none sent), and that every firing of a whole second in the run is sent once
@@ -239,7 +243,7 @@ def sent_once_or_missed(
     assert max(sends.values()) == 1, [i for i, n in sends.items() if n > 1]
     missed = {d.firing.id for d in decided if d.outcome == "missed"}
     outcomes = Counter(d.outcome for d in decided)
-    assert missed, f"no firing was reported missed while the store was full: {outcomes}"
+    assert missed or not some_missed, f"no firing was reported missed while full: {outcomes}"
     assert not missed & set(sends)
     window = {
         d.firing.id: d.firing.occurrence_ms
@@ -341,7 +345,9 @@ def test_a_full_broker_redis_pushes_nothing_twice_and_reports_each_refused_firin
     )
     outcomes = Counter(d.outcome for d in decided)
     assert "corrupt" not in outcomes, outcomes
-    sent_once_or_missed(queued, decided, timeline)
+    # Refused while full; a loaded machine may fill it late enough that all are sent.
+    assert outcomes["store_full"] > 0, outcomes
+    sent_once_or_missed(queued, decided, timeline, some_missed=False)
     told = [r.getMessage() for r in caplog.records if "Redis is full" in r.getMessage()]
     assert told, "no node said that Redis is full"
     assert not [r for r in caplog.records if "cannot read" in r.getMessage()]
