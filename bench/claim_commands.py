@@ -22,7 +22,10 @@ after a warm-up that fills every address's history to its bound. It prints the c
 Redis ran per firing (``INFO commandstats``, the script's own included), the time Redis
 spent in the scripts per firing (their ``usec``) and the server's CPU per firing (``INFO
 cpu``, user + system, over the same window: what the machine's other work does not
-inflate).
+inflate); then, over as many scripts again with every command in the slow log, the time
+of the claim script and of the notes script pipelined after it, per firing (``logged_``:
+the slow log adds its own cost, so compare them with each other and with another
+build's, not with the figures before them).
 """
 
 from __future__ import annotations
@@ -150,11 +153,42 @@ def steady(store: RedisStore, client: Any, size: int, rounds: int) -> dict[str, 
     firings = rounds * size
     calls["info"] = rounds  # the script's own; not the benchmark's INFO cpu and commandstats
     client.delete("bench-queue")
-    return {
+    figures = {
         "commands_per_firing": sum(calls.values()) / firings,
         "script_us_per_firing": usec.get("evalsha", 0) / firings,
         "cpu_us_per_firing": 1e6 * cpu / firings,
     }
+    figures.update(split(client, store, one_script, rounds, size))
+    return figures
+
+
+def split(
+    client: Any, store: RedisStore, one_script: Any, rounds: int, size: int
+) -> dict[str, float]:
+    """As many scripts again, with every command in the slow log: the time of the claim
+    script and of the notes script after it (``INFO commandstats`` counts both as
+    ``EVALSHA``), per firing. The slow log adds its own cost to each: compare these two
+    figures with each other, and with the same figures of another build."""
+    room = rounds * (4 * size + 20)  # the scripts' own commands are logged too
+    client.config_set("slowlog-max-len", room)
+    client.config_set("slowlog-log-slower-than", 0)
+    client.slowlog_reset()
+    for _ in range(rounds):
+        one_script()
+    client.config_set("slowlog-log-slower-than", 10_000)
+    by_script: Counter[str] = Counter()
+    for entry in client.slowlog_get(room):
+        command = entry["command"].split()
+        if command and command[0].upper() == b"EVALSHA":
+            by_script[command[1].decode()] += int(entry["duration"])
+    client.slowlog_reset()
+    client.delete("bench-queue")
+    firings = rounds * size
+    claim = by_script.pop(store._claim.sha, 0)
+    figures = {"logged_claim_script_us_per_firing": claim / firings}
+    if by_script:
+        figures["logged_notes_script_us_per_firing"] = sum(by_script.values()) / firings
+    return figures
 
 
 def main() -> None:

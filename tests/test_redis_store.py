@@ -43,6 +43,7 @@ from beatless.stores.redis._wire import (
     CHUNK,
     EXPIRY_SLACK_MS,
     NOTE_VERSION,
+    NOTING_LIFE_MS,
     PROBE_TTL_MS,
     claim_arg,
 )
@@ -626,7 +627,8 @@ def test_the_scripts_are_package_files_whose_headers_give_keys_and_argv() -> Non
 
     store = RedisStore(URL)
     scripts = {
-        "claim": (store._claim, ["prelude.lua", "notes.lua"]),
+        "claim": (store._claim, ["prelude.lua"]),
+        "claim_notes": (store._claim_notes, ["notes.lua"]),
         "commit": (store._commit, ["prelude.lua", "notes.lua"]),
         "release": (store._release, ["prelude.lua"]),
         "post": (store._post, ["notes.lua"]),
@@ -772,10 +774,10 @@ def test_the_claim_and_commit_scripts_can_be_loaded_before_their_first_run(
     assert isinstance(store, RedisStore)
     with redis.Redis.from_url(url) as admin:
         admin.script_flush()
-        shas = [store._claim.sha, store._commit.sha]
-        assert admin.script_exists(*shas) == [False, False]
+        shas = [store._claim.sha, store._notes_script().sha, store._commit.sha]
+        assert admin.script_exists(*shas) == [False, False, False]
         store.load_scripts()
-        assert admin.script_exists(*shas) == [True, True]
+        assert admin.script_exists(*shas) == [True, True, True]
     store.close()
 
 
@@ -1245,9 +1247,11 @@ def test_run_lease_keys_follow_the_claim_keys_once_each_and_requests_number_them
     sent: list[tuple[list[str], list[str | int]]] = []
     run = store._run
 
-    def spy(script: Any, calls: list[tuple[list[str], list[str | int]]]) -> list[Any]:
+    def spy(
+        script: Any, calls: list[tuple[list[str], list[str | int]]], then: Any = ()
+    ) -> list[Any]:
         sent.extend(calls)
-        return run(script, calls)
+        return run(script, calls, then)
 
     monkeypatch.setattr(store, "_run", spy)
 
@@ -1502,50 +1506,74 @@ def test_notes_of_a_claim_larger_than_a_chunk_are_bounded_by_keep_in_one_round_t
         for i, r in enumerate(batch)
     ]
 
+    store._refresh.supported()  # the server's version, read once per store object
     CountingConnection.sends.clear()
     outcomes = store.claim_and_push(batch, [[]] * len(batch), node="a", notes=notes)
 
-    assert CountingConnection.sends == [["EVALSHA", "EVALSHA"]]
+    # Two claim scripts, then the notes script of each.
+    assert CountingConnection.sends == [["EVALSHA"] * 4]
     assert outcomes == [Outcome.WON] * len(batch)
-    # Each script bounds the kind after its own notes: those that expire last are left.
+    # Each notes script bounds the kind after its own notes: those that expire last are
+    # left.
     left = {r.id: "won {{unknown}} 100%" for r in batch[-2:]}
     assert store.read_notes([history]) == {history: {"old": "kept: it expires last", **left}}
     store.close()
 
 
-def test_notes_add_keys_and_arguments_to_the_claim_script_only_when_given(
+def test_notes_add_a_key_to_the_claim_script_and_a_script_of_their_own_only_when_given(
     client: redis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = RedisStore(URL, prefix=prefix)
     sent: list[tuple[list[str], list[str | int]]] = []
+    then_sent: list[Any] = []
     run = store._run
 
-    def spy(script: Any, calls: list[tuple[list[str], list[str | int]]]) -> list[Any]:
+    def spy(
+        script: Any, calls: list[tuple[list[str], list[str | int]]], then: Any = ()
+    ) -> list[Any]:
         sent.extend(calls)
-        return run(script, calls)
+        then_sent.extend(then)
+        return run(script, calls, then)
 
     monkeypatch.setattr(store, "_run", spy)
     history = history_kind()
     now = server_now_ms(client)
     plain, noted = [firing(now), firing(now)], [firing(now), firing(now)]
+    unnoted = [firing(now)]
     with pytest.raises(ValueError, match="one note"):
         store.claim_and_push(plain, [[], []], node="a", notes=[None])
 
     store.claim_and_push(plain, [[], []], node="a")
+    store.claim_and_push(unnoted, [[]], node="a", notes=[None])
+    assert then_sent == []
     store.claim_and_push(noted, [[], []], node="a", notes=[None, history_note(history, noted[1])])
 
-    (plain_keys, plain_args), (noted_keys, noted_args) = sent
+    (plain_keys, plain_args), (unnoted_keys, unnoted_args), (noted_keys, noted_args) = sent
     head = [f"{prefix}epoch"]
     assert plain_keys == head + [f"{prefix}claim:{r.id}" for r in plain]
     # Per request where its commands' arguments start (none here), then no notes.
     first = 12 + 2 * len(plain) + 2
     assert plain_args[12 + len(plain) :] == [f"{first}|"] * len(plain) + [""]
+    assert unnoted_keys == [*head, f"{prefix}claim:{unnoted[0].id}"]
+    assert unnoted_args[-1] == ""
+    # The claim script gets the key it leaves its letters under, and how long they keep.
     claims = [f"{prefix}claim:{r.id}" for r in noted]
-    assert noted_keys == head + claims + list(store._notes_keys(history))
-    # The note version, one kind kept in place, then per request: none, and kind 1's
-    # note; no batch.
-    none, second = ["", "", ""], [f"1|{NOTE_TTL_MS}|0", noted[1].id, HISTORY]
-    assert noted_args[12 + 2 * len(noted) :] == [NOTE_VERSION, 1, "h", *none, *second, 0]
+    (noting,) = noted_keys[len(head) + len(claims) :]
+    assert noted_keys[: len(head) + len(claims)] == head + claims
+    assert noting.startswith(f"{prefix}noting:")
+    assert noted_args[12 + 2 * len(noted) :] == [NOTING_LIFE_MS]
+    # The notes script: that key, then the kind's; the note version, the slack, the
+    # requests, one kind kept in place, then per request: none, and kind 1's note with
+    # the request's release; no batch.
+    ((script, keys, args),) = then_sent
+    assert script is store._notes_script()
+    assert keys == [noting, *store._notes_keys(history)]
+    none = ["", "", ""]
+    second = [f"1|{NOTE_TTL_MS}|0|{noted[1].release_ms}", noted[1].id, HISTORY]
+    assert args == [NOTE_VERSION, EXPIRY_SLACK_MS, 2, 1, "h", *none, *second, 0]
+    # It ran: the letters it read are gone, and the note is written.
+    assert client.exists(noting) == 0
+    assert outcomes_noted(store, history) == {noted[1].id: "won"}
     store.close()
 
 
@@ -1560,9 +1588,11 @@ def test_a_commit_larger_than_a_chunk_sends_its_notes_with_its_first_script_in_o
     sent: list[tuple[list[str], list[str | int]]] = []
     run = store._run
 
-    def spy(script: Any, calls: list[tuple[list[str], list[str | int]]]) -> list[Any]:
+    def spy(
+        script: Any, calls: list[tuple[list[str], list[str | int]]], then: Any = ()
+    ) -> list[Any]:
         sent.extend(calls)
-        return run(script, calls)
+        return run(script, calls, then)
 
     monkeypatch.setattr(store, "_run", spy)
     notes = [Note(history, r.id, "sent", NOTE_TTL_MS) for r in batch]

@@ -28,7 +28,7 @@ from redis_server import RedisServer, redis_server_binary
 from service_check import require_binary
 
 from beatless.errors import ConfigError, StoreUnavailable
-from beatless.stores.base import ClaimRequest, Outcome, Verdict
+from beatless.stores.base import ClaimRequest, Note, Outcome, Verdict
 from beatless.stores.redis._wire import epoch_cause
 from beatless.stores.redis.store import RedisStore
 
@@ -236,6 +236,26 @@ def test_with_wait_a_claim_counts_only_once_a_replica_has_it(pair: Pair) -> None
     assert other.claim([request("b", now)], node="n1", lease_ms=LEASE_MS) == [Outcome.HELD]
     pair.link.resume()
     assert patient.claim([request("b", now)], node="n0", lease_ms=LEASE_MS) == [Outcome.WON]
+
+
+def test_with_wait_an_atomic_claims_notes_are_in_its_pipeline_before_the_wait(
+    pair: Pair,
+) -> None:
+    store = RedisStore(f"{pair.primary.url}?wait=1&wait_timeout=2s", namespace=NAMESPACE)
+    now = store.time_ms()
+    kind = "history/waited"
+    note = Note(kind, "a", '{"outcome":"{{outcome}}"}', 60_000)
+    push = [["LPUSH", "waited-queue", "message"]]
+
+    assert store.claim_and_push([request("a", now)], [push], node="n0", notes=[note]) == [
+        Outcome.WON
+    ]
+
+    # The one WAIT came after the notes script: the replica has the note as well.
+    assert store.read_notes([kind]) == {kind: {"a": '{"outcome":"won"}'}}
+    on_replica = RedisStore(pair.replica.url, namespace=NAMESPACE)
+    assert on_replica.read_notes([kind]) == {kind: {"a": '{"outcome":"won"}'}}
+    assert on_replica.client.llen("waited-queue") == 1
 
 
 def test_with_wait_a_commit_not_acknowledged_is_a_failed_commit(pair: Pair) -> None:

@@ -4,7 +4,7 @@ errors said as beatless's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -187,6 +187,10 @@ def server_identity(client: Any) -> tuple[str, int]:
     return run_id, int(client.connection_pool.connection_kwargs.get("db", 0) or 0)
 
 
+Call = tuple["Script", list[str], list[str | int]]
+"""A script call of a pipeline: its script, keys and ARGV."""
+
+
 def run_acknowledged(
     client: Any,
     script: Script,
@@ -195,35 +199,29 @@ def run_acknowledged(
     replicas: int,
     ms: int,
     noscript: type[BaseException],
+    then: Sequence[Call] = (),
 ) -> tuple[list[Any], int]:
-    """Run ``script`` once per call, then ``WAIT`` for ``replicas`` to have what they
-    wrote, up to ``ms``, in one pipeline (one connection, one round trip): the replies,
-    and how many replicas acknowledged. A call answered ``noscript`` is run again, once
-    the script is loaded, with its own ``WAIT``."""
-    replies: list[Any] = [None] * len(calls)
-    todo = list(range(len(calls)))
-    acked: Any = 0
-    for _attempt in range(2):
+    """Run ``script`` once per call, then the calls of ``then``, then ``WAIT`` for
+    ``replicas`` to have what they wrote, up to ``ms``, in one pipeline (one connection,
+    one round trip): the replies, as :func:`run_scripts` gives them, and how many
+    replicas acknowledged. What is run again after ``NOSCRIPT`` has a ``WAIT`` of its
+    own."""
+    every = [(script, keys, args) for keys, args in calls] + list(then)
+    acked: list[Any] = [0]
+
+    def send(todo: list[int]) -> list[Any]:
         pipe = client.pipeline(transaction=False)
         for i in todo:
-            keys, args = calls[i]
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            called, keys, args = every[i]
+            pipe.evalsha(called.sha, len(keys), *keys, *args)
         pipe.wait(replicas, ms)
-        *got, acked = pipe.execute(raise_on_error=False)
-        missing = []
-        for i, reply in zip(todo, got, strict=True):
-            if isinstance(reply, noscript):
-                missing.append(i)
-            elif isinstance(reply, Exception):
-                raise reply
-            replies[i] = reply
-        if isinstance(acked, Exception):
-            raise acked
-        if not missing:
-            break
-        client.script_load(script.script)
-        todo = missing
-    return replies, int(acked)
+        *got, acked[0] = pipe.execute(raise_on_error=False)
+        if isinstance(acked[0], Exception):
+            raise acked[0]
+        return list(got)
+
+    replies = _run_calls(client, every, len(calls), noscript, send)
+    return replies, int(acked[0])
 
 
 def run_scripts(
@@ -232,18 +230,56 @@ def run_scripts(
     calls: list[tuple[list[str], list[str | int]]],
     *,
     noscript: type[BaseException],
+    then: Sequence[Call] = (),
 ) -> list[Any]:
-    """Run ``script`` once per call: one EVALSHA, or several pipelined in one round trip;
-    a call answered ``NOSCRIPT`` is run again through ``script``, which loads it."""
-    if len(calls) <= 1:
+    """Run ``script`` once per call, then the calls of ``then``: one EVALSHA, or several
+    pipelined in one round trip. The replies, ``then``'s after the others'; the first
+    error of the others is raised, an error of one of ``then`` is its reply. A call
+    answered ``NOSCRIPT`` is run again once its script is loaded, and so is every call of
+    ``then`` after it (each may need what the others write): a call of ``then`` run twice
+    gives its first reply that is neither ``0`` nor an error, else its last."""
+    if len(calls) <= 1 and not then:
         return [script(keys, args) for keys, args in calls]
-    pipe = client.pipeline(transaction=False)
-    for keys, args in calls:
-        pipe.evalsha(script.sha, len(keys), *keys, *args)
-    replies: list[Any] = pipe.execute(raise_on_error=False)
-    for index, reply in enumerate(replies):
-        if isinstance(reply, noscript):
-            replies[index] = script(*calls[index])
-        elif isinstance(reply, Exception):
-            raise reply
+    every = [(script, keys, args) for keys, args in calls] + list(then)
+
+    def send(todo: list[int]) -> list[Any]:
+        pipe = client.pipeline(transaction=False)
+        for i in todo:
+            called, keys, args = every[i]
+            pipe.evalsha(called.sha, len(keys), *keys, *args)
+        got: list[Any] = pipe.execute(raise_on_error=False)
+        return got
+
+    return _run_calls(client, every, len(calls), noscript, send)
+
+
+def _run_calls(
+    client: Any,
+    every: list[Call],
+    first: int,
+    noscript: type[BaseException],
+    send: Callable[[list[int]], list[Any]],
+) -> list[Any]:
+    """The replies of ``every`` (the first ``first`` calls, whose errors are raised, then
+    the others), sent by ``send`` in order, and once more, after loading the scripts, for
+    the calls answered ``NOSCRIPT`` (with every call after the first ``first``, when one
+    of those is among them)."""
+    replies: list[Any] = [None] * len(every)
+    todo = list(range(len(every)))
+    for attempt in range(2):
+        missing = []
+        for i, reply in zip(todo, send(todo), strict=True):
+            if isinstance(reply, noscript) and attempt == 0:
+                missing.append(i)
+            elif isinstance(reply, Exception) and i < first:
+                raise reply
+            elif replies[i] is None or replies[i] == 0 or isinstance(replies[i], Exception):
+                replies[i] = reply
+        if not missing:
+            break
+        for called in {id(every[i][0]): every[i][0] for i in missing}.values():
+            called.sha = client.script_load(called.script)
+        if missing[0] < first:
+            missing = sorted({*missing, *range(first, len(every))})
+        todo = missing
     return replies

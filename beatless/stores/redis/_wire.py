@@ -115,6 +115,11 @@ past its last note's expiry. Whether a claim or a note is alive is decided by co
 its end with ``TIME``; the slack keeps Redis's own expiry, on a clock read at a slightly
 different instant, from dropping the record before its last millisecond."""
 
+NOTING_LIFE_MS = 3_600_000
+"""How long the letters a claim script leaves for its notes script are kept: that script
+runs right after it, in the same pipeline, and deletes them. Long, so that a Redis that
+evicts the keys nearest their expiry first (``volatile-ttl``) takes them last."""
+
 CHUNK = 1_000
 """Firings per script. A larger batch is sent as several scripts pipelined in one round
 trip, so that no single script holds Redis (often the broker as well) for long."""
@@ -123,8 +128,8 @@ trip, so that no single script holds Redis (often the broker as well) for long."
 SCRIPTS = "lua"
 """The package folder of the scripts: ``prelude.lua`` is loaded in front of each of
 ``claim.lua``, ``commit.lua`` and ``release.lua``, which read claim records, and
-``notes.lua`` in front of ``claim.lua``, ``commit.lua`` and ``post.lua``, which write
-notes. Each script's header gives its keys and ARGV."""
+``notes.lua`` in front of ``claim_notes.lua``, ``commit.lua`` and ``post.lua``, which
+write notes. Each script's header gives its keys and ARGV."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +182,13 @@ def script(*names: str) -> str:
     return "".join((folder / name).read_text("utf-8") for name in names)
 
 
-CLAIM, COMMIT = (script("prelude.lua", "notes.lua", n) for n in ("claim.lua", "commit.lua"))
+CLAIM = script("prelude.lua", "claim.lua")
+COMMIT = script("prelude.lua", "notes.lua", "commit.lua")
+CLAIM_NOTES = script("notes.lua", "claim_notes.lua")
+CLAIM_NOTES_ANYWAY = "#!lua flags=allow-oom\n" + CLAIM_NOTES
+"""The notes of a claim script, allowed to write when Redis is out of memory (Redis 7
+and later), as the claim script itself could once it had written its first claim: the
+firings it sent must not be missing from their history."""
 COMMIT_WITHOUT_ROOM = "#!lua flags=allow-oom\n" + COMMIT
 """The commit script, allowed to write when Redis is out of memory (Redis 7 and later):
 run without notes when a commit is refused as full, it turns pending claims into
@@ -323,12 +334,16 @@ def claim_record(record: Any) -> ClaimRecord | None:
 
 
 def claim_note_args(
-    notes: Sequence[Note | NoteItem | None], logs: Logs, extends: list[tuple[str, float]]
+    notes: Sequence[Note | NoteItem | None],
+    requests: Sequence[ClaimRequest],
+    logs: Logs,
+    extends: list[tuple[str, float]],
 ) -> tuple[list[str], list[str | int]]:
-    """The keys and the ARGV that ``claim.lua`` takes for one note (or none) per
-    request: the distinct kinds' keys (as ``logs`` names them: a hash and its expiry
-    index, or a log), numbered from 1, and their layouts; per request its note, or its
-    item's batch number (``@g``) and item; then the batch notes. A batch takes items
+    """The keys and the ARGV (after the version and the slack) that ``claim_notes.lua``
+    takes for one note (or none) per request of a claim script: the distinct kinds' keys
+    (as ``logs`` names them: a hash and its expiry index, or a log), numbered from 1, and
+    their layouts; per request its note and its release, or its item's batch number
+    (``@g``), its release and its firing's id; then the batch notes. A batch takes items
     while the note they would make, every item closed at its longest, stays within
     ``NOTE_VALUE_LIMIT``; the next item opens another batch of the same template. The
     logs extended are added to ``extends``."""
@@ -343,11 +358,11 @@ def claim_note_args(
         kind_keys, layout = logs.layout(kind, posted, extends)
         keys += kind_keys
         layouts.append(layout)
-    args: list[str | int] = [NOTE_VERSION, len(by_kind), *layouts]
+    args: list[str | int] = [len(notes), len(by_kind), *layouts]
     batches: list[Note] = []
     open_: dict[Note, tuple[int, int]] = {}
     """The batch each template fills now, by number, and its longest size so far."""
-    for note in notes:
+    for note, request in zip(notes, requests, strict=True):
         if note is None:
             args += ["", "", ""]
         elif isinstance(note, NoteItem):
@@ -357,10 +372,11 @@ def claim_note_args(
                 batches.append(note.batch)
                 number, used = len(batches), len(note.batch.value.encode()) + 20
             open_[note.batch] = (number, used + size)
-            args += [f"@{number}", "", note.item]
+            args += [f"@{number}|{request.release_ms}", request.id, note.item]
         else:
             number = numbers[(note.kind, note.logged)]
-            args += [f"{number}|{note.ttl_ms}|{note.keep}", note.key, note.value]
+            head = f"{number}|{note.ttl_ms}|{note.keep}|{request.release_ms}"
+            args += [head, note.key, note.value]
     args.append(len(batches))
     for batch in batches:
         number = numbers[(batch.kind, batch.logged)]

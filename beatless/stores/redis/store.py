@@ -54,11 +54,13 @@ from beatless.stores.redis._client import (
     DEFAULT_WAIT_TIMEOUT,
     SCHEMES,
     UNACKNOWLEDGED,
+    Call,
     checked_wait,
     client_from_url,
     describe_client,
     driver_errors,
     key_prefix,
+    masked,
     redis_driver,
     run_acknowledged,
     run_scripts,
@@ -81,11 +83,14 @@ from beatless.stores.redis._refresh import Refresh
 from beatless.stores.redis._wire import (
     CHUNK,
     CLAIM,
+    CLAIM_NOTES,
+    CLAIM_NOTES_ANYWAY,
     COMMIT,
     COMMIT_WITHOUT_ROOM,
     EXPIRY_SLACK_MS,
     FORMAT_VERSION,
     NOTE_VERSION,
+    NOTING_LIFE_MS,
     POST,
     PROBE_TTL_MS,
     RELEASE,
@@ -110,6 +115,9 @@ if TYPE_CHECKING:
     from redis.commands.core import Script
 
 logger = logging.getLogger(__name__)
+
+_NOTED = frozenset({Outcome.WON, Outcome.TAKEOVER, Outcome.OVERLAP, Outcome.FORGOTTEN})
+"""The outcomes whose history note the claim's notes script writes."""
 
 __all__ = ["SCHEMES", "Pushed", "Ready", "RedisStore", "pushed_commands", "server_identity"]
 
@@ -182,6 +190,8 @@ class RedisStore(ClaimStore):
         self._lost = (driver.exceptions.RedisError, OSError)
         self._noscript = driver.exceptions.NoScriptError
         self._claim = self._client.register_script(CLAIM)
+        self._claim_notes = self._client.register_script(CLAIM_NOTES)
+        self._claim_notes_anyway = self._client.register_script(CLAIM_NOTES_ANYWAY)
         self._commit = self._client.register_script(COMMIT)
         self._commit_anyway = self._client.register_script(COMMIT_WITHOUT_ROOM)
         self._full_warned = WarnEvery()
@@ -241,17 +251,24 @@ class RedisStore(ClaimStore):
         the run-lease record in the same script, so a firing is enqueued only if no run of
         its address was in progress when it was won.
 
-        ``notes[i]``, when given, is the history note of ``requests[i]``, written in the
-        same script exactly when the firing's claim is written committed: when it is
-        ``WON``, ``TAKEOVER``, ``OVERLAP`` or ``FORGOTTEN``, so a firing sent is never
-        missing from its history. In its value the script replaces ``{{outcome}}`` with
-        ``won``, ``takeover``, ``skipped_overlap`` or ``forgotten``, ``{{at_ms}}`` with
-        its ``TIME`` in epoch milliseconds and ``{{lateness_ms}}`` with that time minus
-        the request's ``release_ms``; the note lives ``ttl_ms`` from that time and its
+        ``notes[i]``, when given, is the history note of ``requests[i]``, written exactly
+        when the firing's claim is written committed: when it is ``WON``, ``TAKEOVER``,
+        ``OVERLAP`` or ``FORGOTTEN``. The notes are written by a script of their own
+        (``claim_notes.lua``) sent in the same pipeline right after the claim script, so
+        that the messages reach the queue before the notes are written: the claim script
+        leaves its letters and its ``TIME`` under a key of the call's own, which the notes
+        script reads and deletes. The notes script may write when Redis is over its
+        ``maxmemory`` (Redis 7 and later), as the claim script could once it had written;
+        should it still fail, that is said at WARNING (the firings sent have no history
+        then, and a missed-firing sweep may count them missed). In a note's value the
+        script replaces ``{{outcome}}`` with ``won``, ``takeover``, ``skipped_overlap`` or
+        ``forgotten``, ``{{at_ms}}`` with the claim script's ``TIME`` in epoch
+        milliseconds and ``{{lateness_ms}}`` with that time minus the request's
+        ``release_ms``; the note lives ``ttl_ms`` from that time and its
         ``keep`` bounds its kind as in :meth:`post` (a logged note is one ``XADD`` to its
         kind's log: :mod:`beatless.stores.redis._logs`). ``notes[i]`` may instead be a
         :class:`~beatless.stores.base.NoteItem`: the firing's item goes into its batch
-        note, written once per script for all the firings of that batch noted in it
+        note, written once per notes script for all the firings of that batch noted in it
         (items closed with the outcome and the lateness, ``{{at_ms}}`` the script's
         time; split so that each note stays within ``NOTE_VALUE_LIMIT``). A ``None``
         note, or the note of a firing with any other outcome, writes nothing. Without
@@ -289,6 +306,9 @@ class RedisStore(ClaimStore):
         head: list[str | int] = [FORMAT_VERSION, EXPIRY_SLACK_MS, node, lease_ms, TOLERANCE_MS]
         head += [0, id_from, atomic, seen, horizon, new_token()]
         calls = []
+        noted: list[Call] = []
+        noted_from: list[int] = []
+        """Where the requests of each notes script start."""
         extends: list[tuple[str, float]] = []
         for start in range(0, len(requests), CHUNK):
             chunk = requests[start : start + CHUNK]
@@ -302,11 +322,22 @@ class RedisStore(ClaimStore):
             pushes = [] if commands is None else commands[start : start + CHUNK]
             pushed = [c if isinstance(c, Pushed) else pushed_commands(c) for c in pushes]
             after: list[str | int] = [""] if pushed else []
-            if notes is not None:
-                note_keys, after = claim_note_args(
-                    notes[start : start + CHUNK], self._logs, extends
+            chunk_notes = [] if notes is None else notes[start : start + CHUNK]
+            if any(note is not None for note in chunk_notes):
+                # Written by a script of their own, right after the claims (claim.lua,
+                # "Notes"): the claim leaves its letters under a key of this call's own.
+                noting = f"{self.prefix}noting:{new_token()}"
+                keys.append(noting)
+                after = [NOTING_LIFE_MS]
+                note_keys, note_args_ = claim_note_args(chunk_notes, chunk, self._logs, extends)
+                noted_from.append(start)
+                noted.append(
+                    (
+                        self._notes_script(),
+                        [noting, *note_keys],
+                        [NOTE_VERSION, EXPIRY_SLACK_MS, *note_args_],
+                    )
                 )
-                keys += note_keys
             # The commands' arguments go last, after the notes: each firing's head names
             # where its own start.
             heads, pushed_args = push_args(pushed, len(args) + len(pushed) + len(after) + 1)
@@ -318,12 +349,46 @@ class RedisStore(ClaimStore):
             if commands is not None
             else min(self.wait_timeout_ms, max(1, lease_ms // 4))
         )
-        with self._errors("claim"), self._holding(len(calls) + (self.wait > 0), before_send):
-            replies = self._execute(self._claim, calls, "claim", timeout_ms)
+        sent = len(calls) + len(noted) + (self.wait > 0)
+        with self._errors("claim"), self._holding(sent, before_send):
+            replies = self._execute(self._claim, calls, "claim", timeout_ms, then=noted)
+        replies, noted_replies = replies[: len(calls)], replies[len(calls) :]
         self._logs.made(extends)
         for reply in replies:
             self._adopt(as_text(reply[1]))
-        return [OUTCOME_LETTERS[letter] for letter in "".join(as_text(r[0]) for r in replies)]
+        outcomes = [OUTCOME_LETTERS[letter] for letter in "".join(as_text(r[0]) for r in replies)]
+        self._unnoted(noted_replies, noted_from, outcomes)
+        return outcomes
+
+    def _notes_script(self) -> Script:
+        """The script that writes a claim script's notes: flagged ``allow-oom`` on Redis 7
+        and later (asked once), so that a claim that pushed Redis over its ``maxmemory``
+        still has its firings' history written, as one script with the claims had."""
+        return self._claim_notes_anyway if self._refresh.supported() else self._claim_notes
+
+    def _unnoted(
+        self, replies: Sequence[Any], starts: Sequence[int], outcomes: Sequence[Outcome]
+    ) -> None:
+        """Say at WARNING when the notes script of a claim script that noted firings failed,
+        or found none of its letters (evicted): the firings it sent have no history then,
+        so a missed-firing sweep may count them missed."""
+        for reply, start in zip(replies, starts, strict=True):
+            chunk = outcomes[start : start + CHUNK]
+            noted = sum(outcome in _NOTED for outcome in chunk)
+            if not noted or reply == 1:
+                continue
+            cause = (
+                masked(reply, self._secrets)
+                if isinstance(reply, Exception)
+                else "what the claim left for it was gone: evicted?"
+            )
+            logger.warning(
+                "redis store %s: the history of %d claimed firing(s) was not written (%s); "
+                "a missed-firing sweep may count them missed",
+                shown(self._where, quoted=False),
+                noted,
+                cause,
+            )
 
     def commit(self, ids: Sequence[str], *, node: str, notes: Sequence[Note] = ()) -> list[bool]:
         if not ids and not notes:
@@ -530,13 +595,13 @@ class RedisStore(ClaimStore):
         return now_ms
 
     def load_scripts(self) -> None:
-        """Load the claim and commit scripts on the server ahead of their first run: a
-        first batch answered ``NOSCRIPT`` is packed and sent again (a burst's claims carry
-        megabytes). Loaded again on ``NOSCRIPT`` all the same (a restart, ``SCRIPT
-        FLUSH``). Raises :class:`~beatless.errors.StoreUnavailable` when Redis cannot be
-        reached."""
+        """Load the claim, claim notes and commit scripts on the server ahead of their
+        first run: a first batch answered ``NOSCRIPT`` is packed and sent again (a burst's
+        claims carry megabytes). Loaded again on ``NOSCRIPT`` all the same (a restart,
+        ``SCRIPT FLUSH``). Raises :class:`~beatless.errors.StoreUnavailable` when Redis
+        cannot be reached."""
         with self._errors("load its scripts"):
-            for script in (self._claim, self._commit):
+            for script in (self._claim, self._notes_script(), self._commit):
                 self._client.script_load(script.script)
 
     def probe(self) -> None:
@@ -633,15 +698,26 @@ class RedisStore(ClaimStore):
         )
 
     def _execute(
-        self, script: Script, calls: list[tuple[list[str], list[str | int]]], what: str, ms: int
+        self,
+        script: Script,
+        calls: list[tuple[list[str], list[str | int]]],
+        what: str,
+        ms: int,
+        then: Sequence[Call] = (),
     ) -> list[Any]:
-        """:meth:`_run`, and with ``wait``, :meth:`_run_acknowledged` waiting ``ms``."""
+        """:meth:`_run`, and with ``wait``, :meth:`_run_acknowledged` waiting ``ms``; the
+        calls of ``then`` follow in the same pipeline (their errors are replies)."""
         if not self.wait:
-            return self._run(script, calls)
-        return self._run_acknowledged(script, calls, what, ms)
+            return self._run(script, calls, then)
+        return self._run_acknowledged(script, calls, what, ms, then)
 
     def _run_acknowledged(
-        self, script: Script, calls: list[tuple[list[str], list[str | int]]], what: str, ms: int
+        self,
+        script: Script,
+        calls: list[tuple[list[str], list[str | int]]],
+        what: str,
+        ms: int,
+        then: Sequence[Call] = (),
     ) -> list[Any]:
         """Run ``script`` once per call, then ``WAIT`` for :attr:`wait` replicas to have
         what they wrote, up to ``ms``, in one pipeline (one connection, one round trip).
@@ -650,7 +726,13 @@ class RedisStore(ClaimStore):
         replica" in docs/stores.md). A call answered ``NOSCRIPT`` is run again, once the
         script is loaded, with its own ``WAIT``."""
         replies, acked = run_acknowledged(
-            self._client, script, calls, replicas=self.wait, ms=ms, noscript=self._noscript
+            self._client,
+            script,
+            calls,
+            replicas=self.wait,
+            ms=ms,
+            noscript=self._noscript,
+            then=then,
         )
         if acked < self.wait:
             raise StoreUnavailable(
@@ -674,13 +756,19 @@ class RedisStore(ClaimStore):
         before_send()
         return nullcontext()
 
-    def _run(self, script: Script, calls: list[tuple[list[str], list[str | int]]]) -> list[Any]:
-        """Run ``script`` once per call: one EVALSHA, or several pipelined in one round trip.
+    def _run(
+        self,
+        script: Script,
+        calls: list[tuple[list[str], list[str | int]]],
+        then: Sequence[Call] = (),
+    ) -> list[Any]:
+        """Run ``script`` once per call, then the calls of ``then`` (their errors are
+        replies): one EVALSHA, or several pipelined in one round trip.
 
         A script the server does not know (``NOSCRIPT``, after a restart or ``SCRIPT
         FLUSH``) is loaded and run again; redis-py's ``Script`` does it for a single call.
         """
-        return run_scripts(self._client, script, calls, noscript=self._noscript)
+        return run_scripts(self._client, script, calls, noscript=self._noscript, then=then)
 
     @contextmanager
     def _errors(self, what: str) -> Iterator[None]:

@@ -1,6 +1,6 @@
 -- beatless: claim a batch of firings, pending for a lease or (atomic) committed with
--- the commands that enqueue each one won and, if asked, a note of each one won. Loaded
--- after prelude.lua and notes.lua.
+-- the commands that enqueue each one won, and, if asked, leave what claim_notes.lua needs
+-- to note each one won. Loaded after prelude.lua.
 --
 -- KEYS[1]      {prefix}epoch: v=2|{started_ms}|{token}|{replid}|{cause}, the store's
 --              identity: written by the first claim that finds it absent (cause 'new'),
@@ -15,9 +15,8 @@
 --              address is in progress; see beatless.node.runs); read only
 -- KEYS[1 + n + J + l]  the l-th of L hashes of a namespace's live revisions (kept notes,
 --              see _kept.py) that the requests' live checks read; read only
--- then, notes only, the keys of each distinct kind of the requests' notes, in the order
---              of their numbers: {prefix}notes:{digest} and {prefix}notes-expiry:{digest}
---              for a kind kept in place, {prefix}log:{digest} for a log (see notes.lua)
+-- KEYS[last]  notes only: {prefix}noting:{token}, where the script leaves what
+--              claim_notes.lua needs to write the requests' history notes (see below)
 --
 -- ARGV[1]   claim record format version
 -- ARGV[2]   expiry slack in ms: how long Redis keeps a committed record past until_ms
@@ -25,7 +24,7 @@
 -- ARGV[4]   lease_ms
 -- ARGV[5]   tolerance_ms (10 s)
 -- ARGV[6]   unused (an earlier beatless: how long the last-winner hash lived)
--- ARGV[7]   where the firing id starts in a claim key
+-- ARGV[7]   unused (an earlier beatless: where the firing id starts in a claim key)
 -- ARGV[8]   '1' to claim and enqueue (atomic), '0' for a pending claim (two-phase),
 --           followed by 'w' when every claim of the namespace is acknowledged by a replica
 --           before it counts as won (the store's wait option): a failover then forgets
@@ -51,21 +50,8 @@
 --                   eight makes a large batch cheaper to send
 -- ARGV[12 + n + i]  atomic only: where the commands that enqueue request i are (see push
 --                   below)
--- ARGV[13 + 2n]     atomic only: note record format version; '' without notes (and then
---                   the notes' keys and the other arguments of notes are absent)
--- ARGV[14 + 2n]     notes only: K, the number of kinds of notes
--- ARGV[14 + 2n + k] notes only: the layout of kind k: 'h' (kept in place: two keys) or
---                   'l|{life_ms}|{extend}' (a log: one key; see log_layout in notes.lua)
--- with B = 14 + 2n + K:
--- ARGV[B + 3i - 2]  notes only: request i's note: {k}|{ttl_ms}|{keep}, k its kind's
---                   number, keep 0 for unbounded; '' (and '' for the next two) for none
--- ARGV[B + 3i - 1]  notes only: the note's key
--- ARGV[B + 3i]      notes only: the note's value, a template (see below)
---                   or, for an item of batch note g: '@{g}', '', and the item's start
--- ARGV[B + 3n + 1]  notes only: G, the number of batch notes (of kinds kept in place)
--- ARGV[B + 3n + 1 + 3g - 2]  notes only: batch note g: {k}|{ttl_ms}|{keep}
--- ARGV[B + 3n + 1 + 3g - 1]  notes only: the prefix of its key
--- ARGV[B + 3n + 1 + 3g]      notes only: its value, a template with {{items}} and {{at_ms}}
+-- ARGV[13 + 2n]     atomic only: '' without notes; with them, how long (ms) what the
+--                   script leaves for claim_notes.lua is kept
 -- then, atomic only: the arguments of the commands of every request, in order, each
 --                   request's from the index its ARGV[12 + n + i] names
 --
@@ -103,20 +89,18 @@
 -- and later (a GET and a SET before), and its commands: the script writes its claim
 -- first, then runs them, and deletes the claim again if one fails (the error is raised).
 --
--- A request's note is written only when its letter is W, T, O or F, from now (its
--- ttl_ms; a note kept in place has its kind swept and bounded by the last keep of the
--- notes written, as notes.lua and a post do, a logged one is one append to its kind's
--- log), with these placeholders of its value replaced:
--- {{outcome}} by won, takeover, skipped_overlap or forgotten, {{at_ms}} by now and
--- {{lateness_ms}} by now - release_ms. A request answered any other letter writes none.
--- A request whose note is an item of batch note g adds, for the same letters, its item
--- closed with ,"{outcome}",{lateness_ms}] to the batch; each batch that got an item is
--- written once, after the requests, under its key prefix .. '.' .. the id of its first
--- firing noted, with {{items}} replaced by its items joined by commas and {{at_ms}} by
--- now.
+-- Notes. A firing's history note is not written here but by claim_notes.lua, which the
+-- caller pipelines right after this script: nothing a script writes is seen before it
+-- ends, so the messages pushed here reach the queue, and a consumer blocked on it can be
+-- served, before the notes are written rather than after. When a request is
+-- answered W, T, O or F (the letters that write a note), the script sets the key
+-- KEYS[last] to {now}|{letters}, the script's TIME and one letter per request, for
+-- ARGV[13 + 2n] ms; claim_notes.lua reads it, deletes it and writes the notes of those
+-- requests as of that time. A request whose commands fail ends the script with their
+-- error; the key then holds the letters of the requests before it.
 
 local SLACK, node, lease = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
-local tolerance, id_from = tonumber(ARGV[5]), tonumber(ARGV[7])
+local tolerance = tonumber(ARGV[5])
 local atomic = string.sub(ARGV[8], 1, 1) == '1'
 local waits = string.find(ARGV[8], 'w', 2, true) ~= nil
 local holds = string.find(ARGV[8], 'h', 2, true) ~= nil
@@ -126,26 +110,9 @@ local noting = (ARGV[13 + 2 * n] or '') ~= ''
 -- Redis 7 and later: SET ... NX GET claims an absent record in one command.
 local SET_NX_GET = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
 
--- The notes' kinds: the index in KEYS of each one's first key, and the life and extension
--- of each log (false for a kind kept in place); the key before the first kind's, and
--- before the first live revision hash; where the requests' notes start in ARGV.
-local kind_key, kind_log, kind_extend = {}, {}, {}
-local kinds_from, notes_at = #KEYS, 0
-if noting then
-  local kinds, size = tonumber(ARGV[14 + 2 * n]), 0
-  for k = 1, kinds do
-    kind_log[k], kind_extend[k] = log_layout(ARGV[14 + 2 * n + k])
-    size = size + (kind_log[k] and 1 or 2)
-  end
-  kinds_from = #KEYS - size
-  local at = kinds_from + 1
-  for k = 1, kinds do
-    kind_key[k] = at
-    at = at + (kind_log[k] and 1 or 2)
-  end
-  notes_at = 14 + 2 * n + kinds
-end
-local lives_from = kinds_from - (tonumber(lives) or 0)
+-- The key before the first live revision hash (the key the notes leave for
+-- claim_notes.lua is last).
+local lives_from = (noting and #KEYS - 1 or #KEYS) - (tonumber(lives) or 0)
 
 -- This server's replication ids: its history's, and the one it continued when it was
 -- promoted ('' if none: it started a history of its own).
@@ -236,12 +203,39 @@ local function push(i)
   end
 end
 
+-- The letter of each request decided; whether one of them writes a note.
+local out, noted = {}, false
+-- The letters that write a note (see "Notes" above).
+local NOTED = {W = true, T = true, O = true, F = true}
+
+-- The letters decided so far, left for claim_notes.lua when one of them writes a note.
+local function leave()
+  local letters = table.concat(out)
+  if noting and noted then
+    redis.call('SET', KEYS[#KEYS], string.format('%d|', now) .. letters, 'PX',
+      ARGV[13 + 2 * n])
+  end
+  return letters
+end
+
+-- Runs the commands of request i. When one fails after a firing that writes a note was
+-- decided (so not as the script's first write, whose refusals keep their own error),
+-- the letters so far are left first: those firings stand, and were sent.
+local function push_or_leave(i)
+  if not (noting and noted) then return push(i) end
+  local ok, err = pcall(push, i)
+  if not ok then
+    leave()
+    error(err)
+  end
+end
+
 local function win(i, key, r)
   if not atomic then
     return write(key, 'pending', now + lease, r.memory, r.tag, node, lease + r.memory,
       r.revision)
   end
-  push(i)
+  push_or_leave(i)
   return committed(key, r)
 end
 
@@ -331,70 +325,13 @@ local function claim_absent(i, key, r)
   local ok, err = pcall(push, i)
   if not ok then
     redis.call('DEL', key)
+    if noting and noted then leave() end
     error(err)
   end
   return 'W', {state = 'committed', until_ms = now + r.memory, memory = r.memory,
     tag = r.tag, node = node, revision = r.revision}
 end
 
--- The words that replace {{outcome}}, by the letters that write a note.
-local NOTED = {W = 'won', T = 'takeover', O = 'skipped_overlap', F = 'forgotten'}
--- The keep of each kind kept in place that was written, by the index of its hash in KEYS.
-local bounds = {}
--- The logs written to that their callers extend, by key, with their life.
-local extended = {}
-
--- The items of each batch note written to, by its number, and its first firing's id.
-local batches = {}
-
-local function add_item(i, g, letter, r)
-  local batch = batches[g]
-  if not batch then
-    batch = {first = string.sub(KEYS[i + 1], id_from)}
-    batches[g] = batch
-  end
-  batch[#batch + 1] = ARGV[notes_at + 3 * i] .. ',"' .. NOTED[letter] .. '",' ..
-    string.format('%d', now - r.release) .. ']'
-end
-
--- Writes a note of kind k: appended to its log, or written in place and its kind bounded.
-local function write_kind(k, key, ttl, keep, value)
-  local at = kind_key[k]
-  keep = tonumber(keep)
-  if kind_log[k] then
-    log_note(KEYS[at], ARGV[13 + 2 * n], now, key, ttl, keep, value, kind_log[k])
-    if kind_extend[k] then extended[KEYS[at]] = kind_log[k] end
-    return
-  end
-  write_note(KEYS[at], KEYS[at + 1], ARGV[13 + 2 * n], now, key, ttl, value)
-  bounds[at] = keep > 0 and keep or bounds[at] or 0
-end
-
-local function write_batches()
-  local from = notes_at + 3 * n + 1
-  for g, batch in pairs(batches) do
-    local at = from + 3 * g - 2
-    local k, ttl, keep = string.match(ARGV[at], '^(%d+)|(%d+)|(%d+)$')
-    local value = string.gsub(ARGV[at + 2], '{{([%w_]+)}}',
-      {items = table.concat(batch, ','), at_ms = string.format('%d', now)})
-    write_kind(tonumber(k), ARGV[at + 1] .. '.' .. batch.first, ttl, keep, value)
-  end
-end
-
-local function note(i, letter, r)
-  local at = notes_at + 3 * i - 2
-  if string.byte(ARGV[at], 1) == 64 then  -- '@': an item of a batch note
-    return add_item(i, tonumber(string.sub(ARGV[at], 2)), letter, r)
-  end
-  local k, ttl, keep = string.match(ARGV[at], '^(%d+)|(%d+)|(%d+)$')
-  if not k then return end
-  local fields = {outcome = NOTED[letter], at_ms = string.format('%d', now),
-    lateness_ms = string.format('%d', now - r.release)}
-  local value = string.gsub(ARGV[at + 2], '{{([%w_]+)}}', fields)
-  write_kind(tonumber(k), ARGV[at + 1], ttl, keep, value)
-end
-
-local out = {}
 for i = 1, n do
   local key = KEYS[i + 1]
   local occurrence, max_late, memory, release, tag, run, live, revision, address =
@@ -408,14 +345,7 @@ for i = 1, n do
     letter, written = decide(i, key, fetch(key), r)
   end
   out[i] = letter
+  if NOTED[letter] then noted = true end
   if written then held[key] = written end
-  if noting and NOTED[letter] then note(i, letter, r) end
 end
-if noting then write_batches() end
-for at, keep in pairs(bounds) do
-  sweep_notes(KEYS[at], KEYS[at + 1], keep, now, SLACK)
-end
-for log, life in pairs(extended) do
-  extend_log(log, life)
-end
-return {table.concat(out), epoch}
+return {leave(), epoch}
