@@ -210,10 +210,7 @@ def run_acknowledged(
     acked: list[Any] = [0]
 
     def send(todo: list[int]) -> list[Any]:
-        pipe = client.pipeline(transaction=False)
-        for i in todo:
-            called, keys, args = every[i]
-            pipe.evalsha(called.sha, len(keys), *keys, *args)
+        pipe = _pipeline(client, [every[i] for i in todo])
         pipe.wait(replicas, ms)
         *got, acked[0] = pipe.execute(raise_on_error=False)
         if isinstance(acked[0], Exception):
@@ -243,14 +240,18 @@ def run_scripts(
     every = [(script, keys, args) for keys, args in calls] + list(then)
 
     def send(todo: list[int]) -> list[Any]:
-        pipe = client.pipeline(transaction=False)
-        for i in todo:
-            called, keys, args = every[i]
-            pipe.evalsha(called.sha, len(keys), *keys, *args)
-        got: list[Any] = pipe.execute(raise_on_error=False)
+        got: list[Any] = _pipeline(client, [every[i] for i in todo]).execute(raise_on_error=False)
         return got
 
     return _run_calls(client, every, len(calls), noscript, send)
+
+
+def _pipeline(client: Any, calls: list[Call]) -> Any:
+    """A pipeline (no transaction) with one ``EVALSHA`` per call, in order."""
+    pipe = client.pipeline(transaction=False)
+    for called, keys, args in calls:
+        pipe.evalsha(called.sha, len(keys), *keys, *args)
+    return pipe
 
 
 def _run_calls(
