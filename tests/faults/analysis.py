@@ -260,7 +260,13 @@ def analyse(
         outcomes=_sum_outcomes(summaries),
         counters=_sum_counters(summaries),
         examples=_examples(
-            sends, copies, missed=missed, stale=stale, early=early, in_flight=in_flight
+            sends,
+            copies,
+            missed=missed,
+            stale=stale,
+            early=early,
+            in_flight=in_flight,
+            faults=faults,
         ),
         in_flight={
             key: f"first sent by {send.node}, in flight at {fault.name}"
@@ -381,6 +387,7 @@ def _examples(
     stale: Sequence[Send],
     early: Sequence[Send],
     in_flight: Mapping[str, tuple[Send, Fault]],
+    faults: Sequence[Fault] = (),
     limit: int = 3,
 ) -> dict[str, list[str]]:
     """A few of each failure, readable: which firing, which node, when; the duplicates
@@ -394,7 +401,7 @@ def _examples(
             by_id[send.id].append(send)
     examples = {
         "duplicate": [
-            _describe_copies(copies_)
+            _describe_copies(copies_, faults)
             + (f" (first copy in flight at {in_flight[key][1].name})" if key in in_flight else "")
             for key, copies_ in by_id.items()
         ],
@@ -418,11 +425,31 @@ def _describe_send(send: Send) -> str:
     )
 
 
-def _describe_copies(sends: Sequence[Send]) -> str:
+def _describe_copies(sends: Sequence[Send], faults: Sequence[Fault] = ()) -> str:
+    """Each copy's node, and when (from the occurrence) it was handed over, sent and
+    committed; then the faults that began between the first hand-over and the last
+    commit, whoever they struck: what a reader needs to tell the two-phase window."""
     sends = sorted(sends, key=lambda send: send.called)
     first = sends[0]
-    each = ", ".join(f"{s.node} at {s.called - first.occurrence_ms / 1_000:+.1f}s" for s in sends)
-    return f"{first.address} @ {first.occurrence_ms} sent {len(sends)} times: {each}"
+    zero = first.occurrence_ms / 1_000
+
+    def at(instant: float | None) -> str:
+        return "-" if instant is None else f"{instant - zero:+.2f}s"
+
+    each = ", ".join(
+        f"{s.node} (called {at(s.called)}, sent {at(s.sent)}, committed {at(s.committed)})"
+        for s in sends
+    )
+    last = max(_landed(send) for send in sends)
+    near = [
+        f"{f.name} on {','.join(f.nodes) or 'all'} {at(f.start)}..{at(f.end)}"
+        for f in faults
+        if first.called - 1 < f.start < last + 1
+    ]
+    return (
+        f"{first.address} @ {first.occurrence_ms} sent {len(sends)} times: {each}; "
+        f"faults near: {'; '.join(near) or 'none'}"
+    )
 
 
 def record(report: Report, code: str, path: Path = RESULTS) -> None:

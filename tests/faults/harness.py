@@ -12,6 +12,7 @@ import contextlib
 import json
 import math
 import os
+import random
 import re
 import signal
 import subprocess
@@ -61,6 +62,14 @@ def sleep_until(instant: float) -> None:
     """Sleep until the real clock reads ``instant`` (seconds since the epoch)."""
     while (left := instant - time.time()) > 0:
         time.sleep(min(left, 0.5))
+
+
+def drawn_seed() -> int:
+    """A random scenario's seed: ``BEATLESS_SEED`` if set (to run a failed seed again),
+    else drawn. Printed, so that a failure can be run again."""
+    seed = int(os.environ.get("BEATLESS_SEED") or random.randrange(2**32))
+    print(f"seed {seed}")
+    return seed
 
 
 def next_whole_second(lead_s: float) -> int:

@@ -364,6 +364,12 @@ def test_a_duplicate_is_in_flight_at_a_fault_only_if_it_struck_the_first_sender_
     assert (tick.id in report.in_flight) is excused
     (example,) = report.examples["duplicate"]
     assert example.endswith("in flight at fault)") is excused
+    # Each copy told by its node and times, with the faults that began near them.
+    assert all(f"{node} (called " in example for node, *_ in copies)
+    if fault is None:
+        assert "faults near: none" in example
+    if excused:
+        assert "faults near: fault on " in example
 
 
 def fleet_files(tmp_path: Path, copies: list[Copy]) -> tuple[Fleet, Firing]:

@@ -37,7 +37,9 @@ of the live fault test (``live_edits``, :mod:`analysis`):
   ``queryset.update()`` within the full pass's period more;
 * no revision sets a row back to a definition older than one published before it.
 
-Run with ``python -m pytest tests/faults/test_faults_django.py -m faults -s``.
+Run with ``python -m pytest tests/faults/test_faults_django.py -m faults -s``; a failure
+names its seed, and ``BEATLESS_SEED=n`` runs its edits again (the faults fall by the
+clock, so a run is not repeated exactly).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from typing import Any
 
 import pytest
 from django_project import chosen
-from harness import Fleet, next_whole_second, sleep_until
+from harness import Fleet, drawn_seed, next_whole_second, sleep_until
 from proxy import Proxy
 from redis_server import RedisServer
 from test_faults_live import NAMESPACE, judge
@@ -244,8 +246,7 @@ def test_rows_edited_through_the_orm_under_kill_freeze_and_a_lost_database_run_a
     sent twice; every send of a row is the definition in force at its occurrence; every
     expected firing sent but those a fault excuses; every edit in force within 7 s (after
     the database is back; a ``queryset.update()`` 5 s more); no row ever set back."""
-    seed = random.randrange(2**32)
-    print(f"seed {seed}")
+    seed = drawn_seed()
     rng = random.Random(seed)
     store = redis_server("store")
     link = proxy(POSTGRES)

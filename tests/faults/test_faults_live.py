@@ -33,7 +33,9 @@ entries. Then, from every send the nodes recorded and the revisions in the store
   the store's outage is far shorter than max_late (8 s), so it excuses none: the nodes
   retry their claims and reads until it answers. No send is stale or early.
 
-Run with ``python -m pytest tests/faults/test_faults_live.py -m faults -s``.
+Run with ``python -m pytest tests/faults/test_faults_live.py -m faults -s``; a failure names
+its seed, and ``BEATLESS_SEED=n`` runs its edits again (the faults fall by the clock, so a
+run is not repeated exactly).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ import live_edits as edits
 import postgres_server
 import pytest
 from analysis import Report
-from harness import Fleet, next_whole_second, sleep_until
+from harness import Fleet, drawn_seed, next_whole_second, sleep_until
 from live_edits import misrun_send
 from nats_server import NatsServer, nats_server_binary
 from proxy import Proxy
@@ -184,8 +186,7 @@ def test_random_edits_under_faults_and_skewed_clocks_run_each_occurrence_once_as
     created it or after a delete's; every expected firing sent but those a fault excuses."""
     store, timing = live_store, live_store.timing
     link = proxy(store.address)
-    seed = random.randrange(2**32)
-    print(f"seed {seed}")
+    seed = drawn_seed()
     rng = random.Random(seed)
     anchor = next_whole_second(6)
     run = fleet(
