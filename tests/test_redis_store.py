@@ -1493,7 +1493,7 @@ def test_claim_and_push_notes_a_forgotten_firing_and_not_an_early_one(
     store.close()
 
 
-def test_notes_of_a_claim_larger_than_a_chunk_are_bounded_by_keep_in_one_round_trip(
+def test_notes_of_a_claim_larger_than_a_chunk_are_bounded_by_keep_after_the_claims(
     counting: redis.Redis, prefix: str
 ) -> None:
     store = RedisStore(counting, prefix=prefix)
@@ -1510,8 +1510,8 @@ def test_notes_of_a_claim_larger_than_a_chunk_are_bounded_by_keep_in_one_round_t
     CountingConnection.sends.clear()
     outcomes = store.claim_and_push(batch, [[]] * len(batch), node="a", notes=notes)
 
-    # Two claim scripts, then the notes script of each.
-    assert CountingConnection.sends == [["EVALSHA"] * 4]
+    # Two claim scripts, then, once they answered, the notes script of each.
+    assert CountingConnection.sends == [["EVALSHA"] * 2, ["EVALSHA"] * 2]
     assert outcomes == [Outcome.WON] * len(batch)
     # Each notes script bounds the kind after its own notes: those that expire last are
     # left.

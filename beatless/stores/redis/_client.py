@@ -229,21 +229,48 @@ def run_scripts(
     noscript: type[BaseException],
     then: Sequence[Call] = (),
 ) -> list[Any]:
-    """Run ``script`` once per call, then the calls of ``then``: one EVALSHA, or several
-    pipelined in one round trip. The replies, ``then``'s after the others'; the first
-    error of the others is raised, an error of one of ``then`` is its reply. A call
-    answered ``NOSCRIPT`` is run again once its script is loaded, and so is every call of
-    ``then`` after it (each may need what the others write): a call of ``then`` run twice
-    gives its first reply that is neither ``0`` nor an error, else its last."""
-    if len(calls) <= 1 and not then:
-        return [script(keys, args) for keys, args in calls]
-    every = [(script, keys, args) for keys, args in calls] + list(then)
+    """Run ``script`` once per call (one EVALSHA, or several pipelined in one round trip),
+    then, once they have answered, the calls of ``then`` in a round trip of their own. The
+    replies, ``then``'s after the others'; the first error of the others is raised, an
+    error of one of ``then`` (the connection's too) is its reply. A call answered
+    ``NOSCRIPT`` is run again once its script is loaded.
+
+    Why ``then`` waits for the replies: Redis answers a client blocked on a list (a
+    consumer on its queue) only between the reads of its event loop, after every command
+    of the bytes it read. Sent in the same pipeline, ``then`` would run before a consumer
+    that the first calls served could pop again: a queue's second message would wait for
+    it."""
+    every = [(script, keys, args) for keys, args in calls]
+    try:
+        if len(calls) <= 1:
+            replies = [script(keys, args) for keys, args in calls]
+        else:
+            replies = _run_calls(client, every, len(every), noscript, _sender(client, every))
+    except Exception:
+        _then(client, then, noscript)  # what the calls that ran left for them
+        raise
+    return replies + _then(client, then, noscript)
+
+
+def _then(client: Any, then: Sequence[Call], noscript: type[BaseException]) -> list[Any]:
+    """The replies of the calls of ``then``, run in one round trip; an error is a reply."""
+    if not then:
+        return []
+    after = list(then)
+    try:
+        return _run_calls(client, after, 0, noscript, _sender(client, after))
+    except Exception as exc:  # the calls before stand: this is their reply
+        return [exc] * len(after)
+
+
+def _sender(client: Any, every: list[Call]) -> Callable[[list[int]], list[Any]]:
+    """Sends the calls of ``every`` at the given indexes in one pipeline: their replies."""
 
     def send(todo: list[int]) -> list[Any]:
         got: list[Any] = _pipeline(client, [every[i] for i in todo]).execute(raise_on_error=False)
         return got
 
-    return _run_calls(client, every, len(calls), noscript, send)
+    return send
 
 
 def _pipeline(client: Any, calls: list[Call]) -> Any:

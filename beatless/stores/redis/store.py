@@ -254,8 +254,9 @@ class RedisStore(ClaimStore):
         ``notes[i]``, when given, is the history note of ``requests[i]``, written exactly
         when the firing's claim is written committed: when it is ``WON``, ``TAKEOVER``,
         ``OVERLAP`` or ``FORGOTTEN``. The notes are written by a script of their own
-        (``claim_notes.lua``) sent in the same pipeline right after the claim script, so
-        that the messages reach the queue before the notes are written: the claim script
+        (``claim_notes.lua``) sent once the claim scripts have answered (with ``wait``, in
+        their pipeline, before its ``WAIT``), so that the messages reach the queue, and a
+        consumer can pop them, before the notes are written: the claim script
         leaves its letters and its ``TIME`` under a key of the call's own, which the notes
         script reads and deletes. The notes script may write when Redis is over its
         ``maxmemory`` (Redis 7 and later), as the claim script could once it had written;
@@ -349,7 +350,9 @@ class RedisStore(ClaimStore):
             if commands is not None
             else min(self.wait_timeout_ms, max(1, lease_ms // 4))
         )
-        sent = len(calls) + len(noted) + (self.wait > 0)
+        # Packed before the wait for the release: the claims, and with ``wait`` the notes
+        # and the WAIT of the same pipeline (else the notes follow the claims' replies).
+        sent = len(calls) + (len(noted) + 1 if self.wait else 0)
         with self._errors("claim"), self._holding(sent, before_send):
             replies = self._execute(self._claim, calls, "claim", timeout_ms, then=noted)
         replies, noted_replies = replies[: len(calls)], replies[len(calls) :]
@@ -706,7 +709,8 @@ class RedisStore(ClaimStore):
         then: Sequence[Call] = (),
     ) -> list[Any]:
         """:meth:`_run`, and with ``wait``, :meth:`_run_acknowledged` waiting ``ms``; the
-        calls of ``then`` follow in the same pipeline (their errors are replies)."""
+        calls of ``then`` follow (their errors are replies): once the others answered, or
+        with ``wait`` in the same pipeline, before the ``WAIT``."""
         if not self.wait:
             return self._run(script, calls, then)
         return self._run_acknowledged(script, calls, what, ms, then)
@@ -762,8 +766,8 @@ class RedisStore(ClaimStore):
         calls: list[tuple[list[str], list[str | int]]],
         then: Sequence[Call] = (),
     ) -> list[Any]:
-        """Run ``script`` once per call, then the calls of ``then`` (their errors are
-        replies): one EVALSHA, or several pipelined in one round trip.
+        """Run ``script`` once per call, one EVALSHA or several pipelined in one round
+        trip, then, once they answered, the calls of ``then`` (their errors are replies).
 
         A script the server does not know (``NOSCRIPT``, after a restart or ``SCRIPT
         FLUSH``) is loaded and run again; redis-py's ``Script`` does it for a single call.

@@ -90,7 +90,7 @@
 -- first, then runs them, and deletes the claim again if one fails (the error is raised).
 --
 -- Notes. A firing's history note is not written here but by claim_notes.lua, which the
--- caller pipelines right after this script: nothing a script writes is seen before it
+-- caller sends once this script has answered: nothing a script writes is seen before it
 -- ends, so the messages pushed here reach the queue, and a consumer blocked on it can be
 -- served, before the notes are written rather than after. When a request is
 -- answered W, T, O or F (the letters that write a note), the script sets the key

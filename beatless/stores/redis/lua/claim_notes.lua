@@ -1,5 +1,5 @@
--- beatless: the history notes of the firings of a claim script (claim.lua), pipelined
--- right after it. Loaded after notes.lua (no prelude: it reads no claim record).
+-- beatless: the history notes of the firings of a claim script (claim.lua), sent right
+-- after it has answered. Loaded after notes.lua (no prelude: it reads no claim record).
 --
 -- KEYS[1]   {prefix}noting:{token}: what the claim script left, {now}|{letters} (its TIME
 --           and one letter per request); read and deleted. Absent (the claim script
