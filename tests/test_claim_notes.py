@@ -1,5 +1,5 @@
-"""The history notes of an atomic claim, written by a script of their own pipelined right
-after the claim script (``claim_notes.lua``): what the claim leaves it, what it writes
+"""The history notes of an atomic claim, written by a script of their own sent once the
+claim script has answered (``claim_notes.lua``): what the claim leaves it, what it writes
 when the claim failed part-way, when Redis went over its ``maxmemory`` in between, and
 what is said when it could not write."""
 
