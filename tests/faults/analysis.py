@@ -267,6 +267,7 @@ def analyse(
             early=early,
             in_flight=in_flight,
             faults=faults,
+            told=told,
         ),
         in_flight={
             key: f"first sent by {send.node}, in flight at {fault.name}"
@@ -388,6 +389,7 @@ def _examples(
     early: Sequence[Send],
     in_flight: Mapping[str, tuple[Send, Fault]],
     faults: Sequence[Fault] = (),
+    told: Mapping[str, set[str]] | None = None,
     limit: int = 3,
 ) -> dict[str, list[str]]:
     """A few of each failure, readable: which firing, which node, when; the duplicates
@@ -401,7 +403,7 @@ def _examples(
             by_id[send.id].append(send)
     examples = {
         "duplicate": [
-            _describe_copies(copies_, faults)
+            _describe_copies(copies_, faults, told)
             + (f" (first copy in flight at {in_flight[key][1].name})" if key in in_flight else "")
             for key, copies_ in by_id.items()
         ],
@@ -425,10 +427,16 @@ def _describe_send(send: Send) -> str:
     )
 
 
-def _describe_copies(sends: Sequence[Send], faults: Sequence[Fault] = ()) -> str:
+def _describe_copies(
+    sends: Sequence[Send],
+    faults: Sequence[Fault] = (),
+    told: Mapping[str, set[str]] | None = None,
+) -> str:
     """Each copy's node, and when (from the occurrence) it was handed over, sent and
-    committed; then the faults that began between the first hand-over and the last
-    commit, whoever they struck: what a reader needs to tell the two-phase window."""
+    committed, and, where the nodes' logs were read, whether its node told it was sent in
+    the two-phase window (its commit found it taken over); then the faults that began
+    between the first hand-over and the last commit, whoever they struck: what a reader
+    needs to tell the two-phase window."""
     sends = sorted(sends, key=lambda send: send.called)
     first = sends[0]
     zero = first.occurrence_ms / 1_000
@@ -436,8 +444,14 @@ def _describe_copies(sends: Sequence[Send], faults: Sequence[Fault] = ()) -> str
     def at(instant: float | None) -> str:
         return "-" if instant is None else f"{instant - zero:+.2f}s"
 
+    def window(send: Send) -> str:
+        if told is None:
+            return ""
+        return ", told taken over" if send.id in told.get(send.node, ()) else ", not told"
+
     each = ", ".join(
-        f"{s.node} (called {at(s.called)}, sent {at(s.sent)}, committed {at(s.committed)})"
+        f"{s.node} (called {at(s.called)}, sent {at(s.sent)}, committed {at(s.committed)}"
+        f"{window(s)})"
         for s in sends
     )
     last = max(_landed(send) for send in sends)

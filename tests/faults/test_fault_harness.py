@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -370,6 +371,10 @@ def test_a_duplicate_is_in_flight_at_a_fault_only_if_it_struck_the_first_sender_
         assert "faults near: none" in example
     if excused:
         assert "faults near: fault on " in example
+    if told is not None:  # each copy says whether its node told the two-phase window
+        for node, *_ in copies:
+            said = "told taken over" if node in told else "not told"
+            assert re.search(rf"{node} \(called [^)]*, {said}\)", example), example
 
 
 def fleet_files(tmp_path: Path, copies: list[Copy]) -> tuple[Fleet, Firing]:
