@@ -149,7 +149,10 @@ def test_a_commit_on_a_connection_the_server_cut_is_made_on_a_new_one(
 ) -> None:
     from beatless.stores.postgres.store import PostgresStore
 
-    firings = firings_of(fan_out(2), (int(time.time()) // 60) * 60_000)
+    # The minute's occurrence nearest ahead of 9 s from now: at most 9 s ahead (not early
+    # by the store's 10 s tolerance) and at most 51 s behind (not late by max_late 50 s
+    # and that tolerance), however near a minute's end the test starts.
+    firings = firings_of(fan_out(2), (int(time.time() + 9) // 60) * 60_000)
     requests = [claim_request(f) for f in firings]
     with (
         PostgresStore(POSTGRES_URL, schema=postgres_schema) as a,
