@@ -56,6 +56,15 @@ SCRIPT_INNER = ("time", "info", "get", "set", "lpush", "hset", "hget", "pexpire"
 SCRIPT_INNER += ("zadd", "zcard", "zrange", "zrangebyscore", "zremrangebyscore", "zremrangebyrank")
 SCRIPT_INNER += ("hdel", "expire", "pexpireat", "pttl", "exists", "del")
 """Commands the beatless scripts run inside, counted in the scripts' time."""
+CLAIM_PATH = ("evalsha", "set", "lpush", "xadd", "get", "getdel", "hget")
+"""The commands of a firing's claim, push and history note (the claim and notes scripts,
+and the commands they run): what a firing costs on the atomic path. Every other command of
+the nodes is their own upkeep (their sync: reads and refreshes of notes, the store's
+settings), which is constant per node; each script's one ``TIME`` counts on the claim
+path, the other ``TIME``s in the upkeep."""
+IDLE_S = 5.0
+"""How long the server's CPU is read with only the reader on it, before the beats start:
+the floor every run pays, whatever sends (its housekeeping and the reader's polls)."""
 DRAIN_S = 2.0
 """How long the reader keeps popping after the steady window, for firings due at its end."""
 READY = {"stock": "beat: Starting...", "beatless": "beatless node "}
@@ -216,6 +225,12 @@ class Redis:
         """User + system CPU of the server process so far (``INFO cpu``)."""
         info = self.client.info("cpu")
         return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+    def idle_cpu_s_per_s(self, seconds: float) -> float:
+        """The server's CPU a second over the next ``seconds``, nothing else sent."""
+        before = self.cpu_s()
+        time.sleep(seconds)
+        return (self.cpu_s() - before) / seconds
 
 
 @dataclass
@@ -387,6 +402,12 @@ class Reader:
         client.close()
 
 
+def claim_path_calls(stats: dict[str, int]) -> int:
+    """The calls of :data:`CLAIM_PATH` in ``stats``, with one ``TIME`` per script."""
+    calls = sum(stats.get(name, 0) for name in CLAIM_PATH)
+    return calls + min(stats.get("time", 0), stats.get("evalsha", 0))
+
+
 def due_ms(headers: dict[str, Any]) -> int:
     """Stock beat: the instant beat's schedule made the entry due. beatless: the release
     (occurrence + offset)."""
@@ -406,6 +427,7 @@ def percentile(values: list[float], q: float) -> float:
 def steady(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdir: Path) -> dict:
     env = environment(redis, kind, "steady", args.entries, nodes=nodes)
     reader = Reader(redis, env["BENCH_QUEUE"]).start()
+    idle_s_per_s = redis.idle_cpu_s_per_s(IDLE_S)
     beats = start_beats(kind, nodes, env, workdir)
     try:
         wait_ready(beats, timeout=60)
@@ -455,6 +477,7 @@ def steady(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdi
     stats = {name: count for name, count in stats.items() if count}
     calls = sum(stats.values())
     firings = max(len(window), 1)
+    seconds = (end - start) / 1_000
     scripted = sum(usec.get(name, 0) for name in ("evalsha", "eval"))
     # Time of the commands clients sent, each script and each EXEC once: its inner
     # commands are counted in its time, and again under their own names, which are left
@@ -469,7 +492,7 @@ def steady(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdi
     return {
         "nodes": nodes,
         "firings": len(window),
-        "seconds": (end - start) / 1_000,
+        "seconds": seconds,
         "lateness_ms": {
             "p50": percentile(lateness, 0.50),
             "p99": percentile(lateness, 0.99),
@@ -478,8 +501,14 @@ def steady(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdi
         "cpu_s_per_node": [b - a for a, b in zip(cpu0, cpu1, strict=True)],
         "redis_calls": calls,
         "redis_calls_per_firing": calls / firings,
+        "redis_claim_path_calls_per_firing": claim_path_calls(stats) / firings,
+        "redis_upkeep_calls_per_node_s": (calls - claim_path_calls(stats)) / nodes / seconds,
         "redis_cpu_us_per_firing": 1e6 * (server1 - server0) / firings,
-        "redis_round_trips_per_node_s": trips / nodes / ((end - start) / 1_000),
+        "redis_idle_cpu_ms_per_s": 1e3 * idle_s_per_s,
+        "redis_cpu_us_per_firing_above_idle": (
+            1e6 * (server1 - server0 - idle_s_per_s * seconds) / firings
+        ),
+        "redis_round_trips_per_node_s": trips / nodes / seconds,
         "redis_command_us_per_firing": sent / firings,
         "redis_script_us_per_firing": scripted / firings,
         "redis_commands": dict(sorted(stats.items(), key=lambda kv: -kv[1])[:30]),
@@ -559,8 +588,8 @@ def rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
         each = ", ".join(f"{c:.2f}" for c in per) if len(per) <= 3 else f"{sum(per):.2f} in all"
         return f"{each} s ({100 * sum(per) / len(per) / r['seconds']:.1f} % of a core each)"
 
-    def us(r: dict, name: str) -> str:
-        return f"{r[name + '_per_firing']:.0f} us"
+    def us(r: dict, name: str, suffix: str = "_per_firing") -> str:
+        return f"{r[name + suffix]:.0f} us"
 
     def done(r: dict) -> str:
         if r.get("not_ready"):
@@ -599,7 +628,23 @@ def rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
             ("Redis calls per firing", *(f"{r['redis_calls_per_firing']:.2f}" for r in runs)),
             ("Redis command time per firing", *(us(r, "redis_command_us") for r in runs)),
             ("  of which in scripts", *(us(r, "redis_script_us") for r in runs)),
+            (
+                "  on the claim path (claim, push, history)",
+                *(f"{r['redis_claim_path_calls_per_firing']:.2f}" for r in runs),
+            ),
+            (
+                "  each node's upkeep, a second",
+                *(f"{r['redis_upkeep_calls_per_node_s']:.1f}" for r in runs),
+            ),
             ("Redis process CPU per firing", *(us(r, "redis_cpu_us") for r in runs)),
+            (
+                "  above the idle server's",
+                *(us(r, "redis_cpu_us_per_firing_above_idle", "") for r in runs),
+            ),
+            (
+                "  the idle server's, a second",
+                *(f"{r['redis_idle_cpu_ms_per_s']:.2f} ms" for r in runs),
+            ),
             (
                 "Redis round trips per node a second",
                 *(f"{r.get('redis_round_trips_per_node_s', float('nan')):.1f}" for r in runs),

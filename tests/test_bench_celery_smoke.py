@@ -40,11 +40,23 @@ def test_bench_measures_stock_beat_and_three_beatless_beats_side_by_side() -> No
         assert steady["lateness_ms"]["p50"] <= steady["lateness_ms"]["max"]
         assert len(steady["cpu_s_per_node"]) == nodes
         assert steady["redis_calls_per_firing"] > 0
+        assert steady["redis_idle_cpu_ms_per_s"] > 0
+        above = steady["redis_cpu_us_per_firing_above_idle"]
+        assert above < steady["redis_cpu_us_per_firing"]
+        split = steady["redis_claim_path_calls_per_firing"]
+        upkeep = steady["redis_upkeep_calls_per_node_s"] * nodes * steady["seconds"]
+        assert split * steady["firings"] + upkeep == pytest.approx(steady["redis_calls"])
         burst = result["burst"][kind]
         assert burst["entries"] == 200
         assert burst["done"], f"{kind}: the burst was not enqueued within 20 s"
         assert burst["enqueued"] == 200
         assert burst["last_enqueued_after_s"] >= 0
+
+    # Stock beat's one LPUSH per firing is its whole claim path; each beatless firing
+    # costs at least its claim, its push and its history note.
+    assert 0.8 <= result["steady"]["stock"]["redis_claim_path_calls_per_firing"] <= 1.2
+    assert result["steady"]["beatless"]["redis_claim_path_calls_per_firing"] >= 2.5
+    assert result["steady"]["beatless"]["redis_upkeep_calls_per_node_s"] > 0
 
     table = subprocess.run(
         [sys.executable, str(BENCH), "--help"], capture_output=True, text=True, check=True
