@@ -632,8 +632,6 @@ def rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
             ("lateness p50 / p99 / max", *(lat(r) for r in runs)),
             ("CPU per node", *(cpu(r) for r in runs)),
             ("Redis calls per firing", *(f"{r['redis_calls_per_firing']:.2f}" for r in runs)),
-            ("Redis command time per firing", *(us(r, "redis_command_us") for r in runs)),
-            ("  of which in scripts", *(us(r, "redis_script_us") for r in runs)),
             (
                 "  on the claim path (claim, push, history)",
                 *(f"{r['redis_claim_path_calls_per_firing']:.2f}" for r in runs),
@@ -642,6 +640,8 @@ def rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
                 "  each node's upkeep, a second",
                 *(f"{r['redis_upkeep_calls_per_node_s']:.1f}" for r in runs),
             ),
+            ("Redis command time per firing", *(us(r, "redis_command_us") for r in runs)),
+            ("  of which in scripts", *(us(r, "redis_script_us") for r in runs)),
             ("Redis process CPU per firing", *(us(r, "redis_cpu_us") for r in runs)),
             (
                 "  above the idle server's",
