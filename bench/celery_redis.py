@@ -66,6 +66,10 @@ IDLE_S = 10.0
 """How long the server's CPU is read with only the reader on it, before the first beat
 starts: the floor every run pays, whatever sends (its housekeeping and the reader's
 polls)."""
+PINGERS = 10
+"""How many clients send one ``PING`` a second each, spread over the second, to read what
+a bare round trip a second costs the server (:meth:`Redis.round_trip_cpu_s`): the floor of
+any client that syncs once a second, as each beatless node does."""
 DRAIN_S = 2.0
 """How long the reader keeps popping after the steady window, for firings due at its end."""
 READY = {"stock": "beat: Starting...", "beatless": "beatless node "}
@@ -171,6 +175,7 @@ class Redis:
     process: subprocess.Popen[bytes]
     client: Any
     idle: float | None = None
+    round_trip: float | None = None
 
     @classmethod
     def start(cls, workdir: Path) -> Redis:
@@ -237,6 +242,46 @@ class Redis:
             time.sleep(seconds)
             self.idle = (self.cpu_s() - before) / seconds
         return self.idle
+
+    def floors(self) -> tuple[float, float]:
+        """The server's idle CPU a second, and one bare round trip a second's, each read
+        once, before any beat ran (:meth:`idle_cpu_s_per_s`, :meth:`round_trip_cpu_s`)."""
+        return self.idle_cpu_s_per_s(IDLE_S), self.round_trip_cpu_s(PINGERS, IDLE_S)
+
+    def round_trip_cpu_s(self, clients: int, seconds: float) -> float:
+        """The server's CPU a second that one client costs by one round trip a second (a
+        ``PING``), above the idle floor: ``clients`` clients, each on a connection of its
+        own, spread over the second, for ``seconds``. Read once, on the fresh server, after
+        the idle floor."""
+        if self.round_trip is None:
+            import redis
+
+            idle = self.idle_cpu_s_per_s(IDLE_S)
+            connections = [redis.Redis(port=self.port) for _ in range(clients)]
+            for connection in connections:
+                connection.ping()
+            start = time.monotonic() + 0.1
+
+            def ping(i: int, connection: Any) -> None:
+                for second in range(int(seconds)):
+                    delay = start + second + i / clients - time.monotonic()
+                    time.sleep(max(0.0, delay))
+                    connection.ping()
+
+            threads = [
+                threading.Thread(target=ping, args=(i, c), daemon=True)
+                for i, c in enumerate(connections)
+            ]
+            before, began = self.cpu_s(), time.monotonic()
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            elapsed = time.monotonic() - began
+            self.round_trip = ((self.cpu_s() - before) / elapsed - idle) / clients
+            for connection in connections:
+                connection.close()
+        return self.round_trip
 
 
 @dataclass
@@ -433,7 +478,7 @@ def percentile(values: list[float], q: float) -> float:
 def steady(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdir: Path) -> dict:
     env = environment(redis, kind, "steady", args.entries, nodes=nodes)
     reader = Reader(redis, env["BENCH_QUEUE"]).start()
-    idle_s_per_s = redis.idle_cpu_s_per_s(IDLE_S)
+    idle_s_per_s, round_trip_s = redis.floors()
     beats = start_beats(kind, nodes, env, workdir)
     try:
         wait_ready(beats, timeout=60)
@@ -511,6 +556,8 @@ def steady(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdi
         "redis_upkeep_calls_per_node_s": (calls - claim_path_calls(stats)) / nodes / seconds,
         "redis_cpu_us_per_firing": 1e6 * (server1 - server0) / firings,
         "redis_idle_cpu_ms_per_s": 1e3 * idle_s_per_s,
+        "redis_cpu_ms_per_s_above_idle": 1e3 * ((server1 - server0) / seconds - idle_s_per_s),
+        "redis_round_trip_a_second_us_per_s": 1e6 * round_trip_s,
         "redis_cpu_us_per_firing_above_idle": (
             1e6 * (server1 - server0 - idle_s_per_s * seconds) / firings
         ),
@@ -522,6 +569,18 @@ def steady(redis: Redis, kind: str, nodes: int, args: argparse.Namespace, workdi
         "reader_calls_excluded": own,
         "load": load(),
     }
+
+
+def added_nodes(runs: list[dict]) -> None:
+    """Each run after the first: the server's CPU a second above idle that each node past
+    the first run's adds (the same schedule, so the same firings: what is left is the
+    nodes' upkeep), as ``redis_upkeep_us_per_added_node_s``."""
+    first = runs[0]
+    for run in runs[1:]:
+        added = run["nodes"] - first["nodes"]
+        if added:
+            more = run["redis_cpu_ms_per_s_above_idle"] - first["redis_cpu_ms_per_s_above_idle"]
+            run["redis_upkeep_us_per_added_node_s"] = 1e3 * more / added
 
 
 # -- the burst ---------------------------------------------------------------------------
@@ -610,6 +669,10 @@ def rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
             text += f" (~{r['entries'] * r['cap_s'] / r['enqueued']:,.0f} s at that rate)"
         return text
 
+    def added(r: dict) -> str:
+        more = r.get("redis_upkeep_us_per_added_node_s")
+        return "" if more is None else f"{more:.0f} us"
+
     def loads(r: dict) -> str:
         return " / ".join(f"{x:.1f}" for x in r["load"])
 
@@ -650,6 +713,14 @@ def rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
             (
                 "  the idle server's, a second",
                 *(f"{r['redis_idle_cpu_ms_per_s']:.2f} ms" for r in runs),
+            ),
+            (
+                "  each node more than the first run's, a second",
+                *(added(r) for r in runs),
+            ),
+            (
+                "  one bare round trip a second, a client",
+                *(us(r, "redis_round_trip_a_second_us", "_per_s") for r in runs),
             ),
             (
                 "Redis round trips per node a second",
@@ -720,6 +791,7 @@ def main() -> None:
             if "steady" in args.parts:
                 stock = steady(redis, "stock", 1, args, workdir)
                 runs = [steady(redis, "beatless", n, args, workdir) for n in args.nodes]
+                added_nodes(runs)
                 result["steady"] = {"stock": stock, "beatless": runs[0], "beatless_runs": runs}
             if "burst" in args.parts and not args.no_burst:
                 result["burst"] = {

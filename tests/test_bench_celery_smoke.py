@@ -41,6 +41,11 @@ def test_bench_measures_stock_beat_and_three_beatless_beats_side_by_side() -> No
         assert len(steady["cpu_s_per_node"]) == nodes
         assert steady["redis_calls_per_firing"] > 0
         assert steady["redis_idle_cpu_ms_per_s"] > 0
+        assert steady["redis_round_trip_a_second_us_per_s"] > 0
+        per_s = steady["redis_cpu_ms_per_s_above_idle"] * steady["seconds"] / 1e3
+        assert per_s * 1e6 / steady["firings"] == pytest.approx(
+            steady["redis_cpu_us_per_firing_above_idle"]
+        )
         above = steady["redis_cpu_us_per_firing_above_idle"]
         assert above < steady["redis_cpu_us_per_firing"]
         split = steady["redis_claim_path_calls_per_firing"]
@@ -57,8 +62,27 @@ def test_bench_measures_stock_beat_and_three_beatless_beats_side_by_side() -> No
     assert 0.8 <= result["steady"]["stock"]["redis_claim_path_calls_per_firing"] <= 1.2
     assert result["steady"]["beatless"]["redis_claim_path_calls_per_firing"] >= 2.5
     assert result["steady"]["beatless"]["redis_upkeep_calls_per_node_s"] > 0
+    # One run of beatless beats: no run to compare each node's upkeep with.
+    assert "redis_upkeep_us_per_added_node_s" not in result["steady"]["beatless"]
 
     table = subprocess.run(
         [sys.executable, str(BENCH), "--help"], capture_output=True, text=True, check=True
     )
     assert "--burst" in table.stdout
+
+
+def test_each_added_node_costs_the_difference_of_the_runs_over_the_nodes_added() -> None:
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        from celery_redis import added_nodes
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    runs = [
+        {"nodes": 3, "redis_cpu_ms_per_s_above_idle": 2.0},
+        {"nodes": 10, "redis_cpu_ms_per_s_above_idle": 2.7},
+        {"nodes": 3, "redis_cpu_ms_per_s_above_idle": 2.5},
+    ]
+    added_nodes(runs)
+    assert "redis_upkeep_us_per_added_node_s" not in runs[0]
+    assert runs[1]["redis_upkeep_us_per_added_node_s"] == pytest.approx(100.0)
+    assert "redis_upkeep_us_per_added_node_s" not in runs[2]  # no node added
