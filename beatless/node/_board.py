@@ -1,9 +1,10 @@
 """The node's thread that keeps its notes in the claim store (:mod:`beatless.fleet._notes`).
 
 Every second it posts the history waiting (written by :mod:`beatless.node._history`), the
-registry record and member note and the entries when due, reads the controls, the run-now
-requests, the membership version and a few nodes' own notes (the members it watches, the
-preferred claimers whose progress it waits on), the members when their version changed
+registry record and member note, the entries' notes when it is their poster
+(:mod:`beatless.node._entries`), reads the controls, the run-now requests, the membership
+version and a few nodes' own notes (the members it watches, the preferred claimers whose
+progress it waits on), the members when their version changed
 (:mod:`beatless.node._membership`), and sweeps the history for missed firings.
 It WARNs (rate-limited) when live nodes disagree on the schedule fingerprint or the tzdata
 version, or when a node's clock is more than ``OFFSET_WARN_MS`` from the store's.
@@ -40,7 +41,6 @@ from beatless.fleet._controls import (
 from beatless.fleet._members import CHANGES_TTL_MS, MEMBERSHIP_TTL_MS, PROGRESS_KEY
 from beatless.fleet._missed import sweep_missed
 from beatless.fleet._notes import (
-    ENTRIES_EVERY_MS,
     ENTRIES_TTL_MS,
     REGISTRY_EVERY_MS,
     REGISTRY_TTL_MS,
@@ -53,6 +53,7 @@ from beatless.fleet._notes import (
     nodes_kind,
 )
 from beatless.fleet._schema import family
+from beatless.node._entries import EntriesPoster
 from beatless.node._history import HistoryWriter
 from beatless.node._membership import Membership
 from beatless.node._prefer import salt
@@ -109,7 +110,8 @@ class Board(HistoryWriter):
         self._registry_ms: int | None = None
         self._swept_ms: int | None = None
         self._sweep_phase = salt(loop.node)
-        self._entries_ms: int | None = None
+        self.entries = EntriesPoster(loop.node, self._entry_notes)
+        """The posts of the entries' notes (:mod:`beatless.node._entries`)."""
         self._warned = WarnEvery()
         self.skipped = SkippedNotes()
         """The notes read that did not fit their schema (:meth:`skip`)."""
@@ -224,14 +226,12 @@ class Board(HistoryWriter):
         if progress is not None:
             _, _, value = progress
             notes.append(Note(self.members.own_kind, PROGRESS_KEY, value, self.members.ttl))
-        if self._entries_ms is None or now - self._entries_ms >= ENTRIES_EVERY_MS:
-            notes.extend(self._entry_notes())
-            self._entries_ms = now
         try:
             try:
                 self._read(now, registry_due, notes)
             finally:
                 self.watch_store(now)  # after the read, which carries the quick settings
+            self.entries.sync(self.store, now, self.registry, self.loop.schedule.fingerprint)
             if self.sweep_due(now):
                 self._swept_ms = now
                 self._sweep_missed(now)
