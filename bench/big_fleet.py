@@ -68,9 +68,9 @@ def start_redis(folder: Path) -> tuple[subprocess.Popen[bytes], Any]:
     if server is None:
         raise SystemExit("redis-server is not on PATH; install Redis to run this benchmark")
     port = free_port()
+    settings = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)]
     process = subprocess.Popen(
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        + ["--dir", str(folder)],
+        [server, "--port", str(port), *settings],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -79,12 +79,13 @@ def start_redis(folder: Path) -> tuple[subprocess.Popen[bytes], Any]:
     while True:
         try:
             client.ping()
-            return process, client
         except redis.ConnectionError:
             if time.monotonic() > deadline or process.poll() is not None:
                 process.kill()
                 raise SystemExit("the private redis-server did not start") from None
             time.sleep(0.05)
+        else:
+            return process, client
 
 
 def cpu_s(client: Any) -> float:
@@ -110,7 +111,7 @@ def start_nodes(count: int, schedule: Path, url: str, folder: Path) -> list[Any]
 
 def wait_ready(nodes: list[Any]) -> float:
     began = time.monotonic()
-    while not all("beatless node " in log.read_text(errors="replace") for _, log in nodes):
+    while not all(" scheduling " in log.read_text(errors="replace") for _, log in nodes):
         if time.monotonic() - began > READY_S or any(p.poll() is not None for p, _ in nodes):
             tail = "\n".join(log.read_text(errors="replace")[-1_500:] for _, log in nodes)
             raise SystemExit(f"a node did not start:\n{tail}")
