@@ -169,6 +169,7 @@ def measure(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         "ready_s": round(ready_s, 1),
         "redis_idle_cpu_ms_per_s": round(1e3 * idle, 2),
         "redis_cpu_ms_per_s_above_idle": round(1e3 * (used / seconds - idle), 2),
+        "hset_calls": hsets,
         "entry_notes_per_minute": round(60 * entry_notes / seconds),
         "schedules_posted_per_minute": round(60 * entry_notes / seconds / args.entries, 2),
         "slow_commands": len(slow),

@@ -66,7 +66,7 @@ IDLE_S = 10.0
 """How long the server's CPU is read with only the reader on it, before the first beat
 starts: the floor every run pays, whatever sends (its housekeeping and the reader's
 polls)."""
-PINGERS = 10
+PINGERS = 40
 """How many clients send one ``PING`` a second each, spread over the second, to read what
 a bare round trip a second costs the server (:meth:`Redis.round_trip_cpu_s`): the floor of
 any client that syncs once a second, as each beatless node does."""
