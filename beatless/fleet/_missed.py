@@ -43,7 +43,9 @@ HOUR_MS = 3_600_000
 TENANTS_SHOWN = TENANTS_PUBLISHED
 """For a fan-out entry, the history of at most this many of its tenants is read."""
 SWEEP_ENTRIES = 1_000
-"""A node's missed-firing sweep reads the history of at most this many entries."""
+"""A node's missed-firing sweep reads the history of at most this many entries: a bigger
+schedule is swept a part of this many at a time, the next part at the next sweep
+(:func:`sweep_views`)."""
 MARKER_MEMORY_MS = 2 * HOUR_MS
 """A missed marker outlives the hour over which missed firings are judged."""
 MARKER_LEASE_MS = 30_000
@@ -108,6 +110,16 @@ def entry_views(schedule: Schedule) -> list[EntryView]:
     return [EntryView.of(entry_note(schedule, entry)) for entry in schedule.entries]
 
 
+def sweep_views(schedule: Schedule, part: int) -> list[EntryView]:
+    """The entries without fan-out a sweep reads, of ``schedule``: part ``part`` (taken
+    round) of those cut in parts of ``SWEEP_ENTRIES``, in the schedule's order. Sweeps of
+    parts 0, 1, 2 ... read every entry in turn."""
+    plain = [entry for entry in schedule.entries if entry.tenants is None]
+    parts = max(1, -(-len(plain) // SWEEP_ENTRIES))
+    first = part % parts * SWEEP_ENTRIES
+    return [EntryView.of(entry_note(schedule, e)) for e in plain[first : first + SWEEP_ENTRIES]]
+
+
 def history_items(
     view: EntryView, history: Mapping[str, Mapping[str, str]], skipped: Skipped | None = None
 ) -> list[HistoryItem]:
@@ -151,10 +163,17 @@ def missed_occurrences(
 
 
 def sweep_missed(
-    store: ClaimStore, schedule: Schedule, node: str, now_ms: int, skipped: Skipped | None = None
+    store: ClaimStore,
+    schedule: Schedule,
+    node: str,
+    now_ms: int,
+    skipped: Skipped | None = None,
+    *,
+    part: int = 0,
 ) -> list[tuple[EntryView, list[int]]]:
     """The missed firings of ``schedule`` that this node is the first in the fleet to
-    find: per entry, their occurrences.
+    find: per entry of the part ``part`` of the schedule (:func:`sweep_views`), their
+    occurrences.
 
     Each missed firing found in the history (:func:`missed_occurrences`, entries without fan-out)
     is claimed once more under a marker id of its own, never late and remembered
@@ -163,7 +182,7 @@ def sweep_missed(
     schema are told to ``skipped``. Raises :class:`~beatless.errors.StoreError` when the
     store fails.
     """
-    views = [v for v in entry_views(schedule) if v.fan_out is None][:SWEEP_ENTRIES]
+    views = sweep_views(schedule, part)
     if not views:
         return []
     history = store.read_logs([history_kind(v.address) for v in views])

@@ -393,7 +393,11 @@ class Board(HistoryWriter):
         counted by one node in the fleet (:func:`beatless.fleet._missed.sweep_missed`)."""
         loop = self.loop
         schedule = loop.schedule
-        for view, occurrences in sweep_missed(self.store, schedule, loop.node, now, self):
+        every = self.sweep_every_ms()
+        # The next part at each sweep, from a part of this node's own (its phase).
+        part = (now + self._sweep_phase % every) // every + self._sweep_phase
+        swept = sweep_missed(self.store, schedule, loop.node, now, self, part=part)
+        for view, occurrences in swept:
             entry = schedule.entry(view.name)
             for occurrence in occurrences:
                 firing = Firing.of(entry, None, view.address, occurrence)
