@@ -27,15 +27,15 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from celery_redis import Redis  # the private redis-server, beside this file
 
 NEVER = "0 0 29 2 *"
 """A cron expression that does not fire in a benchmark's window (nor until 2028)."""
@@ -47,50 +47,12 @@ OWN_HSETS_PER_NODE_S = 3.0
 the ``HSET`` calls before they are counted as entry notes."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def write_schedule(path: Path, count: int) -> None:
     lines = ['namespace = "big-fleet"', 'timezone = "UTC"', ""]
     for i in range(count):
         lines += ["[[entry]]", f'name = "never-{i:06d}"', f'task = "bench.noop.{i % 97}"']
         lines += [f'cron = "{NEVER}"', ""]
     path.write_text("\n".join(lines), encoding="utf-8")
-
-
-def start_redis(folder: Path) -> tuple[subprocess.Popen[bytes], Any]:
-    import redis
-
-    server = shutil.which("redis-server")
-    if server is None:
-        raise SystemExit("redis-server is not on PATH; install Redis to run this benchmark")
-    port = free_port()
-    settings = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)]
-    process = subprocess.Popen(
-        [server, "--port", str(port), *settings],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-        except redis.ConnectionError:
-            if time.monotonic() > deadline or process.poll() is not None:
-                process.kill()
-                raise SystemExit("the private redis-server did not start") from None
-            time.sleep(0.05)
-        else:
-            return process, client
-
-
-def cpu_s(client: Any) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def start_nodes(count: int, schedule: Path, url: str, folder: Path) -> list[Any]:
@@ -135,30 +97,26 @@ def stop_nodes(nodes: list[Any]) -> None:
 def measure(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     schedule = folder / "big_fleet.toml"
     write_schedule(schedule, args.entries)
-    process, client = start_redis(folder)
+    redis = Redis.start(folder)
+    client = redis.client
     nodes: list[Any] = []
     try:
-        before = cpu_s(client)
-        time.sleep(IDLE_S)
-        idle = (cpu_s(client) - before) / IDLE_S
-        url = f"redis://127.0.0.1:{client.connection_pool.connection_kwargs['port']}/0"
-        nodes = start_nodes(args.nodes, schedule, url, folder)
+        idle = redis.idle_cpu_s_per_s(IDLE_S)
+        nodes = start_nodes(args.nodes, schedule, redis.url, folder)
         ready_s = wait_ready(nodes)
         time.sleep(args.settle)
         client.config_set("slowlog-log-slower-than", SLOW_US)
         client.config_set("slowlog-max-len", 10_000)
         client.slowlog_reset()
         client.config_resetstat()
-        before, began = cpu_s(client), time.monotonic()
+        before, began = redis.cpu_s(), time.monotonic()
         time.sleep(args.seconds)
-        used, seconds = cpu_s(client) - before, time.monotonic() - began
+        used, seconds = redis.cpu_s() - before, time.monotonic() - began
         stats = client.info("commandstats")
         slow = client.slowlog_get(10_000)
     finally:
         stop_nodes(nodes)
-        client.close()
-        process.kill()
-        process.wait(10)
+        redis.stop()
     hsets = int(stats.get("cmdstat_hset", {}).get("calls", 0))
     entry_notes = max(0.0, hsets - OWN_HSETS_PER_NODE_S * args.nodes * seconds)
     longest = max(slow, key=lambda e: e["duration"], default=None)
