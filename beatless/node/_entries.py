@@ -3,11 +3,10 @@
 
 Every node runs the same schedule, so every node's entry notes are the same. A node posts
 them when it starts with no other member on its schedule, then only in the minutes
-(``ENTRIES_EVERY_MS``) it is the *poster*:
-the node ranked first for that minute, by rendezvous hashing, among the members whose
-schedule has its fingerprint (:func:`poster`). So the fleet writes each entry's note about
-once a minute whatever its size, rather than once a minute per node: with 100,000 entries,
-one post is 100,000 notes.
+(``ENTRIES_EVERY_MS``) it is the *poster*: the node ranked first for that minute, by
+rendezvous hashing, among the members whose schedule has its fingerprint
+(:func:`poster`). So the fleet writes each entry's note about once a minute whatever its
+size, rather than once a minute per node: with 100,000 entries, one post is 100,000 notes.
 
 A live edit changes the schedule on every node within a sync: the poster of that minute
 among all the members posts the new schedule at once.
@@ -69,8 +68,8 @@ class EntriesPoster:
         """Whether this node posts its entries now: at its first sync when no other member
         runs its schedule (the first node of a new schedule); once in each minute this node
         is the :func:`poster` of, or one whose poster is unknown; and when its schedule
-        changed (a live edit, which every node applies within a sync), if it is
-        the poster of the minute among all the members, so that one node posts the new
+        changed (a live edit, which every node applies within a sync), if it is the
+        poster of the minute among all the members, so that one node posts the new
         schedule at once."""
         minute = now_ms // ENTRIES_EVERY_MS
         changed = self._fingerprint not in (None, fingerprint)
