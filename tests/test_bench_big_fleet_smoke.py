@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from service_check import require_binary
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "big_fleet.py"
 TINY = ["--entries", "300", "--nodes", "2", "--seconds", "3", "--settle", "1", "--json"]
@@ -18,10 +19,7 @@ TINY = ["--entries", "300", "--nodes", "2", "--seconds", "3", "--settle", "1", "
 @pytest.mark.slow
 def test_bench_measures_a_fleet_on_a_schedule_that_does_not_fire() -> None:
     if shutil.which("redis-server") is None:
-        reason = "redis-server is not on PATH: the benchmark starts a private one"
-        if os.environ.get("BEATLESS_REQUIRE_SERVICES") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        require_binary("redis-server is not on PATH: the benchmark starts a private one")
     root = str(BENCH.parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(

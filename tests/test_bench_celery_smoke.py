@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from service_check import require_binary
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "celery_redis.py"
 TINY = ["--entries", "10", "--seconds", "4", "--warmup", "1", "--nodes", "3"]
@@ -19,10 +19,7 @@ BURST = ["--burst", "200", "--lead", "6", "--burst-cap", "20"]
 @pytest.mark.slow
 def test_bench_measures_stock_beat_and_three_beatless_beats_side_by_side() -> None:
     if shutil.which("redis-server") is None:
-        reason = "redis-server is not on PATH: the benchmark starts a private one"
-        if os.environ.get("BEATLESS_REQUIRE_SERVICES") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        require_binary("redis-server is not on PATH: the benchmark starts a private one")
     done = subprocess.run(
         [sys.executable, str(BENCH), *TINY, *BURST, "--json"],
         capture_output=True,
