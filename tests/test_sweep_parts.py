@@ -4,12 +4,17 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from stores import ManualClock
 
 from beatless import Entry, Every, Schedule
-from beatless.fleet._missed import SWEEP_ENTRIES, sweep_views
+from beatless.fleet._missed import SWEEP_ENTRIES, sweep_part, sweep_views
+from beatless.node.scheduler import Scheduler
+from beatless.stores import MemoryStore
 
 
 def schedule_of(plain: int, fanned: int = 0) -> Schedule:
@@ -40,3 +45,78 @@ def test_any_run_of_sweeps_as_long_as_the_parts_reads_every_entry(size: int, sta
         view.name for part in range(start, start + parts) for view in sweep_views(schedule, part)
     }
     assert len(read) == size
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 40),
+    st.integers(1, 400),
+    st.integers(1_000, 120_000),
+    st.integers(0, 10**12),
+    st.randoms(use_true_random=False),
+)
+def test_the_fleet_reads_every_part_within_the_parts_over_the_nodes_plus_one_periods(
+    nodes: int, parts: int, every: int, start: int, rng: Any
+) -> None:
+    """Each node sweeps at the start of each of its periods, placed on the clock by a phase
+    of its own (any: drawn here): in any window of ``⌈parts / nodes⌉ + 1`` periods the
+    fleet's sweeps read every part."""
+    names = {f"node-{i}" for i in range(nodes)}
+    window = (-(-parts // nodes) + 1) * every
+    read = set()
+    for name in names:
+        phase = rng.randrange(10**9)
+        # The node's sweeps in the window: at each start of a period of its own.
+        first = -(-(start + phase % every) // every)
+        at = first * every - phase % every
+        while at < start + window:
+            read.add(sweep_part(at, every, phase, name, names) % parts)
+            at += every
+    assert read == set(range(parts))
+
+
+def test_a_node_alone_or_before_it_read_the_members_reads_the_next_part_each_period() -> None:
+    assert [sweep_part(t * 30_000, 30_000, 7, "a", set()) for t in range(3)] == [0, 1, 2]
+    assert sweep_part(30_000, 30_000, 7, "a", {"a"}) == 1
+
+
+def test_ten_nodes_of_a_fleet_read_every_part_within_three_of_their_periods(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ten real nodes, each sweeping every 100 s, on a schedule of 20 parts (parts of two
+    entries, for the test): every window of three periods (300 s, and the second of a
+    sync) reads all 20 parts, where parts placed by each node's name alone leave some
+    unread."""
+    from beatless.fleet import _missed
+    from beatless.node import _board
+
+    monkeypatch.setattr(_missed, "SWEEP_ENTRIES", 2)
+    plan = Schedule(
+        [Entry(name=f"e{i:02d}", task="t", trigger=Every(3_600)) for i in range(40)],
+        namespace="sweep-parts",
+    )
+    clock = ManualClock()
+    store = MemoryStore(clock=clock)
+    nodes = [
+        Scheduler(plan, store=store, clock=clock, node=f"n{i}", enqueue=lambda f: None)
+        for i in range(10)
+    ]
+    swept: list[tuple[int, int]] = []
+    sweep = _board.sweep_missed
+
+    def recorded(store: Any, schedule: Schedule, node: str, now: int, *a: Any, **k: Any) -> Any:
+        swept.append((now, k["part"] % 20))
+        return sweep(store, schedule, node, now, *a, **k)
+
+    monkeypatch.setattr(_board, "sweep_missed", recorded)
+    start = clock.now_ms()
+    for _ in range(700):
+        for node in nodes:
+            node.tick()
+            node.board.sync()
+        clock.advance(1_000)
+
+    assert {n.board.sweep_every_ms() for n in nodes} == {100_000}
+    for begin in range(start + 100_000, start + 700_000 - 301_000, 10_000):
+        read = {part for at, part in swept if begin <= at < begin + 301_000}
+        assert read == set(range(20)), (begin, sorted(read))

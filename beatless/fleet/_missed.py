@@ -120,6 +120,21 @@ def sweep_views(schedule: Schedule, part: int) -> list[EntryView]:
     return [EntryView.of(entry_note(schedule, e)) for e in plain[first : first + SWEEP_ENTRIES]]
 
 
+def sweep_part(now_ms: int, every_ms: int, phase: int, node: str, peers: Set[str]) -> int:
+    """The part (of :func:`sweep_views`) ``node`` sweeps at ``now_ms``, when it sweeps
+    once in each period of ``every_ms`` placed on the clock by its ``phase``: in its
+    period ``r``, part ``r × n + i``, ``n`` being the nodes of ``peers`` (the members
+    running its schedule) with ``node``, and ``i`` its place among them by name.
+
+    Each period the ``n`` nodes read ``n`` parts that follow each other, the next period
+    the next ``n``: the fleet reads every part of a schedule of ``P`` parts within
+    ``⌈P / n⌉ + 1`` periods, whatever the nodes' phases, while its members hold (a node
+    that joins or leaves shifts the places, and a part may wait one turn more)."""
+    ranked = sorted(peers | {node})
+    period = (now_ms + phase % every_ms) // every_ms
+    return period * len(ranked) + ranked.index(node)
+
+
 def history_items(
     view: EntryView, history: Mapping[str, Mapping[str, str]], skipped: Skipped | None = None
 ) -> list[HistoryItem]:

@@ -39,7 +39,7 @@ from beatless.fleet._controls import (
     run_now_kind,
 )
 from beatless.fleet._members import CHANGES_TTL_MS, MEMBERSHIP_TTL_MS, PROGRESS_KEY
-from beatless.fleet._missed import sweep_missed
+from beatless.fleet._missed import sweep_missed, sweep_part
 from beatless.fleet._notes import (
     ENTRIES_TTL_MS,
     REGISTRY_EVERY_MS,
@@ -393,9 +393,9 @@ class Board(HistoryWriter):
         counted by one node in the fleet (:func:`beatless.fleet._missed.sweep_missed`)."""
         loop = self.loop
         schedule = loop.schedule
-        every = self.sweep_every_ms()
-        # The next part at each sweep, from a part of this node's own (its phase).
-        part = (now + self._sweep_phase % every) // every + self._sweep_phase
+        fingerprint = schedule.fingerprint
+        peers = {r.node for r in self.registry if r.fingerprint == fingerprint}
+        part = sweep_part(now, self.sweep_every_ms(), self._sweep_phase, loop.node, peers)
         swept = sweep_missed(self.store, schedule, loop.node, now, self, part=part)
         for view, occurrences in swept:
             entry = schedule.entry(view.name)
