@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_scheduler import Clock, run_nodes
 from test_two_phase import monotonic_of
 
@@ -56,6 +58,16 @@ def test_line_breaks_control_characters_and_escapes_are_written_as_backslash_esc
         text = shown(f"a{char}b", quoted=quoted)
         assert char not in text
         assert "\\" in text
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300))
+def test_a_bare_value_escapes_each_character_as_repr_does_outside_quotes(text: str) -> None:
+    """Whatever the text, its bare form is each character as ``repr`` writes it inside
+    quotes (a printable one as itself, a backslash escaped), cut at the limit."""
+    expected = "".join(c if c.isprintable() and c != "\\" else repr(c)[1:-1] for c in text[:50])
+    cut = f"...({len(text) - 50} more characters)" if len(text) > 50 else ""
+    assert shown(text, quoted=False, limit=50) == expected + cut
 
 
 def test_a_long_name_is_cut_and_says_how_much_was_left_out() -> None:

@@ -32,7 +32,12 @@ def shown(value: object, *, quoted: bool = True, limit: int = LIMIT) -> str:
     cut = len(text) - limit
     if cut > 0:
         text = text[:limit]
-    escaped = repr(text) if quoted else "".join(map(_bare, text))
+    if quoted:
+        escaped = repr(text)
+    elif text.isprintable() and "\\" not in text:
+        escaped = text  # what _bare gives each of its characters, at once
+    else:
+        escaped = "".join(map(_bare, text))
     return f"{escaped}...({cut} more characters)" if cut > 0 else escaped
 
 

@@ -28,6 +28,7 @@ from itertools import islice
 from typing import Any
 
 from beatless.core._logtext import ERROR_LIMIT, LIMIT, shown
+from beatless.core.triggers import Trigger
 from beatless.fleet._controls import (
     Control,
     audit_kind,
@@ -172,11 +173,12 @@ def report(
                 f"{', '.join(others)}"
             )
     entries = []
+    coming = Coming(now_ms, next_count)
     for view in views:
         items = history_items(view, history, skipped)
         kind = missed_kind(view.address)
         counted = read_missed(kind, history.get(kind, {}), skipped)
-        summary = _entry(view, items, now_ms, next_count, controls.get(view.name), counted=counted)
+        summary = _entry(view, items, now_ms, coming, controls.get(view.name), counted=counted)
         if summary["missed"]:
             problems.append(
                 f"entry {view.name}: {summary['missed']} missed firing(s) in the last hour, "
@@ -289,11 +291,30 @@ def _node(record: NodeRecord, now_ms: int) -> dict[str, Any]:
     }
 
 
+class Coming:
+    """The next occurrences of each trigger after ``now_ms``, computed once per trigger:
+    the entries of a big schedule share their triggers (a tenant per entry, one cron)."""
+
+    def __init__(self, now_ms: int, count: int) -> None:
+        self.now_ms, self.count = now_ms, count
+        self._known: dict[Trigger, tuple[int, ...]] = {}
+
+    def of(self, trigger: Trigger) -> tuple[int, ...]:
+        try:
+            return self._known[trigger]
+        except KeyError:
+            pass
+        except TypeError:  # a trigger that is not a value: computed each time
+            return tuple(islice(trigger.after(self.now_ms), self.count))
+        found = self._known[trigger] = tuple(islice(trigger.after(self.now_ms), self.count))
+        return found
+
+
 def _entry(
     view: EntryView,
     items: Sequence[HistoryItem],
     now_ms: int,
-    next_count: int,
+    coming: Coming,
     control: Control | None,
     *,
     counted: Set[int],
@@ -311,7 +332,7 @@ def _entry(
         "last": None if last is None else _item(last),
         "recent": [_item(i) for i in items[-10:]],
         "timeline": [_item(i) for i in items if i.occurrence_ms >= now_ms - HOUR_MS],
-        "next": _next(view, now_ms, next_count),
+        "next": _next(view, coming),
         "paused": control is not None and control.pauses(now_ms),
         "control": None if control is None else _control(control),
         "counts": counts,
@@ -346,14 +367,14 @@ def _item(item: HistoryItem) -> dict[str, Any]:
     }
 
 
-def _next(view: EntryView, now_ms: int, count: int) -> list[dict[str, Any]]:
+def _next(view: EntryView, coming: Coming) -> list[dict[str, Any]]:
     """The coming occurrences with their release. A fan-out's tenants each have an offset
     of their own: its ``offset_ms`` is ``None``, and they are released from ``release``
     over ``window_ms``, up to ``release_last``."""
     if view.trigger is None or not view.enabled:
         return []
     upcoming = []
-    for occurrence in islice(view.trigger.after(now_ms), count):
+    for occurrence in coming.of(view.trigger):
         if view.fan_out:
             upcoming.append(
                 {
