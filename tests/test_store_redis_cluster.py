@@ -32,8 +32,8 @@ from beatless.node.runs import NEVER_LATE_MS, RUN_RECORD_MEMORY_MS
 from beatless.node.scheduler import Scheduler
 from beatless.schedule.firing import run_lease_id
 from beatless.stores import ClaimRequest, Outcome, open_store
-from beatless.stores.base import TOLERANCE_MS
-from beatless.stores.redis._wire import parse_epoch
+from beatless.stores.base import TOLERANCE_MS, Note
+from beatless.stores.redis._wire import READ_KINDS, parse_epoch
 from beatless.stores.redis.cluster import BUCKETS, RedisClusterStore
 
 MAX_LATE_MS = 60_000
@@ -417,3 +417,28 @@ def test_dramatiq_with_a_redis_broker_and_a_cluster_store_goes_two_phase(
     finally:
         middleware.close()
         broker.close()
+
+
+def test_a_read_of_more_kinds_than_a_round_trip_carries_reads_every_note(
+    cluster: LocalCluster, prefix: str, opened: list[RedisClusterStore]
+) -> None:
+    """Reads go ``READ_KINDS`` kinds a round trip: 600 kinds, in three, read whole."""
+    store = open_node(cluster, prefix, opened)
+    kinds = [f"history/{i}" for i in range(600)]
+    store.post(
+        [
+            Note(kind, f"{kind}-{n}", f'{{"n":{n}}}', 60_000, 5, True)
+            for kind in kinds
+            for n in range(3)
+        ]
+    )
+    store.post([Note(f"plain/{i}", "k", str(i), 60_000) for i in range(600)])
+
+    logs = store.read_logs(kinds)
+    notes = store.read_notes([f"plain/{i}" for i in range(600)])
+
+    assert READ_KINDS < 600
+    assert {kind: sorted(read) for kind, read in logs.items()} == {
+        kind: [f"{kind}-{n}" for n in range(3)] for kind in kinds
+    }
+    assert notes == {f"plain/{i}": {"k": str(i)} for i in range(600)}

@@ -196,3 +196,34 @@ def test_a_firing_won_and_pushed_costs_three_commands_and_the_two_scripts_seven(
     assert stats == {"evalsha": 2, "time": 1, "get": 1, "info": 1, "getdel": 1}
     store.close()
     admin.close()
+
+
+def test_a_read_of_many_kinds_never_has_the_server_hold_all_their_replies_at_once(
+    own_redis: PrivateRedis,
+) -> None:
+    """1,024 histories of 50 notes of 400 bytes (about 25 MB) read in one call: every note
+    comes back, and the server's memory never grows by more than a few ``READ_KINDS`` of
+    them (about 6 MB), where one pipeline for all had it hold every reply at once."""
+    admin = redis.Redis.from_url(own_redis.url, decode_responses=True)
+    store = RedisStore(own_redis.url, prefix="beatless-test:")
+    kinds = [f"history/{i}" for i in range(1_024)]
+    filler = "x" * 400
+    for start in range(0, len(kinds), 64):
+        store.post(
+            [
+                Note(kind, f"{kind}-{n}", f'{{"n":{n},"pad":"{filler}"}}', DAY_MS, KEEP, True)
+                for kind in kinds[start : start + 64]
+                for n in range(KEEP)
+            ]
+        )
+    total = sum(len(filler) for _ in kinds for _ in range(KEEP))
+    admin.config_resetstat()
+    base = int(admin.info("memory")["used_memory"])
+
+    read = store.read_logs(kinds)
+
+    peak = int(admin.info("memory")["used_memory_peak"])
+    assert {kind: len(notes) for kind, notes in read.items()} == dict.fromkeys(kinds, KEEP)
+    assert peak - base < total // 2, (peak - base, total)
+    store.close()
+    admin.close()

@@ -124,6 +124,14 @@ CHUNK = 1_000
 """Firings per script. A larger batch is sent as several scripts pipelined in one round
 trip, so that no single script holds Redis (often the broker as well) for long."""
 
+READ_KINDS = 256
+"""Kinds of notes read per round trip (``read_notes``, ``read_logs``). The server holds a
+pipeline's replies until the client reads them, and they count in its memory: the reads
+of a status of 100,000 entries in one pipeline, with their histories full, would have
+the server hold about 1.4 GB of replies at once (284 MB for 20,000 histories of fifty
+200-byte items), enough to make a Redis at its ``maxmemory`` evict or refuse claims. A
+kind's history is at most a few tens of KB: this many at a time, a few MB."""
+
 
 SCRIPTS = "lua"
 """The package folder of the scripts: ``prelude.lua`` is loaded in front of each of

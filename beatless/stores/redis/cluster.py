@@ -95,7 +95,7 @@ import threading
 import uuid
 from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from beatless.core._logtext import WarnEvery
 from beatless.core.durations import DurationLike
@@ -155,6 +155,7 @@ from beatless.stores.redis._wire import (
     FORMAT_VERSION,
     NOTE_VERSION,
     PROBE_TTL_MS,
+    READ_KINDS,
     as_text,
     claim_arg,
     claim_record,
@@ -375,12 +376,11 @@ class RedisClusterStore(BucketEpochs, ClaimStore):
             self._logs.made(extends)
 
     def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
+        """One script per kind (``read_notes.lua``), ``READ_KINDS`` kinds a round trip."""
         asked = list(dict.fromkeys(kinds))
-        if not asked:
-            return {}
         calls: list[Call] = [([self._notes_keys(kind)[0]], []) for kind in asked]
         with self._errors("read notes"):
-            replies = self._run(READ_NOTES_LUA, calls)
+            replies = self._run_parts(READ_NOTES_LUA, calls)
         found = {}
         for kind, (seconds, micros, flat) in zip(asked, replies, strict=True):
             now_ms = int(seconds) * 1_000 + int(micros) // 1_000
@@ -389,17 +389,15 @@ class RedisClusterStore(BucketEpochs, ClaimStore):
         return found
 
     def read_logs(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
-        """One script per kind (``read_log.lua``: its hash and its log, in its slot), in
-        one pipeline; a key in both reads the log's note, and the kind is bounded over both
-        (:func:`~beatless.stores.redis._logs.kind_notes`)."""
+        """One script per kind (``read_log.lua``: its hash and its log, in its slot),
+        ``READ_KINDS`` kinds a round trip; a key in both reads the log's note, and the kind
+        is bounded over both (:func:`~beatless.stores.redis._logs.kind_notes`)."""
         asked = list(dict.fromkeys(kinds))
         calls: list[Call] = [
             ([self._notes_keys(kind)[0], self._log_key(kind)], []) for kind in asked
         ]
-        if not calls:
-            return {}
         with self._errors("read notes"):
-            replies = self._run(READ_LOG_LUA, calls)
+            replies = self._run_parts(READ_LOG_LUA, calls)
         found = {}
         for kind, (seconds, micros, flat, entries) in zip(asked, replies, strict=True):
             now_ms = int(seconds) * 1_000 + int(micros) // 1_000
@@ -407,6 +405,13 @@ class RedisClusterStore(BucketEpochs, ClaimStore):
             log = [(id_, dict(zip(pairs[::2], pairs[1::2], strict=True))) for id_, pairs in entries]
             found[kind] = kind_notes(live_records(fields, now_ms), log, now_ms)
         return found
+
+    def _run_parts(self, lua: Lua, calls: list[Call]) -> list[Any]:
+        """:meth:`_run` of ``calls``, ``READ_KINDS`` a pipeline (see ``READ_KINDS``)."""
+        replies: list[Any] = []
+        for start in range(0, len(calls), READ_KINDS):
+            replies += self._run(lua, calls[start : start + READ_KINDS])
+        return replies
 
     keeps_notes = True
 

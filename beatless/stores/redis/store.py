@@ -93,6 +93,7 @@ from beatless.stores.redis._wire import (
     NOTING_LIFE_MS,
     POST,
     PROBE_TTL_MS,
+    READ_KINDS,
     RELEASE,
     Pushed,
     Ready,
@@ -508,9 +509,14 @@ class RedisStore(ClaimStore):
         return self._read(kinds, logs=True)
 
     def _read(self, kinds: Sequence[str], *, logs: bool) -> dict[str, dict[str, str]]:
+        """``READ_KINDS`` kinds a round trip, each its own pipeline dated by its ``TIME``."""
         asked = list(dict.fromkeys(kinds))
-        if not asked:
-            return {}
+        found: dict[str, dict[str, str]] = {}
+        for start in range(0, len(asked), READ_KINDS):
+            found |= self._read_part(asked[start : start + READ_KINDS], logs=logs)
+        return found
+
+    def _read_part(self, asked: Sequence[str], *, logs: bool) -> dict[str, dict[str, str]]:
         with self._errors("read notes"):
             pipe = self._client.pipeline(transaction=False)  # no MULTI: see read_synced
             pipe.time()
