@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import pytest
 from fleet import environment
 
+from beatless.cli._status import READ_EVERY_S, READ_SHARE, SharedReport
 from beatless.errors import ConfigError, StoreUnavailable
 from beatless.ops._page import HEIGHT, LEFT, MARGIN, MARK_RADIUS, WIDTH, make_server
 from beatless.schedule.firing import iso
@@ -155,6 +156,60 @@ def test_status_json_is_the_report_read_on_each_request(serve: Any) -> None:
         assert headers["Content-Type"].startswith("application/json")
         assert json.loads(body) == sample_status()
     assert len(calls) == 2
+
+
+class Moved:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.s = 100.0
+
+    def __call__(self) -> float:
+        return self.s
+
+
+def test_the_page_reads_the_store_once_per_two_seconds_however_many_pages_ask(
+    serve: Any,
+) -> None:
+    """Ten pages open, each asking for the page and its JSON: one report read; two
+    seconds later, one more."""
+    clock, calls = Moved(), []
+
+    def report() -> dict[str, Any]:
+        calls.append(clock())
+        return sample_status()
+
+    base = serve(SharedReport(report, clock))
+    for _ in range(10):
+        assert get(f"{base}/")[0] == 200
+        assert json.loads(get(f"{base}/status.json")[2]) == sample_status()
+    clock.s += READ_EVERY_S - 0.01
+    get(f"{base}/status.json")
+    assert len(calls) == 1
+    clock.s += 0.01
+    get(f"{base}/status.json")
+    assert calls == [100.0, 100.0 + READ_EVERY_S]
+
+
+def test_a_report_slow_to_read_is_kept_five_times_as_long_and_a_failed_one_not_at_all() -> None:
+    clock, calls = Moved(), []
+
+    def report() -> dict[str, Any]:
+        calls.append(clock())
+        if len(calls) == 2:
+            raise StoreUnavailable("redis store at 127.0.0.1:6379: connection refused")
+        clock.s += 8.0  # a big schedule's report
+        return sample_status(node=f"n{len(calls)}")
+
+    shared = SharedReport(report, clock)
+    assert shared()["nodes"][0]["node"] == "n1"
+    clock.s += 8.0 / READ_SHARE - 0.01
+    assert shared()["nodes"][0]["node"] == "n1"  # kept 40 s, not 2
+    clock.s += 0.01
+    with pytest.raises(StoreUnavailable):
+        shared()
+    assert shared()["nodes"][0]["node"] == "n3"  # the failure was not kept
+    assert len(calls) == 3
 
 
 def test_page_shows_nodes_entries_firings_and_problems_with_nothing_external(
