@@ -24,7 +24,7 @@ from beatless.errors import StoreError
 from beatless.stores import ClaimRequest, Outcome
 from beatless.stores.base import Note
 from beatless.stores.redis._logs import LOG_REFRESH_MS
-from beatless.stores.redis._wire import EXPIRY_SLACK_MS
+from beatless.stores.redis._wire import EXPIRY_SLACK_MS, READ_PAGE
 from beatless.stores.redis.store import RedisStore
 
 URL = test_redis_store.URL
@@ -225,5 +225,32 @@ def test_a_read_of_many_kinds_never_has_the_server_hold_all_their_replies_at_onc
     peak = int(admin.info("memory")["used_memory_peak"])
     assert {kind: len(notes) for kind, notes in read.items()} == dict.fromkeys(kinds, KEEP)
     assert peak - base < total // 2, (peak - base, total)
+    store.close()
+    admin.close()
+
+
+def test_a_big_kind_is_read_a_page_of_fields_at_a_time_and_whole(
+    own_redis: PrivateRedis,
+) -> None:
+    """20,000 notes of one kind (a big schedule's entries): read whole, by ``HSCAN`` calls
+    of about ``READ_PAGE`` fields each, never one ``HGETALL`` of all of them that would
+    hold the server while it writes 6 MB; a small kind beside it comes in its first page."""
+    admin = redis.Redis.from_url(own_redis.url, decode_responses=True)
+    store = RedisStore(own_redis.url, prefix="beatless-test:")
+    big = [
+        Note("entries/big", f"e{i:05d}", f'{{"pad":"{"x" * 300}"}}', DAY_MS) for i in range(20_000)
+    ]
+    for start in range(0, len(big), 1_000):
+        store.post(big[start : start + 1_000])
+    store.post([Note("nodes/big", "n1", "{}", DAY_MS)])
+    admin.config_resetstat()
+
+    read = store.read_notes(["entries/big", "nodes/big"])
+
+    calls = {k.removeprefix("cmdstat_"): v["calls"] for k, v in admin.info("commandstats").items()}
+    assert read["entries/big"] == {note.key: note.value for note in big}
+    assert read["nodes/big"] == {"n1": "{}"}
+    assert "hgetall" not in calls
+    assert 20_000 // READ_PAGE < calls["hscan"] <= 2 * 20_000 // READ_PAGE + 1
     store.close()
     admin.close()

@@ -131,6 +131,9 @@ of a status of 100,000 entries in one pipeline, with their histories full, would
 the server hold about 1.4 GB of replies at once (284 MB for 20,000 histories of fifty
 200-byte items), enough to make a Redis at its ``maxmemory`` evict or refuse claims. A
 kind's history is at most a few tens of KB: this many at a time, a few MB."""
+READ_PAGE = 1_000
+"""Fields of a kind's hash read per ``HSCAN`` call (1 to 2 ms of the server's time for
+notes of 300 bytes): a bigger hash is read a page at a time."""
 
 
 SCRIPTS = "lua"
