@@ -33,7 +33,7 @@ from beatless.node.scheduler import Scheduler
 from beatless.schedule.firing import run_lease_id
 from beatless.stores import ClaimRequest, Outcome, open_store
 from beatless.stores.base import TOLERANCE_MS, Note
-from beatless.stores.redis._wire import READ_KINDS, parse_epoch
+from beatless.stores.redis._wire import READ_KINDS, READ_PAGE, parse_epoch
 from beatless.stores.redis.cluster import BUCKETS, RedisClusterStore
 
 MAX_LATE_MS = 60_000
@@ -442,3 +442,38 @@ def test_a_read_of_more_kinds_than_a_round_trip_carries_reads_every_note(
         kind: [f"{kind}-{n}" for n in range(3)] for kind in kinds
     }
     assert notes == {f"plain/{i}": {"k": str(i)} for i in range(600)}
+
+
+def test_a_big_kind_is_read_whole_a_page_of_fields_at_a_time(
+    cluster: LocalCluster, prefix: str, opened: list[RedisClusterStore]
+) -> None:
+    """5,000 notes of one kind: the script reads the first page of its hash, ``HSCAN``
+    calls the rest, and no ``HGETALL`` holds a master for all of them; read whole, as notes
+    and as a logged kind (whose log is empty)."""
+    import redis
+
+    store = open_node(cluster, prefix, opened)
+    big = [
+        Note("entries/big", f"e{i:05d}", f'{{"pad":"{"x" * 100}"}}', 60_000) for i in range(5_000)
+    ]
+    for start in range(0, len(big), 1_000):
+        store.post(big[start : start + 1_000])
+    masters = [redis.Redis(port=port, decode_responses=True) for port in cluster.ports]
+
+    def calls(command: str) -> int:
+        return sum(
+            int(m.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+            for m in masters
+        )
+
+    hscans, hgetalls = calls("hscan"), calls("hgetall")
+    notes = store.read_notes(["entries/big"])
+    logs = store.read_logs(["entries/big"])
+
+    expected = {note.key: note.value for note in big}
+    assert notes == {"entries/big": expected}
+    assert logs == {"entries/big": expected}
+    assert calls("hgetall") == hgetalls
+    assert calls("hscan") - hscans >= 2 * 5_000 // READ_PAGE
+    for master in masters:
+        master.close()

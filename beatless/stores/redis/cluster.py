@@ -156,6 +156,7 @@ from beatless.stores.redis._wire import (
     NOTE_VERSION,
     PROBE_TTL_MS,
     READ_KINDS,
+    READ_PAGE,
     as_text,
     claim_arg,
     claim_record,
@@ -376,35 +377,55 @@ class RedisClusterStore(BucketEpochs, ClaimStore):
             self._logs.made(extends)
 
     def read_notes(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
-        """One script per kind (``read_notes.lua``), ``READ_KINDS`` kinds a round trip."""
+        """One script per kind (``read_notes.lua``: its hash's first page), ``READ_KINDS`` kinds
+        a round trip, then the pages that follow of the big ones (:meth:`_paged`)."""
         asked = list(dict.fromkeys(kinds))
-        calls: list[Call] = [([self._notes_keys(kind)[0]], []) for kind in asked]
+        calls: list[Call] = [([self._notes_keys(kind)[0]], [READ_PAGE]) for kind in asked]
         with self._errors("read notes"):
             replies = self._run_parts(READ_NOTES_LUA, calls)
-        found = {}
-        for kind, (seconds, micros, flat) in zip(asked, replies, strict=True):
-            now_ms = int(seconds) * 1_000 + int(micros) // 1_000
-            fields = dict(zip(flat[::2], flat[1::2], strict=True))
-            found[kind] = live_notes(fields, now_ms)
-        return found
+            hashes = self._paged(asked, [page for _, _, page in replies])
+        return {
+            kind: live_notes(hashes[kind], int(seconds) * 1_000 + int(micros) // 1_000)
+            for kind, (seconds, micros, _) in zip(asked, replies, strict=True)
+        }
 
     def read_logs(self, kinds: Sequence[str]) -> dict[str, dict[str, str]]:
-        """One script per kind (``read_log.lua``: its hash and its log, in its slot),
-        ``READ_KINDS`` kinds a round trip; a key in both reads the log's note, and the kind
+        """One script per kind (``read_log.lua``: its hash's first page and its log, in
+        its slot), ``READ_KINDS`` kinds a round trip, then the pages that follow
+        (:meth:`_paged`); a key in both reads the log's note, and the kind
         is bounded over both (:func:`~beatless.stores.redis._logs.kind_notes`)."""
         asked = list(dict.fromkeys(kinds))
         calls: list[Call] = [
-            ([self._notes_keys(kind)[0], self._log_key(kind)], []) for kind in asked
+            ([self._notes_keys(kind)[0], self._log_key(kind)], [READ_PAGE]) for kind in asked
         ]
         with self._errors("read notes"):
             replies = self._run_parts(READ_LOG_LUA, calls)
+            hashes = self._paged(asked, [page for _, _, page, _ in replies])
         found = {}
-        for kind, (seconds, micros, flat, entries) in zip(asked, replies, strict=True):
+        for kind, (seconds, micros, _, entries) in zip(asked, replies, strict=True):
             now_ms = int(seconds) * 1_000 + int(micros) // 1_000
-            fields = dict(zip(flat[::2], flat[1::2], strict=True))
             log = [(id_, dict(zip(pairs[::2], pairs[1::2], strict=True))) for id_, pairs in entries]
-            found[kind] = kind_notes(live_records(fields, now_ms), log, now_ms)
+            found[kind] = kind_notes(live_records(hashes[kind], now_ms), log, now_ms)
         return found
+
+    def _paged(self, asked: Sequence[str], pages: Sequence[Any]) -> dict[str, dict[Any, Any]]:
+        """Each kind's hash from its first page (``[cursor, [key, record, ...]]``, read by
+        the script) and the pages that follow, read by ``HSCAN`` (each at its master), one
+        cluster pipeline per page for all the kinds that have one."""
+        fields = {
+            kind: dict(zip(flat[::2], flat[1::2], strict=True))
+            for kind, (_, flat) in zip(asked, pages, strict=True)
+        }
+        cursors = {kind: int(c) for kind, (c, _) in zip(asked, pages, strict=True) if int(c)}
+        while cursors:
+            pipe = self._connected().pipeline()
+            for kind, cursor in cursors.items():
+                pipe.hscan(self._notes_keys(kind)[0], cursor, count=READ_PAGE)
+            for kind, (cursor, page) in zip(list(cursors), pipe.execute(), strict=True):
+                fields[kind].update(page)
+                cursors[kind] = cursor
+            cursors = {kind: cursor for kind, cursor in cursors.items() if cursor}
+        return fields
 
     def _run_parts(self, lua: Lua, calls: list[Call]) -> list[Any]:
         """:meth:`_run` of ``calls``, ``READ_KINDS`` a pipeline (see ``READ_KINDS``)."""

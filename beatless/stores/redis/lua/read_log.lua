@@ -5,11 +5,14 @@
 -- KEYS[1]  {prefix}{notes:{digest}}: the kind's hash (see notes.lua)
 -- KEYS[2]  {prefix}{notes:{digest}}:log: the kind's log (see notes.lua)
 --
--- No ARGV. Returns {seconds, microseconds, hash, log}: the server's TIME, the hash as
--- HGETALL gives it (key, record, ...) and the log as XRANGE gives it (oldest first).
--- Expired notes are among them; the caller drops those, and bounds the log.
+-- ARGV[1]  how many fields a page of the hash holds (HSCAN's COUNT)
+--
+-- Returns {seconds, microseconds, page, log}: the server's TIME, the hash's first page
+-- as HSCAN gives it ({cursor, {key, record, ...}}: the pages that follow, the caller
+-- reads with HSCAN) and the log as XRANGE gives it (oldest first). Expired notes are
+-- among them; the caller drops those, and bounds the log.
 
 local out = redis.call('TIME')
-out[3] = redis.call('HGETALL', KEYS[1])
+out[3] = redis.call('HSCAN', KEYS[1], '0', 'COUNT', ARGV[1])
 out[4] = redis.call('XRANGE', KEYS[2], '-', '+')
 return out
