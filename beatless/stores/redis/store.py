@@ -521,8 +521,8 @@ class RedisStore(ClaimStore):
         """The hashes by ``HSCAN`` of ``READ_PAGE`` fields, not ``HGETALL``: a small hash
         comes whole in its first page, and a big one (the entries' notes of a big
         schedule, 100,000 fields and 30 MB) a page a call, where one ``HGETALL`` held the
-        server 72 to 76 ms, every claim waiting behind it. The pages that follow a first go in
-        one round trip per page for all the kinds that have them."""
+        server 72 to 76 ms, every claim waiting behind it. The pages after the first go one
+        round trip a page, for all the kinds that have one."""
         with self._errors("read notes"):
             pipe = self._client.pipeline(transaction=False)  # no MULTI: see read_synced
             pipe.time()
