@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from fleet import environment
+from stores import ManualClock
 
 from beatless.cli._status import READ_EVERY_S, READ_SHARE, SharedReport
 from beatless.errors import ConfigError, StoreUnavailable
@@ -158,54 +159,45 @@ def test_status_json_is_the_report_read_on_each_request(serve: Any) -> None:
     assert len(calls) == 2
 
 
-class Moved:
-    """A monotonic clock the test moves."""
-
-    def __init__(self) -> None:
-        self.s = 100.0
-
-    def __call__(self) -> float:
-        return self.s
-
-
 def test_the_page_reads_the_store_once_per_two_seconds_however_many_pages_ask(
     serve: Any,
 ) -> None:
     """Ten pages open, each asking for the page and its JSON: one report read; two
     seconds later, one more."""
-    clock, calls = Moved(), []
+    clock, calls = ManualClock(), []
+    start = clock.now_ms()
 
     def report() -> dict[str, Any]:
-        calls.append(clock())
+        calls.append(clock.now_ms())
         return sample_status()
 
     base = serve(SharedReport(report, clock))
     for _ in range(10):
         assert get(f"{base}/")[0] == 200
         assert json.loads(get(f"{base}/status.json")[2]) == sample_status()
-    clock.s += READ_EVERY_S - 0.01
+    clock.advance(round(READ_EVERY_S * 1_000) - 10)
     get(f"{base}/status.json")
     assert len(calls) == 1
-    clock.s += 0.01
+    clock.advance(10)
     get(f"{base}/status.json")
-    assert calls == [100.0, 100.0 + READ_EVERY_S]
+    assert calls == [start, start + round(READ_EVERY_S * 1_000)]
 
 
 def test_a_report_slow_to_read_is_kept_five_times_as_long_and_a_failed_one_not_at_all() -> None:
-    clock, calls = Moved(), []
+    clock, calls = ManualClock(), []
 
     def report() -> dict[str, Any]:
-        calls.append(clock())
+        calls.append(clock.now_ms())
         if len(calls) == 2:
             raise StoreUnavailable("redis store at 127.0.0.1:6379: connection refused")
-        clock.s += 8.0  # a big schedule's report
+        clock.advance(8_000)  # a big schedule's report
         return sample_status(node=f"n{len(calls)}")
 
     shared = SharedReport(report, clock)
     assert shared()["nodes"][0]["node"] == "n1"
-    clock.s += 8.0 / READ_SHARE - 0.01
+    clock.advance(round(8_000 / READ_SHARE) - 10)
     assert shared()["nodes"][0]["node"] == "n1"  # kept 40 s, not 2
-    clock.s += 0.01
+    clock.advance(10)
     with pytest.raises(StoreUnavailable):
         shared()
     assert shared()["nodes"][0]["node"] == "n3"  # the failure was not kept

@@ -309,6 +309,25 @@ def as_text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def read_pages(
+    pipeline: Callable[[], Any],
+    hash_key: Callable[[str], str],
+    fields: dict[str, dict[Any, Any]],
+    cursors: dict[str, int],
+) -> None:
+    """Read into ``fields`` the pages that follow of each kind's hash whose first page
+    left a cursor in ``cursors``: one pipeline (from ``pipeline()``) per page for all the
+    kinds that have one, each page an ``HSCAN`` of ``READ_PAGE`` fields."""
+    while cursors:
+        pipe = pipeline()
+        for kind, cursor in cursors.items():
+            pipe.hscan(hash_key(kind), cursor, count=READ_PAGE)
+        for kind, (cursor, page) in zip(list(cursors), pipe.execute(), strict=True):
+            fields[kind].update(page)
+            cursors[kind] = cursor
+        cursors = {kind: cursor for kind, cursor in cursors.items() if cursor}
+
+
 def live_notes(fields: dict[Any, Any], now_ms: int) -> dict[str, str]:
     """The notes of one kind's hash that are live at ``now_ms``, ``{key: value}``."""
     return {key: value for key, (_, value) in live_records(fields, now_ms).items()}

@@ -164,6 +164,7 @@ from beatless.stores.redis._wire import (
     live_notes,
     live_records,
     note_args,
+    read_pages,
 )
 
 if TYPE_CHECKING:
@@ -417,14 +418,8 @@ class RedisClusterStore(BucketEpochs, ClaimStore):
             for kind, (_, flat) in zip(asked, pages, strict=True)
         }
         cursors = {kind: int(c) for kind, (c, _) in zip(asked, pages, strict=True) if int(c)}
-        while cursors:
-            pipe = self._connected().pipeline()
-            for kind, cursor in cursors.items():
-                pipe.hscan(self._notes_keys(kind)[0], cursor, count=READ_PAGE)
-            for kind, (cursor, page) in zip(list(cursors), pipe.execute(), strict=True):
-                fields[kind].update(page)
-                cursors[kind] = cursor
-            cursors = {kind: cursor for kind, cursor in cursors.items() if cursor}
+        client = self._connected()
+        read_pages(client.pipeline, lambda kind: self._notes_keys(kind)[0], fields, cursors)
         return fields
 
     def _run_parts(self, lua: Lua, calls: list[Call]) -> list[Any]:

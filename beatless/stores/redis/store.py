@@ -110,6 +110,7 @@ from beatless.stores.redis._wire import (
     parse_epoch,
     push_args,
     pushed_commands,
+    read_pages,
 )
 
 if TYPE_CHECKING:
@@ -534,14 +535,12 @@ class RedisStore(ClaimStore):
             pages = replies[::2] if logs else replies
             fields = {kind: page[1] for kind, page in zip(asked, pages, strict=True)}
             cursors = {kind: page[0] for kind, page in zip(asked, pages, strict=True) if page[0]}
-            while cursors:
-                pipe = self._client.pipeline(transaction=False)
-                for kind, cursor in cursors.items():
-                    pipe.hscan(self._notes_keys(kind)[0], cursor, count=READ_PAGE)
-                for (kind, _), (cursor, page) in zip(cursors.items(), pipe.execute(), strict=True):
-                    fields[kind].update(page)
-                    cursors[kind] = cursor
-                cursors = {kind: cursor for kind, cursor in cursors.items() if cursor}
+            read_pages(
+                lambda: self._client.pipeline(transaction=False),
+                lambda kind: self._notes_keys(kind)[0],
+                fields,
+                cursors,
+            )
         now_ms = int(seconds) * 1_000 + int(micros) // 1_000
         if not logs:
             return {kind: live_notes(fields[kind], now_ms) for kind in asked}
