@@ -120,3 +120,58 @@ def test_ten_nodes_of_a_fleet_read_every_part_within_three_of_their_periods(
     for begin in range(start + 100_000, start + 700_000 - 301_000, 10_000):
         read = {part for at, part in swept if begin <= at < begin + 301_000}
         assert read == set(range(20)), (begin, sorted(read))
+
+
+def test_nodes_of_two_schedules_in_one_namespace_each_sweep_theirs_at_their_own_pace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Twelve real nodes in one namespace, four running one schedule and eight another (a
+    rolling deploy half done): each group sweeps at the pace of a fleet of its own size,
+    the four every 40 s and the eight every 80 s, not every 120 s as twelve would, and the
+    four read all 20 parts of theirs in every window of six of their periods (241 s). At
+    the pace of twelve they would need 721 s."""
+    from beatless.fleet import _missed
+    from beatless.node import _board
+
+    monkeypatch.setattr(_missed, "SWEEP_ENTRIES", 2)
+    old = Schedule(
+        [Entry(name=f"e{i:02d}", task="t", trigger=Every(3_600)) for i in range(40)],
+        namespace="sweep-deploy",
+    )
+    new = Schedule(
+        [Entry(name=f"e{i:02d}", task="t", trigger=Every(1_800)) for i in range(40)],
+        namespace="sweep-deploy",
+    )
+    assert old.fingerprint != new.fingerprint
+    clock = ManualClock()
+    store = MemoryStore(clock=clock)
+    nodes = [
+        Scheduler(
+            new if i < 4 else old,
+            store=store,
+            clock=clock,
+            node=f"n{i:02d}",
+            enqueue=lambda f: None,
+        )
+        for i in range(12)
+    ]
+    swept: list[tuple[int, int]] = []
+    sweep = _board.sweep_missed
+
+    def recorded(store: Any, schedule: Schedule, node: str, now: int, *a: Any, **k: Any) -> Any:
+        if schedule is new:
+            swept.append((now, k["part"] % 20))
+        return sweep(store, schedule, node, now, *a, **k)
+
+    monkeypatch.setattr(_board, "sweep_missed", recorded)
+    start = clock.now_ms()
+    for _ in range(600):
+        for node in nodes:
+            node.tick()
+            node.board.sync()
+        clock.advance(1_000)
+
+    assert [n.board.sweep_every_ms() for n in nodes] == [40_000] * 4 + [80_000] * 8
+    for begin in range(start + 60_000, start + 600_000 - 241_000, 10_000):
+        read = {part for at, part in swept if begin <= at < begin + 241_000}
+        assert read == set(range(20)), (begin, sorted(read))

@@ -393,9 +393,7 @@ class Board(HistoryWriter):
         counted by one node in the fleet (:func:`beatless.fleet._missed.sweep_missed`)."""
         loop = self.loop
         schedule = loop.schedule
-        fingerprint = schedule.fingerprint
-        peers = {r.node for r in self.registry if r.fingerprint == fingerprint}
-        part = sweep_part(now, self.sweep_every_ms(), self._sweep_phase, loop.node, peers)
+        part = sweep_part(now, self.sweep_every_ms(), self._sweep_phase, loop.node, self._peers())
         swept = sweep_missed(self.store, schedule, loop.node, now, self, part=part)
         for view, occurrences in swept:
             entry = schedule.entry(view.name)
@@ -435,12 +433,23 @@ class Board(HistoryWriter):
 
     def sweep_every_ms(self) -> int:
         """How often this node sweeps for missed firings: every ``MISSED_SWEEP_EVERY_MS``
-        with up to ``MISSED_SWEEPERS`` live nodes, proportionally less often with more (10
-        nodes: every 100 s), so that the history reads of the fleet's sweeps stay as they
-        are with three nodes, and at least every ``MISSED_SWEEP_MAX_MS``; each missed firing
-        is still counted once, by its marker."""
-        nodes = max(len(self.registry), MISSED_SWEEPERS)
+        with up to ``MISSED_SWEEPERS`` live nodes running its schedule, proportionally less
+        often with more (10 nodes: every 100 s), so that the history reads of the fleet's
+        sweeps stay as they are with three nodes, and at least every
+        ``MISSED_SWEEP_MAX_MS``; each missed firing is still counted once, by its marker.
+
+        Only the members with this node's schedule (its fingerprint) count, as in
+        :func:`~beatless.fleet._missed.sweep_part`: they share its schedule's parts. Nodes
+        running another schedule in the namespace (the old one, in a rolling deploy)
+        sweep theirs, and do not slow this schedule's."""
+        nodes = max(len(self._peers()), MISSED_SWEEPERS)
         return min(MISSED_SWEEP_EVERY_MS * nodes // MISSED_SWEEPERS, MISSED_SWEEP_MAX_MS)
+
+    def _peers(self) -> set[str]:
+        """The members running this node's schedule, this node among them."""
+        fingerprint = self.loop.schedule.fingerprint
+        peers = {r.node for r in self.registry if r.fingerprint == fingerprint}
+        return peers | {self.loop.node}
 
     def take_run_now(self) -> list[Control]:
         """The run-now requests read since the last call."""
