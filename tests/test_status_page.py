@@ -204,6 +204,24 @@ def test_a_report_slow_to_read_is_kept_five_times_as_long_and_a_failed_one_not_a
     assert len(calls) == 3
 
 
+def test_the_page_says_how_often_the_store_is_read_when_a_report_is_kept_longer(
+    serve: Any,
+) -> None:
+    """A report read in 0.1 s: the page says it is refreshed every 2 s. One that took 8 s
+    is kept 40 s, and the page says so rather than "every 2 s"."""
+    for took_ms, said in ((100, "refreshed every 2 s"), (8_000, "read from the store every 40 s")):
+        clock = ManualClock()
+
+        def report(_took: int = took_ms, _clock: ManualClock = clock) -> dict[str, Any]:
+            _clock.advance(_took)
+            return sample_status()
+
+        page = get(serve(SharedReport(report, clock)) + "/")[2]
+        (line,) = re.findall(r'<div class="at">(.*?)</div>', page)
+        assert said in line
+        assert ("every 2 s" in line) == (took_ms == 100)
+
+
 def test_page_shows_nodes_entries_firings_and_problems_with_nothing_external(
     serve: Any,
 ) -> None:

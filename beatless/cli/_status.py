@@ -76,12 +76,16 @@ class SharedReport:
 
     def __call__(self) -> dict[str, Any]:
         began = self._clock()
-        kept_s = max(READ_EVERY_S, self._took / READ_SHARE)
-        if self._last is None or began - self._read_at >= kept_s:
+        if self._last is None or began - self._read_at >= self.read_every_s:
             self._last = self._read()
             self._read_at = self._clock()
             self._took = self._read_at - began
         return self._last
+
+    @property
+    def read_every_s(self) -> float:
+        """How long the report last read is kept before the store is read again."""
+        return max(READ_EVERY_S, self._took / READ_SHARE)
 
 
 def print_status(

@@ -3,7 +3,8 @@
 ``/`` is one HTML page rendered here from :func:`beatless.ops.status.report`, with inline CSS
 and a few lines of plain JavaScript that fetch ``/`` again every ``REFRESH_MS`` and swap
 the fresh ``#status`` in, so the page never reloads and never loses its scroll.
-``/status.json`` is the report itself. Both read the store on each request; a store that
+``/status.json`` is the report itself. Both ask ``report`` on each request (the command's
+keeps what it read for a while, and says for how long: ``read_every_s``); a store that
 fails answers 503 (the page then shows the error, and the next refresh recovers).
 
 The page answers only to the names it is served under: a request whose ``Host`` is not
@@ -286,7 +287,8 @@ class _Handler(BaseHTTPRequestHandler):
         if status is None:
             self._send(HTTPStatus.SERVICE_UNAVAILABLE, "text/html", render_page(None, error))
         else:
-            self._send(HTTPStatus.OK, "text/html", render_page(status))
+            every = getattr(cast("PageServer", self.server).report, "read_every_s", None)
+            self._send(HTTPStatus.OK, "text/html", render_page(status, read_every_s=every))
 
     def _json(self) -> None:
         status, error = self._status()
@@ -325,8 +327,11 @@ def _ms(instant: str) -> int:
     return round(datetime.fromisoformat(instant).timestamp() * 1_000)
 
 
-def render_page(status: Mapping[str, Any] | None, error: str | None = None) -> str:
-    """The whole page: the status, or (with ``status`` ``None``) the store's ``error``."""
+def render_page(
+    status: Mapping[str, Any] | None, error: str | None = None, *, read_every_s: float | None = None
+) -> str:
+    """The whole page: the status, or (with ``status`` ``None``) the store's ``error``;
+    ``read_every_s``, how long a report is kept before the store is read again."""
     if status is None:
         title = "beatless status"
         body = (
@@ -335,7 +340,7 @@ def render_page(status: Mapping[str, Any] | None, error: str | None = None) -> s
         )
     else:
         title = f"beatless status: {status['namespace']}"
-        body = _status_html(status)
+        body = _status_html(status, read_every_s)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -348,13 +353,15 @@ def render_page(status: Mapping[str, Any] | None, error: str | None = None) -> s
     )
 
 
-def _status_html(status: Mapping[str, Any]) -> str:
+def _status_html(status: Mapping[str, Any], read_every_s: float | None) -> str:
     now_ms = _ms(status["at"])
+    refresh = f"refreshed every {REFRESH_MS / 1_000:g} s"
+    if read_every_s is not None and read_every_s * 1_000 >= 1.5 * REFRESH_MS:
+        refresh = f"read from the store every {read_every_s:.0f} s (a big report)"
     return "".join(
         [
             f'<h1>beatless: <span id="namespace">{_e(status["namespace"])}</span></h1>',
-            f'<div class="at">at <span id="at">{_e(status["at"])}</span>, '
-            f"refreshed every {REFRESH_MS / 1_000:g} s</div>",
+            f'<div class="at">at <span id="at">{_e(status["at"])}</span>, {refresh}</div>',
             _problems(status["problems"]),
             _nodes(status["nodes"], now_ms),
             _live(status.get("live"), status["nodes"]),
