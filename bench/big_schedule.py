@@ -13,7 +13,7 @@ process of its own:
 * ``status``: ``python -m beatless status --store sqlite:///FILE --namespace big`` as an
   operator runs it, on an SQLite store where a node has posted the entries' notes (not
   measured: posting them, in a process of its own); it exits 1 when it lists problems.
-  Not part of the goal below.
+  ``status json``: the same with ``--json``. Not part of the goal below.
 
 Each line gives the wall time of the whole process (interpreter start and imports
 included) and its peak resident memory (``ru_maxrss`` of that child alone, read with
@@ -205,17 +205,18 @@ def measure(path: Path, store_kind: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         database = str(Path(folder) / "claims.db")
         posted = run_child([sys.executable, __file__, "--post-entries", str(path), database])
-        store = f"sqlite:///{database}"
-        status = run_child(
-            [sys.executable, "-m", "beatless", "status", "--store", store, "--namespace", "big"]
-        )
+        command = [sys.executable, "-m", "beatless", "status", "--store"]
+        command += [f"sqlite:///{database}", "--namespace", "big"]
+        status = run_child(command)
+        status_json = run_child([*command, "--json"])
     if posted["exit"] != 0:
-        status = posted
+        status = status_json = posted
     return {
         "check": {k: check[k] for k in fields},
         "node": {k: node[k] for k in fields}
         | {k: round(v, 2) for k, v in phases.items() if k.endswith("_s")},
         "status": {k: status[k] for k in fields},
+        "status_json": {k: status_json[k] for k in fields},
     }
 
 
@@ -275,11 +276,14 @@ def _print(kind: str, entries: int, figures: dict[str, Any]) -> None:
         f"  (load {node.get('load_s', '?')} s, build {node.get('build_s', '?')} s, "
         f"first wake {node.get('first_wake_s', '?')} s)"
     )
-    status = figures["status"]
-    print(
-        f"  status:     {status['wall_s']:7.2f} s (CPU {status['cpu_s']:6.2f} s)  "
-        f"peak RSS {status['peak_rss_mb']:6.1f} MB  (exit {status['exit']})"
-    )
+    for label, status in (
+        ("status:     ", figures["status"]),
+        ("status json:", figures["status_json"]),
+    ):
+        print(
+            f"  {label}{status['wall_s']:7.2f} s (CPU {status['cpu_s']:6.2f} s)  "
+            f"peak RSS {status['peak_rss_mb']:6.1f} MB  (exit {status['exit']})"
+        )
     for part in (check, node):
         if part["exit"] != 0:
             print(f"  exit {part['exit']}: {' | '.join(part['stderr'])}")

@@ -35,7 +35,8 @@ def test_big_schedule_bench_checks_and_starts_a_node_for_both_kinds(store: str) 
         assert check["exit"] == 0, (kind, check["stderr"])
         assert node["exit"] == 0, (kind, node["stderr"])
         assert status["exit"] in (0, 1), (kind, status["stderr"])  # 1: problems listed
-        for part in (check, node, status):
+        assert figures["status_json"]["exit"] == status["exit"], figures["status_json"]
+        for part in (check, node, status, figures["status_json"]):
             assert part["wall_s"] > 0
             assert part["cpu_s"] > 0
             assert part["peak_rss_mb"] > 10

@@ -6,6 +6,7 @@ the board's sync, as its thread does every second.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from collections import deque
@@ -13,9 +14,12 @@ from itertools import pairwise
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from stores import ManualClock
 
 from beatless import Entry, Every, Schedule
+from beatless.cli._status import write_json
 from beatless.fleet._notes import (
     REGISTRY_TTL_MS,
     HistoryItem,
@@ -396,3 +400,21 @@ def test_firings_sent_in_the_two_phase_window_are_counted_per_node_and_a_problem
     ]
     text = render(status)
     assert [line.split()[0] for line in text.splitlines() if "two-phase window 2" in line] == ["n1"]
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(), inner, max_size=5),
+    max_leaves=40,
+)
+
+
+@given(JSON_VALUES, st.integers(1, 50))
+def test_status_json_is_written_in_pieces_as_json_dumps_writes_it_whole(
+    value: Any, batch: int
+) -> None:
+    """``status --json`` writes the report as it encodes it, a batch of pieces at a time,
+    not as one string: the text is that of ``json.dumps(indent=2)``, whatever the batch."""
+    out = io.StringIO()
+    write_json(value, out, batch=batch)
+    assert out.getvalue() == json.dumps(value, indent=2) + "\n"

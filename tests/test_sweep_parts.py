@@ -88,7 +88,6 @@ def test_ten_nodes_of_a_fleet_read_every_part_within_three_of_their_periods(
     sync) reads all 20 parts, where parts placed by each node's name alone leave some
     unread."""
     from beatless.fleet import _missed
-    from beatless.node import _board
 
     monkeypatch.setattr(_missed, "SWEEP_ENTRIES", 2)
     plan = Schedule(
@@ -101,25 +100,11 @@ def test_ten_nodes_of_a_fleet_read_every_part_within_three_of_their_periods(
         Scheduler(plan, store=store, clock=clock, node=f"n{i}", enqueue=lambda f: None)
         for i in range(10)
     ]
-    swept: list[tuple[int, int]] = []
-    sweep = _board.sweep_missed
-
-    def recorded(store: Any, schedule: Schedule, node: str, now: int, *a: Any, **k: Any) -> Any:
-        swept.append((now, k["part"] % 20))
-        return sweep(store, schedule, node, now, *a, **k)
-
-    monkeypatch.setattr(_board, "sweep_missed", recorded)
     start = clock.now_ms()
-    for _ in range(700):
-        for node in nodes:
-            node.tick()
-            node.board.sync()
-        clock.advance(1_000)
+    swept = sweeps_of(plan, nodes, clock, 700, monkeypatch)
 
     assert {n.board.sweep_every_ms() for n in nodes} == {100_000}
-    for begin in range(start + 100_000, start + 700_000 - 301_000, 10_000):
-        read = {part for at, part in swept if begin <= at < begin + 301_000}
-        assert read == set(range(20)), (begin, sorted(read))
+    assert_every_part_read(swept, start + 100_000, start + 700_000, 301_000)
 
 
 def test_nodes_of_two_schedules_in_one_namespace_each_sweep_theirs_at_their_own_pace(
@@ -131,7 +116,6 @@ def test_nodes_of_two_schedules_in_one_namespace_each_sweep_theirs_at_their_own_
     four read all 20 parts of theirs in every window of six of their periods (241 s). At
     the pace of twelve they would need 721 s."""
     from beatless.fleet import _missed
-    from beatless.node import _board
 
     monkeypatch.setattr(_missed, "SWEEP_ENTRIES", 2)
     old = Schedule(
@@ -155,23 +139,44 @@ def test_nodes_of_two_schedules_in_one_namespace_each_sweep_theirs_at_their_own_
         )
         for i in range(12)
     ]
+    start = clock.now_ms()
+    swept = sweeps_of(new, nodes, clock, 600, monkeypatch)
+
+    assert [n.board.sweep_every_ms() for n in nodes] == [40_000] * 4 + [80_000] * 8
+    assert_every_part_read(swept, start + 60_000, start + 600_000, 241_000)
+
+
+def sweeps_of(
+    schedule: Schedule,
+    nodes: list[Scheduler],
+    clock: ManualClock,
+    seconds: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> list[tuple[int, int]]:
+    """Run ``nodes`` for ``seconds`` of the clock, each a wake and a sync a second; the
+    sweeps of ``schedule`` they made, as (when, part of 20)."""
+    from beatless.node import _board
+
     swept: list[tuple[int, int]] = []
     sweep = _board.sweep_missed
 
-    def recorded(store: Any, schedule: Schedule, node: str, now: int, *a: Any, **k: Any) -> Any:
-        if schedule is new:
+    def recorded(store: Any, plan: Schedule, node: str, now: int, *a: Any, **k: Any) -> Any:
+        if plan is schedule:
             swept.append((now, k["part"] % 20))
-        return sweep(store, schedule, node, now, *a, **k)
+        return sweep(store, plan, node, now, *a, **k)
 
     monkeypatch.setattr(_board, "sweep_missed", recorded)
-    start = clock.now_ms()
-    for _ in range(600):
+    for _ in range(seconds):
         for node in nodes:
             node.tick()
             node.board.sync()
         clock.advance(1_000)
+    return swept
 
-    assert [n.board.sweep_every_ms() for n in nodes] == [40_000] * 4 + [80_000] * 8
-    for begin in range(start + 60_000, start + 600_000 - 241_000, 10_000):
-        read = {part for at, part in swept if begin <= at < begin + 241_000}
-        assert read == set(range(20)), (begin, sorted(read))
+
+def assert_every_part_read(swept: list[tuple[int, int]], begin: int, end: int, window: int) -> None:
+    """Every window of ``window`` ms starting from ``begin`` and ending by ``end`` (each
+    10 s) holds a sweep of each of the 20 parts."""
+    for first in range(begin, end - window, 10_000):
+        read = {part for at, part in swept if first <= at < first + window}
+        assert read == set(range(20)), (first, sorted(read))
