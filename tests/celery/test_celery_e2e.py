@@ -323,9 +323,9 @@ def lost_with_the_killed_worker(
     ]
     assert not unclaimed, f"never won and pushed (no committed claim record): {unclaimed[:10]}"
     missing = [f for f in expected if f.id not in found]
-    taken = [f for f in missing if f.release_ms <= victim.killed_at * 1_000]
     if not missing:
         return []
+    taken = [f for f in missing if f.release_ms <= victim.killed_at * 1_000]
     print(f"not found: {len(missing)}; released before the kill: {taken}")
     return taken if len(taken) == 1 else []
 
