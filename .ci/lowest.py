@@ -2,8 +2,10 @@
 
 Usage: ``python .ci/lowest.py EXTRA... [--group GROUP:NAME...]``
 
-Every requirement of the named extras must have a ``>=`` lower bound; it is printed as
-``==`` that bound, so CI installs exactly the versions the declared ranges start at.
+Every requirement of the named extras, and of the project itself (but those for another
+platform only, such as ``tzdata`` on Windows), must have a ``>=`` lower bound; it is
+printed as ``==`` that bound, so CI installs exactly the versions the declared ranges
+start at.
 ``--group test:cronsim`` adds the lower bound of one package of a dependency group.
 """
 
@@ -31,7 +33,7 @@ def main(args: list[str]) -> int:
     project = tomllib.loads(PYPROJECT.read_text())
     extras = project["project"]["optional-dependencies"]
     groups = project.get("dependency-groups", {})
-    pins: list[str] = []
+    pins = [pin(r) for r in project["project"]["dependencies"] if "sys_platform" not in r]
     names = iter(args)
     for arg in names:
         if arg == "--group":

@@ -51,11 +51,12 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import tomli
 
 from beatless.core._bulk import paused_collection
 from beatless.core._logtext import shown
@@ -145,10 +146,10 @@ def load_toml(path: Path) -> Schedule:
     """The schedule in a TOML file; see the module docstring for the format."""
     try:
         with path.open("rb") as file:
-            data = tomllib.load(file)
+            data = tomli.load(file)
     except OSError as exc:
         raise ConfigError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
+    except tomli.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
     except RecursionError:
         raise ConfigError(
