@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 ZONES = ("Europe/Berlin", "America/New_York", "Asia/Tokyo", "Australia/Sydney", "UTC")
 SEED = 26
@@ -105,13 +105,16 @@ def write_schedule(path: Path, kind: str, count: int) -> None:
     path.write_text("\n".join(head + tables), encoding="utf-8")
 
 
-def distinct_triggers(path: Path) -> int:
-    import tomllib
+def distinct_triggers(path: str) -> None:
+    """Run in a child: print how many distinct triggers the file's entries name. Read in
+    this process, the file would grow it, and each child spawned after would count its
+    size as its own peak (``posix_spawn`` shares the parent's memory until ``exec``, and
+    Linux keeps that memory's peak in the child's ``ru_maxrss``)."""
+    import tomli
 
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
-    return len(
-        {tuple(t.get(k) for k in ("cron", "every", "anchor", "timezone")) for t in data["entry"]}
-    )
+    data = tomli.loads(Path(path).read_text(encoding="utf-8"))
+    keys = ("cron", "every", "anchor", "timezone")
+    print(len({tuple(t.get(k) for k in keys) for t in data["entry"]}))
 
 
 # -- the measured processes ----------------------------------------------------------
@@ -170,7 +173,7 @@ def post_entries(path: str, database: str) -> None:
 def run_child(command: list[str]) -> dict[str, Any]:
     """``command`` in a child whose usage is read with ``wait4`` (``Popen`` would reap it
     first), with its output kept in files."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.perf_counter()
         pid = os.posix_spawn(
             command[0],
@@ -183,10 +186,8 @@ def run_child(command: list[str]) -> dict[str, Any]:
         )
         _, status, usage = os.wait4(pid, 0)
         wall = time.perf_counter() - started
-        out.seek(0)
-        err.seek(0)
-        lines = out.read().strip().splitlines()
-        errors = err.read().strip().splitlines()
+        lines = _tail(out).strip().splitlines()
+        errors = _tail(err).strip().splitlines()
     return {
         "exit": os.waitstatus_to_exitcode(status),
         "wall_s": round(wall, 2),
@@ -195,6 +196,20 @@ def run_child(command: list[str]) -> dict[str, Any]:
         "last_line": lines[-1] if lines else "",
         "stderr": errors[-3:],
     }
+
+
+TAIL = 65_536
+"""How much of a child's output is read: its last lines. ``status --json`` prints 90 MB
+for 100,000 entries; read whole here, it would grow this process by some 400 MB, and every
+child spawned after would count that as its own peak (``posix_spawn`` shares this
+process's memory until ``exec``, and Linux keeps that memory's peak in the child's
+``ru_maxrss``)."""
+
+
+def _tail(file: IO[bytes]) -> str:
+    size = file.seek(0, os.SEEK_END)
+    file.seek(max(0, size - TAIL))
+    return file.read().decode(errors="replace")
 
 
 def measure(path: Path, store_kind: str) -> dict[str, Any]:
@@ -229,12 +244,16 @@ def main() -> int:
     parser.add_argument("--keep", metavar="DIR", help="write the TOML files here and keep them")
     parser.add_argument("--node-start", metavar="FILE", help=argparse.SUPPRESS)
     parser.add_argument("--post-entries", nargs=2, metavar="PATH", help=argparse.SUPPRESS)
+    parser.add_argument("--distinct-triggers", metavar="FILE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.node_start:
         node_start(args.node_start, args.store)
         return 0
     if args.post_entries:
         post_entries(*args.post_entries)
+        return 0
+    if args.distinct_triggers:
+        distinct_triggers(args.distinct_triggers)
         return 0
     kinds = [k for k in args.kinds.split(",") if k]
     result: dict[str, Any] = {"entries": args.entries, "store": args.store, "kinds": {}}
@@ -245,7 +264,8 @@ def main() -> int:
             path = folder / f"big_{kind}_{args.entries}.toml"
             write_schedule(path, kind, args.entries)
             figures = measure(path, args.store)
-            figures["distinct_triggers"] = distinct_triggers(path)
+            counted = run_child([sys.executable, __file__, "--distinct-triggers", str(path)])
+            figures["distinct_triggers"] = int(counted["last_line"])
             result["kinds"][kind] = figures
             if not args.json:
                 _print(kind, args.entries, figures)
