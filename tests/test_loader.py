@@ -9,8 +9,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from beatless import ConfigError, Cron, Every, Schedule, ScheduleError
+from beatless import ConfigError, Cron, Entry, Every, Schedule, ScheduleError
 from beatless.cli.loader import ENTRY_KEYS, load_schedule
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -420,3 +422,129 @@ def test_run_policies_have_file_defaults_entry_overrides_and_named_errors(
     assert any("overlap 'buffer_one' is not offered" in e for e in errors)
     assert any("once_only must be true or false" in e for e in errors)
     assert any("entry 'a': heartbeat 20s must be under half the run_lease 30s" in e for e in errors)
+
+
+# -- a table with no problem is built at once, with the same result ---------------------
+
+_RIGHT: dict[str, list[object]] = {
+    "jitter": ["1s", "30s"],
+    "max_late": ["2m", "1h"],
+    "catch_up": ["latest", "all", "none"],
+    "overlap": ["allow", "skip"],
+    "run_lease": ["30s"],
+    "heartbeat": ["5s"],
+    "once_only": [True, False],
+    "start_at": ["2026-01-01T00:00:00Z"],
+    "end_at": ["2031-01-01T00:00:00Z"],
+    "enabled": [True, False],
+    "tenants": [["acme", "initech"]],
+    "args": [[1, "a"], []],
+    "kwargs": [{"a": [1]}, {}],
+    "options": [{"queue": "q"}],
+}
+"""The keys a table may have besides its name, task and trigger, with right values."""
+_WRONG: list[dict[str, object]] = [
+    {"name": ""},
+    {"name": 5},
+    {"task": ""},
+    {"task": 3},
+    {"cron": "bad"},
+    {"cron": "* * * * *", "every": "1m"},
+    {"every": "0s"},
+    {"every": "x"},
+    {"at": "nope"},
+    {"timezone": "Mars/Base"},
+    {"day_and": "yes"},
+    {"anchor": "x"},
+    {"jitter": -1},
+    {"jitter": "x"},
+    {"jitter": "10m"},
+    {"max_late": "x"},
+    {"max_late": "1s", "jitter": "30s"},
+    {"catch_up": "often"},
+    {"overlap": "sideways"},
+    {"run_lease": "0s"},
+    {"once_only": "no"},
+    {"start_at": "later"},
+    {"start_at": "2031-01-01T00:00:00Z", "end_at": "2030-01-01T00:00:00Z"},
+    {"enabled": 0},
+    {"tenants": ["", 1]},
+    {"tenants": "acme"},
+    {"args": {"a": 1}},
+    {"kwargs": [1]},
+    {"options": 5},
+    {"lat": 52.5},
+    {"unknown": 1},
+]
+"""One problem each, laid over a right table: a table drawn has none or one of them."""
+_TRIGGERS = st.one_of(
+    st.fixed_dictionaries(
+        {"cron": st.sampled_from(["*/5 * * * *", "0 3 * * MON-FRI"])},
+        optional={
+            "timezone": st.just("Europe/Berlin"),
+            "day_and": st.just(True),
+        },
+    ),
+    st.fixed_dictionaries(
+        {"every": st.sampled_from(["10s", "1h"])},
+        optional={"anchor": st.just("2026-01-01T00:00:00Z")},
+    ),
+    st.fixed_dictionaries({"at": st.just("2030-01-01T00:00:00Z")}),
+)
+_TABLES = st.builds(
+    lambda name, trigger, rest, wrong: {"name": name, "task": "jobs.t", **trigger, **rest, **wrong},
+    st.sampled_from(["nightly", "a/b"]),
+    _TRIGGERS,
+    st.lists(st.sampled_from(sorted(_RIGHT)), max_size=4, unique=True).flatmap(
+        lambda keys: st.fixed_dictionaries({k: st.sampled_from(_RIGHT[k]) for k in keys})
+    ),
+    st.one_of(st.just({}), st.sampled_from(_WRONG)),
+)
+"""A table with no problem, or with one."""
+
+
+def _outcome(table: dict[str, object]) -> object:
+    """What loading one table gives: each entry's fields, or the problems."""
+    from beatless.cli.loader import schedule_from_mapping
+
+    data = {"namespace": "n", "timezone": "UTC", "max_late": "5m", "entry": [table]}
+    try:
+        schedule = schedule_from_mapping(data)
+    except (ScheduleError, ConfigError) as exc:
+        return ("problems", str(exc))
+    return [
+        {field: getattr(entry, field) for field in Entry.__dataclass_fields__}
+        for entry in schedule.entries
+    ]
+
+
+@given(_TABLES)
+@settings(max_examples=500, deadline=None)
+def test_a_table_is_read_alike_whether_or_not_it_is_built_at_once(
+    table: dict[str, object],
+) -> None:
+    """A table with no problem is built at once (``_plain_entry``), any other is read by
+    the path that names every problem: what the loader gives is the same entry, or the
+    same problems, as when every table takes the second path."""
+    from beatless.cli import loader
+
+    built_at_once = _outcome(table)
+    original = loader._plain_entry
+    loader._plain_entry = lambda *_: None  # type: ignore[assignment]
+    try:
+        read_whole = _outcome(table)
+    finally:
+        loader._plain_entry = original
+    assert built_at_once == read_whole
+
+
+def test_a_plain_table_is_built_at_once_and_one_with_a_problem_is_not() -> None:
+    from beatless.cli.loader import DEFAULTS, _plain_entry
+
+    table = {"name": "a", "task": "t", "cron": "*/5 * * * *", "jitter": "30s", "args": [1]}
+    entry = _plain_entry(table, DEFAULTS, "UTC")
+    assert entry is not None
+    assert (entry.name, entry.task, entry.args) == ("a", "t", (1,))
+    assert entry.jitter == timedelta(seconds=30)
+    for problem in ({"unknown": 1}, {"task": ""}, {"cron": "bad"}, {"args": {"a": 1}}):
+        assert _plain_entry({**table, **problem}, DEFAULTS, "UTC") is None

@@ -240,7 +240,9 @@ def schedule_from_mapping(data: Mapping[str, Any], *, source: str = "schedule") 
         errors.append("top level: no entries; add at least one [[entry]] table")
     entries = []
     for index, table in enumerate(tables, start=1):
-        entry = _collect(lambda t=table, i=index: _entry(t, i, defaults, timezone), errors)
+        entry = _plain_entry(table, defaults, timezone)
+        if entry is None:
+            entry = _collect(lambda t=table, i=index: _entry(t, i, defaults, timezone), errors)
         if entry is not None:
             entries.append(entry)
     if errors:
@@ -258,6 +260,41 @@ def _collect(build: Any, errors: list[str]) -> Any:
     except ConfigError as exc:
         errors.append(str(exc))
     return None
+
+
+_CONTAINERS: tuple[tuple[str, type[list[Any]] | type[dict[str, Any]]], ...] = (
+    ("args", list),
+    ("kwargs", dict),
+    ("options", dict),
+)
+
+
+def _plain_entry(
+    table: Mapping[str, Any], defaults: Mapping[str, Any], timezone: str
+) -> Entry | None:
+    """The entry of a table with no problem, built at once: the entry :func:`_entry` makes
+    of it, without the work of collecting problems (a third of the load of 100,000
+    entries). ``None`` for a table with any problem, which :func:`_entry` then reads
+    again to name them all."""
+    if not table.keys() <= _ENTRY_KEY_SET:
+        return None
+    name, task = table.get("name"), table.get("task")
+    if not isinstance(name, str) or not name or not isinstance(task, str) or not task:
+        return None
+    pieces: dict[str, Any] = {}
+    for key, kind in _CONTAINERS:
+        if key in table:
+            if not isinstance(table[key], kind):
+                return None
+            pieces[key] = table[key]
+    options = {key: table.get(key, defaults[key]) for key in NAMES}
+    try:
+        if "tenants" in table:
+            pieces["tenants"] = _tenants(table["tenants"])
+        trigger = _trigger(table, timezone)
+        return Entry(name=name, task=task, trigger=trigger, **pieces, **options)
+    except (ConfigError, ScheduleError):
+        return None
 
 
 def _entry(
@@ -279,12 +316,7 @@ def _entry(
         "task": keep(lambda: _text(table.get("task"), "task"), "?", found),
         "trigger": keep(lambda: _trigger(table, timezone), STAND_IN_TRIGGER, found),
     }
-    kinds: tuple[tuple[str, type[list[Any]] | type[dict[str, Any]]], ...] = (
-        ("args", list),
-        ("kwargs", dict),
-        ("options", dict),
-    )
-    for key, kind in kinds:
+    for key, kind in _CONTAINERS:
         if key in table:  # else the entry's default
             pieces[key] = keep(functools.partial(_typed, table, key, kind, kind()), kind(), found)
     if "tenants" in table:
