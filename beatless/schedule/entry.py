@@ -473,6 +473,8 @@ _ADDRESS = re.compile(r" at 0x[0-9A-Fa-f]+")
 
 
 def _mapping_text(value: Mapping[Any, Any]) -> str:
+    if not value:
+        return "{}"  # most entries' kwargs and options: two of every entry's three texts
     items = sorted((canonical(key), canonical(item)) for key, item in value.items())
     return "{" + ",".join(f"{key}:{item}" for key, item in items) + "}"
 
