@@ -106,10 +106,8 @@ def write_schedule(path: Path, kind: str, count: int) -> None:
 
 
 def distinct_triggers(path: str) -> None:
-    """Run in a child: print how many distinct triggers the file's entries name. Read in
-    this process, the file would grow it, and each child spawned after would count its
-    size as its own peak (``posix_spawn`` shares the parent's memory until ``exec``, and
-    Linux keeps that memory's peak in the child's ``ru_maxrss``)."""
+    """Run in a child: print how many distinct triggers the file's entries name (read in
+    the bench, the file would grow it, which its later children count: see ``TAIL``)."""
     import tomli
 
     data = tomli.loads(Path(path).read_text(encoding="utf-8"))
