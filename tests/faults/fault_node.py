@@ -119,10 +119,25 @@ def open_broker(url: str | None) -> Callable[[str], None] | None:
     return push
 
 
+_LAST_READ = threading.local()
+
+
+def noted_monotonic() -> float:
+    """The monotonic clock, noting in this thread the real time of the read: the
+    dispatcher's check of a claim's age is its last read before a send."""
+    value = time.monotonic()
+    _LAST_READ.at = time.time()
+    return value
+
+
 class CheckedAt(logging.Filter):
     """When the dispatcher last checked each firing before sending it (its ``SENDING``
     line at DEBUG, kept here and not logged): a send is in flight from that moment, since
-    a freeze after it, even before the enqueue is called, is the residual window."""
+    a freeze after it, even before the enqueue is called, is the residual window.
+
+    The check is the claim's age, read on the dispatcher's monotonic clock: with
+    :func:`noted_monotonic` as that clock, the check is its last read in the thread, even
+    if the node froze between the check and the line; otherwise, the line's own time."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -131,7 +146,8 @@ class CheckedAt(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg is dispatch.SENDING and isinstance(record.args, tuple):
-            self.times[str(record.args[0])] = record.created
+            read = getattr(_LAST_READ, "at", record.created)
+            self.times[str(record.args[0])] = min(read, record.created)
             return False
         return record.levelno >= self.floor
 
@@ -241,8 +257,11 @@ def make_scheduler(
         "node": config["node"],
         "lease": config.get("lease_s", 30),
     }
-    if "on_decision" in inspect.signature(Scheduler).parameters:
+    parameters = inspect.signature(Scheduler).parameters
+    if "on_decision" in parameters:
         options["on_decision"] = decisions
+    if "monotonic" in parameters:
+        options["monotonic"] = noted_monotonic
     return Scheduler(schedule, **options)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import harness
 import pytest
 from analysis import Fault, Send, analyse, expected_firings, in_flight_at_fault, read_records
-from fault_node import build_schedule, make_enqueue, record_commits
+from fault_node import build_schedule, make_enqueue, noted_monotonic, record_commits
 from harness import Fleet
 from proxy import Proxy
 from redis_server import RedisServer
@@ -26,6 +26,7 @@ from test_faults_live import judge
 from beatless import Firing
 from beatless.core._logtext import shown
 from beatless.live.revisions import Revision
+from beatless.node._recorder import Recorder
 from beatless.node.dispatch import LATE_COMMIT, TwoPhase, dispatch_now
 from beatless.stores.memory import MemoryStore
 
@@ -207,6 +208,41 @@ def test_a_send_counts_from_the_dispatchers_last_check_not_from_the_enqueue_call
     (line,) = [json.loads(text) for text in record.read_text().splitlines()]
     assert line["sent"] - line["called"] >= 0.3
     assert log.getEffectiveLevel() == logging.DEBUG
+
+
+def test_a_send_counts_from_the_age_check_even_if_frozen_before_the_sending_line(
+    tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node frozen after the dispatcher checked the claim's age and before its
+    ``SENDING`` line (in its lateness check, here) sends with no check after the freeze:
+    the record's ``called`` is still the age check (the dispatcher's last read of its
+    monotonic clock), not the line's own time."""
+    schedule = build_schedule(
+        {"namespace": "harness", "entries": [{"name": "tick", "every_s": 1, "max_late_s": 20}]}
+    )
+    record = tmp_path / "sends.jsonl"
+    fd = os.open(record, os.O_WRONLY | os.O_CREAT, 0o644)
+    log = logging.getLogger("beatless.node.dispatch")
+    level, filters = log.level, list(log.filters)
+    request.addfinalizer(lambda: (log.setLevel(level), setattr(log, "filters", filters)))
+    recording = make_enqueue({"node": "n0"}, fd)
+    frozen_at: list[float] = []
+    is_late = Recorder.is_late
+
+    def frozen_in_the_lateness_check(self: Recorder, firing: Firing, ahead_ms: int = 0) -> bool:
+        frozen_at.append(time.time())
+        time.sleep(0.3)  # the last is the freeze after the age check, before the line
+        return is_late(self, firing, ahead_ms)
+
+    monkeypatch.setattr(Recorder, "is_late", frozen_in_the_lateness_check)
+    entry = schedule.entries[0]
+    firing = Firing.of(entry, None, schedule.address(entry), int(time.time()) * 1_000)
+    dispatcher = TwoPhase(MemoryStore(), recording, lease=10, monotonic=noted_monotonic)
+    dispatch_now(dispatcher, [firing], node="n0")
+    os.close(fd)
+    (line,) = [json.loads(text) for text in record.read_text().splitlines()]
+    assert line["called"] <= frozen_at[-1], "the age check came before the last freeze"
+    assert line["sent"] - line["called"] >= 0.3
 
 
 def test_a_send_is_in_flight_until_its_commit_returns() -> None:
