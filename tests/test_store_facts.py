@@ -25,7 +25,7 @@ from beatless.cli.command import main
 from beatless.errors import StoreRefused
 from beatless.node.scheduler import Decision, Scheduler
 from beatless.schedule.firing import Firing
-from beatless.stores.base import UNKNOWN, ClaimRequest, Verdict
+from beatless.stores.base import UNKNOWN, ClaimRequest, Outcome, Verdict
 from beatless.stores.redis.store import RedisStore
 
 FIX = "CONFIG SET maxmemory-policy noeviction"
@@ -219,6 +219,57 @@ def test_claims_resume_once_the_policy_is_fixed(server: RedisServer, admin: redi
         admin.config_set("maxmemory-policy", "noeviction")
         store.watch()
         assert store.claim([request], node="n1", lease_ms=5_000)[0].is_won
+
+
+def test_a_claim_evicted_before_the_claims_stopped_is_forgotten_once_they_resume(
+    server: RedisServer, admin: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fault: a won claim evicted (deleted here, as Redis evicts it: a key with a TTL)
+    while an evicting policy is set under two running store objects, one of which claimed
+    nothing yet. The epoch is begun again (cause ``evicted``); once the policy is fixed,
+    the firing is forgotten (written committed, not sent), not won again: by the other
+    store object, or by one made after the fix, which never saw the old epoch."""
+    admin.config_set("maxmemory", "100mb")
+    namespace = f"facts-{uuid.uuid4().hex[:8]}"
+    request = ClaimRequest(
+        id=uuid.uuid4().hex,
+        address=f"{namespace}/beat",
+        occurrence_ms=int(admin.time()[0]) * 1_000,
+        max_late_ms=60_000,
+        memory_ms=60_000,
+        release_ms=int(admin.time()[0]) * 1_000,
+    )
+    with (
+        RedisStore(server.url, namespace=namespace) as first,
+        RedisStore(server.url, namespace=namespace) as second,
+    ):
+        first.watch()
+        second.watch()
+        assert first.claim([request], node="n1", lease_ms=30_000)[0].is_won
+        epoch_key = first.prefix + "epoch"
+        before = admin.get(epoch_key)
+        admin.config_set("maxmemory-policy", "volatile-ttl")
+        assert admin.delete(f"{first.prefix}claim:{request.id}") == 1, "the claim's key"
+        with caplog.at_level(logging.WARNING, logger="beatless.stores.redis.store"):
+            for _ in range(2):
+                first.watch(quick=True)
+                second.watch(quick=True)
+        assert first.refusal is not None
+        assert second.refusal is not None
+        after = admin.get(epoch_key)
+        assert after is not None
+        assert after != before
+        assert after.endswith(b"|evicted"), after
+        begun = [r for r in caplog.records if "its epoch is begun again" in r.getMessage()]
+        assert len(begun) == 2, "said once by each store object"
+        admin.config_set("maxmemory-policy", "noeviction")
+        second.watch(quick=True)
+        assert second.refusal is None
+        assert second.claim([request], node="n2", lease_ms=30_000) == [Outcome.FORGOTTEN]
+    admin.delete(f"{first.prefix}claim:{request.id}")
+    with RedisStore(server.url, namespace=namespace) as later:
+        later.watch()
+        assert later.claim([request], node="n3", lease_ms=30_000) == [Outcome.FORGOTTEN]
 
 
 def test_every_store_reads_its_facts_and_none_of_the_test_servers_is_refused(

@@ -21,6 +21,7 @@ from redis_cluster import LocalCluster
 
 from beatless.errors import StoreFull
 from beatless.stores import ClaimRequest, Outcome
+from beatless.stores.redis._buckets import BUCKETS, bucket_of
 from beatless.stores.redis.cluster import RedisClusterStore
 
 pytestmark = pytest.mark.slow  # starts a cluster of its own: a few seconds
@@ -135,3 +136,44 @@ def test_an_evicting_policy_on_one_master_is_seen_by_the_quick_read(
 
     assert facts.summary() == f"refuse: maxmemory-policy @127.0.0.1:{port} allkeys-lru"
     assert facts.fact(f"appendonly @127.0.0.1:{port}") is not None  # from the full read
+
+
+def test_a_claim_evicted_before_the_claims_stopped_is_forgotten_once_they_resume(
+    cluster: LocalCluster,
+) -> None:
+    """Fault: a won claim evicted (deleted here, as Redis evicts a key with a TTL) while
+    one master has an evicting policy, under two running store objects, one of which
+    claimed nothing yet. Every bucket's epoch is begun again (cause ``evicted``); once the
+    policy is fixed, the firing is forgotten, not won again by the other store object."""
+    from redis.cluster import RedisCluster
+
+    prefix = f"evicted-{uuid.uuid4().hex}:"
+    port = cluster.ports[1]
+    with (
+        RedisClusterStore(cluster.url, prefix=prefix) as first,
+        RedisClusterStore(cluster.url, prefix=prefix) as second,
+        RedisCluster(host="127.0.0.1", port=cluster.ports[0]) as admin,
+    ):
+        first.watch()
+        second.watch()
+        (request,) = requests(first, 1)
+        assert first.claim([request], node="n1", lease_ms=30_000)[0].is_won
+        epochs = admin.keys(f"{prefix}*:epoch", target_nodes=RedisCluster.ALL_NODES)
+        assert len(epochs) == len(BUCKETS), "every bucket's epoch, read at the first claim"
+        with cluster.node(port) as client:
+            client.config_set("maxmemory", "100mb")
+            client.config_set("maxmemory-policy", "volatile-ttl")
+        try:
+            assert admin.delete(f"{prefix}{{{bucket_of(request.id)}}}:claim:{request.id}") == 1
+            for store in (first, second):
+                assert store.watch(quick=True).refusal() is not None
+            records = [admin.get(key) for key in epochs]
+            assert all(record.endswith(b"|evicted") for record in records), records[:3]
+        finally:
+            with cluster.node(port) as client:
+                client.config_set("maxmemory-policy", "noeviction")
+                client.config_set("maxmemory", "0")
+        assert second.watch(quick=True).refusal() is None
+        (outcome,) = second.claim([request], node="n2", lease_ms=30_000)
+        assert outcome is Outcome.FORGOTTEN, outcome
+        admin.delete(*admin.keys(f"{prefix}*", target_nodes=RedisCluster.ALL_NODES))

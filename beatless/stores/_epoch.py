@@ -33,6 +33,9 @@ NEW = "new"
 FAILOVER = "failover"
 """The cause of an epoch written on a promoted replica: the claims its old primary
 granted in the replication lag may be lost."""
+EVICTED = "evicted"
+"""The cause of an epoch begun again by a node that found its Redis evicting keys: claims
+made before the claims stopped may be evicted."""
 
 
 def has_changed(seen: Epoch | None, current: Epoch) -> bool:

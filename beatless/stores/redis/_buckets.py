@@ -40,6 +40,7 @@ from beatless.stores.redis._wire import (
     CLAIM,
     COMMIT,
     COMMIT_WITHOUT_ROOM,
+    EPOCHS,
     POST,
     RELEASE,
     script,
@@ -70,7 +71,7 @@ class Lua:
 CLAIM_LUA, COMMIT_LUA, RELEASE_LUA, POST_LUA = map(Lua.of, (CLAIM, COMMIT, RELEASE, POST))
 ANYWAY = Lua.of(COMMIT_WITHOUT_ROOM)
 """The commit script flagged ``allow-oom``: for claims whose commit was refused as full."""
-EPOCHS_LUA = Lua.of(script("epochs.lua"))
+EPOCHS_LUA = Lua.of(EPOCHS)
 RUNNING_LUA = Lua.of(script("prelude.lua", "running.lua"))
 READ_NOTES_LUA = Lua.of(script("read_notes.lua"))
 READ_LOG_LUA = Lua.of(script("read_log.lua"))

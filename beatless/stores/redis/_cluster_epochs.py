@@ -8,6 +8,7 @@ import logging
 from beatless.core._logtext import shown
 from beatless.errors import StoreError
 from beatless.stores._epoch import (
+    EVICTED,
     FAILOVER,
     describe_change,
     describe_failover,
@@ -36,11 +37,15 @@ class BucketEpochs(ClusterClient):
     _horizons: dict[str, int]
 
     def _read_epochs(self) -> None:
-        """At a store object's first call: read every bucket's epoch, writing the absent."""
+        """At a store object's first call: read every bucket's epoch, writing the absent.
+        A bucket whose epoch an eviction began is left unseen: its claims then judge it as
+        a caller that saw no epoch before (``claim.lua``, "Eviction")."""
         if self._epochs:
             return
-        epochs = {bucket: epoch for bucket, epoch, _ in self._epoch_records()}
-        if not self._epochs:
+        epochs = {
+            bucket: epoch for bucket, epoch, cause in self._epoch_records() if cause != EVICTED
+        }
+        if not self._epochs and epochs:
             self._epochs = epochs
             self.epoch = digest(epochs)
 
@@ -59,13 +64,14 @@ class BucketEpochs(ClusterClient):
 
     def _adopt_all(self, changed: list[Changed]) -> None:
         """Read every bucket's epoch and adopt each (``changed`` gets those that changed)."""
-        for bucket, epoch, failover in self._epoch_records():
-            self._adopt_epoch(bucket, epoch, failover, changed)
+        for bucket, epoch, cause in self._epoch_records():
+            self._adopt_epoch(bucket, epoch, cause == FAILOVER, changed)
         self.epoch = digest(self._epochs)
 
-    def _epoch_records(self) -> list[tuple[str, Epoch, bool]]:
-        """Every bucket's epoch, and whether a failover began it, in one pipeline
-        (``epochs.lua``, one call per slot), the absent written."""
+    def _epoch_records(self, cause: str | None = None) -> list[tuple[str, Epoch, str]]:
+        """Every bucket's epoch, and what began it, in one pipeline
+        (``epochs.lua``, one call per slot), the absent written; with ``cause``, every one
+        begun again with it."""
         from redis.crc import key_slot
 
         by_slot: dict[int, list[str]] = {}
@@ -73,7 +79,8 @@ class BucketEpochs(ClusterClient):
             by_slot.setdefault(key_slot(self._key(bucket, "epoch").encode()), []).append(bucket)
         token = new_token()
         calls: list[Call] = [
-            ([self._key(b, "epoch") for b in buckets], [token]) for buckets in by_slot.values()
+            ([self._key(b, "epoch") for b in buckets], [token, *([cause] if cause else [])])
+            for buckets in by_slot.values()
         ]
         replies = self._run(EPOCHS_LUA, calls)
         epochs = []
@@ -85,7 +92,7 @@ class BucketEpochs(ClusterClient):
                         f"redis cluster store {self._where}: unreadable epoch record at "
                         f"{self._key(bucket, 'epoch')!r}: {record[:80]!r}"
                     )
-                epochs.append((bucket, epoch, epoch_cause(record) == FAILOVER))
+                epochs.append((bucket, epoch, epoch_cause(record)))
         return epochs
 
     @property

@@ -11,7 +11,7 @@ from types import ModuleType
 from typing import Any
 
 from beatless.core._logtext import WarnEvery
-from beatless.errors import StoreFull
+from beatless.errors import StoreError, StoreFull
 from beatless.stores.base import UNKNOWN, Fact, StoreFacts, Verdict
 from beatless.stores.redis._wire import as_text
 
@@ -352,3 +352,55 @@ def primaries_usage(client: Any) -> str | None:
         usage = usage_of(client.get_redis_connection(primary).info("memory"))
         usages += [f"{primary.host}:{primary.port} {usage}"] if usage else []
     return "; ".join(usages) or None
+
+
+def evicts(facts: StoreFacts) -> bool:
+    """Whether ``facts`` refuse a server's eviction policy (on a Redis Cluster, any
+    primary's): its memory may be full, and its claims evicted, already."""
+    return any(
+        fact.verdict is Verdict.REFUSE and fact.name.split(" @", 1)[0] == "maxmemory-policy"
+        for fact in facts.facts
+    )
+
+
+class EvictedEpoch:
+    """What a running store object does when its settings turn to an evicting policy.
+
+    The claims stop within a sync (the refusal), but the claims made before then may be
+    evicted already, or until the policy is fixed, and a firing whose claim was evicted
+    would be won again once the claims resume. So while a store object that started on
+    good settings finds its server evicting, every watch begins its epoch record(s) again
+    with the cause ``evicted`` (``epochs.lua``). The claims after that judge the firings
+    released before the new epoch's start plus the tolerance that nobody holds as on a
+    store that lost its memory: held off while the nodes write back what they sent, or
+    forgotten (written committed, reported, not sent); a node started since, which saw
+    no epoch before, forgets them, as after a failover (``claim.lua``, "Eviction")."""
+
+    def __init__(self) -> None:
+        self.dropping = False
+        """Whether the epoch was begun again since the policy turned evicting."""
+
+    def after_watch(
+        self, running: bool, facts: StoreFacts, drop: Callable[[], None], label: str
+    ) -> None:
+        """``running``: a watch had read the facts before this one; ``drop``: begin the
+        epoch record(s) again, raising :class:`~beatless.errors.StoreError` if it could
+        not (tried again at the next watch)."""
+        if not (running and evicts(facts)):
+            self.dropping = False
+            return
+        try:
+            drop()
+        except StoreError as exc:
+            logger.debug("%s: epoch not begun again: %s", label, exc)
+            return
+        if not self.dropping:
+            self.dropping = True
+            logger.warning(
+                "%s: its maxmemory-policy evicts keys, and the claims made before the nodes "
+                "stopped claiming may be evicted: its epoch is begun again while the policy "
+                "holds, so that once the claims resume, the firings released before the new "
+                "epoch's start + 10 s that nobody holds are written back by the nodes that "
+                "sent them, or reported forgotten, not sent again",
+                label,
+            )

@@ -194,6 +194,7 @@ def script(*names: str) -> str:
 
 
 CLAIM = script("prelude.lua", "claim.lua")
+EPOCHS = script("epochs.lua")
 COMMIT = script("prelude.lua", "notes.lua", "commit.lua")
 CLAIM_NOTES = script("notes.lua", "claim_notes.lua")
 CLAIM_NOTES_ANYWAY = "#!lua flags=allow-oom\n" + CLAIM_NOTES
@@ -300,7 +301,8 @@ def parse_epoch(record: str) -> Epoch | None:
 
 
 def epoch_cause(record: str) -> str:
-    """What began the epoch of a record: ``failover`` (a promoted replica) or ``new``."""
+    """What began the epoch of a record: ``failover`` (a promoted replica), ``evicted`` (a
+    node found an evicting policy) or ``new``."""
     parts = record.split("|")
     return parts[4] if len(parts) == 5 and parts[0] != "v=1" else NEW
 

@@ -101,7 +101,7 @@ from beatless.core._logtext import WarnEvery
 from beatless.core.durations import DurationLike
 from beatless.core.urls import mask_url, secrets_of
 from beatless.errors import ConfigError, StoreError, StoreFull
-from beatless.stores._epoch import new_token
+from beatless.stores._epoch import EVICTED, new_token
 from beatless.stores._fences import found_stale, live_checks
 from beatless.stores.base import (
     OUTCOME_LETTERS,
@@ -144,6 +144,7 @@ from beatless.stores.redis._client import (
 )
 from beatless.stores.redis._cluster_epochs import BucketEpochs, Changed
 from beatless.stores.redis._facts import (
+    EvictedEpoch,
     judge_settings,
     policy_fact,
     read_policy,
@@ -214,6 +215,7 @@ class RedisClusterStore(BucketEpochs, ClaimStore):
         self._closed = False
         self._epochs: dict[str, Epoch] = {}
         self._horizons: dict[str, int] = {}
+        self._evicted = EvictedEpoch()
         self._full_warned = WarnEvery()
         self._logs = Logs(self._notes_keys, self._log_key, EXPIRY_SLACK_MS)
         self._client: RedisCluster | None
@@ -502,6 +504,21 @@ class RedisClusterStore(BucketEpochs, ClaimStore):
             facts += [Fact(f"{f.name} @{at}", f.value, f.verdict, f.why) for f in judged.facts]
             usages += [f"{at} {judged.usage}"] if judged.usage else []
         return StoreFacts(store, tuple(facts), usage="; ".join(usages) or None)
+
+    def watch(self, *, quick: bool = False) -> StoreFacts:
+        """:meth:`ClaimStore.watch <beatless.stores.base.ClaimStore.watch>`; while a store
+        object that started on good settings finds a primary with an evicting policy,
+        every bucket's epoch record is begun again
+        (:class:`~beatless.stores.redis._facts.EvictedEpoch`)."""
+        running = self.watched is not None
+        facts = super().watch(quick=quick)
+        label = f"redis cluster store {self._where}"
+        self._evicted.after_watch(running, facts, self._evicted_epochs, label)
+        return facts
+
+    def _evicted_epochs(self) -> None:
+        with self._errors("begin its epochs again"):
+            self._epoch_records(cause=EVICTED)
 
     def quick_facts(self) -> StoreFacts | None:
         """``maxmemory-policy`` and ``maxmemory`` of each primary (:func:`read_policy

@@ -29,6 +29,7 @@ from beatless.core.durations import DurationLike
 from beatless.core.urls import mask_url, secrets_of
 from beatless.errors import ConfigError, StoreError, StoreFull, StoreUnavailable
 from beatless.stores._epoch import (
+    EVICTED,
     FAILOVER,
     describe_change,
     describe_failover,
@@ -69,6 +70,7 @@ from beatless.stores.redis._client import (
     wait_in_url,
 )
 from beatless.stores.redis._facts import (
+    EvictedEpoch,
     PolicyWatch,
     judge_settings,
     policy_fact,
@@ -87,6 +89,7 @@ from beatless.stores.redis._wire import (
     CLAIM_NOTES_ANYWAY,
     COMMIT,
     COMMIT_WITHOUT_ROOM,
+    EPOCHS,
     EXPIRY_SLACK_MS,
     FORMAT_VERSION,
     NOTE_VERSION,
@@ -170,6 +173,7 @@ class RedisStore(ClaimStore):
             self._notes_keys, NOTE_VERSION, EXPIRY_SLACK_MS, self._server_version
         )
         self._policy = PolicyWatch()
+        self._evicted = EvictedEpoch()
         self._forgot_before_ms: int | None = None
         self._closed = False
         if isinstance(client_or_url, str):
@@ -193,6 +197,7 @@ class RedisStore(ClaimStore):
         self._lost = (driver.exceptions.RedisError, OSError)
         self._noscript = driver.exceptions.NoScriptError
         self._claim = self._client.register_script(CLAIM)
+        self._epochs_script = self._client.register_script(EPOCHS)
         self._claim_notes = self._client.register_script(CLAIM_NOTES)
         self._claim_notes_anyway = self._client.register_script(CLAIM_NOTES_ANYWAY)
         self._commit = self._client.register_script(COMMIT)
@@ -648,6 +653,19 @@ class RedisStore(ClaimStore):
         config, info = ({}, {}) if self._closed else read_settings(self._client, self._lost)
         facts = judge_settings(self.facts_name, config, info)
         return with_wait(facts, info, self.wait, self.wait_timeout_ms) if self.wait else facts
+
+    def watch(self, *, quick: bool = False) -> StoreFacts:
+        """:meth:`ClaimStore.watch <beatless.stores.base.ClaimStore.watch>`; while a store
+        object that started on good settings finds an evicting policy, the epoch record
+        is begun again (:class:`~beatless.stores.redis._facts.EvictedEpoch`)."""
+        running = self.watched is not None
+        facts = super().watch(quick=quick)
+        self._evicted.after_watch(running, facts, self._evicted_epoch, self.facts_name)
+        return facts
+
+    def _evicted_epoch(self) -> None:
+        with self._errors("begin its epoch again"):
+            self._epochs_script(keys=[self._epoch_key], args=[new_token(), EVICTED])
 
     def quick_facts(self) -> StoreFacts | None:
         """``maxmemory-policy`` and ``maxmemory``: as the sync just read them

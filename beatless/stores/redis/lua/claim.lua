@@ -85,6 +85,14 @@
 -- restart, which keeps or loses its data on its own terms) has the replid updated in
 -- place, with no change of identity.
 --
+-- Eviction. A node that finds an evicting maxmemory-policy begins the record again with
+-- cause 'evicted' (epochs.lua): claims made before the claims stopped may be evicted. A
+-- caller that saw the old epoch judges it as a store that lost its memory (above: one
+-- that holds off answered R while the nodes write back what they sent); while it stands,
+-- a caller that saw no epoch before (ARGV[9] '', a node started since), 'w' or not,
+-- forgets the firings released before its start + tolerance that nobody holds, as after
+-- a failover.
+--
 -- A firing won atomically on a record that is absent costs one SET NX GET on Redis 7
 -- and later (a GET and a SET before), and its commands: the script writes its claim
 -- first, then runs them, and deletes the claim again if one fails (the error is raised).
@@ -132,7 +140,7 @@ local function current_epoch()
   if not record then
     record = string.format('v=2|%d|%s|%s|new', now, ARGV[11], id)
     redis.call('SET', KEYS[1], record)
-    return record, now, ARGV[11], false
+    return record, now, ARGV[11], 'new'
   end
   local version, started, rest = string.match(record, '^v=(%d+)|(%d+)|(.+)$')
   if not version then
@@ -146,28 +154,33 @@ local function current_epoch()
     end
   end
   if replid == id then
-    return record, tonumber(started), token, cause == 'failover'
+    return record, tonumber(started), token, cause
   end
   if replid ~= '' and continued ~= '' then
     started, token, cause = now, ARGV[11], 'failover'
   end
   record = string.format('v=2|%d|%s|%s|%s', started, token, id, cause)
   redis.call('SET', KEYS[1], record)
-  return record, tonumber(started), token, cause == 'failover'
+  return record, tonumber(started), token, cause
 end
 
-local epoch, started, token, failover = current_epoch()
+local epoch, started, token, cause = current_epoch()
+local failover = cause == 'failover'
+-- An epoch begun again by a node that found an evicting policy (see "Eviction" above),
+-- met by a caller that saw no epoch before: it cannot tell what it missed.
+local unseen_eviction = cause == 'evicted' and ARGV[9] == ''
 local forgot_before = tonumber(ARGV[10]) or false
 if ARGV[9] ~= '' and token ~= ARGV[9] and not (failover and waits) then
   forgot_before = started + tolerance
 end
 -- The caller's own horizon, which a caller that re-seeds holds off before.
 local held_off_before = holds and forgot_before
-if failover and not waits then
+if (failover and not waits) or unseen_eviction then
   forgot_before = math.max(forgot_before or 0, started + tolerance)
 end
--- A failover's horizon for firings nobody holds: always forgotten, never held off.
-local failover_before = failover and not waits and started + tolerance
+-- A failover's horizon for firings nobody holds (an eviction's, for a caller that saw no
+-- epoch before): always forgotten, never held off.
+local failover_before = ((failover and not waits) or unseen_eviction) and started + tolerance
 -- A failover's horizon for pending claims whose lease ran out: their commits may be lost.
 local lost_before = failover and started + tolerance
 
