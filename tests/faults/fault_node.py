@@ -266,14 +266,23 @@ def make_scheduler(
 
 
 def write_summary(
-    path: str, config: dict[str, Any], scheduler: Scheduler, decisions: DecisionLog, started: float
+    path: str,
+    config: dict[str, Any],
+    scheduler: Scheduler,
+    decisions: DecisionLog,
+    *,
+    started: float,
+    scheduling: float,
 ) -> None:
-    """The node's stats per entry and its decisions, as JSON, for the test's report."""
+    """The node's stats per entry and its decisions, as JSON, for the test's report
+    (``started``: when the process began its work; ``scheduling``: when its scheduler's
+    start returned, after which no occurrence is a start-up catch-up)."""
     stats = getattr(scheduler, "stats", {}) or {}
     summary = {
         "node": config["node"],
         "clock_offset_s": config.get("clock_offset_s", 0),
         "started": started,
+        "scheduling": scheduling,
         "stopped": time.time(),
         "stats": {name: _as_dict(value) for name, value in list(stats.items())},
         **decisions.snapshot(),
@@ -311,6 +320,7 @@ def main(argv: list[str]) -> None:
     decisions = DecisionLog()
     scheduler = make_scheduler(config, schedule, store, decisions, record_fd)
     scheduler.start()
+    scheduling = time.time()
     duty = None
     try:
         if "django" in config:
@@ -322,7 +332,14 @@ def main(argv: list[str]) -> None:
         if duty is not None:
             duty.stop(timeout=5)
         scheduler.stop(timeout=5)
-        write_summary(config["summary"], config, scheduler, decisions, started)
+        write_summary(
+            config["summary"],
+            config,
+            scheduler,
+            decisions,
+            started=started,
+            scheduling=scheduling,
+        )
     # A loop still busy in a long send is a daemon thread: leave without waiting for it
     # (the record file stays open for it until then; every line it wrote is complete).
     os._exit(0)

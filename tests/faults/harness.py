@@ -185,6 +185,14 @@ class Fleet:
         items = [json.loads(line) for line in lines if line.endswith("}")]
         return [item for item in items if "commit" not in item]
 
+    def first_scheduling(self) -> float:
+        """When the first node's scheduler had started (real clock, from the summaries):
+        an occurrence from then on is no node's start-up catch-up. The run's start when no
+        node wrote a summary (the report names the silent nodes)."""
+        summaries = read_summaries(self.summary_path(n) for n in self.names)
+        found = [float(s["scheduling"]) for s in summaries if "scheduling" in s]
+        return min(found, default=self.started)
+
     def report(
         self,
         window_s: tuple[float, float],

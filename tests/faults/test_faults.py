@@ -113,7 +113,10 @@ def test_slow_broker_fanout_sends_each_firing_once_and_on_time(
     20 s after an occurrence, so its 2,000 firings are all due at once (start-up
     catch-up); the next occurrence is released over its window. Every send counts for
     duplicates, stale and early sends; misses are counted from the first second after
-    the start to the fresh occurrence, and allowed only if reported."""
+    the start, or from when the first node's scheduler had started if later (a loaded
+    machine takes seconds to start the processes: the occurrences before are start-up
+    catch-up, skipped but the latest), to the fresh occurrence, and allowed only if
+    reported."""
     store = redis_server("store")
     anchor = next_whole_second(40)
     run = fleet(
@@ -122,7 +125,8 @@ def test_slow_broker_fanout_sends_each_firing_once_and_on_time(
     until = anchor + 20 + 60 + GRACE_S
     run.start({"store": store.url, "send_delay_s": 0.02, "lease_s": 30, "until": until}, NODES)
     run.wait(timeout=until - time.time() + 30)
-    assert_clean(run.report((run.started + 3, anchor)), misses="reported")
+    since = max(run.started + 3, run.first_scheduling())
+    assert_clean(run.report((since, anchor)), misses="reported")
 
 
 def test_frozen_node_never_sends_its_pending_claims_late(
