@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import harness
 import pytest
@@ -181,12 +182,15 @@ def test_a_fault_excuses_only_misses_it_held_from_release_until_late() -> None:
     assert not Fault("pause", base + 5, base + 25).excuses(tick), "began after its release"
 
 
-def test_a_send_counts_from_the_dispatchers_last_check_not_from_the_enqueue_call(
-    tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    """A node frozen after the dispatcher's last check and before its enqueue is called
-    sends late with no check in between (the residual window): the record's ``called`` is
-    the check, so the analysis sees that send in flight at the freeze."""
+def recorded_send(
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    enqueue: Callable[[Callable[[Firing], None]], Callable[[Firing], None]],
+    **dispatcher: Any,
+) -> dict[str, Any]:
+    """Dispatch one firing two-phase on a memory store through the fault node's recording
+    enqueue (wrapped by ``enqueue``, with ``dispatcher``'s options): its record line. The
+    dispatcher's logger is put back as it was afterwards."""
     schedule = build_schedule(
         {"namespace": "harness", "entries": [{"name": "tick", "every_s": 1, "max_late_s": 20}]}
     )
@@ -196,18 +200,33 @@ def test_a_send_counts_from_the_dispatchers_last_check_not_from_the_enqueue_call
     level, filters = log.level, list(log.filters)
     request.addfinalizer(lambda: (log.setLevel(level), setattr(log, "filters", filters)))
     recording = make_enqueue({"node": "n0"}, fd)
-
-    def frozen_then_send(firing: Firing) -> None:
-        time.sleep(0.3)  # the freeze: after the check, before the enqueue runs
-        recording(firing)
-
     entry = schedule.entries[0]
     firing = Firing.of(entry, None, schedule.address(entry), int(time.time()) * 1_000)
-    dispatch_now(TwoPhase(MemoryStore(), frozen_then_send, lease=10), [firing], node="n0")
+    dispatch_now(
+        TwoPhase(MemoryStore(), enqueue(recording), lease=10, **dispatcher), [firing], node="n0"
+    )
     os.close(fd)
-    (line,) = [json.loads(text) for text in record.read_text().splitlines()]
-    assert line["sent"] - line["called"] >= 0.3
     assert log.getEffectiveLevel() == logging.DEBUG
+    (line,) = [json.loads(text) for text in record.read_text().splitlines()]
+    return line
+
+
+def test_a_send_counts_from_the_dispatchers_last_check_not_from_the_enqueue_call(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A node frozen after the dispatcher's last check and before its enqueue is called
+    sends late with no check in between (the residual window): the record's ``called`` is
+    the check, so the analysis sees that send in flight at the freeze."""
+
+    def frozen_then(recording: Callable[[Firing], None]) -> Callable[[Firing], None]:
+        def send(firing: Firing) -> None:
+            time.sleep(0.3)  # the freeze: after the check, before the enqueue runs
+            recording(firing)
+
+        return send
+
+    line = recorded_send(tmp_path, request, frozen_then)
+    assert line["sent"] - line["called"] >= 0.3
 
 
 def test_a_send_counts_from_the_age_check_even_if_frozen_before_the_sending_line(
@@ -217,15 +236,6 @@ def test_a_send_counts_from_the_age_check_even_if_frozen_before_the_sending_line
     ``SENDING`` line (in its lateness check, here) sends with no check after the freeze:
     the record's ``called`` is still the age check (the dispatcher's last read of its
     monotonic clock), not the line's own time."""
-    schedule = build_schedule(
-        {"namespace": "harness", "entries": [{"name": "tick", "every_s": 1, "max_late_s": 20}]}
-    )
-    record = tmp_path / "sends.jsonl"
-    fd = os.open(record, os.O_WRONLY | os.O_CREAT, 0o644)
-    log = logging.getLogger("beatless.node.dispatch")
-    level, filters = log.level, list(log.filters)
-    request.addfinalizer(lambda: (log.setLevel(level), setattr(log, "filters", filters)))
-    recording = make_enqueue({"node": "n0"}, fd)
     frozen_at: list[float] = []
     is_late = Recorder.is_late
 
@@ -235,12 +245,7 @@ def test_a_send_counts_from_the_age_check_even_if_frozen_before_the_sending_line
         return is_late(self, firing, ahead_ms)
 
     monkeypatch.setattr(Recorder, "is_late", frozen_in_the_lateness_check)
-    entry = schedule.entries[0]
-    firing = Firing.of(entry, None, schedule.address(entry), int(time.time()) * 1_000)
-    dispatcher = TwoPhase(MemoryStore(), recording, lease=10, monotonic=noted_monotonic)
-    dispatch_now(dispatcher, [firing], node="n0")
-    os.close(fd)
-    (line,) = [json.loads(text) for text in record.read_text().splitlines()]
+    line = recorded_send(tmp_path, request, lambda recording: recording, monotonic=noted_monotonic)
     assert line["called"] <= frozen_at[-1], "the age check came before the last freeze"
     assert line["sent"] - line["called"] >= 0.3
 
